@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# Idempotent set-up for ddp-ladder. Every make target calls it first.
+#
+#  1. Debian packages: OpenMPI (mpirun + headers), libclang (rsmpi's bindgen), pkg-config.
+#     `apt-get update` runs only when something is missing.
+#  2. A Python venv holding torch==2.13.0 — the libtorch that tch 0.26 links against — kept in a
+#     per-user cache keyed by the torch version (override with LADDER_VENV), so a fresh clone on the
+#     same machine reuses it. `.venv` in the repository is a symlink to it.
+#  3. bench/reference needs torchvision (the PyTorch peer scripts); installed beside torch.
+#
+# When nothing is left to do it returns in well under 5 s.
+set -euo pipefail
+
+TORCH_VERSION=2.13.0
+repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+venv=${LADDER_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/ddp-ladder/venv-torch-$TORCH_VERSION}
+
+log() { printf '[bootstrap] %s\n' "$*" >&2; }
+
+# --- 1. Debian packages -------------------------------------------------------------------------
+pkgs=(openmpi-bin libopenmpi-dev libclang-dev pkg-config)
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  sudo=""
+  [ "$(id -u)" -ne 0 ] && sudo="sudo"
+  log "installing Debian packages: ${missing[*]}"
+  aptlog=$(mktemp)
+  if ! { $sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq \
+        -o Dpkg::Use-Pty=0 --no-install-recommends "${missing[@]}"; } >"$aptlog" 2>&1; then
+    cat "$aptlog" >&2; log "apt-get failed (log above)"; exit 1
+  fi
+  rm -f "$aptlog"
+fi
+
+# --- 2. Python venv with torch ------------------------------------------------------------------
+stamp="$venv/.ladder-complete"
+if [ ! -f "$stamp" ]; then
+  py=${PYTHON:-python3}
+  log "creating $venv with torch==$TORCH_VERSION (about 4.7 GB; once per machine)"
+  mkdir -p "$(dirname "$venv")"
+  [ -x "$venv/bin/python" ] || "$py" -m venv "$venv"
+  "$venv/bin/python" -m pip install -q --upgrade pip
+  "$venv/bin/python" -m pip install -q "torch==$TORCH_VERSION" torchvision
+  "$venv/bin/python" -c "import torch; assert torch.__version__.startswith('$TORCH_VERSION'), torch.__version__"
+  touch "$stamp"
+fi
+# A stable name for the libtorch inside the wheel (.cargo/config.toml points LIBTORCH at it).
+if [ ! -e "$venv/libtorch/lib/libtorch_cpu.so" ]; then
+  site=$(cd "$venv" && ls -d lib/python3*/site-packages/torch | head -n 1)
+  [ -n "$site" ] || { log "torch not found under $venv/lib"; exit 1; }
+  ln -sfn "$site" "$venv/libtorch"
+fi
+# .venv in the repository points at the shared venv (a real directory there is left alone).
+if [ ! -e "$repo/.venv" ] || [ -L "$repo/.venv" ]; then
+  [ "$(readlink "$repo/.venv" 2>/dev/null)" = "$venv" ] || ln -sfn "$venv" "$repo/.venv"
+fi

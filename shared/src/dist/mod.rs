@@ -1,0 +1,248 @@
+//! Process groups: the collectives every level stands on, over real engines — OpenMPI (through
+//! rsmpi, cargo feature `mpi`) on CPU and across nodes, NCCL (through cudarc, cargo feature
+//! `nccl`) on GPUs — plus the torchrun environment ([`env`]) and the TCP rendezvous
+//! ([`rendezvous`]) that hands out NCCL's unique id.
+//!
+//! The API follows `torch.distributed`: [`init_process_group`] reads the environment the
+//! launcher set (`RANK`, `WORLD_SIZE`, … or mpirun's `OMPI_COMM_WORLD_*`) and returns a
+//! [`ProcessGroup`]; dropping it (or [`destroy_process_group`]) finalises the backend.
+//! With nothing set the world has one rank and every collective is the identity.
+
+pub mod env;
+pub mod local;
+#[cfg(feature = "mpi")]
+pub mod mpi;
+#[cfg(feature = "nccl")]
+pub mod nccl;
+pub mod rendezvous;
+
+use crate::{Error, Result};
+use tch::{Device, Kind, Tensor};
+
+pub use env::DistEnv;
+
+/// Reduction applied by [`ProcessGroup::all_reduce`] and [`ProcessGroup::reduce_scatter`],
+/// as `torch.distributed.ReduceOp`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ReduceOp {
+    /// Element-wise sum.
+    Sum,
+    /// Element-wise mean over ranks (sum / world_size; NCCL's `ncclAvg`).
+    Avg,
+    /// Element-wise maximum.
+    Max,
+    /// Element-wise minimum.
+    Min,
+}
+
+/// A communication backend, as `torch.distributed`'s `backend=` argument.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum Backend {
+    /// OpenMPI through rsmpi: CPU tensors, one node or many (launch with mpirun or ladder-run).
+    Mpi,
+    /// NCCL through cudarc: CUDA tensors (launch with ladder-run).
+    Nccl,
+}
+
+impl std::fmt::Display for Backend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Backend::Mpi => "mpi",
+            Backend::Nccl => "nccl",
+        })
+    }
+}
+
+/// A group of ranks and the collectives between them, as a `torch.distributed` process group.
+///
+/// Every collective works in place on tch tensors that are contiguous, of one of the dtypes
+/// f32, f64, bf16, f16, i64, and on the backend's device (CPU for MPI, CUDA for NCCL). A tensor
+/// that is not is a typed [`Error::BadTensor`]; ranks that disagree on numel or dtype get
+/// [`Error::CollectiveMismatch`] on every rank instead of undefined behaviour.
+pub trait ProcessGroup: std::fmt::Debug {
+    /// The engine behind this group.
+    fn backend(&self) -> &'static str;
+    /// This process's rank, `0..world_size`.
+    fn rank(&self) -> usize;
+    /// Number of ranks in the group.
+    fn world_size(&self) -> usize;
+    /// The device this group's tensors live on (CPU for MPI; `cuda:local_rank` for NCCL).
+    fn device(&self) -> Device;
+
+    /// Reduces `tensor` element-wise over all ranks with `op`; every rank receives the result.
+    /// As `dist.all_reduce(tensor, op)`.
+    fn all_reduce(&self, tensor: &mut Tensor, op: ReduceOp) -> Result<()>;
+
+    /// Copies `tensor` of rank `src` into `tensor` on every rank. As `dist.broadcast`.
+    ///
+    /// # Errors
+    /// [`Error::RankOutOfRange`] when `src >= world_size`.
+    fn broadcast(&self, tensor: &mut Tensor, src: usize) -> Result<()>;
+
+    /// Gathers every rank's `input` (numel n) into `output` (numel world_size · n), rank r's
+    /// block at `[r·n, (r+1)·n)`. As `dist.all_gather_into_tensor(output, input)`.
+    fn all_gather(&self, output: &mut Tensor, input: &Tensor) -> Result<()>;
+
+    /// Reduces `input` (numel world_size · n) over ranks with `op` and leaves block `rank`
+    /// (numel n) of the result in `output`. As `dist.reduce_scatter_tensor(output, input, op)`.
+    fn reduce_scatter(&self, output: &mut Tensor, input: &Tensor, op: ReduceOp) -> Result<()>;
+
+    /// Returns once every rank has called it. As `dist.barrier()`.
+    fn barrier(&self) -> Result<()>;
+
+    /// All-reduces many tensors with one call: they are packed into one flat buffer (one copy
+    /// in, one out), reduced, and unpacked. All must share dtype and device.
+    fn all_reduce_coalesced(&self, tensors: &mut [Tensor], op: ReduceOp) -> Result<()> {
+        coalesced(tensors, "all_reduce_coalesced", self.rank(), |flat| self.all_reduce(flat, op))
+    }
+
+    /// Broadcasts many tensors from `src` with one call (packed into one flat buffer).
+    fn broadcast_coalesced(&self, tensors: &mut [Tensor], src: usize) -> Result<()> {
+        coalesced(tensors, "broadcast_coalesced", self.rank(), |flat| self.broadcast(flat, src))
+    }
+}
+
+/// Packs `tensors` into one flat buffer, runs `f` on it, and copies the result back.
+fn coalesced(
+    tensors: &mut [Tensor],
+    op: &'static str,
+    rank: usize,
+    f: impl FnOnce(&mut Tensor) -> Result<()>,
+) -> Result<()> {
+    let Some(first) = tensors.first() else { return Ok(()) };
+    let (kind, device) = (first.kind(), first.device());
+    for (i, t) in tensors.iter().enumerate() {
+        if t.kind() != kind || t.device() != device {
+            return Err(Error::BadTensor {
+                op,
+                rank,
+                problem: format!(
+                    "tensor {i} is {:?} on {:?}, but tensor 0 is {kind:?} on {device:?}; coalesced tensors must share dtype and device",
+                    t.kind(),
+                    t.device()
+                ),
+            });
+        }
+    }
+    let flats: Vec<Tensor> = tensors.iter().map(|t| t.reshape([-1])).collect();
+    let mut flat = Tensor::cat(&flats, 0);
+    f(&mut flat)?;
+    let mut offset = 0i64;
+    for t in tensors.iter_mut() {
+        let n = t.numel() as i64;
+        let mut view = t.view([-1]);
+        view.copy_(&flat.narrow(0, offset, n));
+        offset += n;
+    }
+    Ok(())
+}
+
+/// Element size in bytes of the dtypes collectives accept, or `None` for any other dtype.
+pub fn supported_kind_size(kind: Kind) -> Option<usize> {
+    match kind {
+        Kind::Float => Some(4),
+        Kind::Double | Kind::Int64 => Some(8),
+        Kind::BFloat16 | Kind::Half => Some(2),
+        _ => None,
+    }
+}
+
+/// A stable code per supported dtype, exchanged to detect dtype mismatches across ranks.
+pub(crate) fn kind_code(kind: Kind) -> i64 {
+    match kind {
+        Kind::Float => 1,
+        Kind::Double => 2,
+        Kind::Int64 => 3,
+        Kind::BFloat16 => 4,
+        Kind::Half => 5,
+        _ => 0,
+    }
+}
+
+/// Checks what every backend needs of a tensor: contiguous, a supported dtype, the group's
+/// device.
+pub(crate) fn check_tensor(op: &'static str, rank: usize, device: Device, t: &Tensor) -> Result<()> {
+    let bad = |problem: String| Err(Error::BadTensor { op, rank, problem });
+    if !t.is_contiguous() {
+        return bad(format!("tensor of shape {:?} is not contiguous; call .contiguous() first", t.size()));
+    }
+    if supported_kind_size(t.kind()).is_none() {
+        return bad(format!("dtype {:?} is not supported; expected one of f32, f64, bf16, f16, i64", t.kind()));
+    }
+    if t.device() != device {
+        return bad(format!("tensor is on {:?}, but this process group works on {:?}", t.device(), device));
+    }
+    Ok(())
+}
+
+/// Checks `src` against the world size.
+pub(crate) fn check_rank(op: &'static str, src: usize, world_size: usize) -> Result<()> {
+    if src >= world_size {
+        return Err(Error::RankOutOfRange { op, rank: src, world_size });
+    }
+    Ok(())
+}
+
+/// Initialises the process group for this process, as `dist.init_process_group(backend)`.
+///
+/// Reads the launcher's environment ([`DistEnv::from_env`]); sets libtorch's intra-op threads
+/// to `cores / LOCAL_WORLD_SIZE`. With world size 1 and no launcher, returns the one-rank
+/// [`local::LocalGroup`] whatever the backend, so every binary also runs plainly.
+///
+/// # Errors
+/// [`Error::Env`] for a contradictory environment, [`Error::BackendUnavailable`] when the
+/// backend is not compiled in or cannot start (no GPU, no libnccl), and the backend's own
+/// errors.
+pub fn init_process_group(backend: Backend) -> Result<Box<dyn ProcessGroup>> {
+    let env = DistEnv::from_env()?;
+    crate::device::set_threads_per_rank(env.local_world_size);
+    init_with_env(backend, &env)
+}
+
+/// [`init_process_group`] with an explicit environment (tests, and launchers that already
+/// parsed it).
+pub fn init_with_env(backend: Backend, env: &DistEnv) -> Result<Box<dyn ProcessGroup>> {
+    if env.world_size == 1 && !env.under_mpirun() {
+        let device = match backend {
+            Backend::Mpi => Device::Cpu,
+            Backend::Nccl => crate::device::DeviceKind::Cuda.resolve(env.local_rank)?,
+        };
+        return Ok(Box::new(local::LocalGroup::new(backend, device)));
+    }
+    match backend {
+        Backend::Mpi => init_mpi(env),
+        Backend::Nccl => init_nccl(env),
+    }
+}
+
+#[cfg(feature = "mpi")]
+fn init_mpi(env: &DistEnv) -> Result<Box<dyn ProcessGroup>> {
+    Ok(Box::new(mpi::MpiGroup::init(env)?))
+}
+
+#[cfg(not(feature = "mpi"))]
+fn init_mpi(_env: &DistEnv) -> Result<Box<dyn ProcessGroup>> {
+    Err(Error::BackendUnavailable {
+        backend: "mpi".into(),
+        why: "this build has no MPI support; rebuild with the cargo feature `mpi`".into(),
+    })
+}
+
+#[cfg(feature = "nccl")]
+fn init_nccl(env: &DistEnv) -> Result<Box<dyn ProcessGroup>> {
+    Ok(Box::new(nccl::NcclGroup::init(env)?))
+}
+
+#[cfg(not(feature = "nccl"))]
+fn init_nccl(_env: &DistEnv) -> Result<Box<dyn ProcessGroup>> {
+    Err(Error::BackendUnavailable {
+        backend: "nccl".into(),
+        why: "this build has no NCCL support; rebuild with `--features nccl`".into(),
+    })
+}
+
+/// Finalises the group (as `dist.destroy_process_group()`); dropping it does the same.
+pub fn destroy_process_group(group: Box<dyn ProcessGroup>) {
+    drop(group);
+}

@@ -1,0 +1,103 @@
+//! The one error type of `ladder-core`. Every variant names the file, rank, flag or value at
+//! fault and what was expected.
+
+use std::path::PathBuf;
+
+/// `Result` with [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Everything that can go wrong in the shared core.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    // ---- data -------------------------------------------------------------------------------
+    /// A file could not be read or written.
+    #[error("{file}: {source}")]
+    Io {
+        file: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// A data file is not where it was looked for.
+    #[error("{file}: file not found; {hint}")]
+    MissingFile { file: PathBuf, hint: String },
+    /// The IDX magic number is not the expected one.
+    #[error("{file}: bad IDX magic number 0x{found:08x}, expected 0x{expected:08x} ({what}){extra}")]
+    BadMagic {
+        file: PathBuf,
+        expected: u32,
+        found: u32,
+        what: &'static str,
+        /// A hint appended to the message, e.g. that the file is still gzip-compressed.
+        extra: String,
+    },
+    /// The file ends before the header or the data it announces.
+    #[error("{file}: truncated: expected {expected} bytes, found {found}")]
+    Truncated { file: PathBuf, expected: u64, found: u64 },
+    /// A dimension in the IDX header differs from MNIST's.
+    #[error("{file}: bad dimensions {found}, expected {expected}")]
+    BadDims { file: PathBuf, expected: String, found: String },
+    /// Image and label files of one split hold different numbers of items.
+    #[error("{images} holds {n_images} images but {labels} holds {n_labels} labels")]
+    CountMismatch { images: PathBuf, n_images: usize, labels: PathBuf, n_labels: usize },
+    /// A label outside 0..=9.
+    #[error("{file}: label {label} at index {index} is outside 0..=9")]
+    BadLabel { file: PathBuf, index: usize, label: u8 },
+    /// The MD5 of the decompressed bytes is not the canonical one.
+    #[error("{file}: checksum mismatch: MD5 of the decompressed bytes is {actual}, expected {expected}")]
+    ChecksumMismatch { file: PathBuf, expected: String, actual: String },
+    /// Every mirror failed for a file; `attempts` lists each mirror and why.
+    #[error("could not download {file}: every mirror failed:\n{attempts}")]
+    DownloadFailed { file: String, attempts: String },
+
+    // ---- configuration and devices ------------------------------------------------------------
+    /// A flag, option or environment variable holds a value that cannot be used.
+    #[error("invalid value {value:?} for {name}: {expected}")]
+    InvalidValue { name: String, value: String, expected: String },
+    /// CUDA was asked for but is not usable here.
+    #[error("device {requested} requested but CUDA is not available ({why})")]
+    CudaUnavailable { requested: String, why: String },
+    /// An error from libtorch.
+    #[error("libtorch: {0}")]
+    Torch(#[from] tch::TchError),
+
+    // ---- distributed --------------------------------------------------------------------------
+    /// The torchrun / mpirun environment contradicts itself.
+    #[error("bad distributed environment: {0}")]
+    Env(String),
+    /// A backend was asked for that this build or this machine cannot provide.
+    #[error("backend {backend} unavailable: {why}")]
+    BackendUnavailable { backend: String, why: String },
+    /// A tensor handed to a collective cannot be used as it is.
+    #[error("{op} on rank {rank}: {problem}")]
+    BadTensor { op: &'static str, rank: usize, problem: String },
+    /// Ranks disagree on the shape or dtype of a collective's tensor.
+    #[error("{op}: ranks disagree on the tensor: {detail}")]
+    CollectiveMismatch { op: &'static str, detail: String },
+    /// A source/destination rank outside 0..world_size.
+    #[error("{op}: rank {rank} is outside 0..{world_size}")]
+    RankOutOfRange { op: &'static str, rank: usize, world_size: usize },
+    /// A call into MPI or NCCL returned an error code.
+    #[error("{backend} {call} failed on rank {rank} with code {code}: {message}")]
+    Backend { backend: &'static str, call: &'static str, rank: usize, code: i64, message: String },
+    /// The rendezvous did not complete.
+    #[error("rendezvous at {addr}: {problem}")]
+    Rendezvous { addr: String, problem: String },
+    /// A launched rank failed.
+    #[error("{0}")]
+    Launch(String),
+    /// A state dict does not fit the model it is loaded into.
+    #[error("state dict: {0}")]
+    StateDict(String),
+}
+
+impl Error {
+    /// An [`Error::Io`] naming `file`.
+    pub fn io(file: impl Into<PathBuf>, source: std::io::Error) -> Self {
+        Error::Io { file: file.into(), source }
+    }
+    /// An [`Error::InvalidValue`].
+    pub fn invalid(name: impl Into<String>, value: impl ToString, expected: impl Into<String>) -> Self {
+        Error::InvalidValue { name: name.into(), value: value.to_string(), expected: expected.into() }
+    }
+}

@@ -1,0 +1,5 @@
+pub mod device;
+pub mod error;
+pub mod memory;
+pub mod model;
+pub use error::{Error, Result};

@@ -1,0 +1,193 @@
+//! `BasicNet`, the network of PyTorch's MNIST example, and the `Model` view of a network that
+//! DDP and FSDP need: parameters in a fixed, named order.
+
+use tch::nn::{self, ModuleT};
+use tch::Tensor;
+
+/// Parameters of a network in definition order with their PyTorch names
+/// (`conv1.weight`, `conv1.bias`, …), as `module.named_parameters()`.
+///
+/// The order is the same on every rank (it never comes from a `HashMap`), which is what DDP's
+/// buckets and FSDP's flat parameters rely on.
+pub trait Model: ModuleT {
+    /// `(name, tensor)` for every trainable parameter, in definition order. The tensors share
+    /// storage with the model's (shallow clones), so in-place changes reach the model.
+    fn named_parameters(&self) -> Vec<(String, Tensor)>;
+}
+
+/// Hyper-parameters of [`BasicNet`].
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct BasicNetConfig {
+    /// Output features of `fc1` (the tutorial's 128). 4096 gives ~38M parameters, for the
+    /// memory benchmarks where sharding matters.
+    pub width: i64,
+    /// Apply dropout (p = 0.25 after the convolutions, 0.5 after fc1) in train mode. Turned off
+    /// only by equivalence tests, which need training to be deterministic across world sizes.
+    pub dropout: bool,
+}
+
+impl Default for BasicNetConfig {
+    fn default() -> Self {
+        Self { width: 128, dropout: true }
+    }
+}
+
+/// PyTorch's MNIST `Net`: conv1 (1→32, 3×3) → relu → conv2 (32→64, 3×3) → relu → max_pool2d(2)
+/// → dropout(0.25) → flatten → fc1 (9216→width) → relu → dropout(0.5) → fc2 (width→10) →
+/// log_softmax. With width 128: 1,199,882 parameters, initialised as PyTorch does
+/// (Kaiming-uniform weights with a = √5, biases uniform in ±1/√fan_in).
+///
+/// Input `[batch, 1, 28, 28]` f32 (normalised MNIST); output `[batch, 10]` f32 log-probabilities.
+#[derive(Debug)]
+pub struct BasicNet {
+    conv1: nn::Conv2D,
+    conv2: nn::Conv2D,
+    fc1: nn::Linear,
+    fc2: nn::Linear,
+    config: BasicNetConfig,
+}
+
+impl BasicNet {
+    /// Creates the layers under `path` (their variables are named `conv1.weight` … `fc2.bias`
+    /// when `path` is the var store's root).
+    pub fn new(path: &nn::Path, config: BasicNetConfig) -> Self {
+        let conv1 = nn::conv2d(path / "conv1", 1, 32, 3, Default::default());
+        let conv2 = nn::conv2d(path / "conv2", 32, 64, 3, Default::default());
+        let fc1 = nn::linear(path / "fc1", 9216, config.width, Default::default());
+        let fc2 = nn::linear(path / "fc2", config.width, 10, Default::default());
+        Self { conv1, conv2, fc1, fc2, config }
+    }
+
+    /// The configuration it was built with.
+    pub fn config(&self) -> BasicNetConfig {
+        self.config
+    }
+
+    /// Number of parameters for a given fc1 width: 320 + 18,496 + (9216·w + w) + (10·w + 10).
+    pub fn num_parameters(width: i64) -> i64 {
+        (32 * 9 + 32) + (64 * 32 * 9 + 64) + (9216 * width + width) + (width * 10 + 10)
+    }
+}
+
+impl ModuleT for BasicNet {
+    fn forward_t(&self, xs: &Tensor, train: bool) -> Tensor {
+        let drop = train && self.config.dropout;
+        xs.apply(&self.conv1)
+            .relu()
+            .apply(&self.conv2)
+            .relu()
+            .max_pool2d_default(2)
+            .dropout(0.25, drop)
+            .flatten(1, -1)
+            .apply(&self.fc1)
+            .relu()
+            .dropout(0.5, drop)
+            .apply(&self.fc2)
+            .log_softmax(-1, tch::Kind::Float)
+    }
+}
+
+impl Model for BasicNet {
+    fn named_parameters(&self) -> Vec<(String, Tensor)> {
+        let layers: [(&str, &Tensor, Option<&Tensor>); 4] = [
+            ("conv1", &self.conv1.ws, self.conv1.bs.as_ref()),
+            ("conv2", &self.conv2.ws, self.conv2.bs.as_ref()),
+            ("fc1", &self.fc1.ws, self.fc1.bs.as_ref()),
+            ("fc2", &self.fc2.ws, self.fc2.bs.as_ref()),
+        ];
+        let mut out = Vec::with_capacity(8);
+        for (name, w, b) in layers {
+            out.push((format!("{name}.weight"), w.shallow_clone()));
+            if let Some(b) = b {
+                out.push((format!("{name}.bias"), b.shallow_clone()));
+            }
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tch::{nn::VarStore, Device, Kind};
+
+    #[test]
+    fn parameter_count_names_and_shapes_match_pytorch() {
+        let vs = VarStore::new(Device::Cpu);
+        let net = BasicNet::new(&vs.root(), BasicNetConfig::default());
+        let params = net.named_parameters();
+        let names: Vec<_> = params.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(
+            names,
+            ["conv1.weight", "conv1.bias", "conv2.weight", "conv2.bias", "fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"]
+        );
+        let shapes: Vec<_> = params.iter().map(|(_, t)| t.size()).collect();
+        assert_eq!(
+            shapes,
+            vec![vec![32, 1, 3, 3], vec![32], vec![64, 32, 3, 3], vec![64], vec![128, 9216], vec![128], vec![10, 128], vec![10]]
+        );
+        let total: i64 = params.iter().map(|(_, t)| t.numel() as i64).sum();
+        assert_eq!(total, 1_199_882);
+        assert_eq!(BasicNet::num_parameters(128), 1_199_882);
+        // The var store holds exactly these, under the same names.
+        let mut vs_names: Vec<_> = vs.variables().into_keys().collect();
+        vs_names.sort();
+        let mut sorted: Vec<_> = names.iter().map(|s| s.to_string()).collect();
+        sorted.sort();
+        assert_eq!(vs_names, sorted);
+    }
+
+    #[test]
+    fn width_knob_scales_fc1() {
+        let vs = VarStore::new(Device::Cpu);
+        let net = BasicNet::new(&vs.root(), BasicNetConfig { width: 4096, dropout: true });
+        let total: i64 = net.named_parameters().iter().map(|(_, t)| t.numel() as i64).sum();
+        assert_eq!(total, BasicNet::num_parameters(4096));
+        assert!(total > 37_000_000 && total < 39_000_000, "{total}");
+    }
+
+    #[test]
+    fn initialisation_follows_pytorch_bounds() {
+        tch::manual_seed(0);
+        let vs = VarStore::new(Device::Cpu);
+        let net = BasicNet::new(&vs.root(), BasicNetConfig::default());
+        // kaiming_uniform(a=√5) and the bias init both give U(-1/√fan_in, 1/√fan_in).
+        for (name, t) in net.named_parameters() {
+            let fan_in = match name.split('.').next().unwrap() {
+                "conv1" => 9.0,
+                "conv2" => 32.0 * 9.0,
+                "fc1" => 9216.0,
+                _ => 128.0,
+            };
+            let bound = 1.0 / f64::sqrt(fan_in);
+            let max = t.abs().max().double_value(&[]);
+            assert!(max <= bound + 1e-6, "{name}: max |w| {max} > {bound}");
+            assert!(max > 0.8 * bound, "{name}: max |w| {max} far below {bound}: not uniform(±bound)?");
+        }
+    }
+
+    #[test]
+    fn output_is_log_probabilities_of_shape_batch_by_10() {
+        let vs = VarStore::new(Device::Cpu);
+        let net = BasicNet::new(&vs.root(), BasicNetConfig::default());
+        let x = Tensor::randn([5, 1, 28, 28], (Kind::Float, Device::Cpu));
+        for train in [false, true] {
+            let y = net.forward_t(&x, train);
+            assert_eq!(y.size(), vec![5, 10]);
+            let sums = y.exp().sum_dim_intlist(1, false, Kind::Float);
+            let err = (sums - 1.0).abs().max().double_value(&[]);
+            assert!(err < 1e-5, "rows of exp(log-probs) sum to 1, error {err}");
+        }
+    }
+
+    #[test]
+    fn dropout_switch_makes_train_mode_deterministic() {
+        let vs = VarStore::new(Device::Cpu);
+        let x = Tensor::randn([4, 1, 28, 28], (Kind::Float, Device::Cpu));
+        let on = BasicNet::new(&vs.root(), BasicNetConfig::default());
+        assert!(!on.forward_t(&x, true).equal(&on.forward_t(&x, true)), "dropout on: two passes differ");
+        let vs2 = VarStore::new(Device::Cpu);
+        let off = BasicNet::new(&vs2.root(), BasicNetConfig { dropout: false, ..Default::default() });
+        assert!(off.forward_t(&x, true).equal(&off.forward_t(&x, false)));
+    }
+}

@@ -1,5 +1,12 @@
+//! `ladder-core`: everything the three levels of ddp-ladder share.
+//!
+//! Data flows one way: `data` → [`model`] → a level's loop → [`dist`] (through `ddp` and
+//! `fsdp`) → metrics. Nothing here depends on a level crate.
+
 pub mod device;
+pub mod dist;
 pub mod error;
 pub mod memory;
 pub mod model;
+
 pub use error::{Error, Result};

@@ -51,10 +51,18 @@ impl BasicNet {
     /// Creates the layers under `path` (their variables are named `conv1.weight` … `fc2.bias`
     /// when `path` is the var store's root).
     pub fn new(path: &nn::Path, config: BasicNetConfig) -> Self {
-        let conv1 = nn::conv2d(path / "conv1", 1, 32, 3, Default::default());
-        let conv2 = nn::conv2d(path / "conv2", 32, 64, 3, Default::default());
-        let fc1 = nn::linear(path / "fc1", 9216, config.width, Default::default());
-        let fc2 = nn::linear(path / "fc2", config.width, 10, Default::default());
+        // tch's default is Kaiming-uniform with the ReLU gain (bound √6/√fan_in) and zero conv
+        // biases; PyTorch's `reset_parameters` gives U(±1/√fan_in) to weights and biases alike.
+        let uniform = |fan_in: i64| {
+            let bound = 1.0 / (fan_in as f64).sqrt();
+            nn::Init::Uniform { lo: -bound, up: bound }
+        };
+        let conv = |fan_in| nn::ConvConfig { ws_init: uniform(fan_in), bs_init: uniform(fan_in), ..Default::default() };
+        let lin = |fan_in| nn::LinearConfig { ws_init: uniform(fan_in), bs_init: Some(uniform(fan_in)), bias: true };
+        let conv1 = nn::conv2d(path / "conv1", 1, 32, 3, conv(9));
+        let conv2 = nn::conv2d(path / "conv2", 32, 64, 3, conv(32 * 9));
+        let fc1 = nn::linear(path / "fc1", 9216, config.width, lin(9216));
+        let fc2 = nn::linear(path / "fc2", config.width, 10, lin(config.width));
         Self { conv1, conv2, fc1, fc2, config }
     }
 
@@ -157,7 +165,7 @@ mod tests {
                 "conv1" => 9.0,
                 "conv2" => 32.0 * 9.0,
                 "fc1" => 9216.0,
-                _ => 128.0,
+                _ => 128.0, // fc2's fan-in is the width
             };
             let bound = 1.0 / f64::sqrt(fan_in);
             let max = t.abs().max().double_value(&[]);

@@ -1,0 +1,290 @@
+//! The `mpi` backend: OpenMPI through rsmpi's raw bindings (`mpi::ffi`), in place on CPU
+//! tensors. Each collective is one MPI call on the tensor's own memory — no staging copy —
+//! preceded by one 4-integer `MPI_Allreduce` that checks every rank passed the same numel and
+//! dtype (a mismatch would otherwise be undefined behaviour in MPI).
+//!
+//! bf16 and f16 have no MPI datatype: reductions of them go through an f32 copy; broadcast and
+//! all_gather move their bytes as 16-bit integers.
+//!
+//! The communicator's error handler is `MPI_ERRORS_RETURN`, and every return code is checked
+//! and turned into [`Error::Backend`] with MPI's own error string.
+
+use super::{check_rank, check_tensor, kind_code, DistEnv, ProcessGroup, ReduceOp};
+use crate::{Error, Result};
+use mpi::ffi;
+use mpi::traits::{AsRaw, Communicator};
+use std::ffi::{c_int, c_void};
+use tch::{Device, Kind, Tensor};
+
+extern "C" {
+    fn ladder_mpi_in_place() -> *mut c_void;
+}
+
+/// A process group over `MPI_COMM_WORLD`.
+pub struct MpiGroup {
+    // Dropping the universe calls MPI_Finalize.
+    _universe: mpi::environment::Universe,
+    comm: ffi::MPI_Comm,
+    rank: usize,
+    world_size: usize,
+}
+
+impl std::fmt::Debug for MpiGroup {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MpiGroup").field("rank", &self.rank).field("world_size", &self.world_size).finish()
+    }
+}
+
+impl MpiGroup {
+    /// `MPI_Init`, then checks that MPI's rank and size agree with the launcher's environment.
+    ///
+    /// # Errors
+    /// [`Error::Env`] when MPI was initialised already or disagrees with `RANK`/`WORLD_SIZE`.
+    pub fn init(env: &DistEnv) -> Result<Self> {
+        let universe = mpi::initialize().ok_or_else(|| {
+            Error::Env("MPI is already initialised in this process (one process group per process)".into())
+        })?;
+        let world = universe.world();
+        let (rank, world_size) = (world.rank() as usize, world.size() as usize);
+        if rank != env.rank || world_size != env.world_size {
+            return Err(Error::Env(format!(
+                "MPI says rank {rank} of {world_size}, but the environment says RANK={} WORLD_SIZE={}",
+                env.rank, env.world_size
+            )));
+        }
+        let comm = world.as_raw();
+        // SAFETY: `comm` is MPI_COMM_WORLD of an initialised MPI; the handler is a predefined one.
+        let code = unsafe { ffi::MPI_Comm_set_errhandler(comm, ffi::RSMPI_ERRORS_RETURN) };
+        let group = Self { _universe: universe, comm, rank, world_size };
+        group.check("MPI_Comm_set_errhandler", code)?;
+        Ok(group)
+    }
+
+    fn check(&self, call: &'static str, code: c_int) -> Result<()> {
+        if code == ffi::MPI_SUCCESS as c_int {
+            return Ok(());
+        }
+        let mut buf = vec![0u8; 512];
+        let mut len: c_int = 0;
+        // SAFETY: the buffer holds MPI_MAX_ERROR_STRING (256 in OpenMPI) bytes and more.
+        unsafe { ffi::MPI_Error_string(code, buf.as_mut_ptr() as *mut _, &mut len) };
+        buf.truncate(len.max(0) as usize);
+        Err(Error::Backend {
+            backend: "mpi",
+            call,
+            rank: self.rank,
+            code: code as i64,
+            message: String::from_utf8_lossy(&buf).into_owned(),
+        })
+    }
+
+    /// One small all-reduce that makes every rank agree that each passed `numel` elements of
+    /// `kind`; the error names the smallest and largest value seen.
+    fn agree(&self, op: &'static str, numel: i64, kind: Kind) -> Result<()> {
+        let code = kind_code(kind);
+        let mut v: [i64; 4] = [numel, -numel, code, -code];
+        // SAFETY: `v` is 4 contiguous i64 used in place; the communicator is live.
+        let rc = unsafe {
+            ffi::MPI_Allreduce(
+                ladder_mpi_in_place(),
+                v.as_mut_ptr() as *mut c_void,
+                4,
+                ffi::RSMPI_INT64_T,
+                ffi::RSMPI_MAX,
+                self.comm,
+            )
+        };
+        self.check("MPI_Allreduce", rc)?;
+        if v[0] != -v[1] || v[2] != -v[3] {
+            return Err(Error::CollectiveMismatch {
+                op,
+                detail: format!(
+                    "rank {} passed {numel} elements of {kind:?}; across ranks numel ranges {}..={} and dtype codes {}..={}",
+                    self.rank, -v[1], v[0], -v[3], v[2]
+                ),
+            });
+        }
+        Ok(())
+    }
+
+    fn count(&self, op: &'static str, t: &Tensor) -> Result<c_int> {
+        c_int::try_from(t.numel()).map_err(|_| Error::BadTensor {
+            op,
+            rank: self.rank,
+            problem: format!("{} elements exceed MPI's int count limit", t.numel()),
+        })
+    }
+}
+
+/// The MPI datatype that moves `kind` unchanged (16-bit floats as 16-bit integers).
+fn raw_type(kind: Kind) -> ffi::MPI_Datatype {
+    // SAFETY: reading rsmpi's predefined datatype handles.
+    unsafe {
+        match kind {
+            Kind::Float => ffi::RSMPI_FLOAT,
+            Kind::Double => ffi::RSMPI_DOUBLE,
+            Kind::Int64 => ffi::RSMPI_INT64_T,
+            _ => ffi::RSMPI_UINT16_T,
+        }
+    }
+}
+
+fn is_half(kind: Kind) -> bool {
+    matches!(kind, Kind::BFloat16 | Kind::Half)
+}
+
+fn mpi_op(op: ReduceOp) -> ffi::MPI_Op {
+    // SAFETY: reading rsmpi's predefined operation handles.
+    unsafe {
+        match op {
+            ReduceOp::Sum | ReduceOp::Avg => ffi::RSMPI_SUM,
+            ReduceOp::Max => ffi::RSMPI_MAX,
+            ReduceOp::Min => ffi::RSMPI_MIN,
+        }
+    }
+}
+
+impl MpiGroup {
+    fn check_avg(&self, op: &'static str, kind: Kind, reduce: ReduceOp) -> Result<()> {
+        if reduce == ReduceOp::Avg && kind == Kind::Int64 {
+            return Err(Error::BadTensor {
+                op,
+                rank: self.rank,
+                problem: "ReduceOp::Avg needs a floating-point tensor, found Int64 (as NCCL)".into(),
+            });
+        }
+        Ok(())
+    }
+
+    /// In-place MPI_Allreduce on a contiguous f32/f64/i64 tensor.
+    fn all_reduce_raw(&self, t: &mut Tensor, op: ReduceOp) -> Result<()> {
+        let n = self.count("all_reduce", t)?;
+        // SAFETY: `t` is contiguous on the CPU with `n` elements of the datatype's size (checked by
+        // the caller), and nothing else touches it during the call.
+        let rc = unsafe {
+            ffi::MPI_Allreduce(ladder_mpi_in_place(), t.data_ptr(), n, raw_type(t.kind()), mpi_op(op), self.comm)
+        };
+        self.check("MPI_Allreduce", rc)
+    }
+
+    fn reduce_scatter_raw(&self, output: &mut Tensor, input: &Tensor, op: ReduceOp) -> Result<()> {
+        let n = self.count("reduce_scatter", output)?;
+        // SAFETY: input holds world_size·n and output n contiguous CPU elements of one datatype
+        // (checked by the caller); they do not overlap.
+        let rc = unsafe {
+            ffi::MPI_Reduce_scatter_block(
+                input.data_ptr(),
+                output.data_ptr(),
+                n,
+                raw_type(input.kind()),
+                mpi_op(op),
+                self.comm,
+            )
+        };
+        self.check("MPI_Reduce_scatter_block", rc)
+    }
+}
+
+impl ProcessGroup for MpiGroup {
+    fn backend(&self) -> &'static str {
+        "mpi"
+    }
+    fn rank(&self) -> usize {
+        self.rank
+    }
+    fn world_size(&self) -> usize {
+        self.world_size
+    }
+    fn device(&self) -> Device {
+        Device::Cpu
+    }
+
+    fn all_reduce(&self, tensor: &mut Tensor, op: ReduceOp) -> Result<()> {
+        check_tensor("all_reduce", self.rank, Device::Cpu, tensor)?;
+        self.check_avg("all_reduce", tensor.kind(), op)?;
+        self.agree("all_reduce", tensor.numel() as i64, tensor.kind())?;
+        if is_half(tensor.kind()) {
+            let mut wide = tensor.to_kind(Kind::Float);
+            self.all_reduce_raw(&mut wide, op)?;
+            if op == ReduceOp::Avg {
+                let _ = wide.g_div_scalar_(self.world_size as f64);
+            }
+            tensor.copy_(&wide);
+            return Ok(());
+        }
+        self.all_reduce_raw(tensor, op)?;
+        if op == ReduceOp::Avg {
+            let _ = tensor.g_div_scalar_(self.world_size as f64);
+        }
+        Ok(())
+    }
+
+    fn broadcast(&self, tensor: &mut Tensor, src: usize) -> Result<()> {
+        check_tensor("broadcast", self.rank, Device::Cpu, tensor)?;
+        check_rank("broadcast", src, self.world_size)?;
+        self.agree("broadcast", tensor.numel() as i64, tensor.kind())?;
+        let n = self.count("broadcast", tensor)?;
+        // SAFETY: contiguous CPU tensor of `n` elements of the datatype's size.
+        let rc = unsafe { ffi::MPI_Bcast(tensor.data_ptr(), n, raw_type(tensor.kind()), src as c_int, self.comm) };
+        self.check("MPI_Bcast", rc)
+    }
+
+    fn all_gather(&self, output: &mut Tensor, input: &Tensor) -> Result<()> {
+        check_tensor("all_gather", self.rank, Device::Cpu, input)?;
+        check_tensor("all_gather", self.rank, Device::Cpu, output)?;
+        expect_blocks("all_gather", self.rank, self.world_size, output, input)?;
+        self.agree("all_gather", input.numel() as i64, input.kind())?;
+        let n = self.count("all_gather", input)?;
+        let ty = raw_type(input.kind());
+        // SAFETY: input holds n and output world_size·n contiguous CPU elements of one datatype.
+        let rc = unsafe { ffi::MPI_Allgather(input.data_ptr(), n, ty, output.data_ptr(), n, ty, self.comm) };
+        self.check("MPI_Allgather", rc)
+    }
+
+    fn reduce_scatter(&self, output: &mut Tensor, input: &Tensor, op: ReduceOp) -> Result<()> {
+        check_tensor("reduce_scatter", self.rank, Device::Cpu, input)?;
+        check_tensor("reduce_scatter", self.rank, Device::Cpu, output)?;
+        expect_blocks("reduce_scatter", self.rank, self.world_size, input, output)?;
+        self.check_avg("reduce_scatter", input.kind(), op)?;
+        self.agree("reduce_scatter", input.numel() as i64, input.kind())?;
+        if is_half(input.kind()) {
+            let wide_in = input.to_kind(Kind::Float);
+            let mut wide_out = output.to_kind(Kind::Float);
+            self.reduce_scatter_raw(&mut wide_out, &wide_in, op)?;
+            if op == ReduceOp::Avg {
+                let _ = wide_out.g_div_scalar_(self.world_size as f64);
+            }
+            output.copy_(&wide_out);
+            return Ok(());
+        }
+        self.reduce_scatter_raw(output, input, op)?;
+        if op == ReduceOp::Avg {
+            let _ = output.g_div_scalar_(self.world_size as f64);
+        }
+        Ok(())
+    }
+
+    fn barrier(&self) -> Result<()> {
+        // SAFETY: the communicator is live.
+        let rc = unsafe { ffi::MPI_Barrier(self.comm) };
+        self.check("MPI_Barrier", rc)
+    }
+}
+
+/// Checks `big` holds `world_size` blocks the size and dtype of `small`.
+pub(crate) fn expect_blocks(op: &'static str, rank: usize, world_size: usize, big: &Tensor, small: &Tensor) -> Result<()> {
+    if big.numel() != world_size * small.numel() || big.kind() != small.kind() {
+        return Err(Error::BadTensor {
+            op,
+            rank,
+            problem: format!(
+                "expected the large tensor to hold world_size ({world_size}) x {} {:?} elements, found {} {:?}",
+                small.numel(),
+                small.kind(),
+                big.numel(),
+                big.kind()
+            ),
+        });
+    }
+    Ok(())
+}

@@ -1,0 +1,1 @@
+// TEMPORARY stub until branch `launch` merges.

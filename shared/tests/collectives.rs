@@ -1,0 +1,157 @@
+//! Every collective of the `mpi` backend against its closed form, for every dtype, at world
+//! sizes 2 and 3 (real processes under mpirun), plus each typed error.
+
+mod common;
+
+use ladder_core::dist::{init_process_group, Backend, ReduceOp};
+use ladder_core::Error;
+use tch::{Device, Kind, Tensor};
+
+const KINDS: [Kind; 5] = [Kind::Float, Kind::Double, Kind::BFloat16, Kind::Half, Kind::Int64];
+
+fn full(n: i64, v: f64, kind: Kind) -> Tensor {
+    Tensor::full([n], v, (kind, Device::Cpu))
+}
+
+fn values(t: &Tensor) -> Vec<f64> {
+    Vec::<f64>::try_from(t.to_kind(Kind::Double)).unwrap()
+}
+
+#[test]
+fn collectives_at_world_size_2() {
+    common::mpirun(2, "rank_collectives", &[]);
+}
+
+#[test]
+fn collectives_at_world_size_3() {
+    common::mpirun(3, "rank_collectives", &[]);
+}
+
+#[test]
+fn collective_errors_at_world_size_2() {
+    common::mpirun(2, "rank_errors", &[]);
+}
+
+#[test]
+fn one_rank_without_launcher_is_the_identity_group() {
+    if common::is_rank() {
+        return;
+    }
+    let pg = init_process_group(Backend::Mpi).unwrap();
+    assert_eq!((pg.rank(), pg.world_size()), (0, 1));
+    let mut t = Tensor::from_slice(&[1.0f32, 2.0, 3.0]);
+    pg.all_reduce(&mut t, ReduceOp::Sum).unwrap();
+    assert_eq!(values(&t), [1.0, 2.0, 3.0]);
+    let mut out = Tensor::zeros([3], (Kind::Float, Device::Cpu));
+    pg.all_gather(&mut out, &t).unwrap();
+    assert_eq!(values(&out), [1.0, 2.0, 3.0]);
+    assert!(matches!(pg.broadcast(&mut t, 1), Err(Error::RankOutOfRange { rank: 1, world_size: 1, .. })));
+}
+
+#[test]
+#[ignore = "rank body: run under mpirun by collectives_at_world_size_{2,3}"]
+fn rank_collectives() {
+    let pg = init_process_group(Backend::Mpi).unwrap();
+    let (r, w) = (pg.rank() as f64, pg.world_size() as f64);
+    assert_eq!(pg.world_size(), std::env::var("OMPI_COMM_WORLD_SIZE").unwrap().parse::<usize>().unwrap());
+    for kind in KINDS {
+        let ctx = format!("rank {r} {kind:?}");
+        // all_reduce: rank+1 everywhere; Sum = n(n+1)/2, Max = n, Min = 1, Avg = (n+1)/2.
+        for (op, want) in [(ReduceOp::Sum, w * (w + 1.0) / 2.0), (ReduceOp::Max, w), (ReduceOp::Min, 1.0)] {
+            let mut t = full(5, r + 1.0, kind);
+            pg.all_reduce(&mut t, op).unwrap();
+            assert_eq!(values(&t), vec![want; 5], "{ctx} {op:?}");
+            assert_eq!(t.kind(), kind);
+        }
+        if kind != Kind::Int64 {
+            let mut t = full(4, r + 1.0, kind);
+            pg.all_reduce(&mut t, ReduceOp::Avg).unwrap();
+            assert_eq!(values(&t), vec![(w + 1.0) / 2.0; 4], "{ctx} Avg");
+        }
+        // broadcast from the last rank (non-zero): everyone ends with its value.
+        let src = pg.world_size() - 1;
+        let mut t = full(3, r * 10.0, kind);
+        pg.broadcast(&mut t, src).unwrap();
+        assert_eq!(values(&t), vec![src as f64 * 10.0; 3], "{ctx} broadcast");
+        // all_gather: rank r contributes [10r, 10r+1, 10r+2]; blocks arrive in rank order.
+        let input = Tensor::from_slice(&[10.0 * r, 10.0 * r + 1.0, 10.0 * r + 2.0]).to_kind(kind);
+        let mut out = Tensor::zeros([pg.world_size() as i64 * 3], (kind, Device::Cpu));
+        pg.all_gather(&mut out, &input).unwrap();
+        let want: Vec<f64> = (0..pg.world_size()).flat_map(|q| (0..3).map(move |i| 10.0 * q as f64 + i as f64)).collect();
+        assert_eq!(values(&out), want, "{ctx} all_gather");
+        // reduce_scatter: input[j] = r + j; block r of the sum is n(n-1)/2 + n·j for j in block r.
+        let input = (Tensor::arange(pg.world_size() as i64 * 2, (Kind::Double, Device::Cpu)) + r).to_kind(kind);
+        let mut out = Tensor::zeros([2], (kind, Device::Cpu));
+        pg.reduce_scatter(&mut out, &input, ReduceOp::Sum).unwrap();
+        let j0 = r * 2.0;
+        let base = w * (w - 1.0) / 2.0;
+        assert_eq!(values(&out), [base + w * j0, base + w * (j0 + 1.0)], "{ctx} reduce_scatter");
+        if kind != Kind::Int64 {
+            pg.reduce_scatter(&mut out, &input, ReduceOp::Avg).unwrap();
+            assert_eq!(values(&out), [(base + w * j0) / w, (base + w * (j0 + 1.0)) / w], "{ctx} reduce_scatter Avg");
+        }
+        // coalesced: two tensors of different shapes in one call.
+        let mut ts = [Tensor::full([2, 3], r, (kind, Device::Cpu)), Tensor::full([4], 1.0, (kind, Device::Cpu))];
+        pg.all_reduce_coalesced(&mut ts, ReduceOp::Sum).unwrap();
+        assert_eq!(values(&ts[0].reshape([-1])), vec![w * (w - 1.0) / 2.0; 6], "{ctx} coalesced[0]");
+        assert_eq!(ts[0].size(), vec![2, 3]);
+        assert_eq!(values(&ts[1]), vec![w; 4], "{ctx} coalesced[1]");
+        let mut ts = [full(2, r, kind), full(3, r + 5.0, kind)];
+        pg.broadcast_coalesced(&mut ts, 0).unwrap();
+        assert_eq!((values(&ts[0]), values(&ts[1])), (vec![0.0; 2], vec![5.0; 3]), "{ctx} broadcast_coalesced");
+    }
+    // A large buffer (over the 1 MiB first bucket of DDP): 2^20 f32.
+    let mut t = Tensor::full([1 << 20], r + 1.0, (Kind::Float, Device::Cpu));
+    pg.all_reduce(&mut t, ReduceOp::Sum).unwrap();
+    assert_eq!(t.min().double_value(&[]), w * (w + 1.0) / 2.0);
+    assert_eq!(t.max().double_value(&[]), w * (w + 1.0) / 2.0);
+    pg.barrier().unwrap();
+}
+
+#[test]
+#[ignore = "rank body: run under mpirun by collective_errors_at_world_size_2"]
+fn rank_errors() {
+    let pg = init_process_group(Backend::Mpi).unwrap();
+    let rank = pg.rank();
+    // Non-contiguous input: a transposed matrix.
+    let mut t = Tensor::zeros([3, 2], (Kind::Float, Device::Cpu)).transpose(0, 1);
+    match pg.all_reduce(&mut t, ReduceOp::Sum) {
+        Err(Error::BadTensor { op: "all_reduce", problem, .. }) => assert!(problem.contains("not contiguous"), "{problem}"),
+        other => panic!("expected BadTensor, got {other:?}"),
+    }
+    // Unsupported dtype.
+    let mut t = Tensor::zeros([3], (Kind::Int, Device::Cpu));
+    assert!(matches!(pg.all_reduce(&mut t, ReduceOp::Sum), Err(Error::BadTensor { .. })));
+    // Avg of integers.
+    let mut t = Tensor::zeros([3], (Kind::Int64, Device::Cpu));
+    assert!(matches!(pg.all_reduce(&mut t, ReduceOp::Avg), Err(Error::BadTensor { .. })));
+    // src out of range.
+    let mut t = Tensor::zeros([3], (Kind::Float, Device::Cpu));
+    match pg.broadcast(&mut t, 2) {
+        Err(e @ Error::RankOutOfRange { rank: 2, world_size: 2, .. }) => {
+            assert_eq!(e.to_string(), "broadcast: rank 2 is outside 0..2")
+        }
+        other => panic!("expected RankOutOfRange, got {other:?}"),
+    }
+    // Shape mismatch across ranks: every rank gets the error, none hangs or corrupts memory.
+    let mut t = Tensor::zeros([4 + rank as i64], (Kind::Float, Device::Cpu));
+    match pg.all_reduce(&mut t, ReduceOp::Sum) {
+        Err(Error::CollectiveMismatch { op: "all_reduce", detail }) => assert!(detail.contains("numel ranges 4..=5"), "{detail}"),
+        other => panic!("expected CollectiveMismatch, got {other:?}"),
+    }
+    // Dtype mismatch across ranks.
+    let kind = if rank == 0 { Kind::Float } else { Kind::Double };
+    let mut t = Tensor::zeros([4], (kind, Device::Cpu));
+    assert!(matches!(pg.broadcast(&mut t, 0), Err(Error::CollectiveMismatch { op: "broadcast", .. })));
+    // all_gather output of the wrong size.
+    let input = Tensor::zeros([3], (Kind::Float, Device::Cpu));
+    let mut out = Tensor::zeros([5], (Kind::Float, Device::Cpu));
+    assert!(matches!(pg.all_gather(&mut out, &input), Err(Error::BadTensor { op: "all_gather", .. })));
+    // Coalesced tensors of mixed dtypes.
+    let mut ts = [Tensor::zeros([2], (Kind::Float, Device::Cpu)), Tensor::zeros([2], (Kind::Double, Device::Cpu))];
+    assert!(matches!(pg.all_reduce_coalesced(&mut ts, ReduceOp::Sum), Err(Error::BadTensor { .. })));
+    // After all those errors the group still works.
+    let mut t = Tensor::ones([2], (Kind::Float, Device::Cpu));
+    pg.all_reduce(&mut t, ReduceOp::Sum).unwrap();
+    assert_eq!(values(&t), [2.0, 2.0]);
+}

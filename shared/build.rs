@@ -8,6 +8,11 @@ fn main() {
         let dir = std::path::Path::new(&dir);
         let dir = dir.canonicalize().unwrap_or_else(|_| dir.to_path_buf());
         println!("cargo:rustc-link-arg=-Wl,-rpath,{}", dir.join("lib").display());
+        // NCCL ships in the same wheel (nvidia/nccl/lib); cudarc dlopens it by name.
+        let nccl = dir.join("..").join("nvidia").join("nccl").join("lib");
+        if let Ok(nccl) = nccl.canonicalize() {
+            println!("cargo:rustc-link-arg=-Wl,-rpath,{}", nccl.display());
+        }
         if dir.join("lib").join("libtorch_cuda.so").exists() {
             println!("cargo:rustc-link-arg=-Wl,--no-as-needed");
             println!("cargo:rustc-link-arg=-ltorch_cuda");

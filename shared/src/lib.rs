@@ -4,9 +4,11 @@
 //! `fsdp`) → metrics. Nothing here depends on a level crate.
 
 pub mod device;
+pub mod ddp;
 pub mod dist;
 pub mod error;
 pub mod memory;
+pub mod metrics;
 pub mod model;
 
 pub use error::{Error, Result};

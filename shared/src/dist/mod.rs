@@ -176,6 +176,24 @@ pub(crate) fn check_tensor(op: &'static str, rank: usize, device: Device, t: &Te
     Ok(())
 }
 
+/// Checks `big` holds `world_size` blocks the size and dtype of `small`.
+pub(crate) fn check_blocks(op: &'static str, rank: usize, world_size: usize, big: &Tensor, small: &Tensor) -> Result<()> {
+    if big.numel() != world_size * small.numel() || big.kind() != small.kind() {
+        return Err(Error::BadTensor {
+            op,
+            rank,
+            problem: format!(
+                "expected the large tensor to hold world_size ({world_size}) x {} {:?} elements, found {} {:?}",
+                small.numel(),
+                small.kind(),
+                big.numel(),
+                big.kind()
+            ),
+        });
+    }
+    Ok(())
+}
+
 /// Checks `src` against the world size.
 pub(crate) fn check_rank(op: &'static str, src: usize, world_size: usize) -> Result<()> {
     if src >= world_size {

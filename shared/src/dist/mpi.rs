@@ -232,7 +232,7 @@ impl ProcessGroup for MpiGroup {
     fn all_gather(&self, output: &mut Tensor, input: &Tensor) -> Result<()> {
         check_tensor("all_gather", self.rank, Device::Cpu, input)?;
         check_tensor("all_gather", self.rank, Device::Cpu, output)?;
-        expect_blocks("all_gather", self.rank, self.world_size, output, input)?;
+        super::check_blocks("all_gather", self.rank, self.world_size, output, input)?;
         self.agree("all_gather", input.numel() as i64, input.kind())?;
         let n = self.count("all_gather", input)?;
         let ty = raw_type(input.kind());
@@ -244,7 +244,7 @@ impl ProcessGroup for MpiGroup {
     fn reduce_scatter(&self, output: &mut Tensor, input: &Tensor, op: ReduceOp) -> Result<()> {
         check_tensor("reduce_scatter", self.rank, Device::Cpu, input)?;
         check_tensor("reduce_scatter", self.rank, Device::Cpu, output)?;
-        expect_blocks("reduce_scatter", self.rank, self.world_size, input, output)?;
+        super::check_blocks("reduce_scatter", self.rank, self.world_size, input, output)?;
         self.check_avg("reduce_scatter", input.kind(), op)?;
         self.agree("reduce_scatter", input.numel() as i64, input.kind())?;
         if is_half(input.kind()) {
@@ -271,20 +271,3 @@ impl ProcessGroup for MpiGroup {
     }
 }
 
-/// Checks `big` holds `world_size` blocks the size and dtype of `small`.
-pub(crate) fn expect_blocks(op: &'static str, rank: usize, world_size: usize, big: &Tensor, small: &Tensor) -> Result<()> {
-    if big.numel() != world_size * small.numel() || big.kind() != small.kind() {
-        return Err(Error::BadTensor {
-            op,
-            rank,
-            problem: format!(
-                "expected the large tensor to hold world_size ({world_size}) x {} {:?} elements, found {} {:?}",
-                small.numel(),
-                small.kind(),
-                big.numel(),
-                big.kind()
-            ),
-        });
-    }
-    Ok(())
-}

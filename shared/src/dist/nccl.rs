@@ -1,0 +1,218 @@
+//! The `nccl` backend: NCCL through cudarc (dynamic loading, so builds need no CUDA), in place
+//! on CUDA tensors, on the stream libtorch uses by default (the legacy default stream), so the
+//! collectives are ordered after the kernels that produced their inputs.
+//!
+//! Rank 0 creates NCCL's unique id and hands it to the others through the TCP rendezvous at
+//! `MASTER_ADDR:MASTER_PORT` ([`super::rendezvous::TcpStore`]), as torch's `TCPStore` does.
+//! A missing GPU or libnccl is an [`Error::BackendUnavailable`], probed before cudarc would
+//! panic.
+
+use super::rendezvous::TcpStore;
+use super::{check_rank, check_tensor, kind_code, DistEnv, ProcessGroup, ReduceOp};
+use crate::{Error, Result};
+use cudarc::nccl::{result as nccl, sys};
+use std::ffi::{c_int, c_void};
+use std::time::Duration;
+use tch::{Device, Kind, Tensor};
+
+/// How long ranks wait for each other at the rendezvous.
+pub const RENDEZVOUS_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// A process group over one NCCL communicator; rank r uses GPU `local_rank`.
+pub struct NcclGroup {
+    comm: sys::ncclComm_t,
+    rank: usize,
+    world_size: usize,
+    device: Device,
+    // Keeps the CUDA primary context alive and current for this thread.
+    _ctx: std::sync::Arc<cudarc::driver::CudaContext>,
+}
+
+impl std::fmt::Debug for NcclGroup {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NcclGroup").field("rank", &self.rank).field("world_size", &self.world_size).finish()
+    }
+}
+
+fn unavailable(why: impl Into<String>) -> Error {
+    Error::BackendUnavailable { backend: "nccl".into(), why: why.into() }
+}
+
+impl NcclGroup {
+    /// Probes CUDA and libnccl, exchanges the unique id, and calls `ncclCommInitRank`.
+    ///
+    /// # Errors
+    /// [`Error::BackendUnavailable`] without a GPU or libnccl; rendezvous and NCCL errors.
+    pub fn init(env: &DistEnv) -> Result<Self> {
+        let device = crate::device::DeviceKind::Cuda.resolve(env.local_rank)?;
+        let Device::Cuda(ordinal) = device else { unreachable!("resolve(Cuda) gives a CUDA device") };
+        // SAFETY: only tries to dlopen candidate library names.
+        if !unsafe { sys::is_culib_present() } {
+            return Err(unavailable("libnccl.so.2 could not be loaded (it ships with the torch wheel under nvidia/nccl/lib)"));
+        }
+        let ctx = std::panic::catch_unwind(|| cudarc::driver::CudaContext::new(ordinal))
+            .map_err(|_| unavailable("the CUDA driver library could not be loaded"))?
+            .map_err(|e| unavailable(format!("CUDA device {ordinal}: {e:?}")))?;
+        let store = TcpStore::connect(env, RENDEZVOUS_TIMEOUT)?;
+        let id = if env.rank == 0 {
+            let id = nccl::get_uniqueid().map_err(|e| nccl_error(0, "ncclGetUniqueId", e))?;
+            let bytes: Vec<u8> = id.internal.iter().map(|&c| c as u8).collect();
+            store.set("nccl_unique_id", &bytes)?;
+            id
+        } else {
+            let bytes = store.get("nccl_unique_id")?;
+            if bytes.len() != 128 {
+                return Err(Error::Rendezvous {
+                    addr: format!("{}:{:?}", env.master_addr, env.master_port),
+                    problem: format!("NCCL unique id of {} bytes, expected 128", bytes.len()),
+                });
+            }
+            let mut id = sys::ncclUniqueId { internal: [0; 128] };
+            for (dst, src) in id.internal.iter_mut().zip(bytes) {
+                *dst = src as std::ffi::c_char;
+            }
+            id
+        };
+        let mut comm = std::ptr::null_mut();
+        // SAFETY: `comm` is a valid out-pointer; the id is the one rank 0 created.
+        unsafe { nccl::comm_init_rank(&mut comm, env.world_size as c_int, id, env.rank as c_int) }
+            .map_err(|e| nccl_error(env.rank, "ncclCommInitRank", e))?;
+        Ok(Self { comm, rank: env.rank, world_size: env.world_size, device, _ctx: ctx })
+    }
+
+    fn stream() -> sys::cudaStream_t {
+        std::ptr::null_mut()
+    }
+
+    fn agree(&self, op: &'static str, numel: i64, kind: Kind) -> Result<()> {
+        let code = kind_code(kind);
+        let v = Tensor::from_slice(&[numel, -numel, code, -code]).to_device(self.device);
+        self.call("ncclAllReduce", |comm, s| {
+            // SAFETY: 4 contiguous i64 on this group's GPU, used in place.
+            unsafe { nccl::all_reduce(v.data_ptr(), v.data_ptr(), 4, sys::ncclDataType_t::ncclInt64, sys::ncclRedOp_t::ncclMax, comm, s) }
+        })?;
+        let v = Vec::<i64>::try_from(v.to_device(Device::Cpu)).unwrap_or_default();
+        if v.len() == 4 && (v[0] != -v[1] || v[2] != -v[3]) {
+            return Err(Error::CollectiveMismatch {
+                op,
+                detail: format!(
+                    "rank {} passed {numel} elements of {kind:?}; across ranks numel ranges {}..={} and dtype codes {}..={}",
+                    self.rank, -v[1], v[0], -v[3], v[2]
+                ),
+            });
+        }
+        Ok(())
+    }
+
+    fn call(
+        &self,
+        name: &'static str,
+        f: impl FnOnce(sys::ncclComm_t, sys::cudaStream_t) -> std::result::Result<nccl::NcclStatus, nccl::NcclError>,
+    ) -> Result<()> {
+        f(self.comm, Self::stream()).map(|_| ()).map_err(|e| nccl_error(self.rank, name, e))
+    }
+
+    fn check(&self, op: &'static str, reduce: Option<ReduceOp>, t: &Tensor) -> Result<()> {
+        check_tensor(op, self.rank, self.device, t)?;
+        if reduce == Some(ReduceOp::Avg) && t.kind() == Kind::Int64 {
+            return Err(Error::BadTensor { op, rank: self.rank, problem: "ReduceOp::Avg needs a floating-point tensor, found Int64".into() });
+        }
+        Ok(())
+    }
+}
+
+fn nccl_error(rank: usize, call: &'static str, e: nccl::NcclError) -> Error {
+    Error::Backend { backend: "nccl", call, rank, code: e.0 as i64, message: format!("{:?}", e.0) }
+}
+
+fn dtype(kind: Kind) -> sys::ncclDataType_t {
+    match kind {
+        Kind::Float => sys::ncclDataType_t::ncclFloat32,
+        Kind::Double => sys::ncclDataType_t::ncclFloat64,
+        Kind::Half => sys::ncclDataType_t::ncclFloat16,
+        Kind::BFloat16 => sys::ncclDataType_t::ncclBfloat16,
+        _ => sys::ncclDataType_t::ncclInt64,
+    }
+}
+
+fn red_op(op: ReduceOp) -> sys::ncclRedOp_t {
+    match op {
+        ReduceOp::Sum => sys::ncclRedOp_t::ncclSum,
+        ReduceOp::Avg => sys::ncclRedOp_t::ncclAvg,
+        ReduceOp::Max => sys::ncclRedOp_t::ncclMax,
+        ReduceOp::Min => sys::ncclRedOp_t::ncclMin,
+    }
+}
+
+impl ProcessGroup for NcclGroup {
+    fn backend(&self) -> &'static str {
+        "nccl"
+    }
+    fn rank(&self) -> usize {
+        self.rank
+    }
+    fn world_size(&self) -> usize {
+        self.world_size
+    }
+    fn device(&self) -> Device {
+        self.device
+    }
+
+    fn all_reduce(&self, t: &mut Tensor, op: ReduceOp) -> Result<()> {
+        self.check("all_reduce", Some(op), t)?;
+        self.agree("all_reduce", t.numel() as i64, t.kind())?;
+        let (n, ty) = (t.numel(), dtype(t.kind()));
+        let p = t.data_ptr();
+        // SAFETY: contiguous tensor of n elements on this group's GPU, reduced in place.
+        self.call("ncclAllReduce", |c, s| unsafe { nccl::all_reduce(p as *const c_void, p, n, ty, red_op(op), c, s) })
+    }
+
+    fn broadcast(&self, t: &mut Tensor, src: usize) -> Result<()> {
+        self.check("broadcast", None, t)?;
+        check_rank("broadcast", src, self.world_size)?;
+        self.agree("broadcast", t.numel() as i64, t.kind())?;
+        let (n, ty) = (t.numel(), dtype(t.kind()));
+        let p = t.data_ptr();
+        // SAFETY: contiguous tensor of n elements on this group's GPU, in place.
+        self.call("ncclBroadcast", |c, s| unsafe { nccl::broadcast(p as *const c_void, p, n, ty, src as c_int, c, s) })
+    }
+
+    fn all_gather(&self, output: &mut Tensor, input: &Tensor) -> Result<()> {
+        self.check("all_gather", None, input)?;
+        self.check("all_gather", None, output)?;
+        super::check_blocks("all_gather", self.rank, self.world_size, output, input)?;
+        self.agree("all_gather", input.numel() as i64, input.kind())?;
+        let (n, ty) = (input.numel(), dtype(input.kind()));
+        let (i, o) = (input.data_ptr(), output.data_ptr());
+        // SAFETY: input n and output world_size·n elements on this group's GPU.
+        self.call("ncclAllGather", |c, s| unsafe { nccl::all_gather(i as *const c_void, o, n, ty, c, s) })
+    }
+
+    fn reduce_scatter(&self, output: &mut Tensor, input: &Tensor, op: ReduceOp) -> Result<()> {
+        self.check("reduce_scatter", Some(op), input)?;
+        self.check("reduce_scatter", Some(op), output)?;
+        super::check_blocks("reduce_scatter", self.rank, self.world_size, input, output)?;
+        self.agree("reduce_scatter", input.numel() as i64, input.kind())?;
+        let (n, ty) = (output.numel(), dtype(input.kind()));
+        let (i, o) = (input.data_ptr(), output.data_ptr());
+        // SAFETY: input world_size·n and output n elements on this group's GPU.
+        self.call("ncclReduceScatter", |c, s| unsafe { nccl::reduce_scatter(i as *const c_void, o, n, ty, red_op(op), c, s) })
+    }
+
+    fn barrier(&self) -> Result<()> {
+        let mut t = Tensor::zeros([1], (Kind::Float, self.device));
+        self.all_reduce(&mut t, ReduceOp::Sum)?;
+        tch::Cuda::synchronize(match self.device {
+            Device::Cuda(i) => i as i64,
+            _ => 0,
+        });
+        Ok(())
+    }
+}
+
+impl Drop for NcclGroup {
+    fn drop(&mut self) {
+        // SAFETY: the communicator was created by ncclCommInitRank and is destroyed once.
+        let _ = unsafe { nccl::comm_destroy(self.comm) };
+    }
+}

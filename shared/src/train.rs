@@ -1,0 +1,251 @@
+//! The pieces of the tutorial's training job that every level shares: the command-line
+//! arguments, data loading, one optimizer step, and evaluation — plus the single-process
+//! baseline [`run`] that `make demo` starts with.
+//!
+//! Recipe (PyTorch's MNIST example with the DDP tutorial's optimizer): BasicNet, AdamW (lr 1e-3,
+//! betas 0.9/0.999, eps 1e-8, weight_decay 0.01), `nll_loss` on log-probabilities, batch 64,
+//! train mode with dropout, evaluation in eval mode under `no_grad`, argmax accuracy.
+
+use crate::data::{resolve_data_dir, DataLoader, Dataset, Mnist};
+use crate::device::DeviceKind;
+use crate::metrics::Report;
+use crate::model::{BasicNet, BasicNetConfig};
+use crate::{Error, Result};
+use serde::{Deserialize, Serialize};
+use std::path::PathBuf;
+use std::time::Instant;
+use tch::nn::{self, ModuleT, OptimizerConfig};
+use tch::{Kind, Tensor};
+
+/// The training flags every level's binary shares (the tutorial's, plus `--metrics-json`).
+#[derive(Debug, Clone, PartialEq, clap::Args, Serialize, Deserialize)]
+pub struct TrainArgs {
+    /// Passes over the 60,000 training images.
+    #[arg(long, default_value_t = 1)]
+    pub epochs: usize,
+    /// Samples per optimizer step (per rank when several ranks train).
+    #[arg(long, default_value_t = 64)]
+    pub batch_size: usize,
+    /// AdamW learning rate.
+    #[arg(long, default_value_t = 1e-3)]
+    pub lr: f64,
+    /// Seed of the weights' initialisation, dropout and the shuffle.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Stop after this many optimizer steps (over all epochs) — for quick runs.
+    #[arg(long)]
+    pub max_steps: Option<usize>,
+    /// Directory holding the four MNIST IDX files (.gz or raw). Default: $MNIST_DIR, else
+    /// ./data/mnist, else the workspace's data/mnist.
+    #[arg(long)]
+    pub data_dir: Option<PathBuf>,
+    /// Download missing MNIST files into the data directory (as torchvision's download=True).
+    #[arg(long)]
+    pub download: bool,
+    /// Mirror to download from (repeatable; tried in order). Default: $MNIST_MIRRORS
+    /// (comma-separated), else the canonical public mirrors.
+    #[arg(long = "mirror", value_name = "URL")]
+    pub mirrors: Vec<String>,
+    /// Device to train on. Default: cuda if available, else cpu.
+    #[arg(long, value_enum)]
+    pub device: Option<DeviceKind>,
+    /// Write the run's figures as JSON to this file.
+    #[arg(long, value_name = "PATH")]
+    pub metrics_json: Option<PathBuf>,
+    /// Print the training loss every N steps (0: only per epoch).
+    #[arg(long, default_value_t = 100)]
+    pub log_interval: usize,
+}
+
+impl Default for TrainArgs {
+    fn default() -> Self {
+        Self {
+            epochs: 1,
+            batch_size: 64,
+            lr: 1e-3,
+            seed: 1,
+            max_steps: None,
+            data_dir: None,
+            download: false,
+            mirrors: Vec::new(),
+            device: None,
+            metrics_json: None,
+            log_interval: 100,
+        }
+    }
+}
+
+impl TrainArgs {
+    /// Checks the values clap cannot.
+    ///
+    /// # Errors
+    /// [`Error::InvalidValue`] naming the flag.
+    pub fn validate(&self) -> Result<()> {
+        if self.epochs == 0 {
+            return Err(Error::invalid("--epochs", self.epochs, "at least 1"));
+        }
+        if self.batch_size == 0 {
+            return Err(Error::invalid("--batch-size", self.batch_size, "at least 1"));
+        }
+        if !(self.lr.is_finite() && self.lr > 0.0) {
+            return Err(Error::invalid("--lr", self.lr, "a positive, finite learning rate"));
+        }
+        if self.max_steps == Some(0) {
+            return Err(Error::invalid("--max-steps", 0, "at least 1 (or leave it out)"));
+        }
+        Ok(())
+    }
+
+    /// The device kind to use: `--device`, else cuda if available.
+    pub fn device_kind(&self) -> DeviceKind {
+        self.device.unwrap_or_else(DeviceKind::default_for_machine)
+    }
+
+    /// Loads MNIST from the resolved data directory, downloading missing files when
+    /// `--download` is given.
+    ///
+    /// # Errors
+    /// The data module's typed errors (missing file with a hint, checksum mismatch, …).
+    pub fn load_mnist(&self) -> Result<Mnist> {
+        let dir = resolve_data_dir(self.data_dir.as_deref());
+        if self.download {
+            let mirrors = if self.mirrors.is_empty() { crate::data::mirrors_from_env() } else { self.mirrors.clone() };
+            Mnist::load_or_download(&dir, &mirrors)
+        } else {
+            Mnist::load(&dir)
+        }
+    }
+}
+
+/// Sums from evaluating part of the test set; all-reducing them over ranks gives the exact
+/// figures of the whole set.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct EvalSums {
+    /// Images whose argmax prediction equals the label.
+    pub correct: i64,
+    /// Sum of the per-image negative log-likelihoods.
+    pub loss_sum: f64,
+    /// Images evaluated.
+    pub count: i64,
+}
+
+impl EvalSums {
+    /// `correct / count` (0 when nothing was evaluated).
+    pub fn accuracy(&self) -> f64 {
+        if self.count == 0 { 0.0 } else { self.correct as f64 / self.count as f64 }
+    }
+    /// Mean negative log-likelihood.
+    pub fn mean_loss(&self) -> f64 {
+        if self.count == 0 { 0.0 } else { self.loss_sum / self.count as f64 }
+    }
+}
+
+/// Evaluates `model` on every image of `data` once, in eval mode under `no_grad`, in batches of
+/// `batch_size`, on the dataset's device. As the tutorial's `test()`.
+pub fn evaluate(model: &impl ModuleT, data: &Dataset, batch_size: usize) -> EvalSums {
+    let n = data.len();
+    let mut sums = EvalSums::default();
+    tch::no_grad(|| {
+        let mut start = 0;
+        while start < n {
+            let len = batch_size.min(n - start);
+            let part = data.slice(start..start + len);
+            let out = model.forward_t(&part.images, false);
+            sums.loss_sum += out.nll_loss(&part.labels).double_value(&[]) * len as f64;
+            sums.correct += out.argmax(-1, false).eq_tensor(&part.labels).sum(Kind::Int64).int64_value(&[]);
+            sums.count += len as i64;
+            start += len;
+        }
+    });
+    sums
+}
+
+/// The loss of one batch: `nll_loss(model(images), labels)`, mean over the batch.
+pub fn batch_loss(model: &impl ModuleT, images: &Tensor, labels: &Tensor) -> Tensor {
+    model.forward_t(images, true).nll_loss(labels)
+}
+
+/// Builds AdamW over every trainable variable of `vs` with the tutorial's hyper-parameters.
+///
+/// # Errors
+/// libtorch's error if the optimizer cannot be created.
+pub fn adamw(vs: &nn::VarStore, lr: f64) -> Result<nn::Optimizer> {
+    Ok(nn::AdamW::default().build(vs, lr)?)
+}
+
+/// Runs the single-process baseline: BasicNet on MNIST, the tutorial's loop, then evaluation
+/// over the whole test set. Intra-op threads = all cores.
+///
+/// # Errors
+/// Invalid flags, data errors, an unavailable device.
+pub fn run(args: &TrainArgs) -> Result<Report> {
+    let start = Instant::now();
+    args.validate()?;
+    let device = args.device_kind().resolve(0)?;
+    crate::device::set_threads_per_rank(1);
+    tch::manual_seed(args.seed as i64);
+    let mnist = args.load_mnist()?;
+    let (train, test) = (mnist.train.to_device(device), mnist.test.to_device(device));
+
+    let vs = nn::VarStore::new(device);
+    let net = BasicNet::new(&vs.root(), BasicNetConfig::default());
+    let mut opt = adamw(&vs, args.lr)?;
+    let mut loader = DataLoader::shuffled(&train, args.batch_size, args.seed)?;
+
+    let mut steps = 0usize;
+    let mut train_s = 0.0;
+    let mut samples = 0usize;
+    let mut train_loss = 0.0;
+    'epochs: for epoch in 1..=args.epochs {
+        loader.set_epoch(epoch as u64 - 1);
+        let t0 = Instant::now();
+        let (mut loss_sum, mut n_batches) = (0.0, 0usize);
+        for (batch_idx, (images, labels)) in loader.iter().enumerate() {
+            opt.zero_grad();
+            let loss = batch_loss(&net, &images, &labels);
+            loss.backward();
+            opt.step();
+            let l = loss.double_value(&[]);
+            loss_sum += l;
+            n_batches += 1;
+            samples += images.size()[0] as usize;
+            steps += 1;
+            if args.log_interval > 0 && batch_idx % args.log_interval == 0 {
+                println!(
+                    "Train Epoch: {epoch} [{}/{} ({:.0}%)]\tLoss: {l:.6}",
+                    batch_idx * args.batch_size,
+                    loader.num_samples(),
+                    100.0 * batch_idx as f64 / loader.len() as f64
+                );
+            }
+            if args.max_steps.is_some_and(|m| steps >= m) {
+                train_s += t0.elapsed().as_secs_f64();
+                train_loss = loss_sum / n_batches as f64;
+                break 'epochs;
+            }
+        }
+        train_s += t0.elapsed().as_secs_f64();
+        train_loss = loss_sum / n_batches.max(1) as f64;
+        println!("Epoch {epoch}: mean train loss {train_loss:.4} over {n_batches} steps");
+    }
+
+    let eval = evaluate(&net, &test, 1000);
+    let peak = crate::memory::peak_rss_bytes().map(crate::memory::mib).unwrap_or(0.0);
+    let report = Report {
+        accuracy: eval.accuracy(),
+        eval_samples: eval.count as u64,
+        test_loss: eval.mean_loss(),
+        train_loss,
+        samples_per_s: samples as f64 / train_s.max(1e-9),
+        wall_s: start.elapsed().as_secs_f64(),
+        peak_rss_mib: peak,
+        steps: steps as u64,
+        world_size: 1,
+        strategy: "single".into(),
+        ranks: Vec::new(),
+    };
+    if let Some(path) = &args.metrics_json {
+        report.write_json(path)?;
+    }
+    Ok(report)
+}

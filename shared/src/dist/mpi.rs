@@ -60,6 +60,12 @@ impl MpiGroup {
         Ok(group)
     }
 
+    /// rsmpi's handle on the same communicator (`MPI_COMM_WORLD`), for code that wants to call
+    /// rsmpi directly — e.g. the all-reduce benchmark's raw baseline.
+    pub fn communicator(&self) -> mpi::topology::SimpleCommunicator {
+        self._universe.world()
+    }
+
     fn check(&self, call: &'static str, code: c_int) -> Result<()> {
         if code == ffi::MPI_SUCCESS as c_int {
             return Ok(());

@@ -1,0 +1,62 @@
+"""The PyTorch MNIST example loop, single process — the peer of `ladder-baseline`.
+
+    .venv/bin/python bench/reference/tutorial.py [--max-steps N] [--threads T]
+
+Prints one JSON line: samples_per_s (train loop only), accuracy, eval_samples, wall_s.
+"""
+import argparse
+import json
+import time
+
+import torch
+import torch.nn.functional as F
+
+from common import BasicNet, datasets, evaluate
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--epochs", type=int, default=1)
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--max-steps", type=int, default=None)
+    p.add_argument("--threads", type=int, default=None, help="intra-op threads (default: all cores)")
+    a = p.parse_args()
+    start = time.perf_counter()
+    if a.threads:
+        torch.set_num_threads(a.threads)
+    torch.manual_seed(a.seed)
+    train, test = datasets()
+    train_loader = torch.utils.data.DataLoader(train, batch_size=a.batch_size, shuffle=True)
+    test_loader = torch.utils.data.DataLoader(test, batch_size=1000)
+    model = BasicNet()
+    opt = torch.optim.AdamW(model.parameters(), lr=a.lr)
+    steps, samples, train_s = 0, 0, 0.0
+    done = False
+    for _ in range(a.epochs):
+        model.train()
+        t0 = time.perf_counter()
+        for x, y in train_loader:
+            opt.zero_grad()
+            loss = F.nll_loss(model(x), y)
+            loss.backward()
+            opt.step()
+            steps += 1
+            samples += len(y)
+            if a.max_steps and steps >= a.max_steps:
+                done = True
+                break
+        train_s += time.perf_counter() - t0
+        if done:
+            break
+    correct, loss_sum, n = evaluate(model, test_loader)
+    print(json.dumps({
+        "impl": "pytorch-tutorial", "world_size": 1, "threads": torch.get_num_threads(),
+        "steps": steps, "samples_per_s": samples / train_s, "accuracy": correct / n,
+        "eval_samples": n, "test_loss": loss_sum / n, "wall_s": time.perf_counter() - start,
+    }))
+
+
+if __name__ == "__main__":
+    main()

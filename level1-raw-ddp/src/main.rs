@@ -1,0 +1,34 @@
+//! level1-raw-ddp — BasicNet on MNIST with a raw process group, as PyTorch's DDP tutorial.
+//!
+//! Launch:
+//!   level1-raw-ddp                                     # 1 process (world size 1)
+//!   ladder-run --nproc-per-node 2 level1-raw-ddp       # 2 ranks, torchrun-style
+//!   mpirun -n 2 level1-raw-ddp                         # 2 ranks under OpenMPI directly
+//!   ladder-run --nproc-per-node 2 --backend nccl level1-raw-ddp --device cuda   # 2 GPUs
+//!
+//! One epoch at 2 ranks × 64 samples per rank reaches ~98% test accuracy (see README).
+//! Every distributed step is in `lib.rs`: setup → sampler → DDP wrap → loop → exact eval →
+//! cleanup.
+
+use clap::Parser;
+use std::process::ExitCode;
+
+fn main() -> ExitCode {
+    let cfg = level1_raw_ddp::Config::parse();
+    match level1_raw_ddp::run(&cfg) {
+        Ok(report) => {
+            if report.ranks.is_empty() || is_rank_zero() {
+                println!("{}", report.summary());
+            }
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn is_rank_zero() -> bool {
+    ladder_core::dist::DistEnv::from_env().map(|e| e.rank == 0).unwrap_or(true)
+}

@@ -1,0 +1,73 @@
+//! All-reduce latency and bus bandwidth, ours next to a raw rsmpi call, in the same run.
+//!
+//!   mpirun -n 2 --bind-to none target/release/examples/allreduce_bench [--json PATH]
+//!
+//! For each message size (4 KiB … 64 MiB, ×4): warm-up, then alternating timed rounds of
+//! `ProcessGroup::all_reduce(Sum)` on an f32 tensor (in place, with its cross-rank numel/dtype
+//! check) and rsmpi's `all_reduce_into` on a `Vec<f32>`; the median of each is reported.
+//! busbw = algbw × 2(n−1)/n, as nccl-tests reports it; algbw = bytes / time.
+
+use ladder_core::dist::mpi::MpiGroup;
+use ladder_core::dist::{DistEnv, ProcessGroup, ReduceOp};
+use mpi::collective::SystemOperation;
+use mpi::traits::*;
+use std::time::Instant;
+use tch::{Device, Kind, Tensor};
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[v.len() / 2]
+}
+
+fn main() -> ladder_core::Result<()> {
+    let json = std::env::args().skip_while(|a| a != "--json").nth(1);
+    let env = DistEnv::from_env()?;
+    let pg = MpiGroup::init(&env)?;
+    let world = pg.communicator();
+    let n = pg.world_size() as f64;
+    let factor = 2.0 * (n - 1.0) / n;
+    let mut rows = Vec::new();
+    if pg.rank() == 0 {
+        println!("{:>10} {:>6} {:>12} {:>12} {:>14} {:>14} {:>6}", "bytes", "iters", "ours us", "raw us", "ours busbw", "raw busbw", "ratio");
+    }
+    let mut bytes = 4usize << 10;
+    while bytes <= 64 << 20 {
+        let elems = bytes / 4;
+        let iters = ((256usize << 20) / bytes).clamp(5, 200);
+        let mut t = Tensor::ones([elems as i64], (Kind::Float, Device::Cpu));
+        let send = vec![1.0f32; elems];
+        let mut recv = vec![0.0f32; elems];
+        let (mut ours, mut raw) = (Vec::new(), Vec::new());
+        for i in 0..iters + 3 {
+            pg.barrier()?;
+            let t0 = Instant::now();
+            pg.all_reduce(&mut t, ReduceOp::Sum)?;
+            let a = t0.elapsed().as_secs_f64();
+            let _ = t.fill_(1.0);
+            pg.barrier()?;
+            let t0 = Instant::now();
+            world.all_reduce_into(&send[..], &mut recv[..], SystemOperation::sum());
+            let b = t0.elapsed().as_secs_f64();
+            if i >= 3 {
+                ours.push(a);
+                raw.push(b);
+            }
+        }
+        assert_eq!(recv[0], n as f32, "raw all-reduce result");
+        let (o, r) = (median(ours), median(raw));
+        let (ob, rb) = (bytes as f64 / o * factor / 1e9, bytes as f64 / r * factor / 1e9);
+        if pg.rank() == 0 {
+            println!("{bytes:>10} {iters:>6} {:>12.1} {:>12.1} {:>11.2} GB/s {:>9.2} GB/s {:>6.2}", o * 1e6, r * 1e6, ob, rb, ob / rb);
+        }
+        rows.push(serde_json::json!({
+            "bytes": bytes, "iters": iters, "ours_latency_us": o * 1e6, "raw_latency_us": r * 1e6,
+            "ours_busbw_gbps": ob, "raw_busbw_gbps": rb, "ratio": ob / rb,
+        }));
+        bytes *= 4;
+    }
+    if let (Some(path), 0) = (json, pg.rank()) {
+        let doc = serde_json::json!({ "world_size": pg.world_size(), "dtype": "f32", "op": "sum", "rows": rows });
+        ladder_core::metrics::write_atomic(std::path::Path::new(&path), serde_json::to_string_pretty(&doc).unwrap().as_bytes())?;
+    }
+    Ok(())
+}

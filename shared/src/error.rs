@@ -86,6 +86,10 @@ pub enum Error {
     /// A launched rank failed.
     #[error("{0}")]
     Launch(String),
+    /// A rank started by `ladder-run` / `launch` failed; `summary` is the torchrun-style report
+    /// (rank, exit code or signal, last stderr lines). `exitcode` is negative for a signal.
+    #[error("{summary}")]
+    RankFailed { rank: usize, exitcode: i32, summary: String },
     /// A state dict does not fit the model it is loaded into.
     #[error("state dict: {0}")]
     StateDict(String),

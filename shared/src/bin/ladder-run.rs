@@ -1,0 +1,23 @@
+//! `ladder-run`: start PROGRAM as several ranks with the torchrun environment, as `torchrun`.
+//!
+//! ```text
+//! ladder-run --nproc-per-node 2 target/release/level1-raw-ddp            # 2 ranks through mpirun
+//! ladder-run --nproc-per-node 2 --backend nccl target/release/level1-raw-ddp --device cuda
+//! ```
+//!
+//! Exit code: 0 when every rank succeeded; 1 (with torchrun's error summary on stderr) when a
+//! rank failed or the launch could not start; 128 + signal when interrupted.
+
+use clap::Parser;
+use ladder_core::launch::{run, LaunchConfig};
+
+fn main() {
+    let cfg = LaunchConfig::parse();
+    match run(&cfg) {
+        Ok(code) => std::process::exit(code),
+        Err(e) => {
+            eprintln!("ladder-run: error: {e}");
+            std::process::exit(1);
+        }
+    }
+}

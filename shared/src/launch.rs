@@ -1,0 +1,951 @@
+//! `ladder-run`, the torchrun analogue, and [`launch`], the `notebook_launcher` analogue.
+//!
+//! # How a job is started
+//!
+//! ```text
+//! ladder-run --backend mpi                      ladder-run --backend nccl
+//!   └─ mpirun -n N … (own process group)          ├─ ladder-run --rank-worker (rank 0, own group)
+//!        ├─ ladder-run --rank-worker  (rank 0)    │    └─ PROGRAM ARGS
+//!        │    └─ PROGRAM ARGS                     └─ ladder-run --rank-worker (rank 1, own group)
+//!        └─ ladder-run --rank-worker  (rank 1)         └─ PROGRAM ARGS
+//!             └─ PROGRAM ARGS
+//! ```
+//!
+//! The hidden *rank worker* leads its own process group, sets the torchrun variables (`RANK`,
+//! `LOCAL_RANK`, `WORLD_SIZE`, `LOCAL_WORLD_SIZE`, `MASTER_ADDR`, `MASTER_PORT`; under mpirun
+//! from `OMPI_COMM_WORLD_*`, which PROGRAM also inherits so `MPI_Init` works), prefixes every
+//! output line of PROGRAM with `[rank{r}]: `, and keeps PROGRAM's last stderr lines. When
+//! PROGRAM exits non-zero or is killed by a signal it was not asked to stop by, the worker
+//! prints one machine-readable failure line (a marker and JSON) on stderr and exits non-zero;
+//! the top launcher hides that line and turns it into torchrun's error summary.
+//!
+//! # Failure and signals
+//!
+//! When any rank fails, the others are stopped within 5 s: mpirun tears its job down itself
+//! (SIGTERM, then SIGKILL to each rank's process group); in `nccl` mode the launcher sends
+//! SIGTERM to every rank's process group and SIGKILL 2 s later (and if mpirun is still busy
+//! 2.5 s after a failure, it gets the same treatment, which its ranks notice through
+//! `PR_SET_PDEATHSIG`). SIGINT / SIGTERM / SIGHUP to the launcher are forwarded the same way. Every child
+//! gets `PR_SET_PDEATHSIG`, so a launcher killed outright takes its job with it.
+
+use crate::dist::env::{DistEnv, DEFAULT_MASTER_ADDR, VARS};
+use crate::{sys, Error, Result};
+use serde::{Deserialize, Serialize};
+use std::collections::VecDeque;
+use std::ffi::{OsStr, OsString};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::mpsc::{channel, Sender};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// How `ladder-run` starts the ranks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum LaunchBackend {
+    /// Through Open MPI's `mpirun` (for the `mpi` process group; several nodes via --hostfile).
+    #[default]
+    Mpi,
+    /// Spawned directly with the torchrun variables, as torchrun does (for the `nccl` process
+    /// group; several nodes by running ladder-run on each with --node-rank).
+    Nccl,
+}
+
+/// The `ladder-run` command line: torchrun's flags (underscore spellings such as
+/// `--nproc_per_node` are accepted too).
+#[derive(Debug, Clone, clap::Parser, Serialize, Deserialize)]
+#[serde(default)]
+#[command(
+    name = "ladder-run",
+    version,
+    override_usage = "ladder-run [OPTIONS] PROGRAM [ARGS]...",
+    about = "Start PROGRAM as several ranks with the torchrun environment (RANK, WORLD_SIZE, ...), as torchrun does",
+    after_help = "Examples:\n  ladder-run --nproc-per-node 2 target/release/level1-raw-ddp --epochs 1\n  ladder-run --nproc-per-node 4 --backend nccl target/release/level1-raw-ddp --device cuda\n  ladder-run --nproc-per-node 2 --nnodes 2 --hostfile hosts.txt PROGRAM    (mpi, run once)\n\nIf a rank fails, the others are stopped and ladder-run exits 1 with a summary naming the rank."
+)]
+pub struct LaunchConfig {
+    /// Number of ranks to start on each node.
+    #[arg(long = "nproc-per-node", alias = "nproc_per_node", value_name = "N", default_value_t = 1,
+          value_parser = at_least_one)]
+    pub nproc_per_node: usize,
+    /// Number of nodes in the job.
+    #[arg(long, value_name = "M", default_value_t = 1, value_parser = at_least_one)]
+    pub nnodes: usize,
+    /// This node's index, 0..nnodes (backend nccl: run ladder-run once on every node).
+    #[arg(long = "node-rank", alias = "node_rank", value_name = "R", default_value_t = 0)]
+    pub node_rank: usize,
+    /// Address of the rank-0 node, for the rendezvous (MASTER_ADDR) [default: 127.0.0.1].
+    #[arg(long = "master-addr", alias = "master_addr", value_name = "ADDR")]
+    pub master_addr: Option<String>,
+    /// Port of the rendezvous (MASTER_PORT) [default: a free port on one node, 29500 on several].
+    #[arg(long = "master-port", alias = "master_port", value_name = "PORT", value_parser = clap::value_parser!(u16).range(1..))]
+    pub master_port: Option<u16>,
+    /// How the ranks are started: mpi (through mpirun) or nccl (spawned directly).
+    #[arg(long, value_enum, default_value_t = LaunchBackend::Mpi)]
+    pub backend: LaunchBackend,
+    /// Open MPI hostfile (lines `host slots=N`) listing the nodes; backend mpi with --nnodes > 1.
+    #[arg(long, value_name = "FILE")]
+    pub hostfile: Option<PathBuf>,
+    /// Do not prefix output lines with `[rank{r}]: `.
+    #[arg(long = "no-prefix", alias = "no_prefix")]
+    pub no_prefix: bool,
+    /// Internal: run as the per-rank worker (started by mpirun or by ladder-run itself).
+    #[arg(long = "rank-worker", hide = true)]
+    pub rank_worker: bool,
+    /// PROGRAM and its ARGS: what every rank runs (a path, or a name looked up in PATH);
+    /// everything after PROGRAM is passed to it, flags included.
+    #[arg(value_name = "PROGRAM", required = true, num_args = 1.., trailing_var_arg = true, allow_hyphen_values = true)]
+    pub command: Vec<String>,
+}
+
+impl LaunchConfig {
+    /// PROGRAM, the first word of [`LaunchConfig::command`] (empty when there is none).
+    pub fn program(&self) -> &str {
+        self.command.first().map(String::as_str).unwrap_or("")
+    }
+
+    /// PROGRAM's arguments, the rest of [`LaunchConfig::command`].
+    pub fn args(&self) -> &[String] {
+        self.command.get(1..).unwrap_or(&[])
+    }
+}
+
+impl Default for LaunchConfig {
+    /// torchrun's defaults: one rank on one node, node rank 0, backend mpi, prefixed output;
+    /// `command` empty (must be set).
+    fn default() -> Self {
+        LaunchConfig {
+            nproc_per_node: 1,
+            nnodes: 1,
+            node_rank: 0,
+            master_addr: None,
+            master_port: None,
+            backend: LaunchBackend::Mpi,
+            hostfile: None,
+            no_prefix: false,
+            rank_worker: false,
+            command: Vec::new(),
+        }
+    }
+}
+
+/// clap parser for counts that must be at least 1.
+fn at_least_one(s: &str) -> std::result::Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(n) if n >= 1 => Ok(n),
+        _ => Err(format!("expected a whole number of at least 1, got {s:?}")),
+    }
+}
+
+/// The marker that starts a rank worker's machine-readable failure line on stderr.
+const FAILURE_MARKER: &str = "@@ladder-run-failure@@ ";
+/// The environment variable that tells a binary re-executed by [`launch`] its role.
+const ROLE_VAR: &str = "LADDER_LAUNCH_ROLE";
+/// Environment variable naming the `ladder-run` binary to use as rank worker.
+pub const LADDER_RUN_BIN_VAR: &str = "LADDER_RUN_BIN";
+/// How many of PROGRAM's last stderr lines a failure report keeps, and their length cap.
+const KEEP_LINES: usize = 10;
+const KEEP_CHARS: usize = 240;
+/// How long a rank gets between SIGTERM and SIGKILL.
+const TERM_GRACE: Duration = Duration::from_secs(2);
+/// How long mpirun gets to tear its job down after a failure before the launcher steps in.
+const MPIRUN_GRACE: Duration = Duration::from_millis(2500);
+/// torchrun's default MASTER_PORT.
+const DEFAULT_MASTER_PORT: u16 = 29500;
+
+/// What a rank worker reports when PROGRAM fails.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct FailureRecord {
+    rank: usize,
+    local_rank: usize,
+    host: String,
+    pid: u32,
+    /// Exit code, or minus the signal number (torchrun's convention).
+    exitcode: i32,
+    /// Why PROGRAM could not run at all (not found, not executable, bad environment).
+    error: Option<String>,
+    program: String,
+    last_stderr: Vec<String>,
+}
+
+/// Runs `ladder-run` as configured and returns its exit code: 0 when every rank succeeded,
+/// `128 + signal` when the launcher was interrupted (SIGINT, SIGTERM, SIGHUP) and stopped the
+/// job. In worker mode (`--rank-worker`) runs one rank and returns its code.
+///
+/// The rank workers are the `ladder-run` binary: the current executable when it is
+/// `ladder-run`, else `$LADDER_RUN_BIN`, else a `ladder-run` next to the current executable
+/// (or one directory up, for cargo's `deps/`), else the one in `PATH`.
+///
+/// # Errors
+/// [`Error::RankFailed`] with torchrun's error summary when a rank exits non-zero or is
+/// killed; [`Error::InvalidValue`] naming the flag for a bad configuration, or naming PROGRAM
+/// when it is not found; [`Error::Launch`] when mpirun or the ladder-run binary cannot be
+/// found or mpirun fails without any rank reporting a failure.
+pub fn run(cfg: &LaunchConfig) -> Result<i32> {
+    if cfg.rank_worker {
+        let args: Vec<OsString> = cfg.args().iter().map(OsString::from).collect();
+        return Ok(worker(OsStr::new(cfg.program()), &args, &[], !cfg.no_prefix));
+    }
+    validate(cfg)?;
+    find_program(cfg.program())?;
+    let master_addr = cfg.master_addr.clone().unwrap_or_else(|| DEFAULT_MASTER_ADDR.to_string());
+    let master_port = match cfg.master_port {
+        Some(p) => p,
+        None if cfg.nnodes == 1 => free_port()?,
+        None => DEFAULT_MASTER_PORT,
+    };
+    let mut worker_args: Vec<OsString> = vec!["--rank-worker".into()];
+    if cfg.no_prefix {
+        worker_args.push("--no-prefix".into());
+    }
+    worker_args.push("--".into());
+    worker_args.extend(cfg.command.iter().map(OsString::from));
+    let job = Job {
+        label: program_label(cfg.program()),
+        worker_exe: ladder_run_exe()?,
+        worker_args,
+        env: vec![("MASTER_ADDR".into(), master_addr.clone()), ("MASTER_PORT".into(), master_port.to_string())],
+        nproc_per_node: cfg.nproc_per_node,
+        nnodes: cfg.nnodes,
+        node_rank: cfg.node_rank,
+        hostfile: cfg.hostfile.clone(),
+    };
+    let outcome = match cfg.backend {
+        LaunchBackend::Mpi => job.run_mpirun()?,
+        LaunchBackend::Nccl => job.run_direct()?,
+    };
+    outcome.into_code(&job.label)
+}
+
+/// Runs `f` in `num_processes` ranks, as Accelerate's `notebook_launcher`.
+///
+/// The current executable is re-executed through `mpirun -n num_processes` (with the same
+/// arguments, through a rank worker as in `ladder-run`, so output is prefixed `[rank{r}]: `);
+/// an environment marker makes `launch` in the re-executed ranks run `f` instead of starting
+/// ranks again. Everything `main` does before calling `launch` therefore runs in every rank
+/// too, as with Python's multiprocessing. Inside `f`, `DistEnv::from_env()` (and
+/// `init_process_group`) see the mpirun environment.
+///
+/// With `num_processes == 1`, `f` simply runs in this process (world size 1).
+///
+/// In the parent returns `Ok(())` when all ranks succeeded. In a rank, `launch` does not
+/// return: it runs `f` and exits the process (0 on `Ok`; 1 after printing the error on `Err`;
+/// 101 after printing the message on a panic, as Rust's default).
+///
+/// # Errors
+/// [`Error::RankFailed`] naming the first rank that failed, with its exit code and last
+/// stderr lines; [`Error::InvalidValue`] when `num_processes` is 0; [`Error::Launch`] when
+/// mpirun is missing, fails on its own, or the launch was interrupted by a signal.
+pub fn launch<F: FnOnce() -> Result<()>>(num_processes: usize, f: F) -> Result<()> {
+    match std::env::var(ROLE_VAR).as_deref() {
+        Ok("rank") => {
+            // Messages are written to the file descriptor directly, past any output capture
+            // (a test harness's), so that they reach the failure report.
+            let code = match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
+                Ok(Ok(())) => 0,
+                Ok(Err(e)) => {
+                    let _ = writeln!(std::io::stderr(), "error: {e}");
+                    1
+                }
+                Err(panic) => {
+                    let msg = panic
+                        .downcast_ref::<&str>()
+                        .map(|s| s.to_string())
+                        .or_else(|| panic.downcast_ref::<String>().cloned())
+                        .unwrap_or_else(|| "(non-string panic payload)".into());
+                    let _ = writeln!(std::io::stderr(), "panicked: {msg}");
+                    101
+                }
+            };
+            std::process::exit(code)
+        }
+        Ok("worker") => {
+            let exe = std::env::current_exe()
+                .map_err(|e| Error::Launch(format!("launch: cannot find the current executable: {e}")))?;
+            let args: Vec<OsString> = std::env::args_os().skip(1).collect();
+            std::process::exit(worker(exe.as_os_str(), &args, &[(ROLE_VAR, "rank".to_string())], true))
+        }
+        Ok(other) => Err(Error::invalid(ROLE_VAR, other, "\"worker\" or \"rank\" (set by launch itself), or unset")),
+        Err(_) => {
+            if num_processes == 0 {
+                return Err(Error::invalid("num_processes", 0, "at least 1"));
+            }
+            if num_processes == 1 {
+                return f();
+            }
+            let exe = std::env::current_exe()
+                .map_err(|e| Error::Launch(format!("launch: cannot find the current executable: {e}")))?;
+            let job = Job {
+                label: program_label(&exe.to_string_lossy()),
+                worker_exe: exe,
+                worker_args: std::env::args_os().skip(1).collect(),
+                env: vec![
+                    (ROLE_VAR.into(), "worker".into()),
+                    ("MASTER_ADDR".into(), DEFAULT_MASTER_ADDR.into()),
+                    ("MASTER_PORT".into(), free_port()?.to_string()),
+                ],
+                nproc_per_node: num_processes,
+                nnodes: 1,
+                node_rank: 0,
+                hostfile: None,
+            };
+            match job.run_mpirun()?.into_code(&job.label)? {
+                0 => Ok(()),
+                code => Err(Error::Launch(format!(
+                    "launch: interrupted by {} ({code}); all {num_processes} ranks were stopped",
+                    sys::signal_name(code - 128)
+                ))),
+            }
+        }
+    }
+}
+
+fn validate(cfg: &LaunchConfig) -> Result<()> {
+    if cfg.program().is_empty() {
+        return Err(Error::invalid("PROGRAM", "", "expected the program every rank runs (the command is empty)"));
+    }
+    if cfg.nproc_per_node == 0 {
+        return Err(Error::invalid("--nproc-per-node", 0, "at least 1"));
+    }
+    if cfg.nnodes == 0 {
+        return Err(Error::invalid("--nnodes", 0, "at least 1"));
+    }
+    if cfg.node_rank >= cfg.nnodes {
+        return Err(Error::invalid("--node-rank", cfg.node_rank, format!("a node index in 0..{} (--nnodes {})", cfg.nnodes, cfg.nnodes)));
+    }
+    match cfg.backend {
+        LaunchBackend::Mpi => {
+            if cfg.nnodes > 1 && cfg.hostfile.is_none() {
+                return Err(Error::invalid(
+                    "--hostfile",
+                    "(not given)",
+                    format!("an Open MPI hostfile listing the {} nodes: with --backend mpi, one ladder-run starts every node's ranks through mpirun", cfg.nnodes),
+                ));
+            }
+            if cfg.node_rank != 0 {
+                return Err(Error::invalid(
+                    "--node-rank",
+                    cfg.node_rank,
+                    "0 with --backend mpi (mpirun starts the ranks of every node from the first one); --node-rank is for --backend nccl",
+                ));
+            }
+            if let Some(h) = &cfg.hostfile {
+                if !h.is_file() {
+                    return Err(Error::invalid("--hostfile", h.display(), "an existing Open MPI hostfile (lines `host slots=N`)"));
+                }
+            }
+        }
+        LaunchBackend::Nccl => {
+            if cfg.hostfile.is_some() {
+                return Err(Error::invalid(
+                    "--hostfile",
+                    cfg.hostfile.as_ref().map(|h| h.display().to_string()).unwrap_or_default(),
+                    "no hostfile with --backend nccl: run ladder-run on every node with --node-rank",
+                ));
+            }
+            if cfg.nnodes > 1 && cfg.master_addr.is_none() {
+                return Err(Error::invalid(
+                    "--master-addr",
+                    "(not given)",
+                    format!("the address of node 0, reachable from all {} nodes, when --nnodes > 1", cfg.nnodes),
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Checks that `program` names an executable file (a path, or a name found in `PATH`).
+fn find_program(program: &str) -> Result<PathBuf> {
+    let executable = |p: &Path| {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::metadata(p).map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0).unwrap_or(false)
+    };
+    if program.contains('/') {
+        let p = PathBuf::from(program);
+        if executable(&p) {
+            return Ok(p);
+        }
+        let why = if p.exists() { "exists but is not an executable file" } else { "does not exist" };
+        return Err(Error::invalid("PROGRAM", program, format!("{program} {why}; expected a path to an executable file")));
+    }
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    for dir in std::env::split_paths(&path) {
+        let p = dir.join(program);
+        if executable(&p) {
+            return Ok(p);
+        }
+    }
+    Err(Error::invalid(
+        "PROGRAM",
+        program,
+        format!("not found; expected a program in PATH ({}) or a path to an executable file", path.to_string_lossy()),
+    ))
+}
+
+/// The `ladder-run` binary that serves as rank worker (see [`run`]).
+fn ladder_run_exe() -> Result<PathBuf> {
+    let current = std::env::current_exe().ok();
+    if let Some(c) = &current {
+        if c.file_name().is_some_and(|n| n == "ladder-run") {
+            return Ok(c.clone());
+        }
+    }
+    if let Some(p) = std::env::var_os(LADDER_RUN_BIN_VAR) {
+        return Ok(PathBuf::from(p));
+    }
+    if let Some(dir) = current.as_ref().and_then(|c| c.parent()) {
+        for cand in [dir.join("ladder-run"), dir.join("..").join("ladder-run")] {
+            if cand.is_file() {
+                return Ok(cand);
+            }
+        }
+    }
+    find_program("ladder-run").map_err(|_| {
+        Error::Launch(format!(
+            "cannot find the ladder-run binary, which runs each rank: not next to {} and not in PATH; build it (cargo build -p ladder-core --bin ladder-run) or set {LADDER_RUN_BIN_VAR}",
+            current.map(|c| c.display().to_string()).unwrap_or_else(|| "the current executable".into())
+        ))
+    })
+}
+
+/// A free TCP port on the loopback interface (bound, then released).
+fn free_port() -> Result<u16> {
+    std::net::TcpListener::bind(("127.0.0.1", 0))
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .map_err(|e| Error::Launch(format!("cannot pick a free MASTER_PORT on 127.0.0.1: {e}")))
+}
+
+fn program_label(program: &str) -> String {
+    Path::new(program).file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| program.to_string())
+}
+
+fn host_name() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname").map(|h| h.trim().to_string()).unwrap_or_else(|_| "localhost".into())
+}
+
+// ---- the top launcher -------------------------------------------------------------------
+
+/// One job to supervise: rank workers `worker_exe worker_args`, with `env` exported to them.
+#[derive(Debug)]
+struct Job {
+    /// PROGRAM's name, for the summary.
+    label: String,
+    worker_exe: PathBuf,
+    worker_args: Vec<OsString>,
+    env: Vec<(String, String)>,
+    nproc_per_node: usize,
+    nnodes: usize,
+    node_rank: usize,
+    hostfile: Option<PathBuf>,
+}
+
+/// A process the launcher waits for: mpirun, or one rank worker.
+#[derive(Debug)]
+struct Member {
+    child: Child,
+    /// The rank of a directly spawned worker (None for mpirun).
+    rank: Option<usize>,
+    local_rank: usize,
+    status: Option<ExitStatus>,
+    /// When the exit was observed; failures seen before any stop request are root causes.
+    failed_on_its_own: bool,
+}
+
+#[derive(Debug)]
+struct Outcome {
+    /// Failure records in the order they arrived.
+    failures: Vec<FailureRecord>,
+    /// The signal that interrupted the launcher.
+    interrupted: Option<i32>,
+    /// mpirun's exit status (mpi mode).
+    mpirun_status: Option<ExitStatus>,
+    ranks: usize,
+}
+
+impl Outcome {
+    fn into_code(self, label: &str) -> Result<i32> {
+        if let Some(first) = self.failures.first() {
+            return Err(Error::RankFailed { rank: first.rank, exitcode: first.exitcode, summary: summary(label, &self.failures) });
+        }
+        if let Some(sig) = self.interrupted {
+            let _ = writeln!(std::io::stderr(), "ladder-run: received {}; stopped all {} ranks", sys::signal_name(sig), self.ranks);
+            return Ok(128 + sig);
+        }
+        if let Some(st) = self.mpirun_status {
+            if !st.success() {
+                return Err(Error::Launch(format!(
+                    "mpirun {}, but no rank reported a failure; see mpirun's messages above",
+                    describe_status(st)
+                )));
+            }
+        }
+        Ok(0)
+    }
+}
+
+fn describe_status(st: ExitStatus) -> String {
+    use std::os::unix::process::ExitStatusExt;
+    match (st.code(), st.signal()) {
+        (Some(c), _) => format!("exited with code {c}"),
+        (None, Some(s)) => format!("was killed by {}", sys::signal_name(s)),
+        _ => "ended".to_string(),
+    }
+}
+
+/// torchrun's exit code convention: the code, or minus the signal.
+fn exitcode(st: ExitStatus) -> i32 {
+    use std::os::unix::process::ExitStatusExt;
+    st.code().unwrap_or_else(|| -st.signal().unwrap_or(0))
+}
+
+impl Job {
+    fn ranks(&self) -> usize {
+        self.nproc_per_node * self.nnodes
+    }
+
+    /// backend mpi: one mpirun starts every rank worker.
+    fn run_mpirun(&self) -> Result<Outcome> {
+        let mut cmd = Command::new("mpirun");
+        cmd.arg("-n").arg(self.ranks().to_string());
+        match &self.hostfile {
+            Some(h) => {
+                cmd.arg("--hostfile").arg(h).arg("--map-by").arg(format!("ppr:{}:node", self.nproc_per_node));
+            }
+            None => {
+                // Count slots as hardware threads, and allow more ranks than that.
+                cmd.arg("--use-hwthread-cpus");
+                if self.nproc_per_node > crate::device::cores() {
+                    cmd.arg("--oversubscribe");
+                }
+            }
+        }
+        cmd.args(["--bind-to", "none", "--quiet"]);
+        let mut exported: Vec<(String, String)> = self.env.clone();
+        for name in ["PATH", "LD_LIBRARY_PATH"] {
+            if let Ok(v) = std::env::var(name) {
+                exported.push((name.to_string(), v));
+            }
+        }
+        for (k, v) in &exported {
+            cmd.env(k, v).arg("-x").arg(k);
+        }
+        if sys::is_root() {
+            cmd.env("OMPI_ALLOW_RUN_AS_ROOT", "1").env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1");
+        }
+        for v in VARS.iter().filter(|v| !["MASTER_ADDR", "MASTER_PORT"].contains(v)) {
+            cmd.env_remove(v);
+        }
+        cmd.arg(&self.worker_exe).args(&self.worker_args);
+        cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
+        sys::prepare_child(&mut cmd, sys::SIGTERM, true);
+        let child = cmd.spawn().map_err(|e| {
+            Error::Launch(if e.kind() == std::io::ErrorKind::NotFound {
+                "mpirun not found in PATH: install Open MPI (apt-get install openmpi-bin) or use --backend nccl".to_string()
+            } else {
+                format!("cannot start mpirun: {e}")
+            })
+        })?;
+        self.supervise(vec![Member { child, rank: None, local_rank: 0, status: None, failed_on_its_own: false }], true)
+    }
+
+    /// backend nccl: this launcher spawns the node's rank workers with the torchrun variables.
+    fn run_direct(&self) -> Result<Outcome> {
+        let mut members = Vec::new();
+        for local_rank in 0..self.nproc_per_node {
+            let rank = self.node_rank * self.nproc_per_node + local_rank;
+            let mut cmd = Command::new(&self.worker_exe);
+            cmd.args(&self.worker_args);
+            for v in VARS {
+                cmd.env_remove(v);
+            }
+            cmd.envs(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+                .env("RANK", rank.to_string())
+                .env("LOCAL_RANK", local_rank.to_string())
+                .env("WORLD_SIZE", self.ranks().to_string())
+                .env("LOCAL_WORLD_SIZE", self.nproc_per_node.to_string());
+            cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
+            sys::prepare_child(&mut cmd, sys::SIGTERM, true);
+            match cmd.spawn() {
+                Ok(child) => members.push(Member { child, rank: Some(rank), local_rank, status: None, failed_on_its_own: false }),
+                Err(e) => {
+                    for m in &mut members {
+                        sys::kill_group(m.child.id(), sys::SIGKILL);
+                        let _ = m.child.wait();
+                    }
+                    return Err(Error::Launch(format!("cannot start rank {rank} ({}): {e}", self.worker_exe.display())));
+                }
+            }
+        }
+        self.supervise(members, false)
+    }
+
+    /// Relays output, watches for failures and signals, and stops everything when one rank
+    /// fails.
+    fn supervise(&self, mut members: Vec<Member>, mpirun: bool) -> Result<Outcome> {
+        let saved = sys::install_termination_handlers();
+        let (tx, rx) = channel::<FailureRecord>();
+        let mut relays = Vec::new();
+        for m in &mut members {
+            if let Some(out) = m.child.stdout.take() {
+                relays.push(relay(out, false, tx.clone()));
+            }
+            if let Some(err) = m.child.stderr.take() {
+                relays.push(relay(err, true, tx.clone()));
+            }
+        }
+        drop(tx);
+        let mut failures = Vec::new();
+        let mut interrupted = None;
+        let mut first_failure: Option<Instant> = None;
+        let mut term_sent: Option<Instant> = None;
+        let mut kill_sent = false;
+        loop {
+            failures.extend(rx.try_iter());
+            let stop_requested = term_sent.is_some();
+            for m in members.iter_mut().filter(|m| m.status.is_none()) {
+                if let Ok(Some(st)) = m.child.try_wait() {
+                    m.status = Some(st);
+                    m.failed_on_its_own = !st.success() && !stop_requested;
+                }
+            }
+            if members.iter().all(|m| m.status.is_some()) {
+                break;
+            }
+            let now = Instant::now();
+            if interrupted.is_none() {
+                if let Some(sig) = sys::received_signal() {
+                    interrupted = Some(sig);
+                    if term_sent.is_none() {
+                        stop(&members, sys::SIGTERM);
+                        term_sent = Some(now);
+                    }
+                }
+            }
+            let failed = !failures.is_empty() || members.iter().any(|m| m.failed_on_its_own);
+            if failed && first_failure.is_none() {
+                first_failure = Some(now);
+            }
+            if let (Some(t0), None) = (first_failure, term_sent) {
+                // mpirun stops its own job; step in only if it lingers.
+                if !mpirun || now.duration_since(t0) >= MPIRUN_GRACE {
+                    stop(&members, sys::SIGTERM);
+                    term_sent = Some(now);
+                }
+            }
+            if let Some(t) = term_sent {
+                if !kill_sent && now.duration_since(t) >= TERM_GRACE {
+                    stop(&members, sys::SIGKILL);
+                    kill_sent = true;
+                }
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        // The relays end at EOF; a grandchild that kept a pipe open must not hold us up.
+        join_all(relays, Duration::from_secs(2));
+        failures.extend(rx.try_iter());
+        sys::restore_handlers(saved);
+        if !mpirun {
+            // A worker that died without reporting (killed itself): describe it from its status.
+            for m in members.iter().filter(|m| m.failed_on_its_own) {
+                let rank = m.rank.unwrap_or(0);
+                if !failures.iter().any(|f| f.rank == rank) {
+                    let st = m.status.expect("every member has exited");
+                    failures.push(FailureRecord {
+                        rank,
+                        local_rank: m.local_rank,
+                        host: host_name(),
+                        pid: m.child.id(),
+                        exitcode: exitcode(st),
+                        error: Some(format!("the rank worker itself {}", describe_status(st))),
+                        program: self.label.clone(),
+                        last_stderr: Vec::new(),
+                    });
+                }
+            }
+        }
+        Ok(Outcome {
+            failures,
+            interrupted,
+            mpirun_status: if mpirun { members[0].status } else { None },
+            ranks: self.ranks(),
+        })
+    }
+}
+
+/// Sends `signal` to the process group of every member still running.
+fn stop(members: &[Member], signal: i32) {
+    for m in members.iter().filter(|m| m.status.is_none()) {
+        sys::kill_group(m.child.id(), signal);
+    }
+}
+
+/// Copies `stream` line by line to this process's stdout or stderr, passing failure records
+/// to `tx` instead.
+fn relay(stream: impl Read + Send + 'static, to_stderr: bool, tx: Sender<FailureRecord>) -> JoinHandle<()> {
+    std::thread::spawn(move || {
+        let mut r = BufReader::new(stream);
+        let mut line = Vec::new();
+        loop {
+            line.clear();
+            match r.read_until(b'\n', &mut line) {
+                Ok(0) | Err(_) => break,
+                Ok(_) => {}
+            }
+            if let Some(json) = line.strip_prefix(FAILURE_MARKER.as_bytes()) {
+                if let Ok(rec) = serde_json::from_slice::<FailureRecord>(json) {
+                    let _ = tx.send(rec);
+                    continue;
+                }
+            }
+            if !line.ends_with(b"\n") {
+                line.push(b'\n');
+            }
+            if to_stderr {
+                let _ = std::io::stderr().lock().write_all(&line);
+            } else {
+                let mut out = std::io::stdout().lock();
+                let _ = out.write_all(&line).and_then(|_| out.flush());
+            }
+        }
+    })
+}
+
+/// Joins `handles`, giving up (leaving them detached) after `patience`.
+fn join_all(handles: Vec<JoinHandle<()>>, patience: Duration) {
+    let deadline = Instant::now() + patience;
+    for h in handles {
+        while !h.is_finished() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        if h.is_finished() {
+            let _ = h.join();
+        }
+    }
+}
+
+/// torchrun's `ChildFailedError` summary.
+fn summary(label: &str, failures: &[FailureRecord]) -> String {
+    let first = &failures[0];
+    let rule = "=".repeat(60);
+    let thin = "-".repeat(60);
+    let mut s = format!(
+        "rank {} (local_rank {}, host {}) failed with exitcode {}\n{rule}\n{label} FAILED\n{thin}\nFailures:\n",
+        first.rank,
+        first.local_rank,
+        first.host,
+        describe_exitcode(first.exitcode)
+    );
+    if failures.len() == 1 {
+        s.push_str("  <NO_OTHER_FAILURES>\n");
+    } else {
+        for (i, f) in failures.iter().enumerate().skip(1) {
+            s.push_str(&entry(i, f));
+        }
+    }
+    s.push_str(&format!("{thin}\nRoot Cause (first observed failure):\n"));
+    s.push_str(&entry(0, first));
+    s.push_str(&rule);
+    s
+}
+
+fn describe_exitcode(code: i32) -> String {
+    if code < 0 {
+        format!("{code} ({})", sys::signal_name(-code))
+    } else {
+        code.to_string()
+    }
+}
+
+fn entry(i: usize, f: &FailureRecord) -> String {
+    let mut s = format!(
+        "[{i}]:\n  host      : {}\n  rank      : {} (local_rank: {})\n  exitcode  : {} (pid: {})\n",
+        f.host,
+        f.rank,
+        f.local_rank,
+        describe_exitcode(f.exitcode),
+        f.pid
+    );
+    if let Some(e) = &f.error {
+        s.push_str(&format!("  error     : {e}\n"));
+    }
+    if f.last_stderr.is_empty() {
+        s.push_str("  stderr    : <empty>\n");
+    } else {
+        s.push_str(&format!("  stderr    : last {} lines:\n", f.last_stderr.len()));
+        for l in &f.last_stderr {
+            s.push_str(&format!("    {l}\n"));
+        }
+    }
+    s
+}
+
+// ---- the rank worker ----------------------------------------------------------------------
+
+/// Runs PROGRAM as this process's rank and returns the worker's exit code (PROGRAM's code,
+/// `128 + signal` when it was killed, 127 when it could not start).
+fn worker(program: &OsStr, args: &[OsString], extra_env: &[(&str, String)], prefix: bool) -> i32 {
+    if !sys::set_own_death_signal(sys::SIGTERM) {
+        return 1; // the launcher is already gone
+    }
+    sys::become_group_leader();
+    let _handlers = sys::install_termination_handlers();
+    let host = host_name();
+    let label = program_label(&program.to_string_lossy());
+    let report = |rec: &FailureRecord| {
+        if let Ok(json) = serde_json::to_string(rec) {
+            let _ = std::io::stderr().lock().write_all(format!("{FAILURE_MARKER}{json}\n").as_bytes());
+        }
+    };
+    let env = match DistEnv::from_env() {
+        Ok(env) => env,
+        Err(e) => {
+            let rank = ["OMPI_COMM_WORLD_RANK", "RANK"]
+                .iter()
+                .find_map(|v| std::env::var(v).ok()?.parse().ok())
+                .unwrap_or(0);
+            report(&FailureRecord {
+                rank,
+                local_rank: 0,
+                host,
+                pid: std::process::id(),
+                exitcode: 1,
+                error: Some(e.to_string()),
+                program: label,
+                last_stderr: Vec::new(),
+            });
+            return 1;
+        }
+    };
+    let tag = if prefix { format!("[rank{}]: ", env.rank) } else { String::new() };
+    let mut cmd = Command::new(program);
+    cmd.args(args).envs(env.to_vars()).envs(extra_env.iter().map(|(k, v)| (*k, v.as_str())));
+    cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+    sys::prepare_child(&mut cmd, sys::SIGKILL, false);
+    let mut child = match cmd.spawn() {
+        Ok(c) => c,
+        Err(e) => {
+            let (code, why) = match e.kind() {
+                std::io::ErrorKind::NotFound => (127, format!("program {program:?} not found on {host} (not a file, and not in PATH)")),
+                std::io::ErrorKind::PermissionDenied => (126, format!("program {program:?} is not executable on {host}")),
+                _ => (127, format!("cannot start {program:?} on {host}: {e}")),
+            };
+            report(&FailureRecord {
+                rank: env.rank,
+                local_rank: env.local_rank,
+                host,
+                pid: std::process::id(),
+                exitcode: code,
+                error: Some(why),
+                program: label,
+                last_stderr: Vec::new(),
+            });
+            return code;
+        }
+    };
+    let last = Arc::new(Mutex::new(VecDeque::<String>::new()));
+    let mut relays = Vec::new();
+    if let Some(out) = child.stdout.take() {
+        relays.push(prefix_lines(out, tag.clone(), false, None));
+    }
+    if let Some(err) = child.stderr.take() {
+        relays.push(prefix_lines(err, tag, true, Some(last.clone())));
+    }
+    let mut term_sent: Option<Instant> = None;
+    let status = loop {
+        match child.try_wait() {
+            Ok(Some(st)) => break Some(st),
+            Ok(None) => {}
+            Err(_) => break None,
+        }
+        if sys::received_signal().is_some() {
+            match term_sent {
+                None => {
+                    sys::kill_own_group(sys::SIGTERM);
+                    term_sent = Some(Instant::now());
+                }
+                Some(t) if t.elapsed() >= TERM_GRACE => sys::kill_own_group(sys::SIGKILL),
+                Some(_) => {}
+            }
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    join_all(relays, Duration::from_secs(1));
+    let Some(status) = status else { return 1 };
+    if let Some(sig) = sys::received_signal() {
+        return 128 + sig; // stopped on request: not a failure of this rank
+    }
+    if status.success() {
+        return 0;
+    }
+    let code = exitcode(status);
+    let last_stderr = last.lock().map(|l| l.iter().cloned().collect()).unwrap_or_default();
+    report(&FailureRecord {
+        rank: env.rank,
+        local_rank: env.local_rank,
+        host,
+        pid: child.id(),
+        exitcode: code,
+        error: None,
+        program: label,
+        last_stderr,
+    });
+    // Whatever PROGRAM left behind in this group goes too (this worker only notes the signal).
+    sys::kill_own_group(sys::SIGTERM);
+    if code < 0 {
+        128 - code
+    } else {
+        code
+    }
+}
+
+/// Copies `stream` to stdout/stderr with `tag` before every line; keeps the last lines in
+/// `keep` when given.
+fn prefix_lines(
+    stream: impl Read + Send + 'static,
+    tag: String,
+    to_stderr: bool,
+    keep: Option<Arc<Mutex<VecDeque<String>>>>,
+) -> JoinHandle<()> {
+    std::thread::spawn(move || {
+        let mut r = BufReader::new(stream);
+        let mut line = Vec::new();
+        let mut out = Vec::new();
+        loop {
+            line.clear();
+            match r.read_until(b'\n', &mut line) {
+                Ok(0) | Err(_) => break,
+                Ok(_) => {}
+            }
+            if let Some(keep) = &keep {
+                let text = String::from_utf8_lossy(&line);
+                let text = text.trim_end_matches(['\n', '\r']);
+                let text: String = if text.chars().count() > KEEP_CHARS {
+                    text.chars().take(KEEP_CHARS).chain("…".chars()).collect()
+                } else {
+                    text.to_string()
+                };
+                if let Ok(mut k) = keep.lock() {
+                    if k.len() == KEEP_LINES {
+                        k.pop_front();
+                    }
+                    k.push_back(text);
+                }
+            }
+            out.clear();
+            out.extend_from_slice(tag.as_bytes());
+            out.extend_from_slice(&line);
+            if !out.ends_with(b"\n") {
+                out.push(b'\n');
+            }
+            if to_stderr {
+                let _ = std::io::stderr().lock().write_all(&out);
+            } else {
+                let mut o = std::io::stdout().lock();
+                let _ = o.write_all(&out).and_then(|_| o.flush());
+            }
+        }
+    })
+}

@@ -1,0 +1,168 @@
+//! The few POSIX/Linux calls the launcher needs (process groups, parent-death signals, kill,
+//! signal handlers), each wrapped in a safe function. This is the only module of the launcher
+//! with `unsafe`.
+
+use std::os::unix::process::CommandExt;
+use std::process::Command;
+use std::sync::atomic::{AtomicI32, Ordering};
+
+pub(crate) use libc::{SIGHUP, SIGINT, SIGKILL, SIGTERM};
+
+/// Arranges for the child that `cmd` spawns to (a) lead a new process group when `new_group`
+/// (so the whole tree it starts can be signalled with [`kill_group`]) and (b) receive
+/// `death_signal` when this process dies (Linux `PR_SET_PDEATHSIG`), so no rank outlives its
+/// launcher.
+pub(crate) fn prepare_child(cmd: &mut Command, death_signal: i32, new_group: bool) {
+    let parent = std::process::id() as libc::pid_t;
+    let hook = move || -> std::io::Result<()> {
+        // SAFETY: setpgid, prctl, getppid and raise are async-signal-safe system calls with
+        // plain integer arguments; nothing is allocated between fork and exec.
+        unsafe {
+            if new_group && libc::setpgid(0, 0) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            if libc::prctl(libc::PR_SET_PDEATHSIG, death_signal as libc::c_ulong, 0, 0, 0) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            // The parent may have died between fork and prctl: then no signal would come.
+            if libc::getppid() != parent {
+                libc::raise(death_signal);
+            }
+        }
+        Ok(())
+    };
+    // SAFETY: the hook runs in the forked child before exec and only makes async-signal-safe
+    // system calls (see above); it touches no locks or allocations of the parent.
+    unsafe {
+        cmd.pre_exec(hook);
+    }
+}
+
+/// Asks the kernel to send `signal` to this process when its parent dies (`PR_SET_PDEATHSIG`).
+/// Returns false when the parent died while this was being set up (this process was
+/// re-parented), in which case the caller should stop.
+pub(crate) fn set_own_death_signal(signal: i32) -> bool {
+    // SAFETY: prctl(PR_SET_PDEATHSIG) and getppid take and return plain integers.
+    unsafe {
+        let parent = libc::getppid();
+        libc::prctl(libc::PR_SET_PDEATHSIG, signal as libc::c_ulong, 0, 0, 0);
+        libc::getppid() == parent
+    }
+}
+
+/// Makes this process the leader of its own process group (no-op when it already is, as
+/// mpirun's ranks are), so that [`kill_own_group`] reaches its whole tree and nothing else.
+pub(crate) fn become_group_leader() {
+    // SAFETY: getpgrp/getpid/setpgid take and return plain integers.
+    unsafe {
+        if libc::getpgrp() != libc::getpid() {
+            libc::setpgid(0, 0);
+        }
+    }
+}
+
+/// Sends `signal` to every process of the process group `pgid`. Returns false when no such
+/// group exists any more.
+pub(crate) fn kill_group(pgid: u32, signal: i32) -> bool {
+    if pgid <= 1 {
+        return false; // never signal "every process" or init's group
+    }
+    // SAFETY: kill with a negative pid signals a process group; plain integers.
+    unsafe { libc::kill(-(pgid as libc::pid_t), signal) == 0 }
+}
+
+/// Sends `signal` to every process of this process's own group (this process included).
+pub(crate) fn kill_own_group(signal: i32) {
+    // SAFETY: kill(0, sig) signals the caller's process group; plain integers.
+    unsafe {
+        libc::kill(0, signal);
+    }
+}
+
+/// Whether this process runs as root (mpirun then needs `OMPI_ALLOW_RUN_AS_ROOT`).
+pub(crate) fn is_root() -> bool {
+    // SAFETY: geteuid cannot fail and takes no arguments.
+    unsafe { libc::geteuid() == 0 }
+}
+
+/// The last termination signal received since [`install_termination_handlers`] (0: none).
+static RECEIVED: AtomicI32 = AtomicI32::new(0);
+
+extern "C" fn on_signal(signal: libc::c_int) {
+    // Only an atomic store: async-signal-safe.
+    RECEIVED.store(signal, Ordering::SeqCst);
+}
+
+/// The handlers that were in place before [`install_termination_handlers`].
+pub(crate) struct SavedHandlers(Vec<(i32, libc::sigaction)>);
+
+impl std::fmt::Debug for SavedHandlers {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SavedHandlers").field("signals", &self.0.iter().map(|s| s.0).collect::<Vec<_>>()).finish()
+    }
+}
+
+/// Catches SIGINT, SIGTERM and SIGHUP: instead of dying, the process records the signal for
+/// [`received_signal`] so that it can stop its children first. Returns the previous handlers
+/// for [`restore_handlers`].
+pub(crate) fn install_termination_handlers() -> SavedHandlers {
+    RECEIVED.store(0, Ordering::SeqCst);
+    let mut saved = Vec::new();
+    for signal in [SIGINT, SIGTERM, SIGHUP] {
+        // SAFETY: a zeroed sigaction is a valid starting value; the handler only stores to an
+        // atomic, which is async-signal-safe; sigemptyset/sigaction get valid pointers.
+        unsafe {
+            let mut action: libc::sigaction = std::mem::zeroed();
+            action.sa_sigaction = on_signal as extern "C" fn(libc::c_int) as usize;
+            action.sa_flags = libc::SA_RESTART;
+            libc::sigemptyset(&mut action.sa_mask);
+            let mut old: libc::sigaction = std::mem::zeroed();
+            if libc::sigaction(signal, &action, &mut old) == 0 {
+                saved.push((signal, old));
+            }
+        }
+    }
+    SavedHandlers(saved)
+}
+
+/// Puts back the handlers [`install_termination_handlers`] replaced.
+pub(crate) fn restore_handlers(saved: SavedHandlers) {
+    for (signal, old) in saved.0 {
+        // SAFETY: `old` is the sigaction the kernel returned for this signal.
+        unsafe {
+            libc::sigaction(signal, &old, std::ptr::null_mut());
+        }
+    }
+}
+
+/// The termination signal received, if any (see [`install_termination_handlers`]).
+pub(crate) fn received_signal() -> Option<i32> {
+    match RECEIVED.load(Ordering::SeqCst) {
+        0 => None,
+        s => Some(s),
+    }
+}
+
+/// The conventional name of a signal number (`"SIGKILL"`), or `"signal N"`.
+pub(crate) fn signal_name(signal: i32) -> String {
+    let name = match signal {
+        libc::SIGHUP => "SIGHUP",
+        libc::SIGINT => "SIGINT",
+        libc::SIGQUIT => "SIGQUIT",
+        libc::SIGILL => "SIGILL",
+        libc::SIGTRAP => "SIGTRAP",
+        libc::SIGABRT => "SIGABRT",
+        libc::SIGBUS => "SIGBUS",
+        libc::SIGFPE => "SIGFPE",
+        libc::SIGKILL => "SIGKILL",
+        libc::SIGUSR1 => "SIGUSR1",
+        libc::SIGSEGV => "SIGSEGV",
+        libc::SIGUSR2 => "SIGUSR2",
+        libc::SIGPIPE => "SIGPIPE",
+        libc::SIGALRM => "SIGALRM",
+        libc::SIGTERM => "SIGTERM",
+        libc::SIGXCPU => "SIGXCPU",
+        _ => return format!("signal {signal}"),
+    };
+    name.to_string()
+}

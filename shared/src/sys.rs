@@ -166,3 +166,27 @@ pub(crate) fn signal_name(signal: i32) -> String {
     };
     name.to_string()
 }
+
+/// Loads `libtorch_cuda.so` (found through the binary's rpath) with `RTLD_GLOBAL`, so that
+/// libtorch registers its CUDA backend and `tch::Cuda::is_available()` can turn true. tch
+/// references no symbol of it, so the linker would drop it; loading it at run time, only when
+/// CUDA is asked about, keeps CPU-only binaries such as `ladder-run` from loading the CUDA
+/// libraries at all. Returns `dlerror()`'s text on failure.
+pub(crate) fn load_torch_cuda() -> Result<(), String> {
+    let name = c"libtorch_cuda.so";
+    // SAFETY: dlopen with a NUL-terminated name; the handle is deliberately never closed (the
+    // library stays loaded for the life of the process, as a link-time dependency would).
+    let handle = unsafe { libc::dlopen(name.as_ptr(), libc::RTLD_NOW | libc::RTLD_GLOBAL) };
+    if handle.is_null() {
+        // SAFETY: dlerror returns a thread-local NUL-terminated string or null.
+        let err = unsafe { libc::dlerror() };
+        let text = if err.is_null() {
+            "unknown dlopen error".to_string()
+        } else {
+            // SAFETY: non-null, NUL-terminated, valid until the next dl* call on this thread.
+            unsafe { std::ffi::CStr::from_ptr(err) }.to_string_lossy().into_owned()
+        };
+        return Err(text);
+    }
+    Ok(())
+}

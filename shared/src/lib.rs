@@ -1,3 +1,4 @@
+pub mod data;
 pub mod device;
 pub mod error;
 pub mod memory;

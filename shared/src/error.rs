@@ -46,6 +46,12 @@ pub enum Error {
     /// The MD5 of the decompressed bytes is not the canonical one.
     #[error("{file}: checksum mismatch: MD5 of the decompressed bytes is {actual}, expected {expected}")]
     ChecksumMismatch { file: PathBuf, expected: String, actual: String },
+    /// A `.gz` file that cannot be decompressed (not gzip, corrupt, cut short, or too large).
+    #[error("{file}: not a readable gzip file: {problem}; expected a gzip-compressed MNIST IDX file")]
+    BadGzip { file: PathBuf, problem: String },
+    /// The file holds more bytes than its IDX header announces.
+    #[error("{file}: trailing data: the IDX header announces {expected} bytes, the file holds {found}")]
+    TrailingData { file: PathBuf, expected: u64, found: u64 },
     /// Every mirror failed for a file; `attempts` lists each mirror and why.
     #[error("could not download {file}: every mirror failed:\n{attempts}")]
     DownloadFailed { file: String, attempts: String },

@@ -1,8 +1,10 @@
 //! `ladder-core`: everything the three levels of ddp-ladder share.
 //!
-//! Data flows one way: `data` → [`model`] → a level's loop → [`dist`] (through [`ddp`] and
-//! `fsdp`) → [`metrics`]. Nothing here depends on a level crate.
+//! Data flows one way: [`data`] → [`model`] → a level's loop ([`train`] holds the shared
+//! pieces) → [`dist`] (through [`ddp`] and `fsdp`) → [`metrics`]. Nothing here depends on a
+//! level crate.
 
+pub mod data;
 pub mod ddp;
 pub mod device;
 pub mod dist;
@@ -12,5 +14,6 @@ pub mod memory;
 pub mod metrics;
 pub mod model;
 pub(crate) mod sys;
+pub mod train;
 
 pub use error::{Error, Result};

@@ -347,3 +347,18 @@ fn eval_shard_is_disjoint_covering_and_balanced() {
         labels_vec(&m.test.labels.narrow(0, 9999, 1))
     );
 }
+
+/// The bound: both splits (decode, verify, normalise) well under 2 s in a release build.
+#[test]
+#[cfg_attr(
+    debug_assertions,
+    ignore = "a release-build timing bound: cargo test --release"
+)]
+fn loading_is_fast_in_release() {
+    let t = std::time::Instant::now();
+    let m = Mnist::load(&workspace_data_dir()).unwrap();
+    let secs = t.elapsed().as_secs_f64();
+    assert_eq!(m.train.len(), 60_000);
+    assert!(secs < 2.0, "Mnist::load took {secs:.2} s");
+    eprintln!("Mnist::load (train + test): {secs:.3} s");
+}

@@ -116,7 +116,7 @@ pub fn run(cfg: &Config) -> Result<Report> {
     // 3. Wrap it: broadcast from rank 0, gradient buckets.
     let mut model = DistributedDataParallel::new(net, &*pg, DdpConfig { bucket_cap_mb: cfg.bucket_cap_mb })?;
     if cfg.explain && rank == 0 {
-        println!("{}", model.explain());
+        println!("{}\n", model.explain());
     }
     // 4. The optimizer over the wrapped model's parameters (they live in `vs`).
     let mut optimizer = adamw(&vs, cfg.train.lr)?;

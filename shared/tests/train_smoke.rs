@@ -1,0 +1,56 @@
+//! The single-process baseline on real MNIST: a 100-step smoke run learns, the binary's --help
+//! and its flag errors are what a user sees.
+
+use ladder_core::train::{run, TrainArgs};
+use std::process::Command;
+
+const BIN: &str = env!("CARGO_BIN_EXE_ladder-baseline");
+
+#[test]
+fn hundred_real_steps_learn_mnist() {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("m.json");
+    let args = TrainArgs {
+        max_steps: Some(100),
+        log_interval: 0,
+        device: Some(ladder_core::device::DeviceKind::Cpu),
+        metrics_json: Some(json.clone()),
+        ..TrainArgs::default()
+    };
+    let report = run(&args).unwrap();
+    assert_eq!(report.steps, 100);
+    assert_eq!(report.eval_samples, 10_000);
+    assert!(report.test_loss < 0.5, "test loss {}", report.test_loss);
+    assert!(report.accuracy > 0.90, "accuracy {}", report.accuracy);
+    assert!(report.train_loss < 1.0 && report.train_loss > report.test_loss, "train loss {}", report.train_loss);
+    // The JSON the bench reads holds the same figures.
+    let written: ladder_core::metrics::Report = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert_eq!(written, report);
+}
+
+#[test]
+fn help_snapshot() {
+    let out = Command::new(BIN).arg("--help").output().unwrap();
+    assert!(out.status.success());
+    insta::assert_snapshot!(String::from_utf8_lossy(&out.stdout));
+}
+
+#[test]
+fn flag_errors_snapshot() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut seen = String::new();
+    for args in [
+        vec!["--epochs", "0"],
+        vec!["--batch-size", "0"],
+        vec!["--lr", "0"],
+        vec!["--max-steps", "0"],
+        vec!["--device", "tpu"],
+        vec!["--data-dir", "/nonexistent/mnist", "--device", "cpu"],
+    ] {
+        let out = Command::new(BIN).args(&args).env("MNIST_DIR", dir.path()).output().unwrap();
+        assert!(!out.status.success(), "{args:?} must fail");
+        let err = String::from_utf8_lossy(&out.stderr);
+        seen.push_str(&format!("$ ladder-baseline {}\n{}\n", args.join(" "), err.trim_end()));
+    }
+    insta::assert_snapshot!(seen);
+}

@@ -7,6 +7,7 @@ pub mod device;
 pub mod ddp;
 pub mod dist;
 pub mod error;
+pub mod fsdp;
 pub mod memory;
 pub mod metrics;
 pub mod model;

@@ -301,7 +301,11 @@ pub fn plan_units<M: Segmented + ?Sized>(
 }
 
 /// Validated `segment_params` for every segment.
-fn segment_params<M: Segmented + ?Sized>(module: &M, params: &[(String, Tensor)], rank: usize) -> Result<Vec<Vec<usize>>> {
+fn segment_params<M: Segmented + ?Sized>(
+    module: &M,
+    params: &[(String, Tensor)],
+    rank: usize,
+) -> Result<Vec<Vec<usize>>> {
     let bad = |problem: String| Error::Fsdp { rank, problem };
     let n = module.num_segments();
     if n == 0 {
@@ -352,14 +356,18 @@ fn segment_name(ps: &[usize], params: &[(String, Tensor)]) -> String {
 
 /// Renders a unit layout as a table, for `--explain`: one row per unit with its parameters,
 /// numel, padded numel, and what each rank keeps.
-pub fn explain_units(units: &[FlatParamUnit], strategy: ShardingStrategy, world_size: usize, min_num_params: usize) -> String {
+pub fn explain_units(
+    units: &[FlatParamUnit],
+    strategy: ShardingStrategy,
+    world_size: usize,
+    min_num_params: usize,
+) -> String {
     let mut table = comfy_table::Table::new();
     table.load_preset(comfy_table::presets::ASCII_MARKDOWN);
     table.set_header(["unit", "parameters", "numel", "padded numel", "shard numel per rank", "bytes per rank"]);
     let (mut numel, mut padded, mut shard, mut bytes, mut count) = (0i64, 0i64, 0i64, 0u64, 0usize);
     for u in units {
-        let names: Vec<String> =
-            u.param_names.iter().zip(&u.shapes).map(|(n, s)| format!("{n} {s:?}")).collect();
+        let names: Vec<String> = u.param_names.iter().zip(&u.shapes).map(|(n, s)| format!("{n} {s:?}")).collect();
         table.add_row([
             u.display_name().to_string(),
             names.join(", "),
@@ -383,8 +391,12 @@ pub fn explain_units(units: &[FlatParamUnit], strategy: ShardingStrategy, world_
         bytes.to_string(),
     ]);
     let what = match strategy {
-        ShardingStrategy::FullShard => "all-gather before forward and again before backward, reduce-scatter(Avg) gradients",
-        ShardingStrategy::ShardGradOp => "all-gather before forward, keep until backward, reduce-scatter(Avg) gradients",
+        ShardingStrategy::FullShard => {
+            "all-gather before forward and again before backward, reduce-scatter(Avg) gradients"
+        }
+        ShardingStrategy::ShardGradOp => {
+            "all-gather before forward, keep until backward, reduce-scatter(Avg) gradients"
+        }
         ShardingStrategy::NoShard => "full parameters on every rank, all-reduce(Avg) gradients",
     };
     format!(
@@ -775,9 +787,11 @@ impl<'pg, M: Segmented> FullyShardedDataParallel<'pg, M> {
                 tch::no_grad(|| {
                     for (k, &p) in self.seg_params[i].iter().enumerate() {
                         if let Some(gp) = grad_of(usize::from(want_x) + k) {
-                            let j = unit_ref.params.iter().position(|&q| q == p).expect("segment params are in the unit");
+                            let j =
+                                unit_ref.params.iter().position(|&q| q == p).expect("segment params are in the unit");
                             let n: i64 = unit_ref.shapes[j].iter().product();
-                            let _ = fg.narrow(0, unit_ref.offsets[j], n).view(unit_ref.shapes[j].as_slice()).f_add_(gp)?;
+                            let _ =
+                                fg.narrow(0, unit_ref.offsets[j], n).view(unit_ref.shapes[j].as_slice()).f_add_(gp)?;
                         }
                     }
                     Ok::<(), tch::TchError>(())
@@ -1099,12 +1113,7 @@ fn by_key<'a>(state_dict: &'a [(String, Tensor)], which: &str) -> Result<BTreeMa
     Ok(map)
 }
 
-fn check_keys(
-    map: &BTreeMap<&str, &Tensor>,
-    expected: &BTreeMap<&str, &[i64]>,
-    which: &str,
-    what: &str,
-) -> Result<()> {
+fn check_keys(map: &BTreeMap<&str, &Tensor>, expected: &BTreeMap<&str, &[i64]>, which: &str, what: &str) -> Result<()> {
     for (k, shape) in expected {
         match map.get(k) {
             None => {

@@ -99,6 +99,10 @@ pub enum Error {
     /// A state dict does not fit the model it is loaded into.
     #[error("state dict: {0}")]
     StateDict(String),
+    /// FSDP was handed a module it cannot wrap or was called out of order (e.g. `backward`
+    /// without a `forward_t`).
+    #[error("FSDP on rank {rank}: {problem}")]
+    Fsdp { rank: usize, problem: String },
 }
 
 impl Error {

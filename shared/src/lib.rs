@@ -1,7 +1,7 @@
 //! `ladder-core`: everything the three levels of ddp-ladder share.
 //!
 //! Data flows one way: [`data`] → [`model`] → a level's loop ([`train`] holds the shared
-//! pieces) → [`dist`] (through [`ddp`] and `fsdp`) → [`metrics`]. Nothing here depends on a
+//! pieces) → [`dist`] (through [`ddp`] and [`fsdp`]) → [`metrics`]. Nothing here depends on a
 //! level crate.
 
 pub mod data;
@@ -9,6 +9,7 @@ pub mod ddp;
 pub mod device;
 pub mod dist;
 pub mod error;
+pub mod fsdp;
 pub mod launch;
 pub mod memory;
 pub mod metrics;

@@ -114,6 +114,57 @@ impl Model for BasicNet {
     }
 }
 
+/// A model as a chain of segments, so FSDP can gather, free and recompute per wrapped unit
+/// (tch has no module hooks; the chain is what makes ZeRO-3's "free after forward, gather again
+/// for backward" possible).
+///
+/// Contract: composing `segment_forward(0..num_segments())` in order equals
+/// [`ModuleT::forward_t`] exactly, and every parameter of [`Model::named_parameters`] is used by
+/// exactly one segment.
+pub trait Segmented: Model {
+    /// Number of segments (at least 1).
+    fn num_segments(&self) -> usize;
+    /// Forward of segment `i` (`i < num_segments()`; panics otherwise — the index is the
+    /// caller's, never user input). Segments with parameters must be deterministic: dropout gets
+    /// its own parameter-free segment, so FSDP's FullShard recompute never re-samples a mask.
+    fn segment_forward(&self, i: usize, xs: &Tensor, train: bool) -> Tensor;
+    /// Indices into [`Model::named_parameters`] used by segment `i` (empty for a
+    /// parameter-free segment).
+    fn segment_params(&self, i: usize) -> Vec<usize>;
+}
+
+/// BasicNet's six segments: `[conv1, relu]` `[conv2, relu, max_pool2d 2]`
+/// `[dropout 0.25, flatten]` `[fc1, relu]` `[dropout 0.5]` `[fc2, log_softmax]`.
+impl Segmented for BasicNet {
+    fn num_segments(&self) -> usize {
+        6
+    }
+
+    fn segment_forward(&self, i: usize, xs: &Tensor, train: bool) -> Tensor {
+        let drop = train && self.config.dropout;
+        match i {
+            0 => xs.apply(&self.conv1).relu(),
+            1 => xs.apply(&self.conv2).relu().max_pool2d_default(2),
+            2 => xs.dropout(0.25, drop).flatten(1, -1),
+            3 => xs.apply(&self.fc1).relu(),
+            4 => xs.dropout(0.5, drop),
+            5 => xs.apply(&self.fc2).log_softmax(-1, tch::Kind::Float),
+            _ => panic!("BasicNet has 6 segments, segment {i} asked for"),
+        }
+    }
+
+    fn segment_params(&self, i: usize) -> Vec<usize> {
+        // named_parameters order: conv1.w, conv1.b, conv2.w, conv2.b, fc1.w, fc1.b, fc2.w, fc2.b.
+        match i {
+            0 => vec![0, 1],
+            1 => vec![2, 3],
+            3 => vec![4, 5],
+            5 => vec![6, 7],
+            _ => Vec::new(),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -197,5 +248,35 @@ mod tests {
         let vs2 = VarStore::new(Device::Cpu);
         let off = BasicNet::new(&vs2.root(), BasicNetConfig { dropout: false, ..Default::default() });
         assert!(off.forward_t(&x, true).equal(&off.forward_t(&x, false)));
+    }
+
+    #[test]
+    fn segments_compose_to_forward_t_exactly() {
+        let vs = VarStore::new(Device::Cpu);
+        let x = Tensor::randn([3, 1, 28, 28], (Kind::Float, Device::Cpu));
+        for dropout in [false, true] {
+            let net = BasicNet::new(&vs.root(), BasicNetConfig { dropout, ..Default::default() });
+            for train in [false, true] {
+                // Same seed for both passes, so dropout draws the same masks in the same order.
+                tch::manual_seed(5);
+                let whole = net.forward_t(&x, train);
+                tch::manual_seed(5);
+                let mut y = x.shallow_clone();
+                for i in 0..net.num_segments() {
+                    y = net.segment_forward(i, &y, train);
+                }
+                assert!(whole.equal(&y), "dropout {dropout} train {train}: segments differ from forward_t");
+            }
+        }
+    }
+
+    #[test]
+    fn segment_params_cover_every_parameter_once_and_dropout_segments_have_none() {
+        let vs = VarStore::new(Device::Cpu);
+        let net = BasicNet::new(&vs.root(), BasicNetConfig::default());
+        let mut all: Vec<usize> = (0..net.num_segments()).flat_map(|i| net.segment_params(i)).collect();
+        all.sort_unstable();
+        assert_eq!(all, (0..8).collect::<Vec<_>>());
+        assert!(net.segment_params(2).is_empty() && net.segment_params(4).is_empty());
     }
 }

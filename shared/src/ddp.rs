@@ -127,11 +127,6 @@ impl<'pg, M: Model> DistributedDataParallel<'pg, M> {
         let sizes: Vec<(i64, u64)> =
             params.iter().map(|(_, t)| (t.numel() as i64, (t.numel() * t.kind().elt_size_in_bytes()) as u64)).collect();
         let buckets = compute_bucket_assignment(&sizes, config.bucket_cap_mb);
-        // Give every parameter a (zero) gradient now, so that one unused on some rank still
-        // takes part in every bucket's all-reduce; `zero_grad` keeps them defined afterwards.
-        if let Some(zero) = params.iter().map(|(_, p)| p.sum(Kind::Float) * 0.0).reduce(|a, b| a + b) {
-            zero.backward();
-        }
         Ok(Self { module, params, buckets, pg, require_backward_grad_sync: true, comm: Duration::ZERO })
     }
 
@@ -175,6 +170,14 @@ impl<'pg, M: Model> DistributedDataParallel<'pg, M> {
     /// # Errors
     /// Collective errors.
     pub fn sync_gradients(&mut self) -> Result<()> {
+        // libtorch's zero_grad sets gradients to none; a parameter this rank did not use in the
+        // forward pass has none after backward. Give those a zero gradient (a backward of
+        // 0·Σp), so that every rank packs the same buckets and the optimizer steps them alike.
+        let unused: Vec<Tensor> =
+            self.params.iter().filter(|(_, p)| !p.grad().defined()).map(|(_, p)| p.sum(Kind::Float) * 0.0).collect();
+        if let Some(zero) = unused.into_iter().reduce(|a, b| a + b) {
+            zero.backward();
+        }
         tch::no_grad(|| {
             for bucket in &self.buckets {
                 let grads: Vec<Tensor> = bucket.params.iter().map(|&i| self.params[i].1.grad().reshape([-1])).collect();

@@ -155,3 +155,40 @@ fn rank_errors() {
     pg.all_reduce(&mut t, ReduceOp::Sum).unwrap();
     assert_eq!(values(&t), [2.0, 2.0]);
 }
+
+#[test]
+fn a_panicking_rank_ends_the_job_instead_of_hanging_it() {
+    let (text, took) = common::mpirun_failing(2, "rank_panics_while_other_waits", &[]);
+    assert!(text.contains("rank 1 fails on purpose"), "{text}");
+    assert!(text.contains("rank 1: panicked; aborting the MPI job"), "{text}");
+    assert!(took.as_secs() < 20, "took {took:?}");
+}
+
+#[test]
+fn a_rank_that_returns_early_ends_the_job_within_the_shutdown_timeout() {
+    let (text, took) = common::mpirun_failing(2, "rank_leaves_while_other_waits", &[("LADDER_SHUTDOWN_TIMEOUT_S", "2")]);
+    assert!(text.contains("rank 1: the other ranks did not reach shutdown within 2s"), "{text}");
+    assert!(took.as_secs() < 20, "took {took:?}");
+}
+
+#[test]
+#[ignore = "rank body: run under mpirun by a_panicking_rank_ends_the_job_instead_of_hanging_it"]
+fn rank_panics_while_other_waits() {
+    let pg = init_process_group(Backend::Mpi).unwrap();
+    if pg.rank() == 1 {
+        panic!("rank 1 fails on purpose");
+    }
+    let mut t = Tensor::ones([4], (Kind::Float, Device::Cpu));
+    let _ = pg.all_reduce(&mut t, ReduceOp::Sum); // rank 1 never joins
+}
+
+#[test]
+#[ignore = "rank body: run under mpirun by a_rank_that_returns_early_ends_the_job_within_the_shutdown_timeout"]
+fn rank_leaves_while_other_waits() {
+    let pg = init_process_group(Backend::Mpi).unwrap();
+    if pg.rank() == 1 {
+        return; // e.g. an error returned on this rank only: dropping the group must not hang
+    }
+    let mut t = Tensor::ones([4], (Kind::Float, Device::Cpu));
+    let _ = pg.all_reduce(&mut t, ReduceOp::Sum);
+}

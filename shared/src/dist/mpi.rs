@@ -122,6 +122,55 @@ impl MpiGroup {
     }
 }
 
+/// How long a rank waits at shutdown for the others before it aborts the job
+/// (`LADDER_SHUTDOWN_TIMEOUT_S`, default 30 s).
+fn shutdown_timeout() -> std::time::Duration {
+    let secs = std::env::var("LADDER_SHUTDOWN_TIMEOUT_S").ok().and_then(|v| v.parse::<f64>().ok()).unwrap_or(30.0);
+    std::time::Duration::from_secs_f64(secs.max(0.0))
+}
+
+impl Drop for MpiGroup {
+    /// Finalises MPI without ever hanging: `MPI_Finalize` is collective, so a rank that leaves
+    /// early (an error returned, a panic) while the others wait in a collective would block
+    /// forever. A panicking rank aborts the job at once (`MPI_Abort`: mpirun stops every rank);
+    /// otherwise the rank waits in a non-blocking barrier for at most
+    /// `LADDER_SHUTDOWN_TIMEOUT_S` (30 s) and aborts the job if the others do not arrive.
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!("rank {}: panicked; aborting the MPI job so that no rank waits forever", self.rank);
+            // SAFETY: MPI is initialised; MPI_Abort terminates every process of the job.
+            unsafe { ffi::MPI_Abort(self.comm, 1) };
+            return;
+        }
+        // SAFETY: reading rsmpi's predefined null request handle.
+        let mut request: ffi::MPI_Request = unsafe { ffi::RSMPI_REQUEST_NULL };
+        // SAFETY: the communicator is live and `request` is a valid out-pointer.
+        if unsafe { ffi::MPI_Ibarrier(self.comm, &mut request) } != ffi::MPI_SUCCESS as c_int {
+            return;
+        }
+        let deadline = std::time::Instant::now() + shutdown_timeout();
+        loop {
+            let mut done: c_int = 0;
+            // SAFETY: `request` came from MPI_Ibarrier; the status is ignored.
+            let rc = unsafe { ffi::MPI_Test(&mut request, &mut done, ffi::RSMPI_STATUS_IGNORE) };
+            if rc != ffi::MPI_SUCCESS as c_int || done != 0 {
+                return;
+            }
+            if std::time::Instant::now() >= deadline {
+                eprintln!(
+                    "rank {}: the other ranks did not reach shutdown within {:?} (did one fail?); aborting the MPI job",
+                    self.rank,
+                    shutdown_timeout()
+                );
+                // SAFETY: as above.
+                unsafe { ffi::MPI_Abort(self.comm, 1) };
+                return;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+    }
+}
+
 /// The MPI datatype that moves `kind` unchanged (16-bit floats as 16-bit integers).
 fn raw_type(kind: Kind) -> ffi::MPI_Datatype {
     // SAFETY: reading rsmpi's predefined datatype handles.

@@ -31,3 +31,24 @@ pub fn mpirun(n: usize, body: &str, envs: &[(&str, &str)]) -> Output {
 pub fn is_rank() -> bool {
     std::env::var_os("OMPI_COMM_WORLD_RANK").is_some()
 }
+
+/// Runs the ignored test `body` as `n` ranks expecting the job to fail; returns mpirun's output
+/// and how long it took.
+pub fn mpirun_failing(n: usize, body: &str, envs: &[(&str, &str)]) -> (String, std::time::Duration) {
+    let exe = std::env::current_exe().expect("test binary path");
+    let start = std::time::Instant::now();
+    let mut cmd = Command::new("mpirun");
+    cmd.args(["-n", &n.to_string(), "--oversubscribe", "--bind-to", "none"])
+        .arg(exe)
+        .args(["--ignored", "--exact", body, "--test-threads", "1", "--nocapture"])
+        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+        .env("OMP_NUM_THREADS", "1");
+    for (k, v) in envs {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().expect("mpirun");
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(!out.status.success(), "mpirun -n {n} {body} was expected to fail:\n{text}");
+    (text, start.elapsed())
+}

@@ -10,13 +10,15 @@
 //!   10,002 images at 3 ranks).
 
 use clap::Parser;
-use ladder_core::data::{DataLoader, DistributedSampler};
+use ladder_core::data::{DataLoader, Dataset, DistributedSampler};
 use ladder_core::ddp::{DdpConfig, DistributedDataParallel};
 use ladder_core::device::DeviceKind;
 use ladder_core::dist::{self, Backend, DistEnv, ProcessGroup};
+use ladder_core::fsdp::{FsdpConfig, FullyShardedDataParallel, ShardingStrategy};
+use ladder_core::memory::ModelStateBytes;
 use ladder_core::metrics::{RankFigures, Report};
 use ladder_core::model::{BasicNet, BasicNetConfig};
-use ladder_core::train::{adamw, evaluate_distributed, TrainArgs};
+use ladder_core::train::{adamw, evaluate_distributed, evaluate_distributed_with, EvalSums, TrainArgs};
 use ladder_core::{Error, Result};
 use serde::{Deserialize, Serialize};
 use std::time::Instant;
@@ -29,13 +31,109 @@ use tch::{Device, Kind, Tensor};
 pub enum Strategy {
     /// DistributedDataParallel: a full replica per rank, gradients all-reduced in buckets.
     Ddp,
+    /// FSDP FULL_SHARD (ZeRO-3): parameters, gradients and optimizer state sharded; parameters
+    /// gathered for forward, freed, gathered again for backward.
+    FsdpFullShard,
+    /// FSDP SHARD_GRAD_OP (ZeRO-2): gathered parameters kept from forward to backward.
+    FsdpShardGradOp,
+    /// FSDP NO_SHARD: full replicas, gradients all-reduced (DDP's behaviour, FSDP's code path).
+    FsdpNoShard,
 }
 
 impl Strategy {
-    /// The name used in reports (`ddp`, …).
+    /// The name used in reports (`ddp`, `fsdp-full-shard`, …).
     pub fn name(self) -> &'static str {
         match self {
             Strategy::Ddp => "ddp",
+            Strategy::FsdpFullShard => "fsdp-full-shard",
+            Strategy::FsdpShardGradOp => "fsdp-shard-grad-op",
+            Strategy::FsdpNoShard => "fsdp-no-shard",
+        }
+    }
+
+    fn sharding(self) -> Option<ShardingStrategy> {
+        match self {
+            Strategy::Ddp => None,
+            Strategy::FsdpFullShard => Some(ShardingStrategy::FullShard),
+            Strategy::FsdpShardGradOp => Some(ShardingStrategy::ShardGradOp),
+            Strategy::FsdpNoShard => Some(ShardingStrategy::NoShard),
+        }
+    }
+}
+
+/// The wrapped model: DDP or FSDP, one interface for the loop.
+enum Wrapped<'pg> {
+    Ddp { model: DistributedDataParallel<'pg, BasicNet>, vs: nn::VarStore },
+    Fsdp(FullyShardedDataParallel<'pg, BasicNet>),
+}
+
+impl<'pg> Wrapped<'pg> {
+    fn new(cfg: &Config, vs: nn::VarStore, net: BasicNet, pg: &'pg dyn ProcessGroup) -> Result<Self> {
+        Ok(match cfg.strategy.sharding() {
+            None => Wrapped::Ddp {
+                model: DistributedDataParallel::new(net, pg, DdpConfig { bucket_cap_mb: cfg.bucket_cap_mb })?,
+                vs,
+            },
+            Some(sharding_strategy) => Wrapped::Fsdp(FullyShardedDataParallel::new(
+                vs,
+                net,
+                pg,
+                FsdpConfig { sharding_strategy, min_num_params: cfg.fsdp_min_num_params, ..FsdpConfig::default() },
+            )?),
+        })
+    }
+    /// The optimizer over the wrapped model's parameters — for FSDP, over this rank's shards.
+    fn optimizer(&self, lr: f64) -> Result<nn::Optimizer> {
+        match self {
+            Wrapped::Ddp { vs, .. } => adamw(vs, lr),
+            Wrapped::Fsdp(m) => m.adamw(lr),
+        }
+    }
+    fn forward_t(&mut self, xs: &Tensor, train: bool) -> Result<Tensor> {
+        match self {
+            Wrapped::Ddp { model, .. } => Ok(model.forward_t(xs, train)),
+            Wrapped::Fsdp(m) => m.forward_t(xs, train),
+        }
+    }
+    fn backward(&mut self, loss: &Tensor) -> Result<()> {
+        match self {
+            Wrapped::Ddp { model, .. } => model.backward(loss),
+            Wrapped::Fsdp(m) => m.backward(loss),
+        }
+    }
+    fn explain(&self) -> String {
+        match self {
+            Wrapped::Ddp { model, .. } => model.explain(),
+            Wrapped::Fsdp(m) => m.explain(),
+        }
+    }
+    fn check_parameters_in_sync(&self) -> Result<()> {
+        match self {
+            Wrapped::Ddp { model, .. } => model.check_parameters_in_sync(),
+            Wrapped::Fsdp(m) => m.check_parameters_in_sync(),
+        }
+    }
+    fn comm_seconds(&self) -> f64 {
+        match self {
+            Wrapped::Ddp { model, .. } => model.comm_seconds(),
+            Wrapped::Fsdp(m) => m.comm_seconds(),
+        }
+    }
+    /// Bytes of model state this rank holds (AdamW: two state tensors per parameter).
+    fn memory(&self) -> ModelStateBytes {
+        match self {
+            Wrapped::Ddp { model, .. } => {
+                let bytes: u64 =
+                    model.named_parameters().iter().map(|(_, t)| (t.numel() * t.kind().elt_size_in_bytes()) as u64).sum();
+                ModelStateBytes { parameters: bytes, gradients: bytes, optimizer: 2 * bytes, gathered_peak: 0 }
+            }
+            Wrapped::Fsdp(m) => m.memory(),
+        }
+    }
+    fn evaluate(&mut self, pg: &dyn ProcessGroup, test: &Dataset) -> Result<EvalSums> {
+        match self {
+            Wrapped::Ddp { model, .. } => evaluate_distributed(pg, model.module(), test, 1000),
+            Wrapped::Fsdp(m) => evaluate_distributed_with(pg, |x| m.forward_t(x, false), test, 1000),
         }
     }
 }
@@ -61,7 +159,17 @@ pub struct Config {
     /// DDP gradient bucket size cap in MiB (PyTorch's bucket_cap_mb; the first bucket is 1 MiB).
     #[arg(long, default_value_t = 25.0, value_name = "MIB")]
     pub bucket_cap_mb: f64,
-    /// Print the gradient bucket layout at start-up (rank 0).
+    /// FSDP auto-wrap: a layer with at least this many parameters gets its own FlatParameter;
+    /// the rest share the root one (PyTorch's size_based_auto_wrap_policy; default 1e8, i.e.
+    /// the whole model is one unit). 0 wraps every layer.
+    #[arg(long, default_value_t = 100_000_000, value_name = "N")]
+    pub fsdp_min_num_params: usize,
+    /// Output features of BasicNet's fc1 (the tutorial's 128; 4096 gives ~38M parameters, for
+    /// memory comparisons).
+    #[arg(long, default_value_t = 128)]
+    pub width: i64,
+    /// Print the gradient bucket layout (DDP) or the FlatParameter shard layout (FSDP) at
+    /// start-up (rank 0).
     #[arg(long)]
     pub explain: bool,
     /// After training, check that every rank holds bit-identical parameters (one Max and one
@@ -111,15 +219,15 @@ pub fn run(cfg: &Config) -> Result<Report> {
     let mnist = cfg.train.load_mnist()?;
     let (train, test) = (mnist.train.to_device(device), mnist.test.to_device(device));
     let vs = nn::VarStore::new(device);
-    let net = BasicNet::new(&vs.root(), BasicNetConfig::default());
+    let net = BasicNet::new(&vs.root(), BasicNetConfig { width: cfg.width, ..Default::default() });
 
-    // 3. Wrap it: broadcast from rank 0, gradient buckets.
-    let mut model = DistributedDataParallel::new(net, &*pg, DdpConfig { bucket_cap_mb: cfg.bucket_cap_mb })?;
+    // 3. Wrap it. DDP: broadcast from rank 0, gradient buckets. FSDP: FlatParameters, shards.
+    let mut model = Wrapped::new(cfg, vs, net, &*pg)?;
     if cfg.explain && rank == 0 {
         println!("{}\n", model.explain());
     }
-    // 4. The optimizer over the wrapped model's parameters (they live in `vs`).
-    let mut optimizer = adamw(&vs, cfg.train.lr)?;
+    // 4. The optimizer over the wrapped model's parameters (for FSDP: this rank's shards only).
+    let mut optimizer = model.optimizer(cfg.train.lr)?;
     // Dropout masks differ per rank, as independent workers' would.
     tch::manual_seed(cfg.train.seed as i64 + rank as i64);
 
@@ -135,7 +243,7 @@ pub fn run(cfg: &Config) -> Result<Report> {
         let (mut loss_sum, mut n) = (0.0, 0usize);
         for (batch_idx, (images, labels)) in loader.iter().enumerate() {
             optimizer.zero_grad();
-            let loss = model.forward_t(&images, true).nll_loss(&labels);
+            let loss = model.forward_t(&images, true)?.nll_loss(&labels);
             model.backward(&loss)?;
             optimizer.step();
             let l = loss.double_value(&[]);
@@ -165,16 +273,28 @@ pub fn run(cfg: &Config) -> Result<Report> {
     }
 
     // 7. Exact evaluation: disjoint slices, counts all-reduced.
-    let eval = evaluate_distributed(&*pg, model.module(), &test, 1000)?;
+    let eval = model.evaluate(&*pg, &test)?;
 
     // 8. Figures: mean train loss over ranks, every rank's own figures gathered to all.
     let peak_rss_mib = ladder_core::memory::peak_rss_bytes().map(ladder_core::memory::mib).unwrap_or(0.0);
-    let mine = [peak_rss_mib, samples as f64 / train_s.max(1e-9), model.comm_seconds(), train_s, train_loss];
-    let mut all = Tensor::zeros([world_size as i64 * 5], (Kind::Double, pg.device()));
+    let m = model.memory();
+    let mine = [
+        peak_rss_mib,
+        samples as f64 / train_s.max(1e-9),
+        model.comm_seconds(),
+        train_s,
+        train_loss,
+        m.parameters as f64,
+        m.gradients as f64,
+        m.optimizer as f64,
+        m.gathered_peak as f64,
+    ];
+    const N: usize = 9;
+    let mut all = Tensor::zeros([(world_size * N) as i64], (Kind::Double, pg.device()));
     pg.all_gather(&mut all, &Tensor::from_slice(&mine).to_device(pg.device()))?;
     let all = Vec::<f64>::try_from(all.to_device(Device::Cpu)).map_err(Error::Torch)?;
     let ranks: Vec<RankFigures> = all
-        .chunks(5)
+        .chunks(N)
         .enumerate()
         .map(|(r, f)| RankFigures {
             rank: r,
@@ -182,7 +302,12 @@ pub fn run(cfg: &Config) -> Result<Report> {
             samples_per_s: f[1],
             comm_s: f[2],
             train_s: f[3],
-            model_state: Default::default(),
+            model_state: ModelStateBytes {
+                parameters: f[5] as u64,
+                gradients: f[6] as u64,
+                optimizer: f[7] as u64,
+                gathered_peak: f[8] as u64,
+            },
         })
         .collect();
     let slowest = ranks.iter().map(|r| r.train_s).fold(0.0, f64::max);
@@ -190,7 +315,7 @@ pub fn run(cfg: &Config) -> Result<Report> {
         accuracy: eval.accuracy(),
         eval_samples: eval.count as u64,
         test_loss: eval.mean_loss(),
-        train_loss: all.chunks(5).map(|f| f[4]).sum::<f64>() / world_size as f64,
+        train_loss: all.chunks(N).map(|f| f[4]).sum::<f64>() / world_size as f64,
         samples_per_s: (samples * world_size) as f64 / slowest.max(1e-9),
         wall_s: start.elapsed().as_secs_f64(),
         peak_rss_mib: ranks.iter().map(|r| r.peak_rss_mib).fold(0.0, f64::max),

@@ -29,21 +29,37 @@ fn run_ok(mut cmd: Command) -> String {
 
 /// A short real-data run at world size `n`: parameters bit-identical on every rank afterwards
 /// (--check-sync), the report carries every rank, evaluation covers exactly 10,000 images.
-fn short_run(n: usize) {
+fn short_run(n: usize, strategy: &str) {
     let dir = tempfile::tempdir().unwrap();
     let json = dir.path().join("m.json");
     let mut cmd = mpirun(n);
-    cmd.arg(BIN).args(["--device", "cpu", "--max-steps", "30", "--log-interval", "0", "--check-sync", "--metrics-json"]).arg(&json);
+    cmd.arg(BIN)
+        .args(["--device", "cpu", "--max-steps", "30", "--log-interval", "0", "--check-sync", "--strategy", strategy])
+        .args(["--fsdp-min-num-params", "0", "--metrics-json"])
+        .arg(&json);
     let text = run_ok(cmd);
     assert!(text.contains(&format!("check-sync: parameters are bit-identical on all {n} ranks")), "{text}");
     let report: Report = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     assert_eq!(report.world_size, n);
-    assert_eq!(report.strategy, "ddp");
+    assert_eq!(report.strategy, strategy);
     assert_eq!(report.eval_samples, 10_000);
     assert_eq!(report.steps, 30);
     assert_eq!(report.ranks.len(), n);
     assert_eq!(report.ranks.iter().map(|r| r.rank).collect::<Vec<_>>(), (0..n).collect::<Vec<_>>());
     assert!(report.ranks.iter().all(|r| r.comm_s > 0.0 && r.train_s > r.comm_s && r.peak_rss_mib > 100.0));
+    // Model state per rank: DDP holds all 1,199,882 parameters (+ gradients + 2 AdamW states);
+    // a sharding FSDP strategy holds 1/n of each FlatParameter (padded to a multiple of n).
+    let full = 1_199_882u64 * 4;
+    for r in &report.ranks {
+        let ms = r.model_state;
+        if strategy == "ddp" || strategy == "fsdp-no-shard" {
+            assert_eq!((ms.parameters, ms.gradients, ms.optimizer), (full, full, 2 * full), "{strategy}");
+        } else {
+            assert!(ms.parameters * n as u64 >= full && ms.parameters * n as u64 <= full + 4 * 4 * n as u64, "{ms:?}");
+            assert_eq!((ms.gradients, ms.optimizer), (ms.parameters, 2 * ms.parameters));
+            assert!(ms.gathered_peak > 0);
+        }
+    }
     // 30 steps × 64 × n samples is enough to be well past chance.
     assert!(report.accuracy > 0.7, "accuracy {}", report.accuracy);
     assert!(text.contains("Accuracy: "), "{text}");
@@ -51,12 +67,22 @@ fn short_run(n: usize) {
 
 #[test]
 fn two_ranks_train_in_sync_and_evaluate_all_10000_images() {
-    short_run(2);
+    short_run(2, "ddp");
 }
 
 #[test]
 fn three_ranks_train_in_sync_and_evaluate_all_10000_images() {
-    short_run(3);
+    short_run(3, "ddp");
+}
+
+#[test]
+fn fsdp_full_shard_at_two_ranks_trains_in_sync_with_half_the_model_state_per_rank() {
+    short_run(2, "fsdp-full-shard");
+}
+
+#[test]
+fn fsdp_shard_grad_op_at_three_ranks_trains_in_sync() {
+    short_run(3, "fsdp-shard-grad-op");
 }
 
 #[test]

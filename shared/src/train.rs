@@ -143,6 +143,20 @@ impl EvalSums {
 /// Evaluates `model` on every image of `data` once, in eval mode under `no_grad`, in batches of
 /// `batch_size`, on the dataset's device. As the tutorial's `test()`.
 pub fn evaluate(model: &impl ModuleT, data: &Dataset, batch_size: usize) -> EvalSums {
+    evaluate_with(|x| Ok(model.forward_t(x, false)), data, batch_size).expect("a plain forward cannot fail")
+}
+
+/// [`evaluate`] over any forward function (e.g. an FSDP model's, which gathers its shards):
+/// `forward` maps images `[b, 1, 28, 28]` to log-probabilities `[b, 10]`; it runs under
+/// `no_grad`.
+///
+/// # Errors
+/// The first error `forward` returns.
+pub fn evaluate_with(
+    mut forward: impl FnMut(&Tensor) -> Result<Tensor>,
+    data: &Dataset,
+    batch_size: usize,
+) -> Result<EvalSums> {
     let n = data.len();
     let mut sums = EvalSums::default();
     tch::no_grad(|| {
@@ -150,14 +164,14 @@ pub fn evaluate(model: &impl ModuleT, data: &Dataset, batch_size: usize) -> Eval
         while start < n {
             let len = batch_size.min(n - start);
             let part = data.slice(start..start + len);
-            let out = model.forward_t(&part.images, false);
+            let out = forward(&part.images)?;
             sums.loss_sum += out.nll_loss(&part.labels).double_value(&[]) * len as f64;
             sums.correct += out.argmax(-1, false).eq_tensor(&part.labels).sum(Kind::Int64).int64_value(&[]);
             sums.count += len as i64;
             start += len;
         }
-    });
-    sums
+        Ok(sums)
+    })
 }
 
 /// The loss of one batch: `nll_loss(model(images), labels)`, mean over the batch.
@@ -264,8 +278,21 @@ pub fn evaluate_distributed(
     data: &Dataset,
     batch_size: usize,
 ) -> Result<EvalSums> {
+    evaluate_distributed_with(pg, |x| Ok(model.forward_t(x, false)), data, batch_size)
+}
+
+/// [`evaluate_distributed`] over any forward function (see [`evaluate_with`]).
+///
+/// # Errors
+/// Errors of `forward`; collective errors.
+pub fn evaluate_distributed_with(
+    pg: &dyn crate::dist::ProcessGroup,
+    forward: impl FnMut(&Tensor) -> Result<Tensor>,
+    data: &Dataset,
+    batch_size: usize,
+) -> Result<EvalSums> {
     let shard = crate::data::eval_shard(data.len(), pg.rank(), pg.world_size());
-    let local = evaluate(model, &data.slice(shard), batch_size);
+    let local = evaluate_with(forward, &data.slice(shard), batch_size)?;
     let mut sums = Tensor::from_slice(&[local.correct as f64, local.loss_sum, local.count as f64]).to_device(pg.device());
     pg.all_reduce(&mut sums, crate::dist::ReduceOp::Sum)?;
     let v = Vec::<f64>::try_from(sums.to_device(tch::Device::Cpu)).map_err(Error::Torch)?;

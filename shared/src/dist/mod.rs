@@ -148,8 +148,32 @@ pub fn supported_kind_size(kind: Kind) -> Option<usize> {
     }
 }
 
+/// What each rank contributes to the cross-rank agreement check that precedes every collective:
+/// an element-wise Max all-reduce of `[n, -n, k, -k]` yields the largest and (negated) smallest
+/// numel and dtype code over all ranks in one 4-integer call.
+pub(crate) fn agreement_probe(numel: i64, kind: Kind) -> [i64; 4] {
+    let code = kind_code(kind);
+    [numel, -numel, code, -code]
+}
+
+/// Reads the Max-reduced [`agreement_probe`]: every rank passed the same numel and dtype, or
+/// [`Error::CollectiveMismatch`] (on every rank alike) naming the ranges seen.
+pub(crate) fn check_agreement(op: &'static str, rank: usize, numel: i64, kind: Kind, reduced: &[i64; 4]) -> Result<()> {
+    let v = reduced;
+    if v[0] != -v[1] || v[2] != -v[3] {
+        return Err(Error::CollectiveMismatch {
+            op,
+            detail: format!(
+                "rank {rank} passed {numel} elements of {kind:?}; across ranks numel ranges {}..={} and dtype codes {}..={}",
+                -v[1], v[0], -v[3], v[2]
+            ),
+        });
+    }
+    Ok(())
+}
+
 /// A stable code per supported dtype, exchanged to detect dtype mismatches across ranks.
-pub(crate) fn kind_code(kind: Kind) -> i64 {
+fn kind_code(kind: Kind) -> i64 {
     match kind {
         Kind::Float => 1,
         Kind::Double => 2,

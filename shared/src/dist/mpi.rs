@@ -9,7 +9,7 @@
 //! The communicator's error handler is `MPI_ERRORS_RETURN`, and every return code is checked
 //! and turned into [`Error::Backend`] with MPI's own error string.
 
-use super::{check_rank, check_tensor, kind_code, DistEnv, ProcessGroup, ReduceOp};
+use super::{agreement_probe, check_agreement, check_rank, check_tensor, DistEnv, ProcessGroup, ReduceOp};
 use crate::{Error, Result};
 use mpi::ffi;
 use mpi::traits::{AsRaw, Communicator};
@@ -87,8 +87,7 @@ impl MpiGroup {
     /// One small all-reduce that makes every rank agree that each passed `numel` elements of
     /// `kind`; the error names the smallest and largest value seen.
     fn agree(&self, op: &'static str, numel: i64, kind: Kind) -> Result<()> {
-        let code = kind_code(kind);
-        let mut v: [i64; 4] = [numel, -numel, code, -code];
+        let mut v = agreement_probe(numel, kind);
         // SAFETY: `v` is 4 contiguous i64 used in place; the communicator is live.
         let rc = unsafe {
             ffi::MPI_Allreduce(
@@ -101,16 +100,7 @@ impl MpiGroup {
             )
         };
         self.check("MPI_Allreduce", rc)?;
-        if v[0] != -v[1] || v[2] != -v[3] {
-            return Err(Error::CollectiveMismatch {
-                op,
-                detail: format!(
-                    "rank {} passed {numel} elements of {kind:?}; across ranks numel ranges {}..={} and dtype codes {}..={}",
-                    self.rank, -v[1], v[0], -v[3], v[2]
-                ),
-            });
-        }
-        Ok(())
+        check_agreement(op, self.rank, numel, kind, &v)
     }
 
     fn count(&self, op: &'static str, t: &Tensor) -> Result<c_int> {

@@ -8,7 +8,7 @@
 //! panic.
 
 use super::rendezvous::TcpStore;
-use super::{check_rank, check_tensor, kind_code, DistEnv, ProcessGroup, ReduceOp};
+use super::{agreement_probe, check_agreement, check_rank, check_tensor, DistEnv, ProcessGroup, ReduceOp};
 use crate::{Error, Result};
 use cudarc::nccl::{result as nccl, sys};
 use std::ffi::{c_int, c_void};
@@ -85,23 +85,14 @@ impl NcclGroup {
     }
 
     fn agree(&self, op: &'static str, numel: i64, kind: Kind) -> Result<()> {
-        let code = kind_code(kind);
-        let v = Tensor::from_slice(&[numel, -numel, code, -code]).to_device(self.device);
+        let v = Tensor::from_slice(&agreement_probe(numel, kind)).to_device(self.device);
         self.call("ncclAllReduce", |comm, s| {
             // SAFETY: 4 contiguous i64 on this group's GPU, used in place.
             unsafe { nccl::all_reduce(v.data_ptr(), v.data_ptr(), 4, sys::ncclDataType_t::ncclInt64, sys::ncclRedOp_t::ncclMax, comm, s) }
         })?;
-        let v = Vec::<i64>::try_from(v.to_device(Device::Cpu)).unwrap_or_default();
-        if v.len() == 4 && (v[0] != -v[1] || v[2] != -v[3]) {
-            return Err(Error::CollectiveMismatch {
-                op,
-                detail: format!(
-                    "rank {} passed {numel} elements of {kind:?}; across ranks numel ranges {}..={} and dtype codes {}..={}",
-                    self.rank, -v[1], v[0], -v[3], v[2]
-                ),
-            });
-        }
-        Ok(())
+        let v = Vec::<i64>::try_from(v.to_device(Device::Cpu))?;
+        let v: [i64; 4] = v.try_into().map_err(|_| Error::BadTensor { op, rank: self.rank, problem: "agreement probe lost its shape".into() })?;
+        check_agreement(op, self.rank, numel, kind, &v)
     }
 
     fn call(

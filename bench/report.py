@@ -37,3 +37,26 @@ if ar:
     print(f"{'bytes':>10} {'ours busbw GB/s':>16} {'raw rsmpi GB/s':>15} {'ratio':>6} {'ours lat us':>12}")
     for r in ar["rows"]:
         print(f"{r['bytes']:>10} {r['ours_busbw_gbps']:>16.2f} {r['raw_busbw_gbps']:>15.2f} {r['ratio']:>6.2f} {r['ours_latency_us']:>12.1f}")
+
+strategies = [(s, load(f"strategy-{s}-2.json")) for s in ["ddp", "fsdp-full-shard", "fsdp-shard-grad-op", "fsdp-no-shard"]]
+strategies = [(s, r) for s, r in strategies if r]
+if strategies:
+    base = strategies[0][1]["samples_per_s"] if strategies[0][0] == "ddp" else None
+    print()
+    print(f"{'strategy (2 ranks)':<20} {'samples/s':>10} {'vs ddp':>7} {'accuracy':>9} {'comm share':>11} {'state MiB/rank':>15}")
+    for s, r in strategies:
+        share = max(x["comm_s"] / x["train_s"] for x in r["ranks"])
+        ms = r["ranks"][0]["model_state"]
+        state = (ms["parameters"] + ms["gradients"] + ms["optimizer"]) / 2**20
+        rel = f"{r['samples_per_s'] / base:.2f}x" if base else ""
+        print(f"{s:<20} {r['samples_per_s']:>10.0f} {rel:>7} {100 * r['accuracy']:>8.2f}% {100 * share:>10.1f}% {state:>15.1f}")
+
+mem = [(s, load(f"memory-{s}-w4096-2.json")) for s in ["ddp", "fsdp-full-shard"]]
+mem = [(s, r) for s, r in mem if r]
+if mem:
+    print()
+    print(f"{'width 4096, 2 ranks':<20} {'params MiB':>11} {'grads MiB':>10} {'optim MiB':>10} {'gathered peak MiB':>18} {'peak RSS MiB (r0, r1)':>22}")
+    for s, r in mem:
+        ms = r["ranks"][0]["model_state"]
+        rss = ", ".join(f"{x['peak_rss_mib']:.0f}" for x in r["ranks"])
+        print(f"{s:<20} {ms['parameters'] / 2**20:>11.1f} {ms['gradients'] / 2**20:>10.1f} {ms['optimizer'] / 2**20:>10.1f} {ms['gathered_peak'] / 2**20:>18.1f} {rss:>22}")

@@ -8,6 +8,11 @@
 #   1. single process:      ladder-baseline          / bench/reference/tutorial.py
 #   2. DDP at 2 ranks:      level1-raw-ddp (mpi)     / bench/reference/ddp_gloo.py under torchrun
 #   3. all-reduce busbw:    ProcessGroup::all_reduce / a raw rsmpi all_reduce on a Vec<f32>
+# and, ours only:
+#   4. strategies at 2 ranks: ddp, fsdp-full-shard, fsdp-shard-grad-op, fsdp-no-shard
+#      (STRATEGY_STEPS optimizer steps each, default 300)
+#   5. memory at 2 ranks with BasicNet width 4096 (~38M parameters): ddp vs fsdp-full-shard
+#      (per-layer FlatParameters), 20 steps: peak RSS and model-state bytes per rank
 # Each JSON result lands in bench/results/; a table with the ratios is printed at the end.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -30,5 +35,17 @@ $rel/ladder-run --nproc-per-node 2 $rel/level1-raw-ddp --device cpu --log-interv
 
 echo "== 3. all_reduce bus bandwidth, 2 ranks"
 mpirun -n 2 --bind-to none $rel/examples/allreduce_bench --json $out/allreduce-2.json
+
+echo "== 4. strategies, 2 ranks"
+for s in ddp fsdp-full-shard fsdp-shard-grad-op fsdp-no-shard; do
+  $rel/ladder-run --nproc-per-node 2 $rel/level1-raw-ddp --device cpu --log-interval 0 --strategy $s \
+    --fsdp-min-num-params 0 --max-steps "${STRATEGY_STEPS:-300}" --metrics-json $out/strategy-$s-2.json | tail -n 1
+done
+
+echo "== 5. memory, 2 ranks, width 4096"
+for s in ddp fsdp-full-shard; do
+  $rel/ladder-run --nproc-per-node 2 $rel/level1-raw-ddp --device cpu --log-interval 0 --strategy $s \
+    --fsdp-min-num-params 0 --width 4096 --max-steps 20 --metrics-json $out/memory-$s-w4096-2.json | tail -n 1
+done
 
 $py bench/report.py "$out"

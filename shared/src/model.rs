@@ -78,20 +78,10 @@ impl BasicNet {
 }
 
 impl ModuleT for BasicNet {
+    /// The six [`Segmented`] segments in order — one definition of the network, used by plain
+    /// training, DDP and FSDP alike.
     fn forward_t(&self, xs: &Tensor, train: bool) -> Tensor {
-        let drop = train && self.config.dropout;
-        xs.apply(&self.conv1)
-            .relu()
-            .apply(&self.conv2)
-            .relu()
-            .max_pool2d_default(2)
-            .dropout(0.25, drop)
-            .flatten(1, -1)
-            .apply(&self.fc1)
-            .relu()
-            .dropout(0.5, drop)
-            .apply(&self.fc2)
-            .log_softmax(-1, tch::Kind::Float)
+        (1..self.num_segments()).fold(self.segment_forward(0, xs, train), |x, i| self.segment_forward(i, &x, train))
     }
 }
 

@@ -26,7 +26,7 @@ demo: build
 ## make test: the whole suite (unit, integration, multi-process under mpirun, snapshots).
 test: setup
 	$(CARGO) test --release --workspace --no-fail-fast
-	$(CARGO) check -p ladder-core --features nccl --all-targets
+	$(CARGO) check --release -p ladder-core --features nccl --all-targets
 
 ## make bench: ddp-ladder next to PyTorch, measured in the same run (writes bench/results/).
 bench: build

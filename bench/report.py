@@ -11,25 +11,37 @@ def load(name):
     return json.loads(p.read_text()) if p.exists() else None
 
 
+def median(xs):
+    xs = sorted(xs)
+    return xs[len(xs) // 2] if len(xs) % 2 else (xs[len(xs) // 2 - 1] + xs[len(xs) // 2]) / 2
+
+
 rows = []
 for label, ours, theirs in [
-    ("single process", "baseline.json", "pytorch-tutorial.json"),
-    ("DDP, 2 ranks", "level1-ddp-2.json", "pytorch-ddp-gloo-2.json"),
+    ("single process", "baseline", "pytorch-tutorial"),
+    ("DDP, 2 ranks", "level1-ddp-2", "pytorch-ddp-gloo-2"),
 ]:
-    a, b = load(ours), load(theirs)
-    if not (a and b):
+    pairs = []
+    i = 1
+    while (out / f"{ours}-{i}.json").exists() and (out / f"{theirs}-{i}.json").exists():
+        pairs.append((load(f"{ours}-{i}.json"), load(f"{theirs}-{i}.json")))
+        i += 1
+    if not pairs:
         continue
+    a_s = [a["samples_per_s"] for a, _ in pairs]
+    b_s = [b["samples_per_s"] for _, b in pairs]
+    ratios = [x / y for x, y in zip(a_s, b_s)]
     comm = ""
-    if a.get("ranks"):
-        share = [r["comm_s"] / r["train_s"] for r in a["ranks"] if r["train_s"] > 0]
-        comm = f"{100 * max(share):.1f}%"
-    rows.append((label, a["samples_per_s"], b["samples_per_s"], a["samples_per_s"] / b["samples_per_s"],
-                 100 * a["accuracy"], 100 * b["accuracy"], comm))
+    if pairs[0][0].get("ranks"):
+        comm = f"{100 * median([max(r['comm_s'] / r['train_s'] for r in a['ranks']) for a, _ in pairs]):.1f}%"
+    rows.append((label, median(a_s), median(b_s), median(ratios), min(ratios), max(ratios), len(pairs),
+                 100 * median([a["accuracy"] for a, _ in pairs]), 100 * median([b["accuracy"] for _, b in pairs]), comm))
 
 print()
-print(f"{'run':<16} {'ours samples/s':>15} {'PyTorch samples/s':>18} {'ratio':>6} {'ours acc':>9} {'PyTorch acc':>12} {'comm share':>11}")
+print(f"{'run':<16} {'ours samples/s':>15} {'PyTorch samples/s':>18} {'ratio (median, range, n)':>26} {'ours acc':>9} {'PyTorch acc':>12} {'comm share':>11}")
 for r in rows:
-    print(f"{r[0]:<16} {r[1]:>15.0f} {r[2]:>18.0f} {r[3]:>5.2f}x {r[4]:>8.2f}% {r[5]:>11.2f}% {r[6]:>11}")
+    rng = f"{r[3]:.2f}x ({r[4]:.2f}-{r[5]:.2f}, {r[6]})"
+    print(f"{r[0]:<16} {r[1]:>15.0f} {r[2]:>18.0f} {rng:>26} {r[7]:>8.2f}% {r[8]:>11.2f}% {r[9]:>11}")
 
 ar = load("allreduce-2.json")
 if ar:

@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
 # ddp-ladder next to PyTorch, measured in the same run on the same machine.
 #
-#   make bench                      # one full epoch each (≈ 6 min on 2 cores)
-#   BENCH_STEPS=300 make bench      # shorter: 300 optimizer steps each
+#   make bench                                   # ≈ 10 min on 2 cores
+#   BENCH_STEPS=938 BENCH_REPEATS=1 make bench   # one full epoch per run instead
+#
+# Pairs 1 and 2 run BENCH_REPEATS times (default 3), ours and PyTorch's alternating, each for
+# BENCH_STEPS optimizer steps (default 300); the report gives the median of the per-repeat ratios,
+# which is steadier than one long run on a machine whose speed drifts.
 #
 # Pairs (ours / PyTorch's, same model, recipe, batch per rank, threads per rank):
 #   1. single process:      ladder-baseline          / bench/reference/tutorial.py
@@ -20,18 +24,22 @@ out=bench/results
 mkdir -p "$out"
 py=.venv/bin/python
 rel=target/release
-steps=()
-[ -n "${BENCH_STEPS:-}" ] && steps=(--max-steps "$BENCH_STEPS")
+steps=(--max-steps "${BENCH_STEPS:-300}")
+reps=${BENCH_REPEATS:-3}
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 
-echo "== 1. single process: ladder-baseline vs PyTorch tutorial loop"
-$rel/ladder-baseline --device cpu --log-interval 0 "${steps[@]}" --metrics-json $out/baseline.json | tail -n 2
-$py bench/reference/tutorial.py "${steps[@]}" | tail -n 1 | tee $out/pytorch-tutorial.json
+rm -f $out/*.json
+for i in $(seq 1 "$reps"); do
+  echo "== 1. single process ($i/$reps): ladder-baseline vs PyTorch tutorial loop"
+  $rel/ladder-baseline --device cpu --log-interval 0 "${steps[@]}" --metrics-json $out/baseline-$i.json | tail -n 1
+  $py bench/reference/tutorial.py "${steps[@]}" | tail -n 1 | tee $out/pytorch-tutorial-$i.json
 
-echo "== 2. DDP, 2 ranks: level1-raw-ddp (mpi) vs PyTorch DDP over gloo (torchrun)"
-$rel/ladder-run --nproc-per-node 2 $rel/level1-raw-ddp --device cpu --log-interval 0 "${steps[@]}" \
-  --metrics-json $out/level1-ddp-2.json | tail -n 2
-.venv/bin/torchrun --nproc-per-node 2 bench/reference/ddp_gloo.py "${steps[@]}" 2>/dev/null | tail -n 1 | tee $out/pytorch-ddp-gloo-2.json
+  echo "== 2. DDP, 2 ranks ($i/$reps): level1-raw-ddp (mpi) vs PyTorch DDP over gloo (torchrun)"
+  $rel/ladder-run --nproc-per-node 2 $rel/level1-raw-ddp --device cpu --log-interval 0 "${steps[@]}" \
+    --metrics-json $out/level1-ddp-2-$i.json | tail -n 1
+  .venv/bin/torchrun --nproc-per-node 2 bench/reference/ddp_gloo.py "${steps[@]}" 2>/dev/null | tail -n 1 \
+    | tee $out/pytorch-ddp-gloo-2-$i.json
+done
 
 echo "== 3. all_reduce bus bandwidth, 2 ranks"
 mpirun -n 2 --bind-to none $rel/examples/allreduce_bench --json $out/allreduce-2.json

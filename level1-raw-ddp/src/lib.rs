@@ -144,7 +144,8 @@ impl<'pg> Wrapped<'pg> {
     name = "level1-raw-ddp",
     version,
     about = "Level 1: BasicNet on MNIST with a raw process group, a DistributedSampler and DistributedDataParallel",
-    after_help = "Launch: `level1-raw-ddp` (1 process), `ladder-run --nproc-per-node 2 level1-raw-ddp`, or `mpirun -n 2 level1-raw-ddp`."
+    after_help = "Launch: `target/release/level1-raw-ddp` (1 process), `target/release/ladder-run --nproc-per-node 2 target/release/level1-raw-ddp`, or `mpirun -n 2 target/release/level1-raw-ddp`.",
+    allow_negative_numbers = true
 )]
 pub struct Config {
     #[command(flatten)]
@@ -204,8 +205,14 @@ pub fn run(cfg: &Config) -> Result<Report> {
         DeviceKind::Cuda => Backend::Nccl,
         DeviceKind::Cpu => Backend::Mpi,
     });
-    if backend == Backend::Mpi && device_kind == DeviceKind::Cuda {
-        return Err(Error::invalid("--backend", "mpi", "nccl with --device cuda (the mpi backend moves CPU tensors)"));
+    match (backend, device_kind) {
+        (Backend::Mpi, DeviceKind::Cuda) => {
+            return Err(Error::invalid("--backend", "mpi", "nccl with --device cuda (the mpi backend moves CPU tensors)"))
+        }
+        (Backend::Nccl, DeviceKind::Cpu) => {
+            return Err(Error::invalid("--backend", "nccl", "mpi with --device cpu (nccl moves CUDA tensors only)"))
+        }
+        _ => {}
     }
 
     // 1. setup(): the process group. Every rank runs this same code.
@@ -326,7 +333,7 @@ pub fn run(cfg: &Config) -> Result<Report> {
     };
     if rank == 0 {
         if let Some(path) = &cfg.train.metrics_json {
-            report.write_json(path)?;
+            report.write_json(path).map_err(|e| Error::invalid("--metrics-json", path.display(), format!("a writable file ({e})")))?;
         }
     }
     pg.barrier()?;

@@ -148,7 +148,14 @@ fn bad_flags_are_clear_errors() {
     for (args, want) in [
         (vec!["--batch-size", "0"], "error: invalid value \"0\" for --batch-size: at least 1"),
         (vec!["--bucket-cap-mb=-1"], "error: invalid value \"-1\" for --bucket-cap-mb: a positive number of MiB"),
-        (vec!["--device", "cpu", "--backend", "nccl"], "error: "),
+        (
+            vec!["--device", "cpu", "--backend", "nccl"],
+            "error: invalid value \"nccl\" for --backend: mpi with --device cpu (nccl moves CUDA tensors only)",
+        ),
+        (
+            vec!["--device", "cpu", "--max-steps", "1", "--log-interval", "0", "--metrics-json", "/dev/null/m.json"],
+            "error: invalid value \"/dev/null/m.json\" for --metrics-json: a writable file (/dev/null: ",
+        ),
     ] {
         let out = Command::new(BIN).args(&args).output().unwrap();
         assert!(!out.status.success(), "{args:?} must fail");

@@ -67,7 +67,7 @@ fn main() -> ladder_core::Result<()> {
     }
     if let (Some(path), 0) = (json, pg.rank()) {
         let doc = serde_json::json!({ "world_size": pg.world_size(), "dtype": "f32", "op": "sum", "rows": rows });
-        ladder_core::metrics::write_atomic(std::path::Path::new(&path), serde_json::to_string_pretty(&doc).unwrap().as_bytes())?;
+        ladder_core::atomic::write_atomic(std::path::Path::new(&path), serde_json::to_string_pretty(&doc).unwrap().as_bytes())?;
     }
     Ok(())
 }

@@ -4,6 +4,7 @@
 //! pieces) → [`dist`] (through [`ddp`] and [`fsdp`]) → [`metrics`]. Nothing here depends on a
 //! level crate.
 
+pub mod atomic;
 pub mod data;
 pub mod ddp;
 pub mod device;

@@ -1,7 +1,7 @@
 //! The figures a run reports: printed for people, written as JSON (`--metrics-json`) for the
 //! bench and the tests.
 
-use crate::{Error, Result};
+use crate::Result;
 use serde::{Deserialize, Serialize};
 use std::path::Path;
 
@@ -59,7 +59,7 @@ impl Report {
     /// [`Error::Io`] naming `path`.
     pub fn write_json(&self, path: &Path) -> Result<()> {
         let json = serde_json::to_string_pretty(self).expect("Report serialises");
-        write_atomic(path, json.as_bytes())
+        crate::atomic::write_atomic(path, json.as_bytes())
     }
 
     /// The human summary the binaries print at the end.
@@ -78,21 +78,4 @@ impl Report {
             self.strategy
         )
     }
-}
-
-/// Writes `bytes` to `path` through a temporary file in the same directory and a rename, so a
-/// reader never sees half a file.
-///
-/// # Errors
-/// [`Error::Io`] naming `path`.
-pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
-    let dir = match path.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d,
-        _ => Path::new("."),
-    };
-    std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
-    let mut tmp = tempfile::NamedTempFile::new_in(dir).map_err(|e| Error::io(dir, e))?;
-    std::io::Write::write_all(&mut tmp, bytes).map_err(|e| Error::io(path, e))?;
-    tmp.persist(path).map_err(|e| Error::io(path, e.error))?;
-    Ok(())
 }

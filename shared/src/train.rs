@@ -259,7 +259,7 @@ pub fn run(args: &TrainArgs) -> Result<Report> {
         ranks: Vec::new(),
     };
     if let Some(path) = &args.metrics_json {
-        report.write_json(path)?;
+        report.write_json(path).map_err(|e| Error::invalid("--metrics-json", path.display(), format!("a writable file ({e})")))?;
     }
     Ok(report)
 }

@@ -9,7 +9,7 @@ use std::process::ExitCode;
 
 /// Single-process BasicNet on MNIST (the baseline every level is compared with).
 #[derive(Debug, Parser)]
-#[command(name = "ladder-baseline", version)]
+#[command(name = "ladder-baseline", version, allow_negative_numbers = true)]
 struct Cli {
     #[command(flatten)]
     train: TrainArgs,

@@ -9,6 +9,7 @@
 //! rank failed or the launch could not start; 128 + signal when interrupted.
 
 use clap::Parser;
+use std::io::Write;
 use ladder_core::launch::{run, LaunchConfig};
 
 fn main() {
@@ -16,7 +17,8 @@ fn main() {
     match run(&cfg) {
         Ok(code) => std::process::exit(code),
         Err(e) => {
-            eprintln!("ladder-run: error: {e}");
+            // Not eprintln!: a closed stderr (e.g. `| head`) must not turn into a panic.
+            let _ = writeln!(std::io::stderr(), "ladder-run: error: {e}");
             std::process::exit(1);
         }
     }

@@ -8,7 +8,7 @@
 //! short body: the MD5 of the decompressed bytes decides). The file is written atomically: a
 //! temporary file in the target directory, renamed into place.
 
-use std::io::{Read, Write};
+use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -97,7 +97,7 @@ pub fn download_file(dir: &Path, name: &str, mirrors: &[String]) -> Result<PathB
             Ok((bytes, compressed)) => {
                 std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
                 let target = dir.join(if compressed { file_name.as_str() } else { stem });
-                write_atomically(dir, &target, &bytes)?;
+                crate::atomic::write_atomic(&target, &bytes)?;
                 return Ok(target);
             }
             Err(why) => attempts.push(format!("  - {url}: {why}")),
@@ -187,21 +187,6 @@ fn check_body(body: Vec<u8>, md5: &str) -> std::result::Result<(Vec<u8>, bool), 
             "checksum mismatch: the {len}-byte body is not gzip (starts with {head:?}) and its MD5 is {actual}, expected {md5}"
         ))
     }
-}
-
-/// Writes `bytes` to a temporary file in `dir`, syncs it, and renames it to `target`.
-fn write_atomically(dir: &Path, target: &Path, bytes: &[u8]) -> Result<()> {
-    let mut tmp = tempfile::Builder::new()
-        .prefix(".download-")
-        .tempfile_in(dir)
-        .map_err(|e| Error::io(dir, e))?;
-    tmp.write_all(bytes).map_err(|e| Error::io(tmp.path(), e))?;
-    tmp.as_file()
-        .sync_all()
-        .map_err(|e| Error::io(tmp.path(), e))?;
-    tmp.persist(target)
-        .map_err(|e| Error::io(target, e.error))?;
-    Ok(())
 }
 
 #[cfg(test)]

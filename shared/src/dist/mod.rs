@@ -253,6 +253,12 @@ pub fn init_with_env(backend: Backend, env: &DistEnv) -> Result<Box<dyn ProcessG
         return Ok(Box::new(local::LocalGroup::new(backend, device)));
     }
     match backend {
+        Backend::Mpi if !env.under_mpirun() => Err(Error::Env(format!(
+            "the mpi backend needs its {} ranks started by mpirun (`mpirun -n {}` or `ladder-run --backend mpi`), \
+             but this process has only the torchrun variables (RANK={}, WORLD_SIZE={}); \
+             `ladder-run --backend nccl` starts ranks for the nccl backend (with --device cuda)",
+            env.world_size, env.world_size, env.rank, env.world_size
+        ))),
         Backend::Mpi => init_mpi(env),
         Backend::Nccl => init_nccl(env),
     }
@@ -287,4 +293,32 @@ fn init_nccl(_env: &DistEnv) -> Result<Box<dyn ProcessGroup>> {
 /// Finalises the group (as `dist.destroy_process_group()`); dropping it does the same.
 pub fn destroy_process_group(group: Box<dyn ProcessGroup>) {
     drop(group);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mpi_backend_without_mpirun_is_a_clear_error() {
+        // What `ladder-run --backend nccl PROGRAM --device cpu` hands a rank: torchrun variables only.
+        let vars = [("RANK", "1"), ("WORLD_SIZE", "2"), ("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", "29500")];
+        let env = DistEnv::from_lookup(|k| vars.iter().find(|(n, _)| *n == k).map(|(_, v)| v.to_string())).unwrap();
+        let err = init_with_env(Backend::Mpi, &env).unwrap_err().to_string();
+        assert!(err.contains("the mpi backend needs its 2 ranks started by mpirun"), "{err}");
+        assert!(err.contains("RANK=1, WORLD_SIZE=2"), "{err}");
+    }
+
+    #[test]
+    fn agreement_names_the_ranges_seen() {
+        let a = agreement_probe(4, Kind::Float);
+        let b = agreement_probe(5, Kind::Double);
+        let max: [i64; 4] = std::array::from_fn(|i| a[i].max(b[i]));
+        assert!(check_agreement("all_reduce", 0, 4, Kind::Float, &a).is_ok());
+        let err = check_agreement("all_reduce", 0, 4, Kind::Float, &max).unwrap_err().to_string();
+        assert_eq!(
+            err,
+            "all_reduce: ranks disagree on the tensor: rank 0 passed 4 elements of Float; across ranks numel ranges 4..=5 and dtype codes 1..=2"
+        );
+    }
 }

@@ -28,7 +28,7 @@ steps=(--max-steps "${BENCH_STEPS:-300}")
 reps=${BENCH_REPEATS:-3}
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 
-rm -f $out/*.json
+rm -f $out/*.json $out/torchrun.log
 for i in $(seq 1 "$reps"); do
   echo "== 1. single process ($i/$reps): ladder-baseline vs PyTorch tutorial loop"
   $rel/ladder-baseline --device cpu --log-interval 0 "${steps[@]}" --metrics-json $out/baseline-$i.json | tail -n 1
@@ -37,7 +37,7 @@ for i in $(seq 1 "$reps"); do
   echo "== 2. DDP, 2 ranks ($i/$reps): level1-raw-ddp (mpi) vs PyTorch DDP over gloo (torchrun)"
   $rel/ladder-run --nproc-per-node 2 $rel/level1-raw-ddp --device cpu --log-interval 0 "${steps[@]}" \
     --metrics-json $out/level1-ddp-2-$i.json | tail -n 1
-  .venv/bin/torchrun --nproc-per-node 2 bench/reference/ddp_gloo.py "${steps[@]}" 2>/dev/null | tail -n 1 \
+  .venv/bin/torchrun --standalone --nproc-per-node 2 bench/reference/ddp_gloo.py "${steps[@]}" 2>>$out/torchrun.log | tail -n 1 \
     | tee $out/pytorch-ddp-gloo-2-$i.json
 done
 

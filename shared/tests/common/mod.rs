@@ -1,5 +1,5 @@
-//! Helpers for tests that run real ranks: the test binary re-executes one of its own
-//! `#[ignore]`d tests under `mpirun -n N`, and that test is the rank body.
+//! Helpers for tests that run real ranks: the test binary re-executes one of its own ignored
+//! tests under `mpirun -n N`, and that test is the rank body.
 #![allow(dead_code)]
 
 use std::process::{Command, Output};

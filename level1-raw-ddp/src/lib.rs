@@ -200,6 +200,9 @@ pub fn cleanup(pg: Box<dyn ProcessGroup>) {
 pub fn run(cfg: &Config) -> Result<Report> {
     let start = Instant::now();
     cfg.train.validate()?;
+    if cfg.width < 1 {
+        return Err(Error::invalid("--width", cfg.width, "at least 1 output feature for fc1"));
+    }
     let device_kind = cfg.train.device_kind();
     let backend = cfg.backend.unwrap_or(match device_kind {
         DeviceKind::Cuda => Backend::Nccl,

@@ -147,6 +147,7 @@ fn explain_snapshot() {
 fn bad_flags_are_clear_errors() {
     for (args, want) in [
         (vec!["--batch-size", "0"], "error: invalid value \"0\" for --batch-size: at least 1"),
+        (vec!["--width", "0"], "error: invalid value \"0\" for --width: at least 1 output feature for fc1"),
         (vec!["--bucket-cap-mb=-1"], "error: invalid value \"-1\" for --bucket-cap-mb: a positive number of MiB"),
         (
             vec!["--device", "cpu", "--backend", "nccl"],

@@ -2,6 +2,9 @@
 //! distributed evaluation at world sizes 1, 2, 3 on one fixed checkpoint, and the snapshots of
 //! its --help and --explain.
 
+#[path = "../../shared/tests/common/mod.rs"]
+mod common;
+
 use ladder_core::data::Mnist;
 use ladder_core::dist::{init_process_group, Backend};
 use ladder_core::metrics::Report;
@@ -98,13 +101,9 @@ fn exact_eval_gives_identical_counts_at_world_sizes_1_2_3() {
     let single = evaluate(&net, &test, 1000);
     assert_eq!(single.count, 10_000);
     for n in [1, 2, 3] {
-        let mut cmd = mpirun(n);
-        cmd.arg(std::env::current_exe().unwrap())
-            .args(["--ignored", "--exact", "rank_exact_eval", "--nocapture", "--test-threads", "1"])
-            .env("LADDER_TEST_CKPT", &ckpt)
-            .env("LADDER_TEST_EXPECT", format!("{} {}", single.correct, single.loss_sum));
-        let text = run_ok(cmd);
-        assert_eq!(text.matches("test result: ok. 1 passed").count(), n, "{text}");
+        let expect = format!("{} {}", single.correct, single.loss_sum);
+        let ckpt = ckpt.to_str().unwrap();
+        common::mpirun(n, "rank_exact_eval", &[("LADDER_TEST_CKPT", ckpt), ("LADDER_TEST_EXPECT", &expect)]);
     }
 }
 

@@ -2,24 +2,30 @@
 //! tests under `mpirun -n N`, and that test is the rank body.
 #![allow(dead_code)]
 
-use std::process::{Command, Output};
+use std::process::{Command, ExitStatus};
 
-/// Runs the ignored test `body` of the current test binary as `n` MPI ranks and returns the
-/// output; panics with everything mpirun printed when any rank fails.
-pub fn mpirun(n: usize, body: &str, envs: &[(&str, &str)]) -> Output {
-    let out = rank_command(n, body, envs).output().expect("mpirun (openmpi-bin) is installed by scripts/bootstrap.sh");
-    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    assert!(out.status.success(), "mpirun -n {n} {body} failed ({}):\n{text}", out.status);
-    let passed = text.matches("test result: ok. 1 passed").count();
-    assert_eq!(passed, n, "expected {n} ranks to each pass {body} once:\n{text}");
-    out
+/// Runs the ignored test `body` of the current test binary as `n` MPI ranks and returns
+/// everything they printed; panics with it when any rank fails or does not run the test.
+pub fn mpirun(n: usize, body: &str, envs: &[(&str, &str)]) -> String {
+    let (status, text, per_rank) = run_ranks(n, body, envs);
+    assert!(status.success(), "mpirun -n {n} {body} failed ({status}):\n{text}");
+    for (r, out) in per_rank.iter().enumerate() {
+        assert!(out.contains("test result: ok. 1 passed"), "rank {r} did not pass {body} once:\n{text}");
+    }
+    assert_eq!(per_rank.len(), n, "expected output of {n} ranks:\n{text}");
+    text
 }
 
-/// `mpirun -n n <this test binary> --ignored --exact body`, as root if need be.
-fn rank_command(n: usize, body: &str, envs: &[(&str, &str)]) -> Command {
+/// `mpirun -n n <this test binary> --ignored --exact body` (as root if need be), each rank's
+/// output in its own file (`--output-filename`), so that ranks never interleave within a line.
+/// Returns mpirun's status, all output (mpirun's own, then each rank's under a header) and each
+/// rank's stdout + stderr.
+fn run_ranks(n: usize, body: &str, envs: &[(&str, &str)]) -> (ExitStatus, String, Vec<String>) {
     let exe = std::env::current_exe().expect("test binary path");
+    let dir = tempfile::tempdir().expect("temp dir");
     let mut cmd = Command::new("mpirun");
-    cmd.args(["-n", &n.to_string(), "--oversubscribe", "--bind-to", "none"])
+    cmd.args(["-n", &n.to_string(), "--oversubscribe", "--bind-to", "none", "--output-filename"])
+        .arg(dir.path())
         .arg(exe)
         .args(["--ignored", "--exact", body, "--test-threads", "1", "--nocapture"])
         .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
@@ -29,7 +35,21 @@ fn rank_command(n: usize, body: &str, envs: &[(&str, &str)]) -> Command {
     for (k, v) in envs {
         cmd.env(k, v);
     }
-    cmd
+    let out = cmd.output().expect("mpirun (openmpi-bin) is installed by scripts/bootstrap.sh");
+    let mut text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    // Open MPI 4 writes <dir>/1/rank.<r>/{stdout,stderr}.
+    let mut per_rank = Vec::new();
+    for r in 0..n {
+        let rank_dir = dir.path().join("1").join(format!("rank.{r}"));
+        if !rank_dir.exists() {
+            continue;
+        }
+        let read = |f: &str| std::fs::read_to_string(rank_dir.join(f)).unwrap_or_default();
+        let both = format!("{}{}", read("stdout"), read("stderr"));
+        text.push_str(&format!("\n---- rank {r} ----\n{both}"));
+        per_rank.push(both);
+    }
+    (out.status, text, per_rank)
 }
 
 /// True when this process is a rank started by [`mpirun`] (rather than the plain test run).
@@ -41,8 +61,7 @@ pub fn is_rank() -> bool {
 /// and how long it took.
 pub fn mpirun_failing(n: usize, body: &str, envs: &[(&str, &str)]) -> (String, std::time::Duration) {
     let start = std::time::Instant::now();
-    let out = rank_command(n, body, envs).output().expect("mpirun");
-    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    assert!(!out.status.success(), "mpirun -n {n} {body} was expected to fail:\n{text}");
+    let (status, text, _) = run_ranks(n, body, envs);
+    assert!(!status.success(), "mpirun -n {n} {body} was expected to fail:\n{text}");
     (text, start.elapsed())
 }

@@ -7,7 +7,8 @@ mod common;
 
 use ladder_core::ddp::{DdpConfig, DistributedDataParallel};
 use ladder_core::dist::{init_process_group, Backend, ProcessGroup};
-use ladder_core::model::{BasicNet, BasicNetConfig, Model};
+use common::{assert_close, global_batches, no_dropout};
+use ladder_core::model::{BasicNet, Model};
 use ladder_core::Error;
 use tch::nn::{self, ModuleT, OptimizerConfig};
 use tch::{Device, Kind, Tensor};
@@ -28,29 +29,6 @@ fn ddp_matches_single_process_at_world_size_3() {
 #[test]
 fn no_sync_leaves_gradients_different_across_ranks() {
     common::mpirun(2, "rank_no_sync", &[]);
-}
-
-fn no_dropout() -> BasicNetConfig {
-    BasicNetConfig { dropout: false, ..Default::default() }
-}
-
-/// The same synthetic samples on every rank: `steps` global batches of `w·B` images.
-fn global_batches(w: i64, steps: usize) -> Vec<(Tensor, Tensor)> {
-    tch::manual_seed(1234);
-    (0..steps)
-        .map(|_| {
-            let x = Tensor::randn([w * B, 1, 28, 28], (Kind::Float, Device::Cpu));
-            let y = Tensor::randint(10, [w * B], (Kind::Int64, Device::Cpu));
-            (x, y)
-        })
-        .collect()
-}
-
-fn assert_close(what: &str, a: &Tensor, b: &Tensor) {
-    let diff = (a - b).abs().max().double_value(&[]);
-    let scale = b.abs().max().double_value(&[]);
-    let what = &format!("{what} (max |ref| {scale})");
-    assert!(a.allclose(b, 1e-5, 1e-5, false), "{what}: max |diff| {diff}");
 }
 
 fn equivalence(pg: &dyn ProcessGroup, sgd: bool, kind: Kind, steps: usize) {
@@ -81,7 +59,7 @@ fn equivalence(pg: &dyn ProcessGroup, sgd: bool, kind: Kind, steps: usize) {
         (nn::AdamW::default().build(&vs, lr).unwrap(), nn::AdamW::default().build(&ref_vs, lr).unwrap())
     };
 
-    for (step, (x, y)) in global_batches(w, steps).iter().enumerate() {
+    for (step, (x, y)) in global_batches(w, B, steps).iter().enumerate() {
         // This rank's share of the global batch.
         let x = &x.to_kind(kind);
         let (xr, yr) = (x.narrow(0, rank * B, B), y.narrow(0, rank * B, B));
@@ -129,7 +107,7 @@ fn rank_no_sync() {
     let vs = nn::VarStore::new(Device::Cpu);
     let net = BasicNet::new(&vs.root(), no_dropout());
     let mut ddp = DistributedDataParallel::new(net, &*pg, DdpConfig::default()).unwrap();
-    let (x, y) = &global_batches(2, 1)[0];
+    let (x, y) = &global_batches(2, B, 1)[0];
     let (xr, yr) = (x.narrow(0, rank * B, B), y.narrow(0, rank * B, B));
     let loss = ddp.forward_t(&xr, true).nll_loss(&yr);
     ddp.no_sync(|ddp| ddp.backward(&loss)).unwrap();

@@ -13,7 +13,8 @@ use ladder_core::dist::{init_process_group, Backend, ProcessGroup};
 use ladder_core::fsdp::{
     explain_units, plan_units, FlatParamUnit, FsdpConfig, FullyShardedDataParallel, MixedPrecision, ShardingStrategy,
 };
-use ladder_core::model::{BasicNet, BasicNetConfig, Model};
+use common::{assert_close, global_batches, no_dropout};
+use ladder_core::model::{BasicNet, Model};
 use ladder_core::Error;
 use tch::nn::{self, ModuleT, OptimizerConfig};
 use tch::{Device, Kind, Tensor};
@@ -72,20 +73,10 @@ fn mixed_precision_and_no_sync_at_world_size_2() {
 
 // ---- helpers ---------------------------------------------------------------------------------
 
-/// The rank body's process group. A failed assertion exits the process instead of unwinding:
-/// unwinding would drop the group, and `MPI_Finalize` would then wait forever for the ranks still
-/// blocked in a collective. Exiting lets mpirun see the failure and stop every rank.
+/// The rank body's process group. A failed assertion cannot hang the job: a panicking rank's
+/// `MpiGroup` aborts the whole MPI job when it is dropped.
 fn rank_group() -> Box<dyn ProcessGroup> {
-    let default = std::panic::take_hook();
-    std::panic::set_hook(Box::new(move |info| {
-        default(info);
-        std::process::exit(101);
-    }));
     init_process_group(Backend::Mpi).unwrap()
-}
-
-fn no_dropout() -> BasicNetConfig {
-    BasicNetConfig { dropout: false, ..Default::default() }
 }
 
 /// A BasicNet initialised from `seed`, cast to `kind`, with its VarStore.
@@ -102,18 +93,6 @@ fn fsdp_config(strategy: ShardingStrategy, min_num_params: usize) -> FsdpConfig 
     FsdpConfig { sharding_strategy: strategy, min_num_params, ..Default::default() }
 }
 
-/// The same synthetic samples on every rank: `steps` global batches of `w·B` images.
-fn global_batches(w: i64, steps: usize) -> Vec<(Tensor, Tensor)> {
-    tch::manual_seed(1234);
-    (0..steps)
-        .map(|_| {
-            let x = Tensor::randn([w * B, 1, 28, 28], (Kind::Float, Device::Cpu));
-            let y = Tensor::randint(10, [w * B], (Kind::Int64, Device::Cpu));
-            (x, y)
-        })
-        .collect()
-}
-
 fn rank_share(pg: &dyn ProcessGroup, x: &Tensor, y: &Tensor) -> (Tensor, Tensor) {
     let r = pg.rank() as i64;
     (x.narrow(0, r * B, B), y.narrow(0, r * B, B))
@@ -125,12 +104,6 @@ fn copies(params: &[(String, Tensor)]) -> StateDict {
 
 fn grads(params: &[(String, Tensor)]) -> StateDict {
     params.iter().map(|(n, t)| (n.clone(), t.grad().copy())).collect()
-}
-
-fn assert_close(what: &str, a: &Tensor, b: &Tensor) {
-    assert_eq!(a.size(), b.size(), "{what}: shapes");
-    let diff = (a.to_kind(Kind::Double) - b.to_kind(Kind::Double)).abs().max().double_value(&[]);
-    assert!(a.to_kind(Kind::Double).allclose(&b.to_kind(Kind::Double), 1e-5, 1e-5, false), "{what}: max |diff| {diff}");
 }
 
 fn assert_sd_close(what: &str, a: &[(String, Tensor)], b: &[(String, Tensor)]) {
@@ -209,7 +182,7 @@ fn ddp_trajectory(pg: &dyn ProcessGroup, kind: Kind, batches: &[(Tensor, Tensor)
 
 fn equivalence(pg: &dyn ProcessGroup, kind: Kind, steps: usize, configs: &[(ShardingStrategy, usize)]) {
     let rank = pg.rank() as i64;
-    let batches = global_batches(pg.world_size() as i64, steps);
+    let batches = global_batches(pg.world_size() as i64, B, steps);
     let reference = reference_trajectory(kind, &batches);
     let ddp = ddp_trajectory(pg, kind, &batches);
     for (s, (d, r)) in ddp.iter().zip(&reference).enumerate() {
@@ -277,7 +250,7 @@ fn rank_clip_and_state_dicts() {
     let pg = rank_group();
     let pg = &*pg;
     let (rank, w) = (pg.rank(), pg.world_size());
-    let (x, y) = &global_batches(w as i64, 1)[0];
+    let (x, y) = &global_batches(w as i64, B, 1)[0];
     let xd = x.to_kind(Kind::Double);
     let (xr, yr) = rank_share(pg, &xd, y);
 
@@ -420,7 +393,7 @@ fn rank_memory() {
     let pg = rank_group();
     let pg = &*pg;
     let (rank, w) = (pg.rank() as i64, pg.world_size() as i64);
-    let (x, y) = &global_batches(w, 1)[0];
+    let (x, y) = &global_batches(w, B, 1)[0];
     let (xr, yr) = rank_share(pg, x, y);
     let total = BasicNet::num_parameters(128);
     assert_eq!(LAYERS.iter().sum::<i64>(), total);
@@ -477,7 +450,7 @@ fn rank_mixed_precision_and_no_sync() {
     let pg = rank_group();
     let pg = &*pg;
     let (rank, w) = (pg.rank(), pg.world_size() as i64);
-    let (x, y) = &global_batches(w, 1)[0];
+    let (x, y) = &global_batches(w, B, 1)[0];
     let (xr, yr) = rank_share(pg, x, y);
 
     // ---- bf16 compute and reduction, fp32 master shards ----
@@ -520,7 +493,7 @@ fn rank_mixed_precision_and_no_sync() {
     }
 
     // ---- no_sync: accumulate locally, reduce the sum at the next synced backward ----
-    let batches = global_batches(w, 2);
+    let batches = global_batches(w, B, 2);
     let (_rvs, reference) = build(Kind::Double, SEED);
     for (x, y) in &batches {
         reference.forward_t(&x.to_kind(Kind::Double), true).nll_loss(y).backward();
@@ -580,7 +553,7 @@ fn single_rank_training_moves_the_loss_and_the_optimizer_holds_only_shards() {
         ["conv1._flat_param", "conv2._flat_param", "fc1._flat_param", "fc2._flat_param"]
     );
     let mut opt = fsdp.adamw(LR).unwrap();
-    let (x, y) = &global_batches(1, 1)[0];
+    let (x, y) = &global_batches(1, B, 1)[0];
     let mut losses = Vec::new();
     for _ in 0..5 {
         opt.zero_grad();
@@ -601,7 +574,7 @@ fn backward_without_forward_and_a_foreign_var_store_are_errors() {
     let err = fsdp.backward(&loss).unwrap_err();
     insta::assert_snapshot!("backward_without_forward", err);
     // Under no_grad (evaluation) there is nothing to backpropagate either.
-    let (x, y) = &global_batches(1, 1)[0];
+    let (x, y) = &global_batches(1, B, 1)[0];
     let out = tch::no_grad(|| fsdp.forward_t(x, false)).unwrap();
     assert!(fsdp.backward(&out.nll_loss(y)).is_err());
 

@@ -2,7 +2,36 @@
 //! tests under `mpirun -n N`, and that test is the rank body.
 #![allow(dead_code)]
 
+use ladder_core::model::BasicNetConfig;
 use std::process::{Command, ExitStatus};
+use tch::{Device, Kind, Tensor};
+
+/// BasicNet without dropout: equivalence tests need train mode to be deterministic.
+pub fn no_dropout() -> BasicNetConfig {
+    BasicNetConfig { dropout: false, ..Default::default() }
+}
+
+/// The same synthetic samples on every rank: `steps` global batches of `w·b` images
+/// (`[w·b, 1, 28, 28]` f32 normal, labels `[w·b]` i64 in 0..10), from a fixed seed.
+pub fn global_batches(w: i64, b: i64, steps: usize) -> Vec<(Tensor, Tensor)> {
+    tch::manual_seed(1234);
+    (0..steps)
+        .map(|_| {
+            let x = Tensor::randn([w * b, 1, 28, 28], (Kind::Float, Device::Cpu));
+            let y = Tensor::randint(10, [w * b], (Kind::Int64, Device::Cpu));
+            (x, y)
+        })
+        .collect()
+}
+
+/// `a` and `b` have one shape and are allclose (rtol = atol = 1e-5), compared in f64.
+pub fn assert_close(what: &str, a: &Tensor, b: &Tensor) {
+    assert_eq!(a.size(), b.size(), "{what}: shapes");
+    let (a, b) = (a.to_kind(Kind::Double), b.to_kind(Kind::Double));
+    let diff = (&a - &b).abs().max().double_value(&[]);
+    let scale = b.abs().max().double_value(&[]);
+    assert!(a.allclose(&b, 1e-5, 1e-5, false), "{what}: max |diff| {diff} (max |ref| {scale})");
+}
 
 /// Runs the ignored test `body` of the current test binary as `n` MPI ranks and returns
 /// everything they printed; panics with it when any rank fails or does not run the test.

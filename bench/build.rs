@@ -1,0 +1,5 @@
+include!("../shared/build_support.rs");
+
+fn main() {
+    link_libtorch();
+}

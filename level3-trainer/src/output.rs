@@ -1,0 +1,293 @@
+//! What a run shows and writes, as Transformers' Trainer: the `***** Running training *****`
+//! banner, the `Epoch | Training Loss | Validation Loss | Accuracy` table, progress (an
+//! indicatif bar on a terminal, plain log lines otherwise), the report_to writers
+//! (`log_history.jsonl` / `log_history.csv`) and the loss-curve plot (`loss.svg`).
+
+use crate::args::{ReportTo, TrainingArguments};
+use crate::error::{Error, Result};
+use crate::schedule::TrainingPlan;
+use crate::state::LogEntry;
+use comfy_table::{presets, Cell, CellAlignment, Table};
+use std::io::{IsTerminal, Write};
+use std::path::{Path, PathBuf};
+
+/// `1234567` → `1,234,567` (Python's `{:,}`).
+pub fn thousands(n: u64) -> String {
+    let digits = n.to_string();
+    let mut out = String::with_capacity(digits.len() + digits.len() / 3);
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// The banner Transformers logs before training (`Trainer._inner_training_loop`), with the
+/// same lines and `{:,}` number formatting.
+pub fn training_banner(args: &TrainingArguments, plan: &TrainingPlan, trainable_parameters: u64) -> String {
+    format!(
+        "***** Running training *****\n  Num examples = {}\n  Num Epochs = {}\n  Instantaneous batch size per device = {}\n  Total train batch size (w. parallel, distributed & accumulation) = {}\n  Gradient Accumulation steps = {}\n  Total optimization steps = {}\n  Number of trainable parameters = {}",
+        thousands(plan.num_examples as u64),
+        thousands(plan.num_epochs as u64),
+        thousands(args.per_device_train_batch_size as u64),
+        thousands(plan.total_train_batch_size as u64),
+        thousands(args.gradient_accumulation_steps as u64),
+        thousands(plan.max_steps as u64),
+        thousands(trainable_parameters),
+    )
+}
+
+/// The banner Transformers logs before an evaluation.
+pub fn evaluation_banner(num_examples: usize, batch_size: usize) -> String {
+    format!("***** Running Evaluation *****\n  Num examples = {}\n  Batch size = {batch_size}", thousands(num_examples as u64))
+}
+
+/// Metric keys that describe the evaluation run rather than the model; left out of the table.
+const RUN_FIGURES: &[&str] = &["runtime", "samples_per_second", "steps_per_second"];
+
+/// `accuracy` → `Accuracy`, `f1_macro` → `F1 Macro` (Transformers' notebook column titles).
+fn title(key: &str) -> String {
+    key.split('_')
+        .map(|w| {
+            let mut c = w.chars();
+            c.next().map(|f| f.to_uppercase().chain(c).collect::<String>()).unwrap_or_default()
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// A fractional epoch as the table shows it: `1` for whole epochs, else two decimals.
+fn epoch_label(epoch: f64) -> String {
+    if (epoch - epoch.round()).abs() < 1e-9 { format!("{}", epoch.round() as i64) } else { format!("{epoch:.2}") }
+}
+
+/// The evaluation table of Transformers' notebook progress (`Epoch | Training Loss | Validation
+/// Loss | <metric>…`; `Step` first instead with `by_epoch = false`): one row per evaluation in
+/// `history`, the training loss being the last one logged since the previous evaluation
+/// (`No log` if none), losses and metrics with six decimals.
+pub fn epoch_table(history: &[LogEntry], by_epoch: bool) -> Table {
+    let evals: Vec<&LogEntry> = history.iter().filter(|e| e.get("eval_loss").is_some()).collect();
+    let mut metric_keys: Vec<String> = Vec::new();
+    for e in &evals {
+        for k in e.values.keys() {
+            if let Some(bare) = k.strip_prefix("eval_") {
+                if bare != "loss" && !RUN_FIGURES.contains(&bare) && !metric_keys.iter().any(|m| m == bare) {
+                    metric_keys.push(bare.to_string());
+                }
+            }
+        }
+    }
+    let mut table = Table::new();
+    table.load_preset(presets::ASCII_MARKDOWN);
+    let mut header = vec![if by_epoch { "Epoch" } else { "Step" }.to_string(), "Training Loss".into(), "Validation Loss".into()];
+    header.extend(metric_keys.iter().map(|k| title(k)));
+    table.set_header(header);
+    let mut previous_step = None;
+    for e in evals {
+        let train = history
+            .iter()
+            .filter(|t| t.step <= e.step && previous_step.is_none_or(|p| t.step > p))
+            .filter_map(|t| t.get("loss"))
+            .next_back();
+        previous_step = Some(e.step);
+        let mut row = vec![
+            Cell::new(if by_epoch { epoch_label(e.epoch) } else { e.step.to_string() }),
+            Cell::new(train.map_or("No log".into(), |l| format!("{l:.6}"))),
+            Cell::new(format!("{:.6}", e.get("eval_loss").unwrap_or(f64::NAN))),
+        ];
+        for k in &metric_keys {
+            row.push(Cell::new(e.get(&format!("eval_{k}")).map_or("-".into(), |v| format!("{v:.6}"))));
+        }
+        table.add_row(row);
+    }
+    for i in 0..table.column_count() {
+        if let Some(col) = table.column_mut(i) {
+            col.set_cell_alignment(CellAlignment::Right);
+        }
+    }
+    table
+}
+
+/// Appends every log entry to `output_dir/log_history.jsonl` (one JSON object a line) or
+/// `output_dir/log_history.csv` (long format `step,epoch,key,value`, one row per figure), as
+/// report_to asks. Main process only.
+#[derive(Debug)]
+pub struct ReportWriter {
+    kind: ReportTo,
+    path: Option<PathBuf>,
+}
+
+impl ReportWriter {
+    /// A writer for `args.report_to` in `args.output_dir`; starting afresh truncates the file,
+    /// `resume` appends to it.
+    ///
+    /// # Errors
+    /// [`Error::Io`] naming the file.
+    pub fn new(args: &TrainingArguments, resume: bool) -> Result<Self> {
+        let path = match args.report_to {
+            ReportTo::None => None,
+            ReportTo::Jsonl => Some(args.output_dir.join("log_history.jsonl")),
+            ReportTo::Csv => Some(args.output_dir.join("log_history.csv")),
+        };
+        if let Some(p) = &path {
+            std::fs::create_dir_all(&args.output_dir).map_err(|e| Error::io(&args.output_dir, e))?;
+            if !resume || !p.exists() {
+                let header: &[u8] = if args.report_to == ReportTo::Csv { b"step,epoch,key,value\n" } else { b"" };
+                std::fs::write(p, header).map_err(|e| Error::io(p, e))?;
+            }
+        }
+        Ok(Self { kind: args.report_to, path })
+    }
+
+    /// The file written to (`None` with report_to = none).
+    pub fn path(&self) -> Option<&Path> {
+        self.path.as_deref()
+    }
+
+    /// Appends one entry.
+    ///
+    /// # Errors
+    /// [`Error::Io`] naming the file.
+    pub fn write(&mut self, entry: &LogEntry) -> Result<()> {
+        let Some(path) = &self.path else { return Ok(()) };
+        let text = match self.kind {
+            ReportTo::None => return Ok(()),
+            ReportTo::Jsonl => format!("{}\n", serde_json::to_string(entry).expect("LogEntry serialises")),
+            ReportTo::Csv => entry.values.iter().map(|(k, v)| format!("{},{},{k},{v}\n", entry.step, entry.epoch)).collect(),
+        };
+        let mut f = std::fs::OpenOptions::new().append(true).open(path).map_err(|e| Error::io(path, e))?;
+        f.write_all(text.as_bytes()).map_err(|e| Error::io(path, e))
+    }
+}
+
+/// Draws the training loss (line) and the evaluation loss (points joined by a line) against
+/// the global step into an SVG file.
+///
+/// # Errors
+/// [`Error::Io`] naming `path` if plotters cannot draw or write it.
+pub fn plot_loss_curve(path: &Path, train: &[(u64, f64)], eval: &[(u64, f64)]) -> Result<()> {
+    use plotters::prelude::*;
+    let fail = |e: String| Error::io(path, std::io::Error::other(e));
+    let all = train.iter().chain(eval).copied();
+    let max_step = all.clone().map(|(s, _)| s).max().unwrap_or(1).max(1);
+    let max_loss = all.map(|(_, l)| l).filter(|l| l.is_finite()).fold(0.0f64, f64::max).max(1e-3) * 1.05;
+    {
+        let root = SVGBackend::new(path, (800, 480)).into_drawing_area();
+        root.fill(&WHITE).map_err(|e| fail(e.to_string()))?;
+        let mut chart = ChartBuilder::on(&root)
+            .caption("Loss", ("sans-serif", 22))
+            .margin(12)
+            .x_label_area_size(36)
+            .y_label_area_size(56)
+            .build_cartesian_2d(0u64..max_step, 0f64..max_loss)
+            .map_err(|e| fail(e.to_string()))?;
+        chart.configure_mesh().x_desc("global step").y_desc("loss").draw().map_err(|e| fail(e.to_string()))?;
+        chart
+            .draw_series(LineSeries::new(train.iter().copied(), &BLUE))
+            .map_err(|e| fail(e.to_string()))?
+            .label("training loss")
+            .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], BLUE));
+        chart
+            .draw_series(LineSeries::new(eval.iter().copied(), &RED))
+            .map_err(|e| fail(e.to_string()))?
+            .label("validation loss")
+            .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], RED));
+        chart
+            .draw_series(eval.iter().map(|&(s, l)| Circle::new((s, l), 4, RED.filled())))
+            .map_err(|e| fail(e.to_string()))?;
+        chart.configure_series_labels().border_style(BLACK).background_style(WHITE).draw().map_err(|e| fail(e.to_string()))?;
+        root.present().map_err(|e| fail(e.to_string()))?;
+    }
+    Ok(())
+}
+
+/// Training progress: an indicatif bar when this is the main process, stdout is a terminal and
+/// disable_tqdm is off; plain log lines (on the main process) otherwise; nothing elsewhere.
+#[derive(Debug)]
+pub struct Progress {
+    bar: Option<indicatif::ProgressBar>,
+    main: bool,
+}
+
+impl Progress {
+    /// Progress over `total` optimization steps.
+    pub fn new(total: u64, is_main_process: bool, disable_tqdm: bool) -> Self {
+        let bar = (is_main_process && !disable_tqdm && std::io::stdout().is_terminal()).then(|| {
+            let bar = indicatif::ProgressBar::new(total);
+            bar.set_style(
+                indicatif::ProgressStyle::with_template("{wide_bar} {pos}/{len} [{elapsed_precise}<{eta_precise}, {per_sec}] {msg}")
+                    .expect("a valid template"),
+            );
+            bar
+        });
+        Self { bar, main: is_main_process }
+    }
+
+    /// Whether a bar is drawn (else plain lines).
+    pub fn is_bar(&self) -> bool {
+        self.bar.is_some()
+    }
+
+    /// Moves the bar to `step` (no output without a bar).
+    pub fn set_position(&self, step: u64) {
+        if let Some(b) = &self.bar {
+            b.set_position(step);
+        }
+    }
+
+    /// Prints a line on the main process (above the bar when there is one).
+    pub fn println(&self, line: &str) {
+        match &self.bar {
+            Some(b) => b.println(line),
+            None if self.main => println!("{line}"),
+            None => {}
+        }
+    }
+
+    /// Removes the bar.
+    pub fn finish(&self) {
+        if let Some(b) = &self.bar {
+            b.finish_and_clear();
+        }
+    }
+}
+
+/// A log entry as one plain line, in Python dict style as Transformers prints logs:
+/// `{'loss': 0.2, 'learning_rate': 0.001, 'epoch': 0.5}`.
+pub fn log_line(entry: &LogEntry) -> String {
+    let mut parts: Vec<String> = entry.values.iter().map(|(k, v)| format!("'{k}': {}", short(*v))).collect();
+    parts.push(format!("'epoch': {}", short(entry.epoch)));
+    format!("{{{}}}", parts.join(", "))
+}
+
+/// Four significant decimals, integers as integers.
+fn short(v: f64) -> String {
+    if v == v.trunc() && v.abs() < 1e15 {
+        format!("{v:.1}")
+    } else if v.abs() >= 1e-3 {
+        format!("{v:.4}")
+    } else {
+        format!("{v:.4e}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn thousands_separators() {
+        assert_eq!(thousands(0), "0");
+        assert_eq!(thousands(999), "999");
+        assert_eq!(thousands(1000), "1,000");
+        assert_eq!(thousands(1_199_882), "1,199,882");
+    }
+
+    #[test]
+    fn log_lines_read_like_transformers() {
+        let e = LogEntry::new(100, 0.1066, [("loss", 0.31234), ("learning_rate", 1e-3), ("grad_norm", 2.0)]);
+        assert_eq!(log_line(&e), "{'grad_norm': 2.0, 'learning_rate': 0.0010, 'loss': 0.3123, 'epoch': 0.1066}");
+    }
+}

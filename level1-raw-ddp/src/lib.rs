@@ -10,133 +10,20 @@
 //!   10,002 images at 3 ranks).
 
 use clap::Parser;
-use ladder_core::data::{DataLoader, Dataset, DistributedSampler};
-use ladder_core::ddp::{DdpConfig, DistributedDataParallel};
+use ladder_core::data::{DataLoader, DistributedSampler};
 use ladder_core::device::DeviceKind;
 use ladder_core::dist::{self, Backend, DistEnv, ProcessGroup};
-use ladder_core::fsdp::{FsdpConfig, FullyShardedDataParallel, ShardingStrategy};
-use ladder_core::memory::ModelStateBytes;
-use ladder_core::metrics::{RankFigures, Report};
+use ladder_core::metrics::{gather_report, LocalFigures, Report};
 use ladder_core::model::{BasicNet, BasicNetConfig};
-use ladder_core::train::{adamw, evaluate_distributed, evaluate_distributed_with, EvalSums, TrainArgs};
+use ladder_core::optim::AdamWConfig;
+use ladder_core::train::{seed_batch, TrainArgs};
+use ladder_core::wrapped::{WrapConfig, WrappedModel};
 use ladder_core::{Error, Result};
 use serde::{Deserialize, Serialize};
 use std::time::Instant;
 use tch::nn;
-use tch::{Device, Kind, Tensor};
 
-/// How the model is replicated across ranks.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
-#[serde(rename_all = "kebab-case")]
-pub enum Strategy {
-    /// DistributedDataParallel: a full replica per rank, gradients all-reduced in buckets.
-    Ddp,
-    /// FSDP FULL_SHARD (ZeRO-3): parameters, gradients and optimizer state sharded; parameters
-    /// gathered for forward, freed, gathered again for backward.
-    FsdpFullShard,
-    /// FSDP SHARD_GRAD_OP (ZeRO-2): gathered parameters kept from forward to backward.
-    FsdpShardGradOp,
-    /// FSDP NO_SHARD: full replicas, gradients all-reduced (DDP's behaviour, FSDP's code path).
-    FsdpNoShard,
-}
-
-impl Strategy {
-    /// The name used in reports (`ddp`, `fsdp-full-shard`, …).
-    pub fn name(self) -> &'static str {
-        match self {
-            Strategy::Ddp => "ddp",
-            Strategy::FsdpFullShard => "fsdp-full-shard",
-            Strategy::FsdpShardGradOp => "fsdp-shard-grad-op",
-            Strategy::FsdpNoShard => "fsdp-no-shard",
-        }
-    }
-
-    fn sharding(self) -> Option<ShardingStrategy> {
-        match self {
-            Strategy::Ddp => None,
-            Strategy::FsdpFullShard => Some(ShardingStrategy::FullShard),
-            Strategy::FsdpShardGradOp => Some(ShardingStrategy::ShardGradOp),
-            Strategy::FsdpNoShard => Some(ShardingStrategy::NoShard),
-        }
-    }
-}
-
-/// The wrapped model: DDP or FSDP, one interface for the loop.
-enum Wrapped<'pg> {
-    Ddp { model: DistributedDataParallel<'pg, BasicNet>, vs: nn::VarStore },
-    Fsdp(FullyShardedDataParallel<'pg, BasicNet>),
-}
-
-impl<'pg> Wrapped<'pg> {
-    fn new(cfg: &Config, vs: nn::VarStore, net: BasicNet, pg: &'pg dyn ProcessGroup) -> Result<Self> {
-        Ok(match cfg.strategy.sharding() {
-            None => Wrapped::Ddp {
-                model: DistributedDataParallel::new(net, pg, DdpConfig { bucket_cap_mb: cfg.bucket_cap_mb })?,
-                vs,
-            },
-            Some(sharding_strategy) => Wrapped::Fsdp(FullyShardedDataParallel::new(
-                vs,
-                net,
-                pg,
-                FsdpConfig { sharding_strategy, min_num_params: cfg.fsdp_min_num_params, ..FsdpConfig::default() },
-            )?),
-        })
-    }
-    /// The optimizer over the wrapped model's parameters — for FSDP, over this rank's shards.
-    fn optimizer(&self, lr: f64) -> Result<nn::Optimizer> {
-        match self {
-            Wrapped::Ddp { vs, .. } => adamw(vs, lr),
-            Wrapped::Fsdp(m) => m.adamw(lr),
-        }
-    }
-    fn forward_t(&mut self, xs: &Tensor, train: bool) -> Result<Tensor> {
-        match self {
-            Wrapped::Ddp { model, .. } => Ok(model.forward_t(xs, train)),
-            Wrapped::Fsdp(m) => m.forward_t(xs, train),
-        }
-    }
-    fn backward(&mut self, loss: &Tensor) -> Result<()> {
-        match self {
-            Wrapped::Ddp { model, .. } => model.backward(loss),
-            Wrapped::Fsdp(m) => m.backward(loss),
-        }
-    }
-    fn explain(&self) -> String {
-        match self {
-            Wrapped::Ddp { model, .. } => model.explain(),
-            Wrapped::Fsdp(m) => m.explain(),
-        }
-    }
-    fn check_parameters_in_sync(&self) -> Result<()> {
-        match self {
-            Wrapped::Ddp { model, .. } => model.check_parameters_in_sync(),
-            Wrapped::Fsdp(m) => m.check_parameters_in_sync(),
-        }
-    }
-    fn comm_seconds(&self) -> f64 {
-        match self {
-            Wrapped::Ddp { model, .. } => model.comm_seconds(),
-            Wrapped::Fsdp(m) => m.comm_seconds(),
-        }
-    }
-    /// Bytes of model state this rank holds (AdamW: two state tensors per parameter).
-    fn memory(&self) -> ModelStateBytes {
-        match self {
-            Wrapped::Ddp { model, .. } => {
-                let bytes: u64 =
-                    model.named_parameters().iter().map(|(_, t)| (t.numel() * t.kind().elt_size_in_bytes()) as u64).sum();
-                ModelStateBytes { parameters: bytes, gradients: bytes, optimizer: 2 * bytes, gathered_peak: 0 }
-            }
-            Wrapped::Fsdp(m) => m.memory(),
-        }
-    }
-    fn evaluate(&mut self, pg: &dyn ProcessGroup, test: &Dataset) -> Result<EvalSums> {
-        match self {
-            Wrapped::Ddp { model, .. } => evaluate_distributed(pg, model.module(), test, 1000),
-            Wrapped::Fsdp(m) => evaluate_distributed_with(pg, |x| m.forward_t(x, false), test, 1000),
-        }
-    }
-}
+pub use ladder_core::wrapped::Strategy;
 
 /// Level 1's command line: the baseline's training flags plus the distributed ones.
 #[derive(Debug, Clone, Parser, Serialize, Deserialize)]
@@ -218,6 +105,7 @@ pub fn run(cfg: &Config) -> Result<Report> {
         _ => {}
     }
 
+    // ANCHOR: user_code
     // 1. setup(): the process group. Every rank runs this same code.
     let pg = setup(backend)?;
     let (rank, world_size) = (pg.rank(), pg.world_size());
@@ -232,14 +120,18 @@ pub fn run(cfg: &Config) -> Result<Report> {
     let net = BasicNet::new(&vs.root(), BasicNetConfig { width: cfg.width, ..Default::default() });
 
     // 3. Wrap it. DDP: broadcast from rank 0, gradient buckets. FSDP: FlatParameters, shards.
-    let mut model = Wrapped::new(cfg, vs, net, &*pg)?;
+    let wrap = WrapConfig {
+        strategy: cfg.strategy,
+        bucket_cap_mb: cfg.bucket_cap_mb,
+        fsdp_min_num_params: cfg.fsdp_min_num_params,
+        fsdp_mixed_precision: None,
+    };
+    let mut model = WrappedModel::new(vs, net, &*pg, &wrap)?;
     if cfg.explain && rank == 0 {
         println!("{}\n", model.explain());
     }
     // 4. The optimizer over the wrapped model's parameters (for FSDP: this rank's shards only).
-    let mut optimizer = model.optimizer(cfg.train.lr)?;
-    // Dropout masks differ per rank, as independent workers' would.
-    tch::manual_seed(cfg.train.seed as i64 + rank as i64);
+    let mut optimizer = model.optimizer(AdamWConfig { lr: cfg.train.lr, ..AdamWConfig::default() })?;
 
     // 5. A DistributedSampler: each rank sees its own 1/W of every epoch.
     let sampler = DistributedSampler::new(train.len(), world_size, rank, true, cfg.train.seed, false)?;
@@ -252,6 +144,8 @@ pub fn run(cfg: &Config) -> Result<Report> {
         let t0 = Instant::now();
         let (mut loss_sum, mut n) = (0.0, 0usize);
         for (batch_idx, (images, labels)) in loader.iter().enumerate() {
+            // Dropout masks: a function of (seed, rank, batch), different on every rank.
+            seed_batch(cfg.train.seed, rank, steps as u64);
             optimizer.zero_grad();
             let loss = model.forward_t(&images, true)?.nll_loss(&labels);
             model.backward(&loss)?;
@@ -283,57 +177,17 @@ pub fn run(cfg: &Config) -> Result<Report> {
     }
 
     // 7. Exact evaluation: disjoint slices, counts all-reduced.
-    let eval = model.evaluate(&*pg, &test)?;
+    let eval = model.evaluate(&*pg, &test, 1000)?;
 
-    // 8. Figures: mean train loss over ranks, every rank's own figures gathered to all.
-    let peak_rss_mib = ladder_core::memory::peak_rss_bytes().map(ladder_core::memory::mib).unwrap_or(0.0);
-    let m = model.memory();
-    let mine = [
-        peak_rss_mib,
-        samples as f64 / train_s.max(1e-9),
-        model.comm_seconds(),
+    // 8. Figures: every rank's own figures gathered to all.
+    let local = LocalFigures {
+        samples: samples as u64,
         train_s,
         train_loss,
-        m.parameters as f64,
-        m.gradients as f64,
-        m.optimizer as f64,
-        m.gathered_peak as f64,
-    ];
-    const N: usize = 9;
-    let mut all = Tensor::zeros([(world_size * N) as i64], (Kind::Double, pg.device()));
-    pg.all_gather(&mut all, &Tensor::from_slice(&mine).to_device(pg.device()))?;
-    let all = Vec::<f64>::try_from(all.to_device(Device::Cpu)).map_err(Error::Torch)?;
-    let ranks: Vec<RankFigures> = all
-        .chunks(N)
-        .enumerate()
-        .map(|(r, f)| RankFigures {
-            rank: r,
-            peak_rss_mib: f[0],
-            samples_per_s: f[1],
-            comm_s: f[2],
-            train_s: f[3],
-            model_state: ModelStateBytes {
-                parameters: f[5] as u64,
-                gradients: f[6] as u64,
-                optimizer: f[7] as u64,
-                gathered_peak: f[8] as u64,
-            },
-        })
-        .collect();
-    let slowest = ranks.iter().map(|r| r.train_s).fold(0.0, f64::max);
-    let report = Report {
-        accuracy: eval.accuracy(),
-        eval_samples: eval.count as u64,
-        test_loss: eval.mean_loss(),
-        train_loss: all.chunks(N).map(|f| f[4]).sum::<f64>() / world_size as f64,
-        samples_per_s: (samples * world_size) as f64 / slowest.max(1e-9),
-        wall_s: start.elapsed().as_secs_f64(),
-        peak_rss_mib: ranks.iter().map(|r| r.peak_rss_mib).fold(0.0, f64::max),
-        steps: steps as u64,
-        world_size,
-        strategy: cfg.strategy.name().into(),
-        ranks,
+        comm_s: model.comm_seconds(),
+        model_state: model.memory(),
     };
+    let report = gather_report(&*pg, &local, &eval, steps as u64, cfg.strategy.name(), start.elapsed().as_secs_f64())?;
     if rank == 0 {
         if let Some(path) = &cfg.train.metrics_json {
             report.write_json(path).map_err(|e| Error::invalid("--metrics-json", path.display(), format!("a writable file ({e})")))?;
@@ -342,5 +196,6 @@ pub fn run(cfg: &Config) -> Result<Report> {
     pg.barrier()?;
     // 9. cleanup()
     cleanup(pg);
+    // ANCHOR_END: user_code
     Ok(report)
 }

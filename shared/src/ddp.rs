@@ -207,6 +207,12 @@ impl<'pg, M: Model> DistributedDataParallel<'pg, M> {
         out
     }
 
+    /// Turns the gradient sync of the next backwards on or off (PyTorch's
+    /// `require_backward_grad_sync`, what [`no_sync`](Self::no_sync) toggles for a closure).
+    pub fn set_require_backward_grad_sync(&mut self, sync: bool) {
+        self.require_backward_grad_sync = sync;
+    }
+
     /// Debug check that every rank holds bit-identical parameters: an element-wise Max and Min
     /// all-reduce of all parameters must agree.
     ///

@@ -101,6 +101,10 @@ pub enum Error {
     StateDict(String),
     /// FSDP was handed a module it cannot wrap or was called out of order (e.g. `backward`
     /// without a `forward_t`).
+    /// A checkpoint directory that cannot be written or read back: names the directory and
+    /// what is wrong with it (a missing file, an unreadable training state, …).
+    #[error("checkpoint {dir}: {problem}")]
+    Checkpoint { dir: PathBuf, problem: String },
     #[error("FSDP on rank {rank}: {problem}")]
     Fsdp { rank: usize, problem: String },
 }

@@ -907,11 +907,36 @@ impl<'pg, M: Segmented> FullyShardedDataParallel<'pg, M> {
     /// # Errors
     /// Collective errors.
     pub fn full_state_dict(&self) -> Result<Option<Vec<(String, Tensor)>>> {
+        let shards: Vec<Tensor> = self.shards.iter().map(|s| s.detach()).collect();
+        self.gather_full(&shards)
+    }
+
+    /// Gathers tensors laid out like this rank's shards (one `[shard_numel]` tensor per unit,
+    /// e.g. the shards themselves or AdamW's moments of them) into per-parameter tensors with the
+    /// unwrapped model's keys and shapes, padding removed — on rank 0 (`None` elsewhere). One
+    /// all-gather per unit (none for `NoShard`). Every rank must call it.
+    ///
+    /// # Errors
+    /// [`Error::Fsdp`] when `per_unit` does not hold one shard-shaped tensor per unit; collective
+    /// errors.
+    pub fn gather_full(&self, per_unit: &[Tensor]) -> Result<Option<Vec<(String, Tensor)>>> {
         let rank = self.pg.rank();
+        if per_unit.len() != self.units.len()
+            || per_unit.iter().zip(&self.units).any(|(t, u)| t.numel() as i64 != u.shard_numel)
+        {
+            return Err(Error::Fsdp {
+                rank,
+                problem: format!(
+                    "gather_full expects one tensor of shard_numel elements per unit ({:?}), got {:?}",
+                    self.units.iter().map(|u| u.shard_numel).collect::<Vec<_>>(),
+                    per_unit.iter().map(|t| t.numel()).collect::<Vec<_>>()
+                ),
+            });
+        }
         let mut per_param: Vec<Option<Tensor>> = (0..self.params.len()).map(|_| None).collect();
         tch::no_grad(|| -> Result<()> {
             for (u, unit) in self.units.iter().enumerate() {
-                let shard = self.shards[u].detach();
+                let shard = per_unit[u].detach().contiguous();
                 let full = if self.config.sharding_strategy.is_sharded() {
                     let mut full = Tensor::empty([unit.padded_numel], (shard.kind(), shard.device()));
                     self.pg.all_gather(&mut full, &shard)?;
@@ -940,6 +965,57 @@ impl<'pg, M: Segmented> FullyShardedDataParallel<'pg, M> {
         ))
     }
 
+    /// The inverse of [`gather_full`](Self::gather_full): from per-parameter tensors with the
+    /// unwrapped model's keys and shapes (any floating dtype), this rank's shard of each unit
+    /// (`[shard_numel]`, in the shards' dtype and device). No communication.
+    ///
+    /// # Errors
+    /// [`Error::StateDict`] naming missing, duplicated or unexpected keys, or shapes that differ.
+    pub fn shard_full(&self, full: &[(String, Tensor)]) -> Result<Vec<Tensor>> {
+        let map = by_key(full, "full")?;
+        let expected: BTreeMap<&str, &[i64]> = self
+            .units
+            .iter()
+            .flat_map(|u| u.param_names.iter().zip(&u.shapes).map(|(n, s)| (n.as_str(), s.as_slice())))
+            .collect();
+        check_keys(&map, &expected, "full", "the unwrapped model's named_parameters()")?;
+        let (rank, sharded) = (self.pg.rank(), self.config.sharding_strategy.is_sharded());
+        tch::no_grad(|| {
+            self.units
+                .iter()
+                .enumerate()
+                .map(|(u, unit)| {
+                    let (kind, device) = (self.shards[u].kind(), self.shards[u].device());
+                    let pieces: Vec<Tensor> = unit
+                        .param_names
+                        .iter()
+                        .map(|n| map[n.as_str()].to_device(device).to_kind(kind).reshape([-1]))
+                        .collect();
+                    let flat = flatten_padded(&pieces, unit);
+                    let (start, len) = unit.shard_range(rank, sharded);
+                    Ok(flat.narrow(0, start, len).copy())
+                })
+                .collect()
+        })
+    }
+
+    /// This rank's shards (one trainable `[shard_numel]` tensor per unit, unit order): what an
+    /// optimizer updates. Shallow clones sharing storage and gradients.
+    pub fn shards(&self) -> Vec<Tensor> {
+        self.shards.iter().map(|s| s.shallow_clone()).collect()
+    }
+
+    /// The unwrapped model's parameter names, in definition order.
+    pub fn param_names(&self) -> Vec<String> {
+        self.params.iter().map(|(n, _)| n.clone()).collect()
+    }
+
+    /// Turns the gradient reduction of the next backwards on or off (what
+    /// [`no_sync`](Self::no_sync) toggles for the duration of a closure).
+    pub fn set_require_backward_grad_sync(&mut self, sync: bool) {
+        self.require_backward_grad_sync = sync;
+    }
+
     /// Loads a full state dict (keys and shapes of the unwrapped model, any floating dtype):
     /// every rank passes the same dict and keeps its own shard of it. No communication. The
     /// optimizer keeps working on the same shard tensors (they are overwritten in place).
@@ -948,26 +1024,11 @@ impl<'pg, M: Segmented> FullyShardedDataParallel<'pg, M> {
     /// [`Error::StateDict`] naming a missing, duplicated or unexpected key, or a key whose shape
     /// differs from the model's (expected vs found).
     pub fn load_full_state_dict(&mut self, state_dict: &[(String, Tensor)]) -> Result<()> {
-        let map = by_key(state_dict, "full")?;
-        let expected: BTreeMap<&str, &[i64]> = self
-            .units
-            .iter()
-            .flat_map(|u| u.param_names.iter().zip(&u.shapes).map(|(n, s)| (n.as_str(), s.as_slice())))
-            .collect();
-        check_keys(&map, &expected, "full", "the unwrapped model's named_parameters()")?;
-        let (rank, sharded) = (self.pg.rank(), self.config.sharding_strategy.is_sharded());
+        let mine = self.shard_full(state_dict)?;
         self.free_all()?;
         tch::no_grad(|| -> Result<()> {
-            for (u, unit) in self.units.iter().enumerate() {
-                let kind = self.shards[u].kind();
-                let pieces: Vec<Tensor> = unit
-                    .param_names
-                    .iter()
-                    .map(|n| map[n.as_str()].to_device(self.shards[u].device()).to_kind(kind).reshape([-1]))
-                    .collect();
-                let flat = flatten_padded(&pieces, unit);
-                let (start, len) = unit.shard_range(rank, sharded);
-                self.shards[u].detach().f_copy_(&flat.narrow(0, start, len))?;
+            for (shard, src) in self.shards.iter().zip(mine) {
+                shard.detach().f_copy_(&src)?;
             }
             Ok(())
         })

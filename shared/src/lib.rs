@@ -15,6 +15,9 @@ pub mod launch;
 pub mod memory;
 pub mod metrics;
 pub mod model;
+pub mod optim;
+pub mod checkpoint;
+pub mod wrapped;
 pub(crate) mod sys;
 pub mod train;
 

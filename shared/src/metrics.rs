@@ -32,6 +32,10 @@ pub struct Report {
     /// Per-rank figures (empty for a single process).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub ranks: Vec<RankFigures>,
+    /// What a level adds (level 2: `mixed_precision`, `gradient_accumulation_steps`,
+    /// `num_processes`; level 3: `output_dir`), written as top-level fields.
+    #[serde(flatten)]
+    pub extra: serde_json::Map<String, serde_json::Value>,
 }
 
 /// What one rank measured.
@@ -50,6 +54,90 @@ pub struct RankFigures {
     /// Persistent model-state bytes on this rank (parameters, gradients, optimizer state).
     #[serde(default)]
     pub model_state: crate::memory::ModelStateBytes,
+}
+
+/// What one rank measured during a run, before [`gather_report`] collects every rank's.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct LocalFigures {
+    /// Training samples this rank processed.
+    pub samples: u64,
+    /// Seconds of this rank's training loop (excluding loading and evaluation).
+    pub train_s: f64,
+    /// This rank's mean training loss over the last epoch's steps.
+    pub train_loss: f64,
+    /// Seconds this rank spent inside collectives during training.
+    pub comm_s: f64,
+    /// Persistent model-state bytes on this rank.
+    pub model_state: crate::memory::ModelStateBytes,
+}
+
+/// Gathers every rank's [`LocalFigures`] (one all-gather; every rank calls it) into the run's
+/// [`Report`]: training loss averaged over ranks, samples/s over all ranks against the slowest
+/// rank's loop time, peak RSS the maximum over ranks (each rank's own `VmHWM`, read here), and
+/// the per-rank figures. `extra` is left empty for the level to fill.
+///
+/// # Errors
+/// Collective errors.
+pub fn gather_report(
+    pg: &dyn crate::dist::ProcessGroup,
+    local: &LocalFigures,
+    eval: &crate::train::EvalSums,
+    steps: u64,
+    strategy: &str,
+    wall_s: f64,
+) -> Result<Report> {
+    use tch::{Device, Kind, Tensor};
+    let world_size = pg.world_size();
+    let peak_rss_mib = crate::memory::peak_rss_bytes().map(crate::memory::mib).unwrap_or(0.0);
+    let m = local.model_state;
+    let mine = [
+        peak_rss_mib,
+        local.samples as f64,
+        local.comm_s,
+        local.train_s,
+        local.train_loss,
+        m.parameters as f64,
+        m.gradients as f64,
+        m.optimizer as f64,
+        m.gathered_peak as f64,
+    ];
+    const N: usize = 9;
+    let mut all = Tensor::zeros([(world_size * N) as i64], (Kind::Double, pg.device()));
+    pg.all_gather(&mut all, &Tensor::from_slice(&mine).to_device(pg.device()))?;
+    let all = Vec::<f64>::try_from(all.to_device(Device::Cpu)).map_err(crate::Error::Torch)?;
+    let ranks: Vec<RankFigures> = all
+        .chunks(N)
+        .enumerate()
+        .map(|(r, f)| RankFigures {
+            rank: r,
+            peak_rss_mib: f[0],
+            samples_per_s: f[1] / f[3].max(1e-9),
+            comm_s: f[2],
+            train_s: f[3],
+            model_state: crate::memory::ModelStateBytes {
+                parameters: f[5] as u64,
+                gradients: f[6] as u64,
+                optimizer: f[7] as u64,
+                gathered_peak: f[8] as u64,
+            },
+        })
+        .collect();
+    let slowest = ranks.iter().map(|r| r.train_s).fold(0.0, f64::max);
+    let samples: f64 = all.chunks(N).map(|f| f[1]).sum();
+    Ok(Report {
+        accuracy: eval.accuracy(),
+        eval_samples: eval.count as u64,
+        test_loss: eval.mean_loss(),
+        train_loss: all.chunks(N).map(|f| f[4]).sum::<f64>() / world_size as f64,
+        samples_per_s: samples / slowest.max(1e-9),
+        wall_s,
+        peak_rss_mib: ranks.iter().map(|r| r.peak_rss_mib).fold(0.0, f64::max),
+        steps,
+        world_size,
+        strategy: strategy.into(),
+        ranks,
+        extra: serde_json::Map::new(),
+    })
 }
 
 impl Report {

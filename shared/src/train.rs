@@ -117,6 +117,23 @@ impl TrainArgs {
     }
 }
 
+/// Seeds libtorch's generator for one batch, so that its dropout masks are a function of
+/// (`seed`, `rank`, `batch_index`) alone: a run resumed from a checkpoint at batch k draws the
+/// same masks as one that never stopped, without saving generator state (tch cannot read it).
+/// `batch_index` counts micro-batches from 0 over all epochs. Ranks draw different masks, as
+/// independent workers do. Every level calls it before each batch's forward.
+pub fn seed_batch(seed: u64, rank: usize, batch_index: u64) {
+    // splitmix64 of the three inputs: well-spread seeds for neighbouring batches.
+    let mut z = seed
+        .wrapping_mul(0x9E37_79B9_7F4A_7C15)
+        .wrapping_add((rank as u64).wrapping_mul(0xD1B5_4A32_D192_ED03))
+        .wrapping_add(batch_index.wrapping_mul(0x8CB9_2BA7_2F3D_8DD7));
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^= z >> 31;
+    tch::manual_seed((z >> 1) as i64);
+}
+
 /// Sums from evaluating part of the test set; all-reducing them over ranks gives the exact
 /// figures of the whole set.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
@@ -257,6 +274,7 @@ pub fn run(args: &TrainArgs) -> Result<Report> {
         world_size: 1,
         strategy: "single".into(),
         ranks: Vec::new(),
+        extra: serde_json::Map::new(),
     };
     if let Some(path) = &args.metrics_json {
         report.write_json(path).map_err(|e| Error::invalid("--metrics-json", path.display(), format!("a writable file ({e})")))?;

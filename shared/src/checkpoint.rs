@@ -1,0 +1,229 @@
+//! Directory checkpoints that survive a kill mid-write, for the Accelerator's
+//! `save_state`/`load_state` and the Trainer's `checkpoint-<step>/`.
+//!
+//! A checkpoint is a directory:
+//!
+//! | file | content |
+//! |---|---|
+//! | `model.safetensors` | the unwrapped model's weights (`conv1.weight`, …: no wrapper prefix; FSDP gathers them) |
+//! | `optimizer.safetensors` | AdamW's state with the same keys (`conv1.weight.exp_avg`, `.exp_avg_sq`, `.step`) |
+//! | `training_state.json` | [`TrainingState`]: global step, epoch, position in the epoch, seed, world size |
+//! | anything else | files the caller adds (the Trainer's `trainer_state.json`, a scheduler's state) |
+//!
+//! One rank (rank 0) writes it, first into a hidden temporary directory next to the target, each
+//! file synced, then renames it into place; an existing checkpoint of the same name is moved
+//! aside first and removed last. A SIGKILL at any point leaves either the previous checkpoint or
+//! the new one loadable: [`load`] falls back to the moved-aside copy when the kill came between
+//! the two renames.
+//!
+//! Dropout and shuffling resume bit-identically without saving any generator state: the
+//! shuffle is a function of (seed, epoch) and every batch's dropout masks of (seed, rank, batch
+//! index) (see [`crate::train::seed_batch`]), so the position in [`TrainingState`] is enough.
+
+use crate::{Error, Result};
+use serde::{Deserialize, Serialize};
+use std::path::{Path, PathBuf};
+use tch::Tensor;
+
+/// File name of the model weights inside a checkpoint.
+pub const MODEL_FILE: &str = "model.safetensors";
+/// File name of the optimizer state inside a checkpoint.
+pub const OPTIMIZER_FILE: &str = "optimizer.safetensors";
+/// File name of the training state inside a checkpoint.
+pub const STATE_FILE: &str = "training_state.json";
+
+/// Where training stood when the checkpoint was written. Integers stay integers in the JSON.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct TrainingState {
+    /// Optimizer updates taken so far.
+    pub global_step: u64,
+    /// Micro-batches consumed so far over all epochs (equals `global_step` without gradient
+    /// accumulation); the dropout seed of the next batch derives from it.
+    pub batches_seen: u64,
+    /// The epoch in progress (0-based): the next batch comes from this epoch.
+    pub epoch: u64,
+    /// Batches of `epoch` already consumed on each rank: resuming skips them.
+    pub step_in_epoch: u64,
+    /// The run's seed (weights, shuffle, dropout).
+    pub seed: u64,
+    /// Number of ranks that trained; resuming at another world size changes the data order.
+    pub world_size: usize,
+    /// Anything else the caller keeps (numbers stay numbers: f64 stays f64).
+    #[serde(default, skip_serializing_if = "serde_json::Map::is_empty")]
+    pub extra: serde_json::Map<String, serde_json::Value>,
+}
+
+/// The contents of a checkpoint.
+#[derive(Debug)]
+pub struct Checkpoint {
+    /// The unwrapped model's weights, by name.
+    pub model: Vec<(String, Tensor)>,
+    /// The optimizer's state, by name (empty before the first step).
+    pub optimizer: Vec<(String, Tensor)>,
+    /// Where training stood.
+    pub state: TrainingState,
+}
+
+fn aside(dir: &Path) -> PathBuf {
+    let name = dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    dir.with_file_name(format!(".{name}.previous"))
+}
+
+fn sync_dir(dir: &Path) -> Result<()> {
+    std::fs::File::open(dir).and_then(|f| f.sync_all()).map_err(|e| Error::io(dir, e))
+}
+
+/// Writes `ckpt` (and `extra_files`, name → bytes) to the directory `dir`, atomically: see the
+/// module docs. Call it on one rank.
+///
+/// # Errors
+/// [`Error::Io`] naming the directory or file that could not be written (the previous
+/// checkpoint, if any, is left in place); [`Error::Torch`] if a tensor cannot be serialised.
+pub fn save(dir: &Path, ckpt: &Checkpoint, extra_files: &[(&str, Vec<u8>)]) -> Result<()> {
+    let parent = match dir.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    std::fs::create_dir_all(&parent).map_err(|e| Error::io(&parent, e))?;
+    if dir.exists() && !dir.is_dir() {
+        return Err(Error::Checkpoint { dir: dir.into(), problem: "exists and is not a directory".into() });
+    }
+    let tmp = tempfile::Builder::new().prefix(".ladder-ckpt-").tempdir_in(&parent).map_err(|e| Error::io(&parent, e))?;
+    let write_tensors = |name: &str, tensors: &[(String, Tensor)]| -> Result<()> {
+        let path = tmp.path().join(name);
+        let cpu: Vec<(String, Tensor)> =
+            tensors.iter().map(|(k, t)| (k.clone(), t.detach().to_device(tch::Device::Cpu).contiguous())).collect();
+        Tensor::write_safetensors(&cpu, &path)?;
+        std::fs::File::open(&path).and_then(|f| f.sync_all()).map_err(|e| Error::io(&path, e))
+    };
+    write_tensors(MODEL_FILE, &ckpt.model)?;
+    write_tensors(OPTIMIZER_FILE, &ckpt.optimizer)?;
+    let json = serde_json::to_vec_pretty(&ckpt.state).expect("TrainingState serialises");
+    crate::atomic::write_atomic(&tmp.path().join(STATE_FILE), &json)?;
+    for (name, bytes) in extra_files {
+        crate::atomic::write_atomic(&tmp.path().join(name), bytes)?;
+    }
+    std::fs::set_permissions(tmp.path(), std::os::unix::fs::PermissionsExt::from_mode(0o755))
+        .map_err(|e| Error::io(tmp.path(), e))?;
+    let tmp_path = tmp.keep();
+    let old = aside(dir);
+    if old.exists() {
+        // A previous kill between the renames: the target is already in place or absent.
+        if dir.exists() {
+            std::fs::remove_dir_all(&old).map_err(|e| Error::io(&old, e))?;
+        } else {
+            std::fs::rename(&old, dir).map_err(|e| Error::io(&old, e))?;
+        }
+    }
+    let had_previous = dir.exists();
+    if had_previous {
+        std::fs::rename(dir, &old).map_err(|e| Error::io(dir, e))?;
+    }
+    std::fs::rename(&tmp_path, dir).map_err(|e| Error::io(dir, e))?;
+    sync_dir(&parent)?;
+    if had_previous {
+        std::fs::remove_dir_all(&old).map_err(|e| Error::io(&old, e))?;
+    }
+    Ok(())
+}
+
+/// Reads the checkpoint in `dir` (or, if a kill interrupted a save between its two renames,
+/// the previous one moved aside next to it).
+///
+/// # Errors
+/// [`Error::Checkpoint`] naming the directory and the missing or unreadable file;
+/// [`Error::Torch`] for a corrupt safetensors file.
+pub fn load(dir: &Path) -> Result<Checkpoint> {
+    let dir = if dir.is_dir() {
+        dir.to_path_buf()
+    } else if aside(dir).is_dir() {
+        aside(dir)
+    } else {
+        return Err(Error::Checkpoint {
+            dir: dir.into(),
+            problem: "no such checkpoint directory (expected one written by save_state / a checkpoint-<step> directory)"
+                .into(),
+        });
+    };
+    let need = |name: &str| -> Result<PathBuf> {
+        let p = dir.join(name);
+        if p.is_file() {
+            Ok(p)
+        } else {
+            Err(Error::Checkpoint { dir: dir.clone(), problem: format!("missing {name}") })
+        }
+    };
+    let model = Tensor::read_safetensors(need(MODEL_FILE)?)?;
+    let optimizer = Tensor::read_safetensors(need(OPTIMIZER_FILE)?)?;
+    let state_path = need(STATE_FILE)?;
+    let bytes = std::fs::read(&state_path).map_err(|e| Error::io(&state_path, e))?;
+    let state: TrainingState = serde_json::from_slice(&bytes)
+        .map_err(|e| Error::Checkpoint { dir: dir.clone(), problem: format!("{STATE_FILE}: {e}") })?;
+    Ok(Checkpoint { model, optimizer, state })
+}
+
+/// Reads one extra file of a checkpoint (see [`save`]).
+///
+/// # Errors
+/// [`Error::Checkpoint`] when it is missing.
+pub fn read_extra(dir: &Path, name: &str) -> Result<Vec<u8>> {
+    let dir = if dir.is_dir() { dir.to_path_buf() } else { aside(dir) };
+    std::fs::read(dir.join(name)).map_err(|e| Error::Checkpoint { dir, problem: format!("cannot read {name}: {e}") })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample(step: u64) -> Checkpoint {
+        Checkpoint {
+            model: vec![("fc.weight".into(), Tensor::from_slice(&[1.0f32, 2.0, 3.0]).view([3, 1]))],
+            optimizer: vec![("fc.weight.step".into(), Tensor::from(step as i64))],
+            state: TrainingState { global_step: step, batches_seen: step, epoch: 1, step_in_epoch: 7, seed: 3, world_size: 2, ..Default::default() },
+        }
+    }
+
+    #[test]
+    fn round_trip_replace_and_interrupted_rename() {
+        let root = tempfile::tempdir().unwrap();
+        let dir = root.path().join("ckpt");
+        save(&dir, &sample(5), &[("extra.json", b"{\"a\": 1.5}".to_vec())]).unwrap();
+        let c = load(&dir).unwrap();
+        assert_eq!(c.state.global_step, 5);
+        assert_eq!(c.state.step_in_epoch, 7);
+        assert_eq!(c.model[0].0, "fc.weight");
+        assert_eq!(c.model[0].1.size(), vec![3, 1]);
+        assert_eq!(Vec::<f32>::try_from(c.model[0].1.reshape([-1])).unwrap(), vec![1.0, 2.0, 3.0]);
+        assert_eq!(read_extra(&dir, "extra.json").unwrap(), b"{\"a\": 1.5}");
+        let json = std::fs::read_to_string(dir.join(STATE_FILE)).unwrap();
+        assert!(json.contains("\"global_step\": 5,"), "{json}");
+        // Overwrite: the new one wins, nothing is left beside it.
+        save(&dir, &sample(9), &[]).unwrap();
+        assert_eq!(load(&dir).unwrap().state.global_step, 9);
+        let names: Vec<String> =
+            std::fs::read_dir(root.path()).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into()).collect();
+        assert_eq!(names, vec!["ckpt".to_string()]);
+        // A kill between the two renames: only the moved-aside previous checkpoint exists.
+        std::fs::rename(&dir, aside(&dir)).unwrap();
+        assert_eq!(load(&dir).unwrap().state.global_step, 9);
+        // The next save repairs it.
+        save(&dir, &sample(11), &[]).unwrap();
+        assert_eq!(load(&dir).unwrap().state.global_step, 11);
+        assert!(!aside(&dir).exists());
+    }
+
+    #[test]
+    fn errors_name_the_directory_and_file() {
+        let root = tempfile::tempdir().unwrap();
+        let err = load(&root.path().join("nope")).unwrap_err().to_string();
+        assert!(err.contains("nope") && err.contains("no such checkpoint directory"), "{err}");
+        let dir = root.path().join("c");
+        save(&dir, &sample(1), &[]).unwrap();
+        std::fs::remove_file(dir.join(OPTIMIZER_FILE)).unwrap();
+        let err = load(&dir).unwrap_err().to_string();
+        assert!(err.ends_with("missing optimizer.safetensors"), "{err}");
+        std::fs::write(dir.join("file"), b"x").unwrap();
+        let err = save(&dir.join("file"), &sample(1), &[]).unwrap_err().to_string();
+        assert!(err.contains("exists and is not a directory"), "{err}");
+    }
+}

@@ -1,0 +1,437 @@
+//! The wrapped model every level trains: [`DistributedDataParallel`] or
+//! [`FullyShardedDataParallel`] around a [`BasicNet`], behind one interface — forward, backward
+//! (with or without gradient sync), an optimizer over what this rank owns, gradient clipping,
+//! evaluation, full state dicts with the unwrapped model's keys, memory and communication
+//! figures.
+//!
+//! Level 1 builds it by hand after spelling out `setup()`; the Accelerator's `prepare` and the
+//! Trainer build it from their configuration. One definition, so that the three levels run the
+//! same computation.
+
+use crate::ddp::{DdpConfig, DistributedDataParallel};
+use crate::dist::{ProcessGroup, ReduceOp};
+use crate::fsdp::{FsdpConfig, FullyShardedDataParallel, MixedPrecision, ShardingStrategy};
+use crate::memory::ModelStateBytes;
+use crate::model::BasicNet;
+use crate::optim::{AdamW, AdamWConfig};
+use crate::train::EvalSums;
+use crate::{Error, Result};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use tch::{nn, Kind, Tensor};
+
+/// How the model is replicated across ranks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "kebab-case")]
+pub enum Strategy {
+    /// DistributedDataParallel: a full replica per rank, gradients all-reduced in buckets.
+    #[default]
+    Ddp,
+    /// FSDP FULL_SHARD (ZeRO-3): parameters, gradients and optimizer state sharded; parameters
+    /// gathered for forward, freed, gathered again for backward.
+    FsdpFullShard,
+    /// FSDP SHARD_GRAD_OP (ZeRO-2): gathered parameters kept from forward to backward.
+    FsdpShardGradOp,
+    /// FSDP NO_SHARD: full replicas, gradients all-reduced (DDP's behaviour, FSDP's code path).
+    FsdpNoShard,
+}
+
+impl Strategy {
+    /// The name used in reports (`ddp`, `fsdp-full-shard`, …).
+    pub fn name(self) -> &'static str {
+        match self {
+            Strategy::Ddp => "ddp",
+            Strategy::FsdpFullShard => "fsdp-full-shard",
+            Strategy::FsdpShardGradOp => "fsdp-shard-grad-op",
+            Strategy::FsdpNoShard => "fsdp-no-shard",
+        }
+    }
+
+    /// The FSDP sharding strategy, or `None` for DDP.
+    pub fn sharding(self) -> Option<ShardingStrategy> {
+        match self {
+            Strategy::Ddp => None,
+            Strategy::FsdpFullShard => Some(ShardingStrategy::FullShard),
+            Strategy::FsdpShardGradOp => Some(ShardingStrategy::ShardGradOp),
+            Strategy::FsdpNoShard => Some(ShardingStrategy::NoShard),
+        }
+    }
+}
+
+/// How to wrap the model.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct WrapConfig {
+    /// DDP or one of FSDP's sharding strategies.
+    pub strategy: Strategy,
+    /// DDP gradient bucket cap in MiB (PyTorch's `bucket_cap_mb`, 25).
+    pub bucket_cap_mb: f64,
+    /// FSDP size-based auto-wrap threshold (PyTorch's `min_num_params`, 1e8: one unit).
+    pub fsdp_min_num_params: usize,
+    /// FSDP mixed precision (parameters and reduction in bf16, fp32 shards), or none.
+    pub fsdp_mixed_precision: Option<MixedPrecision>,
+}
+
+impl Default for WrapConfig {
+    fn default() -> Self {
+        Self { strategy: Strategy::Ddp, bucket_cap_mb: 25.0, fsdp_min_num_params: 100_000_000, fsdp_mixed_precision: None }
+    }
+}
+
+/// DDP or FSDP around a [`BasicNet`]: one interface for every level's loop.
+pub enum WrappedModel<'pg> {
+    /// DistributedDataParallel; `vs` holds the replica's parameters.
+    Ddp {
+        /// The DDP wrapper.
+        model: DistributedDataParallel<'pg, BasicNet>,
+        /// The VarStore the model was built in.
+        vs: nn::VarStore,
+    },
+    /// FullyShardedDataParallel (it owns the model's VarStore).
+    Fsdp(FullyShardedDataParallel<'pg, BasicNet>),
+}
+
+impl std::fmt::Debug for WrappedModel<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            WrappedModel::Ddp { model, .. } => model.fmt(f),
+            WrappedModel::Fsdp(m) => m.fmt(f),
+        }
+    }
+}
+
+impl<'pg> WrappedModel<'pg> {
+    /// Wraps `net` (built in `vs`, on the group's device) as `cfg` says. Collective: every rank
+    /// calls it. DDP broadcasts rank 0's weights; FSDP broadcasts them and keeps this rank's
+    /// shards.
+    ///
+    /// # Errors
+    /// A non-positive `bucket_cap_mb`; FSDP layout errors; collective errors.
+    pub fn new(vs: nn::VarStore, net: BasicNet, pg: &'pg dyn ProcessGroup, cfg: &WrapConfig) -> Result<Self> {
+        Ok(match cfg.strategy.sharding() {
+            None => WrappedModel::Ddp {
+                model: DistributedDataParallel::new(net, pg, DdpConfig { bucket_cap_mb: cfg.bucket_cap_mb })?,
+                vs,
+            },
+            Some(sharding_strategy) => WrappedModel::Fsdp(FullyShardedDataParallel::new(
+                vs,
+                net,
+                pg,
+                FsdpConfig {
+                    sharding_strategy,
+                    min_num_params: cfg.fsdp_min_num_params,
+                    mixed_precision: cfg.fsdp_mixed_precision,
+                    ..FsdpConfig::default()
+                },
+            )?),
+        })
+    }
+
+    /// The names of the tensors the optimizer updates, in its order: the parameters'
+    /// (`conv1.weight`, …) for DDP, the FlatParameters' (`fc1._flat_param`, …) for FSDP.
+    pub fn optimizer_param_names(&self) -> Vec<String> {
+        match self {
+            WrappedModel::Ddp { model, .. } => model.named_parameters().iter().map(|(n, _)| n.clone()).collect(),
+            WrappedModel::Fsdp(m) => m.units().iter().map(|u| u.key()).collect(),
+        }
+    }
+
+    /// AdamW over what this rank owns: every parameter (DDP) or this rank's shards (FSDP, whose
+    /// moments are then 1/W of the model per rank).
+    ///
+    /// # Errors
+    /// An out-of-range hyper-parameter.
+    pub fn optimizer(&self, cfg: AdamWConfig) -> Result<AdamW> {
+        let params = match self {
+            WrappedModel::Ddp { model, .. } => model.named_parameters().iter().map(|(_, t)| t.shallow_clone()).collect(),
+            WrappedModel::Fsdp(m) => m.shards(),
+        };
+        AdamW::new(params, cfg)
+    }
+
+    /// The wrapped model's forward pass: images `[b, 1, 28, 28]` f32 → log-probabilities `[b, 10]`.
+    ///
+    /// # Errors
+    /// FSDP's gather errors.
+    pub fn forward_t(&mut self, xs: &Tensor, train: bool) -> Result<Tensor> {
+        match self {
+            WrappedModel::Ddp { model, .. } => Ok(model.forward_t(xs, train)),
+            WrappedModel::Fsdp(m) => m.forward_t(xs, train),
+        }
+    }
+
+    /// `loss.backward()`, then the gradient sync unless it is switched off
+    /// ([`set_require_backward_grad_sync`](Self::set_require_backward_grad_sync)).
+    ///
+    /// # Errors
+    /// Collective errors.
+    pub fn backward(&mut self, loss: &Tensor) -> Result<()> {
+        match self {
+            WrappedModel::Ddp { model, .. } => model.backward(loss),
+            WrappedModel::Fsdp(m) => m.backward(loss),
+        }
+    }
+
+    /// Turns the gradient sync of the next backwards on or off (DDP's
+    /// `require_backward_grad_sync`, what `no_sync` toggles): off, gradients accumulate locally;
+    /// the first backward with it on syncs the accumulated sum.
+    pub fn set_require_backward_grad_sync(&mut self, sync: bool) {
+        match self {
+            WrappedModel::Ddp { model, .. } => model.set_require_backward_grad_sync(sync),
+            WrappedModel::Fsdp(m) => m.set_require_backward_grad_sync(sync),
+        }
+    }
+
+    /// Clips the gradients by their global L2 norm (`clip_grad_norm_`): every gradient is
+    /// scaled by `min(1, max_norm / (total_norm + 1e-6))`. Returns the total norm before
+    /// clipping. Call it after the gradient sync.
+    ///
+    /// # Errors
+    /// A `max_norm` that is not positive and finite; collective errors (FSDP).
+    pub fn clip_grad_norm(&self, max_norm: f64) -> Result<f64> {
+        match self {
+            WrappedModel::Ddp { model, .. } => {
+                if !(max_norm.is_finite() && max_norm > 0.0) {
+                    return Err(Error::invalid("max_grad_norm", max_norm, "a positive, finite gradient norm"));
+                }
+                tch::no_grad(|| {
+                    let grads: Vec<Tensor> =
+                        model.named_parameters().iter().map(|(_, p)| p.grad()).filter(|g| g.defined()).collect();
+                    let total = grads
+                        .iter()
+                        .map(|g| g.to_kind(Kind::Double).square().sum(Kind::Double).double_value(&[]))
+                        .sum::<f64>()
+                        .sqrt();
+                    let coef = (max_norm / (total + 1e-6)).min(1.0);
+                    if coef < 1.0 {
+                        for mut g in grads {
+                            let _ = g.f_mul_scalar_(coef)?;
+                        }
+                    }
+                    Ok(total)
+                })
+            }
+            WrappedModel::Fsdp(m) => m.clip_grad_norm(max_norm),
+        }
+    }
+
+    /// True when every gradient this rank holds is finite (no inf/NaN), checked on every rank
+    /// alike after a Max all-reduce — what GradScaler's `found_inf` computes.
+    ///
+    /// # Errors
+    /// Collective errors.
+    pub fn grads_finite(&self, pg: &dyn ProcessGroup) -> Result<bool> {
+        let grads: Vec<Tensor> = match self {
+            WrappedModel::Ddp { model, .. } => model.named_parameters().iter().map(|(_, p)| p.grad()).collect(),
+            WrappedModel::Fsdp(m) => m.shards().iter().map(|s| s.grad()).collect(),
+        };
+        let bad = tch::no_grad(|| {
+            grads.iter().filter(|g| g.defined()).any(|g| g.isfinite().logical_not().any().int64_value(&[]) != 0)
+        });
+        let mut flag = Tensor::from_slice(&[f64::from(u8::from(bad))]).to_device(pg.device());
+        pg.all_reduce(&mut flag, ReduceOp::Max)?;
+        Ok(flag.double_value(&[0]) == 0.0)
+    }
+
+    /// The bucket (DDP) or FlatParameter (FSDP) layout as a table.
+    pub fn explain(&self) -> String {
+        match self {
+            WrappedModel::Ddp { model, .. } => model.explain(),
+            WrappedModel::Fsdp(m) => m.explain(),
+        }
+    }
+
+    /// Checks every rank holds the same parameters (DDP, FSDP NO_SHARD) or the same shard
+    /// layout (sharded FSDP).
+    ///
+    /// # Errors
+    /// [`Error::CollectiveMismatch`] naming what differs.
+    pub fn check_parameters_in_sync(&self) -> Result<()> {
+        match self {
+            WrappedModel::Ddp { model, .. } => model.check_parameters_in_sync(),
+            WrappedModel::Fsdp(m) => m.check_parameters_in_sync(),
+        }
+    }
+
+    /// Seconds this rank spent inside collectives since wrapping.
+    pub fn comm_seconds(&self) -> f64 {
+        match self {
+            WrappedModel::Ddp { model, .. } => model.comm_seconds(),
+            WrappedModel::Fsdp(m) => m.comm_seconds(),
+        }
+    }
+
+    /// Bytes of model state this rank holds (AdamW: two state tensors per parameter element).
+    pub fn memory(&self) -> ModelStateBytes {
+        match self {
+            WrappedModel::Ddp { model, .. } => {
+                let bytes: u64 =
+                    model.named_parameters().iter().map(|(_, t)| (t.numel() * t.kind().elt_size_in_bytes()) as u64).sum();
+                ModelStateBytes { parameters: bytes, gradients: bytes, optimizer: 2 * bytes, gathered_peak: 0 }
+            }
+            WrappedModel::Fsdp(m) => m.memory(),
+        }
+    }
+
+    /// Exact distributed evaluation over `test` (see [`crate::train::evaluate_distributed`]):
+    /// every image counted once at any world size. Collective.
+    ///
+    /// # Errors
+    /// Collective errors.
+    pub fn evaluate(&mut self, pg: &dyn ProcessGroup, test: &crate::data::Dataset, batch_size: usize) -> Result<EvalSums> {
+        match self {
+            WrappedModel::Ddp { model, .. } => crate::train::evaluate_distributed(pg, model.module(), test, batch_size),
+            WrappedModel::Fsdp(m) => crate::train::evaluate_distributed_with(pg, |x| m.forward_t(x, false), test, batch_size),
+        }
+    }
+
+    /// The unwrapped model's weights on rank 0 (`conv1.weight`, …, definition order, shapes of
+    /// BasicNet, the parameters' dtype; FSDP gathers them), `None` on other ranks. Collective.
+    ///
+    /// # Errors
+    /// Collective errors.
+    pub fn full_state_dict(&self, pg: &dyn ProcessGroup) -> Result<Option<Vec<(String, Tensor)>>> {
+        match self {
+            WrappedModel::Ddp { model, .. } => Ok((pg.rank() == 0)
+                .then(|| model.named_parameters().iter().map(|(n, t)| (n.clone(), t.detach().copy())).collect())),
+            WrappedModel::Fsdp(m) => m.full_state_dict(),
+        }
+    }
+
+    /// Loads the unwrapped model's weights (every rank passes the same dict). No communication.
+    ///
+    /// # Errors
+    /// [`Error::StateDict`] naming every missing and unexpected key, or a shape that differs.
+    pub fn load_full_state_dict(&mut self, state_dict: &[(String, Tensor)]) -> Result<()> {
+        match self {
+            WrappedModel::Ddp { model, .. } => {
+                let expected: Vec<(String, Vec<i64>)> =
+                    model.named_parameters().iter().map(|(n, t)| (n.clone(), t.size())).collect();
+                let map = check_named(state_dict, &expected, "model")?;
+                tch::no_grad(|| {
+                    for (name, p) in model.named_parameters() {
+                        p.detach().f_copy_(&map[name.as_str()].to_device(p.device()).to_kind(p.kind()))?;
+                    }
+                    Ok(())
+                })
+            }
+            WrappedModel::Fsdp(m) => m.load_full_state_dict(state_dict),
+        }
+    }
+
+    /// The optimizer's state with the unwrapped model's keys, on rank 0 (`None` elsewhere):
+    /// `conv1.weight.exp_avg`, `conv1.weight.exp_avg_sq` (the parameter's shape) and
+    /// `conv1.weight.step` (0-d i64) per parameter — the same at any world size and strategy
+    /// (FSDP gathers and unflattens its shards' moments, as `FULL_OPTIM_STATE_DICT`).
+    /// Collective.
+    ///
+    /// # Errors
+    /// Collective errors.
+    pub fn optimizer_state_dict(&self, opt: &AdamW, pg: &dyn ProcessGroup) -> Result<Option<Vec<(String, Tensor)>>> {
+        let names = self.optimizer_param_names();
+        let local = opt.state_dict(&names);
+        match self {
+            WrappedModel::Ddp { .. } => Ok((pg.rank() == 0).then_some(local)),
+            WrappedModel::Fsdp(m) => {
+                if local.is_empty() {
+                    return Ok((pg.rank() == 0).then(Vec::new));
+                }
+                let map: BTreeMap<String, Tensor> = local.into_iter().collect();
+                let mut out = Vec::new();
+                let step = map[&format!("{}.step", names[0])].shallow_clone();
+                let mut per_moment = Vec::new();
+                for moment in ["exp_avg", "exp_avg_sq"] {
+                    let shards: Vec<Tensor> = names.iter().map(|n| map[&format!("{n}.{moment}")].shallow_clone()).collect();
+                    per_moment.push((moment, m.gather_full(&shards)?));
+                }
+                if pg.rank() != 0 {
+                    return Ok(None);
+                }
+                let params: Vec<String> = m.param_names();
+                let gathered: Vec<(&str, BTreeMap<String, Tensor>)> =
+                    per_moment.into_iter().map(|(k, v)| (k, v.unwrap_or_default().into_iter().collect())).collect();
+                for p in &params {
+                    for (moment, full) in &gathered {
+                        out.push((format!("{p}.{moment}"), full[p].shallow_clone()));
+                    }
+                    out.push((format!("{p}.step"), step.copy()));
+                }
+                Ok(Some(out))
+            }
+        }
+    }
+
+    /// Loads what [`optimizer_state_dict`](Self::optimizer_state_dict) returned (every rank
+    /// passes the same dict; FSDP keeps its shard of each moment). No communication.
+    ///
+    /// # Errors
+    /// [`Error::StateDict`] naming unexpected keys or shapes.
+    pub fn load_optimizer_state_dict(&self, opt: &mut AdamW, state_dict: &[(String, Tensor)]) -> Result<()> {
+        let names = self.optimizer_param_names();
+        match self {
+            WrappedModel::Ddp { .. } => opt.load_state_dict(&names, state_dict),
+            WrappedModel::Fsdp(m) => {
+                if state_dict.is_empty() {
+                    return opt.load_state_dict(&names, &[]);
+                }
+                let map: BTreeMap<&str, &Tensor> = state_dict.iter().map(|(k, t)| (k.as_str(), t)).collect();
+                let params = m.param_names();
+                let mut local = Vec::new();
+                let step = params
+                    .first()
+                    .and_then(|p| map.get(format!("{p}.step").as_str()))
+                    .ok_or_else(|| Error::StateDict(format!("optimizer: no {}.step entry", params.first().map_or("", |s| s))))?;
+                for moment in ["exp_avg", "exp_avg_sq"] {
+                    let mut full = Vec::new();
+                    for p in &params {
+                        let t = map
+                            .get(format!("{p}.{moment}").as_str())
+                            .ok_or_else(|| Error::StateDict(format!("optimizer: missing key {p}.{moment}")))?;
+                        full.push((p.clone(), t.shallow_clone()));
+                    }
+                    for (name, shard) in names.iter().zip(m.shard_full(&full)?) {
+                        local.push((format!("{name}.{moment}"), shard));
+                    }
+                }
+                for name in &names {
+                    local.push((format!("{name}.step"), step.copy()));
+                }
+                opt.load_state_dict(&names, &local)
+            }
+        }
+    }
+}
+
+/// Checks `state_dict` has exactly the `expected` keys with the expected shapes; returns it by
+/// key.
+///
+/// # Errors
+/// [`Error::StateDict`] listing every missing key, every unexpected key, and every shape that
+/// differs.
+pub fn check_named<'a>(
+    state_dict: &'a [(String, Tensor)],
+    expected: &[(String, Vec<i64>)],
+    what: &str,
+) -> Result<BTreeMap<&'a str, &'a Tensor>> {
+    let map: BTreeMap<&str, &Tensor> = state_dict.iter().map(|(k, t)| (k.as_str(), t)).collect();
+    let want: BTreeMap<&str, &[i64]> = expected.iter().map(|(k, s)| (k.as_str(), s.as_slice())).collect();
+    let missing: Vec<&str> = want.keys().copied().filter(|k| !map.contains_key(k)).collect();
+    let unexpected: Vec<&str> = map.keys().copied().filter(|k| !want.contains_key(k)).collect();
+    let shapes: Vec<String> = want
+        .iter()
+        .filter_map(|(k, s)| map.get(k).filter(|t| t.size() != *s).map(|t| format!("{k}: expected {s:?}, found {:?}", t.size())))
+        .collect();
+    if missing.is_empty() && unexpected.is_empty() && shapes.is_empty() {
+        return Ok(map);
+    }
+    let mut problems = Vec::new();
+    if !missing.is_empty() {
+        problems.push(format!("missing keys {missing:?}"));
+    }
+    if !unexpected.is_empty() {
+        problems.push(format!("unexpected keys {unexpected:?}"));
+    }
+    if !shapes.is_empty() {
+        problems.push(format!("shape mismatch ({})", shapes.join("; ")));
+    }
+    Err(Error::StateDict(format!("{what}: {}", problems.join("; "))))
+}

@@ -1,0 +1,92 @@
+//! The machine a measurement was taken on; every output carries it.
+
+use serde::{Deserialize, Serialize};
+use std::process::Command;
+
+/// Where and when a run happened.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Machine {
+    /// `model name` from /proc/cpuinfo.
+    pub cpu: String,
+    /// Logical cores available to this process.
+    pub cores: usize,
+    /// Whether the CPU advertises bf16 instructions (`avx512_bf16` or `amx_bf16`).
+    pub cpu_bf16: bool,
+    /// `nvidia-smi -L`'s lines, or `none`.
+    pub gpu: String,
+    /// UTC date and time, ISO 8601.
+    pub date: String,
+    /// Kernel release.
+    pub os: String,
+    /// The bench crate's version.
+    pub bench_version: String,
+    /// The PyTorch version of the peers' venv, when they ran.
+    pub torch_version: Option<String>,
+}
+
+impl Machine {
+    /// Describes this machine now. Never fails: what cannot be read is left as `unknown`.
+    pub fn describe() -> Self {
+        let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+        let cpu = cpuinfo
+            .lines()
+            .find_map(|l| l.strip_prefix("model name").and_then(|r| r.split_once(':')).map(|(_, v)| v.trim().to_string()))
+            .unwrap_or_else(|| "unknown".into());
+        let cpu_bf16 = cpuinfo.lines().filter(|l| l.starts_with("flags")).any(|l| {
+            l.split_whitespace().any(|f| f == "avx512_bf16" || f == "amx_bf16")
+        });
+        let gpu = Command::new("nvidia-smi")
+            .arg("-L")
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().replace('\n', "; "))
+            .filter(|s| !s.is_empty())
+            .unwrap_or_else(|| "none".into());
+        Machine {
+            cpu,
+            cores: std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
+            cpu_bf16,
+            gpu,
+            date: utc_now(),
+            os: std::fs::read_to_string("/proc/sys/kernel/osrelease").map(|s| format!("Linux {}", s.trim())).unwrap_or_else(|_| "unknown".into()),
+            bench_version: env!("CARGO_PKG_VERSION").into(),
+            torch_version: None,
+        }
+    }
+
+    /// One line for the top of a table.
+    pub fn line(&self) -> String {
+        let mut s = format!(
+            "{} · {} cores · bf16 {} · GPU {} · {} · {}",
+            self.cpu,
+            self.cores,
+            if self.cpu_bf16 { "yes" } else { "no" },
+            self.gpu,
+            self.os,
+            self.date
+        );
+        if let Some(t) = &self.torch_version {
+            s.push_str(&format!(" · PyTorch {t}"));
+        }
+        s
+    }
+}
+
+/// The current UTC time as `YYYY-MM-DDTHH:MM:SSZ`.
+pub fn utc_now() -> String {
+    let secs = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+    let (days, rem) = ((secs / 86_400) as i64, secs % 86_400);
+    // Howard Hinnant's civil_from_days.
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!("{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z", rem / 3600, rem % 3600 / 60, rem % 60)
+}

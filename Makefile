@@ -13,21 +13,22 @@ setup:
 	@bash scripts/bootstrap.sh
 
 build: setup
-	$(CARGO) build --release --workspace --bins
+	$(CARGO) build --release --workspace --bins --examples
 
-## make demo: train BasicNet for one epoch single-process, then level 1 (raw DDP) at 2 ranks.
+## make demo: the three levels side by side — each one epoch at 2 ranks (MPI, DDP), then one table
+## (also target/demo/demo.md and demo.json). `make demo LEVELS=1,3` picks levels.
+LEVELS ?= 1,2,3
 demo: build
-	@echo "== baseline: one process, all cores =="
-	$(RELEASE)/ladder-baseline --device cpu
-	@echo
-	@echo "== level 1: raw DDP, 2 ranks (ladder-run --nproc-per-node 2) =="
-	$(RELEASE)/ladder-run --nproc-per-node 2 $(RELEASE)/level1-raw-ddp --device cpu
+	$(RELEASE)/bench demo --levels $(LEVELS)
 
 ## make test: the whole suite (unit, integration, multi-process under mpirun, snapshots).
 test: setup
 	$(CARGO) test --release --workspace --no-fail-fast
 	$(CARGO) check --release -p ladder-core --features nccl --all-targets
 
-## make bench: ddp-ladder next to PyTorch, measured in the same run (writes bench/results/).
+## make bench: every level × strategy × world size × width × precision next to PyTorch, measured in
+## the same run, and the all-reduce bandwidth (writes bench/results/bench.md, bench.json, runs/, logs/).
+## `make bench BENCH_ARGS="--levels 1 --world-sizes 2 --repeats 1"` narrows it (see `bench run --help`).
+BENCH_ARGS ?=
 bench: build
-	bash bench/run.sh
+	$(RELEASE)/bench run $(BENCH_ARGS)

@@ -310,7 +310,7 @@ impl AcceleratorConfig {
         } else {
             match format {
                 ConfigFormat::Yaml => serde_yaml::from_str(&text).map_err(|e| parse_err(e.to_string()))?,
-                ConfigFormat::Toml => toml::from_str(&text).map_err(|e| parse_err(e.message().to_string() + &toml_location(&text, e.span())))?,
+                ConfigFormat::Toml => toml::from_str(&text).map_err(|e| parse_err(e.message().trim().replace('\n', "; ") + &toml_location(&text, e.span())))?,
                 ConfigFormat::Json => serde_json::from_str(&text).map_err(|e| parse_err(e.to_string()))?,
             }
         };

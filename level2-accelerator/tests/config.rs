@@ -1,0 +1,408 @@
+//! Level 2's configuration: the precedence builder > launcher env > config file > default
+//! (with "given as the default" kept apart from "not given"), config file round-trips, the
+//! written files, the banner, and every error message (insta snapshots, reviewed).
+
+use level2_accelerator::config::{
+    AcceleratorConfig, ConfigFormat, DistributedType, FsdpShardingStrategy, MixedPrecision, ResolvedConfig, Source, SETTINGS,
+};
+use std::collections::HashMap;
+use std::path::Path;
+
+/// An environment lookup over `vars`.
+fn env_of(vars: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
+    let map: HashMap<String, String> = vars.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+    move |k| map.get(k).cloned()
+}
+
+/// Writes `text` to `dir/name` and returns the path.
+fn write(dir: &Path, name: &str, text: &str) -> String {
+    let p = dir.join(name);
+    std::fs::write(&p, text).unwrap();
+    p.display().to_string()
+}
+
+/// Resolves with the builder, the variables, and (when given) a YAML config file holding `file`.
+fn resolve_with(builder: &AcceleratorConfig, vars: &[(&str, &str)], file: Option<&str>) -> ResolvedConfig {
+    let dir = tempfile::tempdir().unwrap();
+    let mut all: Vec<(&str, &str)> = vars.to_vec();
+    let path;
+    if let Some(text) = file {
+        path = write(dir.path(), "c.yaml", text);
+        all.push(("ACCELERATE_CONFIG_FILE", &path));
+    }
+    ResolvedConfig::resolve(builder, env_of(&all)).unwrap()
+}
+
+#[test]
+fn nothing_given_gives_accelerates_defaults() {
+    let r = ResolvedConfig::resolve(&AcceleratorConfig::default(), env_of(&[])).unwrap();
+    assert_eq!(r.mixed_precision, MixedPrecision::No);
+    assert_eq!(r.gradient_accumulation_steps, 1);
+    assert!(!r.cpu);
+    assert!(!r.use_fsdp);
+    assert_eq!(r.fsdp_sharding_strategy, FsdpShardingStrategy::FullShard);
+    assert_eq!(r.fsdp_min_num_params, 100_000_000);
+    assert!(!r.split_batches);
+    assert!(r.even_batches);
+    assert_eq!(r.seed, None);
+    assert_eq!(r.config_file, None);
+    assert_eq!(r.sources.len(), SETTINGS.len());
+    assert!(r.sources.values().all(|s| *s == Source::Default));
+}
+
+/// The precedence table for mixed_precision, one row per combination of sources.
+/// "no" in a higher source is "given as the default" and must still win.
+#[test]
+fn precedence_table_mixed_precision() {
+    let b = |mp| AcceleratorConfig { mixed_precision: mp, ..Default::default() };
+    let env = |v: &'static str| vec![("ACCELERATE_MIXED_PRECISION", v)];
+    #[rustfmt::skip]
+    let rows: Vec<(AcceleratorConfig, Vec<(&str, &str)>, Option<&str>, MixedPrecision, Source)> = vec![
+        // builder                           env           file                        -> value                 source
+        (b(None),                           vec![],        None,                          MixedPrecision::No,   Source::Default),
+        (b(None),                           vec![],        Some("mixed_precision: bf16"), MixedPrecision::Bf16, Source::ConfigFile),
+        (b(None),                           vec![],        Some("mixed_precision: 'no'"), MixedPrecision::No,   Source::ConfigFile),
+        (b(None),                           env("bf16"),   Some("mixed_precision: fp16"), MixedPrecision::Bf16, Source::Env),
+        (b(None),                           env("no"),     Some("mixed_precision: bf16"), MixedPrecision::No,   Source::Env),
+        (b(None),                           env("BF16"),   None,                          MixedPrecision::Bf16, Source::Env),
+        (b(Some(MixedPrecision::Fp16)),     env("bf16"),   Some("mixed_precision: bf16"), MixedPrecision::Fp16, Source::Builder),
+        (b(Some(MixedPrecision::No)),       env("bf16"),   Some("mixed_precision: bf16"), MixedPrecision::No,   Source::Builder),
+        (b(Some(MixedPrecision::No)),       vec![],        Some("mixed_precision: fp16"), MixedPrecision::No,   Source::Builder),
+        (b(Some(MixedPrecision::Bf16)),     vec![],        None,                          MixedPrecision::Bf16, Source::Builder),
+        // A file that does not mention the setting leaves it to the default.
+        (b(None),                           vec![],        Some("seed: 3"),               MixedPrecision::No,   Source::Default),
+    ];
+    for (i, (builder, vars, file, want, src)) in rows.into_iter().enumerate() {
+        let r = resolve_with(&builder, &vars, file);
+        assert_eq!((r.mixed_precision, r.source("mixed_precision")), (want, src), "row {i}: {builder:?} {vars:?} {file:?}");
+    }
+}
+
+/// Every setting: each source wins over the ones below it, and a value equal to the default
+/// given by a higher source still beats a different value from a lower one.
+#[test]
+fn precedence_table_every_setting() {
+    // (setting, builder value, env text, file line, value of each as the banner prints it)
+    struct Row {
+        setting: &'static str,
+        builder: AcceleratorConfig,
+        builder_v: &'static str,
+        env: &'static str,
+        env_v: &'static str,
+        file: &'static str,
+        file_v: &'static str,
+        default_v: &'static str,
+        /// The default, given explicitly by the builder, and a lower source's different value.
+        builder_default: AcceleratorConfig,
+        env_default: &'static str,
+    }
+    let d = AcceleratorConfig::default;
+    let rows = vec![
+        Row {
+            setting: "gradient_accumulation_steps",
+            builder: AcceleratorConfig { gradient_accumulation_steps: Some(2), ..d() },
+            builder_v: "2",
+            env: "3",
+            env_v: "3",
+            file: "gradient_accumulation_steps: 4",
+            file_v: "4",
+            default_v: "1",
+            builder_default: AcceleratorConfig { gradient_accumulation_steps: Some(1), ..d() },
+            env_default: "1",
+        },
+        Row {
+            setting: "cpu",
+            builder: AcceleratorConfig { cpu: Some(true), ..d() },
+            builder_v: "true",
+            env: "True", // what Accelerate's launcher writes: str(True)
+            env_v: "true",
+            file: "use_cpu: true",
+            file_v: "true",
+            default_v: "false",
+            builder_default: AcceleratorConfig { cpu: Some(false), ..d() },
+            env_default: "False",
+        },
+        Row {
+            setting: "use_fsdp",
+            builder: AcceleratorConfig { use_fsdp: Some(true), ..d() },
+            builder_v: "true",
+            env: "1",
+            env_v: "true",
+            file: "distributed_type: FSDP",
+            file_v: "true",
+            default_v: "false",
+            builder_default: AcceleratorConfig { use_fsdp: Some(false), ..d() },
+            env_default: "false",
+        },
+        Row {
+            setting: "fsdp_sharding_strategy",
+            builder: AcceleratorConfig { fsdp_sharding_strategy: Some(FsdpShardingStrategy::NoShard), ..d() },
+            builder_v: "NO_SHARD",
+            env: "2",
+            env_v: "SHARD_GRAD_OP",
+            file: "fsdp_sharding_strategy: NO_SHARD",
+            file_v: "NO_SHARD",
+            default_v: "FULL_SHARD",
+            builder_default: AcceleratorConfig { fsdp_sharding_strategy: Some(FsdpShardingStrategy::FullShard), ..d() },
+            env_default: "FULL_SHARD",
+        },
+        Row {
+            setting: "fsdp_min_num_params",
+            builder: AcceleratorConfig { fsdp_min_num_params: Some(0), ..d() },
+            builder_v: "0",
+            env: "1000",
+            env_v: "1000",
+            file: "fsdp_min_num_params: 20000",
+            file_v: "20000",
+            default_v: "100000000",
+            builder_default: AcceleratorConfig { fsdp_min_num_params: Some(100_000_000), ..d() },
+            env_default: "100000000",
+        },
+        Row {
+            setting: "split_batches",
+            builder: AcceleratorConfig { split_batches: Some(true), ..d() },
+            builder_v: "true",
+            env: "yes",
+            env_v: "true",
+            file: "split_batches: true",
+            file_v: "true",
+            default_v: "false",
+            builder_default: AcceleratorConfig { split_batches: Some(false), ..d() },
+            env_default: "no",
+        },
+        Row {
+            setting: "even_batches",
+            builder: AcceleratorConfig { even_batches: Some(false), ..d() },
+            builder_v: "false",
+            env: "off",
+            env_v: "false",
+            file: "even_batches: false",
+            file_v: "false",
+            default_v: "true",
+            builder_default: AcceleratorConfig { even_batches: Some(true), ..d() },
+            env_default: "true",
+        },
+        Row {
+            setting: "seed",
+            builder: AcceleratorConfig { seed: Some(7), ..d() },
+            builder_v: "7",
+            env: "8",
+            env_v: "8",
+            file: "seed: 9",
+            file_v: "9",
+            default_v: "not set",
+            // A seed has no default value to repeat; "given" still beats the lower sources.
+            builder_default: AcceleratorConfig { seed: Some(0), ..d() },
+            env_default: "0",
+        },
+    ];
+    for row in rows {
+        let var = level2_accelerator::config::env_var(row.setting).unwrap();
+        let check = |builder: &AcceleratorConfig, vars: &[(&str, &str)], file: Option<&str>, want: &str, src: Source| {
+            let r = resolve_with(builder, vars, file);
+            assert_eq!(
+                (r.value_of(row.setting).as_str(), r.source(row.setting)),
+                (want, src),
+                "{}: builder {builder:?}, env {vars:?}, file {file:?}",
+                row.setting
+            );
+        };
+        let none = d();
+        check(&none, &[], None, row.default_v, Source::Default);
+        check(&none, &[], Some(row.file), row.file_v, Source::ConfigFile);
+        check(&none, &[(var, row.env)], Some(row.file), row.env_v, Source::Env);
+        check(&row.builder, &[(var, row.env)], Some(row.file), row.builder_v, Source::Builder);
+        // "Given as the default" beats a lower source's other value.
+        let default_shown = if row.setting == "seed" { "0" } else { row.default_v };
+        check(&row.builder_default, &[(var, row.env)], Some(row.file), default_shown, Source::Builder);
+        check(&none, &[(var, row.env_default)], Some(row.file), default_shown, Source::Env);
+    }
+}
+
+#[test]
+fn distributed_type_fsdp_in_the_file_turns_fsdp_on_but_an_explicit_env_false_wins() {
+    let r = resolve_with(&AcceleratorConfig::default(), &[("ACCELERATE_USE_FSDP", "false")], Some("distributed_type: FSDP"));
+    assert!(!r.use_fsdp);
+    assert_eq!(r.source("use_fsdp"), Source::Env);
+    let r = resolve_with(&AcceleratorConfig::default(), &[], Some("distributed_type: MULTI_CPU"));
+    assert!(!r.use_fsdp);
+    assert_eq!(r.source("use_fsdp"), Source::Default);
+}
+
+fn full_config() -> AcceleratorConfig {
+    AcceleratorConfig {
+        distributed_type: Some(DistributedType::Fsdp),
+        num_processes: Some(4),
+        num_machines: Some(2),
+        machine_rank: Some(1),
+        main_process_ip: Some("10.0.0.1".into()),
+        main_process_port: Some(29501),
+        mixed_precision: Some(MixedPrecision::Bf16),
+        gradient_accumulation_steps: Some(4),
+        cpu: Some(true),
+        use_fsdp: Some(true),
+        fsdp_sharding_strategy: Some(FsdpShardingStrategy::ShardGradOp),
+        fsdp_min_num_params: Some(0),
+        split_batches: Some(false),
+        even_batches: Some(true),
+        seed: Some(42),
+    }
+}
+
+#[test]
+fn config_files_round_trip_in_every_format() {
+    let dir = tempfile::tempdir().unwrap();
+    let partial = AcceleratorConfig { num_processes: Some(2), mixed_precision: Some(MixedPrecision::No), ..Default::default() };
+    for name in ["c.yaml", "c.yml", "c.toml", "c.json", "sub/dir/c.YAML"] {
+        for cfg in [full_config(), partial.clone(), AcceleratorConfig::default()] {
+            let path = dir.path().join(name);
+            cfg.save(&path).unwrap();
+            assert_eq!(AcceleratorConfig::load(&path).unwrap(), cfg, "{name}");
+            // Written 0644, nothing left behind but the file.
+            use std::os::unix::fs::PermissionsExt;
+            assert_eq!(std::fs::metadata(&path).unwrap().permissions().mode() & 0o777, 0o644);
+            assert_eq!(std::fs::read_dir(path.parent().unwrap()).unwrap().filter(|e| e.as_ref().unwrap().path().is_file()).count(), 1);
+            std::fs::remove_file(&path).unwrap();
+        }
+    }
+}
+
+#[test]
+fn written_files_hold_exactly_the_given_settings() {
+    insta::assert_snapshot!("full_yaml", full_config().to_string_as(ConfigFormat::Yaml).unwrap());
+    insta::assert_snapshot!("full_toml", full_config().to_string_as(ConfigFormat::Toml).unwrap());
+    // Given as the default is written; not given is not.
+    let partial = AcceleratorConfig { mixed_precision: Some(MixedPrecision::No), even_batches: Some(true), ..Default::default() };
+    assert_eq!(partial.to_string_as(ConfigFormat::Yaml).unwrap(), "mixed_precision: no\neven_batches: true\n");
+    assert_eq!(AcceleratorConfig::default().to_string_as(ConfigFormat::Yaml).unwrap(), "{}\n");
+}
+
+#[test]
+fn accelerates_own_spellings_are_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = write(
+        dir.path(),
+        "a.yaml",
+        "distributed_type: MULTI_CPU\nnum_processes: 2\nmixed_precision: bf16\nuse_cpu: true\nfsdp_sharding_strategy: shard-grad-op\n",
+    );
+    let c = AcceleratorConfig::load(&p).unwrap();
+    assert_eq!(c.distributed_type, Some(DistributedType::MultiCpu));
+    assert_eq!(c.cpu, Some(true));
+    assert_eq!(c.fsdp_sharding_strategy, Some(FsdpShardingStrategy::ShardGradOp));
+    // An empty file is the empty config.
+    assert_eq!(AcceleratorConfig::load(write(dir.path(), "e.toml", "\n")).unwrap(), AcceleratorConfig::default());
+    for (text, want) in [
+        ("FULL_SHARD", FsdpShardingStrategy::FullShard),
+        ("full-shard", FsdpShardingStrategy::FullShard),
+        ("1", FsdpShardingStrategy::FullShard),
+        ("shard_grad_op", FsdpShardingStrategy::ShardGradOp),
+        ("3", FsdpShardingStrategy::NoShard),
+    ] {
+        assert_eq!(text.parse::<FsdpShardingStrategy>(), Ok(want), "{text}");
+    }
+}
+
+#[test]
+fn banner_names_every_source() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = write(dir.path(), "c.yaml", "gradient_accumulation_steps: 4\nseed: 3\n");
+    let builder = AcceleratorConfig { even_batches: Some(true), ..Default::default() };
+    let r = ResolvedConfig::resolve(
+        &builder,
+        env_of(&[("ACCELERATE_MIXED_PRECISION", "bf16"), ("ACCELERATE_CONFIG_FILE", &file), ("ACCELERATE_SEED", "5")]),
+    )
+    .unwrap();
+    insta::assert_snapshot!(r.banner().replace(&dir.path().display().to_string(), "[DIR]"));
+}
+
+/// The error of resolving with `vars` (and `file` as `c.<ext>` when given), the temp dir masked.
+fn resolve_err(builder: &AcceleratorConfig, vars: &[(&str, &str)], file: Option<(&str, &str)>) -> String {
+    let dir = tempfile::tempdir().unwrap();
+    let mut all: Vec<(&str, &str)> = vars.to_vec();
+    let path;
+    if let Some((name, text)) = file {
+        path = write(dir.path(), name, text);
+        all.push(("ACCELERATE_CONFIG_FILE", &path));
+    }
+    let err = ResolvedConfig::resolve(builder, env_of(&all)).expect_err("must fail").to_string();
+    err.replace(&dir.path().display().to_string(), "[DIR]")
+}
+
+#[test]
+fn error_messages() {
+    let none = AcceleratorConfig::default();
+    let mut out = Vec::new();
+    let mut case = |title: &str, msg: String| out.push(format!("{title}:\n  {msg}"));
+    case("fp8 in the env", resolve_err(&none, &[("ACCELERATE_MIXED_PRECISION", "fp8")], None));
+    case("unknown precision in the env", resolve_err(&none, &[("ACCELERATE_MIXED_PRECISION", "half")], None));
+    case("zero accumulation steps in the env", resolve_err(&none, &[("ACCELERATE_GRADIENT_ACCUMULATION_STEPS", "0")], None));
+    case("empty variable", resolve_err(&none, &[("ACCELERATE_USE_CPU", "")], None));
+    case("bad bool", resolve_err(&none, &[("ACCELERATE_EVEN_BATCHES", "maybe")], None));
+    case("hybrid sharding", resolve_err(&none, &[("FSDP_SHARDING_STRATEGY", "HYBRID_SHARD")], None));
+    case("negative min_num_params", resolve_err(&none, &[("FSDP_MIN_NUM_PARAMS", "-1")], None));
+    case("bad seed", resolve_err(&none, &[("ACCELERATE_SEED", "abc")], None));
+    case(
+        "fp16 from the builder with cpu from the env",
+        resolve_err(&AcceleratorConfig { mixed_precision: Some(MixedPrecision::Fp16), ..none.clone() }, &[("ACCELERATE_USE_CPU", "true")], None),
+    );
+    case("fp16 and cpu in one file", resolve_err(&none, &[], Some(("c.yaml", "mixed_precision: fp16\ncpu: true\n"))));
+    case(
+        "zero accumulation steps in the builder",
+        resolve_err(&AcceleratorConfig { gradient_accumulation_steps: Some(0), ..none.clone() }, &[], None),
+    );
+    case("zero accumulation steps in a file", resolve_err(&none, &[], Some(("c.toml", "gradient_accumulation_steps = 0\n"))));
+    case("unknown key in yaml", resolve_err(&none, &[], Some(("c.yaml", "mixed_precison: bf16\n"))));
+    case("wrong type in yaml", resolve_err(&none, &[], Some(("c.yaml", "num_processes: two\n"))));
+    case("bad precision in yaml", resolve_err(&none, &[], Some(("c.yaml", "mixed_precision: fp8\n"))));
+    case("malformed yaml", resolve_err(&none, &[], Some(("c.yaml", "seed: 1\nmixed_precision: bf16: x\n"))));
+    case("yaml that is not a mapping", resolve_err(&none, &[], Some(("c.yaml", "- bf16\n"))));
+    case("malformed toml", resolve_err(&none, &[], Some(("c.toml", "num_processes = \n"))));
+    case("wrong type in toml", resolve_err(&none, &[], Some(("c.toml", "seed = \"x\"\n"))));
+    case("malformed json", resolve_err(&none, &[], Some(("c.json", "{\"seed\": }"))));
+    case("unsupported extension", resolve_err(&none, &[], Some(("c.ini", "seed=1"))));
+    case("machine_rank out of range", resolve_err(&none, &[], Some(("c.yaml", "num_machines: 2\nmachine_rank: 2\n"))));
+    case("processes not a multiple of machines", resolve_err(&none, &[], Some(("c.yaml", "num_machines: 2\nnum_processes: 3\n"))));
+    case("port 0", resolve_err(&none, &[], Some(("c.yaml", "main_process_port: 0\n"))));
+    case("port too large", resolve_err(&none, &[], Some(("c.yaml", "main_process_port: 70000\n"))));
+    case("FSDP type with use_fsdp false", resolve_err(&none, &[], Some(("c.yaml", "distributed_type: FSDP\nuse_fsdp: false\n"))));
+    case("missing file", resolve_err(&none, &[("ACCELERATE_CONFIG_FILE", "/nonexistent/ddp-ladder/c.yaml")], None));
+    case("empty ACCELERATE_CONFIG_FILE", resolve_err(&none, &[("ACCELERATE_CONFIG_FILE", "")], None));
+    insta::assert_snapshot!(out.join("\n"));
+}
+
+#[test]
+fn unreadable_and_unwritable_files_name_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    // A directory is not a readable config file.
+    let d = dir.path().join("d.yaml");
+    std::fs::create_dir(&d).unwrap();
+    let err = AcceleratorConfig::load(&d).unwrap_err().to_string();
+    assert!(err.starts_with(&format!("config file {}: cannot read it: ", d.display())), "{err}");
+    // A parent that is a file cannot hold the config.
+    let f = dir.path().join("f");
+    std::fs::write(&f, "x").unwrap();
+    let target = f.join("c.yaml");
+    let err = full_config().save(&target).unwrap_err().to_string();
+    assert!(err.starts_with(&format!("config file {}: cannot write it: ", target.display())), "{err}");
+    let err = full_config().save(dir.path().join("c.txt")).unwrap_err().to_string();
+    assert!(err.ends_with("unsupported extension \"txt\"; expected .yaml, .yml, .toml or .json"), "{err}");
+}
+
+#[test]
+fn env_vars_for_launch_read_back_to_the_same_values() {
+    let cfg = full_config();
+    let vars = cfg.to_env_vars();
+    let names: Vec<&str> = vars.iter().map(|(k, _)| *k).collect();
+    assert_eq!(names, SETTINGS.iter().map(|(_, v)| *v).collect::<Vec<_>>());
+    let pairs: Vec<(&str, &str)> = vars.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    // fp16 is not in full_config (it has cpu); everything comes back from Env.
+    let r = ResolvedConfig::resolve(&AcceleratorConfig::default(), env_of(&pairs)).unwrap();
+    assert!(r.sources.values().all(|s| *s == Source::Env));
+    assert_eq!(
+        (r.mixed_precision, r.gradient_accumulation_steps, r.cpu, r.use_fsdp, r.fsdp_sharding_strategy, r.fsdp_min_num_params),
+        (MixedPrecision::Bf16, 4, true, true, FsdpShardingStrategy::ShardGradOp, 0)
+    );
+    assert_eq!((r.split_batches, r.even_batches, r.seed), (false, true, Some(42)));
+    // Nothing given, nothing exported.
+    assert!(AcceleratorConfig::default().to_env_vars().is_empty());
+}

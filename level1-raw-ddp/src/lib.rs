@@ -124,7 +124,7 @@ pub fn run(cfg: &Config) -> Result<Report> {
         strategy: cfg.strategy,
         bucket_cap_mb: cfg.bucket_cap_mb,
         fsdp_min_num_params: cfg.fsdp_min_num_params,
-        fsdp_mixed_precision: None,
+        mixed_precision: None,
     };
     let mut model = WrappedModel::new(vs, net, &*pg, &wrap)?;
     if cfg.explain && rank == 0 {

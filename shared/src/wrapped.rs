@@ -67,34 +67,40 @@ pub struct WrapConfig {
     pub bucket_cap_mb: f64,
     /// FSDP size-based auto-wrap threshold (PyTorch's `min_num_params`, 1e8: one unit).
     pub fsdp_min_num_params: usize,
-    /// FSDP mixed precision (parameters and reduction in bf16, fp32 shards), or none.
-    pub fsdp_mixed_precision: Option<MixedPrecision>,
+    /// Mixed precision: compute (forward, backward) in `param_dtype`, gradients reduced in
+    /// `reduce_dtype`, fp32 master weights and optimizer state; outputs are returned in fp32
+    /// (as Accelerate's autocast does). FSDP applies it itself; DDP with mixed precision runs on
+    /// FSDP's `NO_SHARD` code path, which keeps the fp32 masters and the low-precision compute
+    /// copy (full replicas and one all-reduce per step, as DDP). `None`: the model's dtype.
+    pub mixed_precision: Option<MixedPrecision>,
 }
 
 impl Default for WrapConfig {
     fn default() -> Self {
-        Self { strategy: Strategy::Ddp, bucket_cap_mb: 25.0, fsdp_min_num_params: 100_000_000, fsdp_mixed_precision: None }
+        Self { strategy: Strategy::Ddp, bucket_cap_mb: 25.0, fsdp_min_num_params: 100_000_000, mixed_precision: None }
     }
 }
 
 /// DDP or FSDP around a [`BasicNet`]: one interface for every level's loop.
-pub enum WrappedModel<'pg> {
-    /// DistributedDataParallel; `vs` holds the replica's parameters.
-    Ddp {
-        /// The DDP wrapper.
-        model: DistributedDataParallel<'pg, BasicNet>,
-        /// The VarStore the model was built in.
-        vs: nn::VarStore,
-    },
+pub struct WrappedModel<'pg> {
+    inner: Inner<'pg>,
+    /// Outputs are cast to fp32 (mixed precision).
+    fp32_outputs: bool,
+    strategy: Strategy,
+}
+
+enum Inner<'pg> {
+    /// DistributedDataParallel; `_vs` owns the replica's parameters.
+    Ddp { model: DistributedDataParallel<'pg, BasicNet>, _vs: nn::VarStore },
     /// FullyShardedDataParallel (it owns the model's VarStore).
     Fsdp(FullyShardedDataParallel<'pg, BasicNet>),
 }
 
 impl std::fmt::Debug for WrappedModel<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            WrappedModel::Ddp { model, .. } => model.fmt(f),
-            WrappedModel::Fsdp(m) => m.fmt(f),
+        match &self.inner {
+            Inner::Ddp { model, .. } => model.fmt(f),
+            Inner::Fsdp(m) => m.fmt(f),
         }
     }
 }
@@ -107,31 +113,41 @@ impl<'pg> WrappedModel<'pg> {
     /// # Errors
     /// A non-positive `bucket_cap_mb`; FSDP layout errors; collective errors.
     pub fn new(vs: nn::VarStore, net: BasicNet, pg: &'pg dyn ProcessGroup, cfg: &WrapConfig) -> Result<Self> {
-        Ok(match cfg.strategy.sharding() {
-            None => WrappedModel::Ddp {
+        let sharding = match (cfg.strategy.sharding(), cfg.mixed_precision) {
+            (None, Some(_)) => Some(ShardingStrategy::NoShard),
+            (s, _) => s,
+        };
+        let inner = match sharding {
+            None => Inner::Ddp {
                 model: DistributedDataParallel::new(net, pg, DdpConfig { bucket_cap_mb: cfg.bucket_cap_mb })?,
-                vs,
+                _vs: vs,
             },
-            Some(sharding_strategy) => WrappedModel::Fsdp(FullyShardedDataParallel::new(
+            Some(sharding_strategy) => Inner::Fsdp(FullyShardedDataParallel::new(
                 vs,
                 net,
                 pg,
                 FsdpConfig {
                     sharding_strategy,
                     min_num_params: cfg.fsdp_min_num_params,
-                    mixed_precision: cfg.fsdp_mixed_precision,
+                    mixed_precision: cfg.mixed_precision,
                     ..FsdpConfig::default()
                 },
             )?),
-        })
+        };
+        Ok(Self { inner, fp32_outputs: cfg.mixed_precision.is_some(), strategy: cfg.strategy })
+    }
+
+    /// The strategy it was wrapped with.
+    pub fn strategy(&self) -> Strategy {
+        self.strategy
     }
 
     /// The names of the tensors the optimizer updates, in its order: the parameters'
     /// (`conv1.weight`, …) for DDP, the FlatParameters' (`fc1._flat_param`, …) for FSDP.
     pub fn optimizer_param_names(&self) -> Vec<String> {
-        match self {
-            WrappedModel::Ddp { model, .. } => model.named_parameters().iter().map(|(n, _)| n.clone()).collect(),
-            WrappedModel::Fsdp(m) => m.units().iter().map(|u| u.key()).collect(),
+        match &self.inner {
+            Inner::Ddp { model, .. } => model.named_parameters().iter().map(|(n, _)| n.clone()).collect(),
+            Inner::Fsdp(m) => m.units().iter().map(|u| u.key()).collect(),
         }
     }
 
@@ -141,9 +157,9 @@ impl<'pg> WrappedModel<'pg> {
     /// # Errors
     /// An out-of-range hyper-parameter.
     pub fn optimizer(&self, cfg: AdamWConfig) -> Result<AdamW> {
-        let params = match self {
-            WrappedModel::Ddp { model, .. } => model.named_parameters().iter().map(|(_, t)| t.shallow_clone()).collect(),
-            WrappedModel::Fsdp(m) => m.shards(),
+        let params = match &self.inner {
+            Inner::Ddp { model, .. } => model.named_parameters().iter().map(|(_, t)| t.shallow_clone()).collect(),
+            Inner::Fsdp(m) => m.shards(),
         };
         AdamW::new(params, cfg)
     }
@@ -153,9 +169,12 @@ impl<'pg> WrappedModel<'pg> {
     /// # Errors
     /// FSDP's gather errors.
     pub fn forward_t(&mut self, xs: &Tensor, train: bool) -> Result<Tensor> {
-        match self {
-            WrappedModel::Ddp { model, .. } => Ok(model.forward_t(xs, train)),
-            WrappedModel::Fsdp(m) => m.forward_t(xs, train),
+        match &mut self.inner {
+            Inner::Ddp { model, .. } => Ok(model.forward_t(xs, train)),
+            Inner::Fsdp(m) => {
+                let out = m.forward_t(xs, train)?;
+                Ok(if self.fp32_outputs { out.to_kind(Kind::Float) } else { out })
+            }
         }
     }
 
@@ -165,9 +184,9 @@ impl<'pg> WrappedModel<'pg> {
     /// # Errors
     /// Collective errors.
     pub fn backward(&mut self, loss: &Tensor) -> Result<()> {
-        match self {
-            WrappedModel::Ddp { model, .. } => model.backward(loss),
-            WrappedModel::Fsdp(m) => m.backward(loss),
+        match &mut self.inner {
+            Inner::Ddp { model, .. } => model.backward(loss),
+            Inner::Fsdp(m) => m.backward(loss),
         }
     }
 
@@ -175,9 +194,9 @@ impl<'pg> WrappedModel<'pg> {
     /// `require_backward_grad_sync`, what `no_sync` toggles): off, gradients accumulate locally;
     /// the first backward with it on syncs the accumulated sum.
     pub fn set_require_backward_grad_sync(&mut self, sync: bool) {
-        match self {
-            WrappedModel::Ddp { model, .. } => model.set_require_backward_grad_sync(sync),
-            WrappedModel::Fsdp(m) => m.set_require_backward_grad_sync(sync),
+        match &mut self.inner {
+            Inner::Ddp { model, .. } => model.set_require_backward_grad_sync(sync),
+            Inner::Fsdp(m) => m.set_require_backward_grad_sync(sync),
         }
     }
 
@@ -188,8 +207,8 @@ impl<'pg> WrappedModel<'pg> {
     /// # Errors
     /// A `max_norm` that is not positive and finite; collective errors (FSDP).
     pub fn clip_grad_norm(&self, max_norm: f64) -> Result<f64> {
-        match self {
-            WrappedModel::Ddp { model, .. } => {
+        match &self.inner {
+            Inner::Ddp { model, .. } => {
                 if !(max_norm.is_finite() && max_norm > 0.0) {
                     return Err(Error::invalid("max_grad_norm", max_norm, "a positive, finite gradient norm"));
                 }
@@ -210,7 +229,7 @@ impl<'pg> WrappedModel<'pg> {
                     Ok(total)
                 })
             }
-            WrappedModel::Fsdp(m) => m.clip_grad_norm(max_norm),
+            Inner::Fsdp(m) => m.clip_grad_norm(max_norm),
         }
     }
 
@@ -220,9 +239,9 @@ impl<'pg> WrappedModel<'pg> {
     /// # Errors
     /// Collective errors.
     pub fn grads_finite(&self, pg: &dyn ProcessGroup) -> Result<bool> {
-        let grads: Vec<Tensor> = match self {
-            WrappedModel::Ddp { model, .. } => model.named_parameters().iter().map(|(_, p)| p.grad()).collect(),
-            WrappedModel::Fsdp(m) => m.shards().iter().map(|s| s.grad()).collect(),
+        let grads: Vec<Tensor> = match &self.inner {
+            Inner::Ddp { model, .. } => model.named_parameters().iter().map(|(_, p)| p.grad()).collect(),
+            Inner::Fsdp(m) => m.shards().iter().map(|s| s.grad()).collect(),
         };
         let bad = tch::no_grad(|| {
             grads.iter().filter(|g| g.defined()).any(|g| g.isfinite().logical_not().any().int64_value(&[]) != 0)
@@ -234,9 +253,9 @@ impl<'pg> WrappedModel<'pg> {
 
     /// The bucket (DDP) or FlatParameter (FSDP) layout as a table.
     pub fn explain(&self) -> String {
-        match self {
-            WrappedModel::Ddp { model, .. } => model.explain(),
-            WrappedModel::Fsdp(m) => m.explain(),
+        match &self.inner {
+            Inner::Ddp { model, .. } => model.explain(),
+            Inner::Fsdp(m) => m.explain(),
         }
     }
 
@@ -246,29 +265,29 @@ impl<'pg> WrappedModel<'pg> {
     /// # Errors
     /// [`Error::CollectiveMismatch`] naming what differs.
     pub fn check_parameters_in_sync(&self) -> Result<()> {
-        match self {
-            WrappedModel::Ddp { model, .. } => model.check_parameters_in_sync(),
-            WrappedModel::Fsdp(m) => m.check_parameters_in_sync(),
+        match &self.inner {
+            Inner::Ddp { model, .. } => model.check_parameters_in_sync(),
+            Inner::Fsdp(m) => m.check_parameters_in_sync(),
         }
     }
 
     /// Seconds this rank spent inside collectives since wrapping.
     pub fn comm_seconds(&self) -> f64 {
-        match self {
-            WrappedModel::Ddp { model, .. } => model.comm_seconds(),
-            WrappedModel::Fsdp(m) => m.comm_seconds(),
+        match &self.inner {
+            Inner::Ddp { model, .. } => model.comm_seconds(),
+            Inner::Fsdp(m) => m.comm_seconds(),
         }
     }
 
     /// Bytes of model state this rank holds (AdamW: two state tensors per parameter element).
     pub fn memory(&self) -> ModelStateBytes {
-        match self {
-            WrappedModel::Ddp { model, .. } => {
+        match &self.inner {
+            Inner::Ddp { model, .. } => {
                 let bytes: u64 =
                     model.named_parameters().iter().map(|(_, t)| (t.numel() * t.kind().elt_size_in_bytes()) as u64).sum();
                 ModelStateBytes { parameters: bytes, gradients: bytes, optimizer: 2 * bytes, gathered_peak: 0 }
             }
-            WrappedModel::Fsdp(m) => m.memory(),
+            Inner::Fsdp(m) => m.memory(),
         }
     }
 
@@ -278,9 +297,9 @@ impl<'pg> WrappedModel<'pg> {
     /// # Errors
     /// Collective errors.
     pub fn evaluate(&mut self, pg: &dyn ProcessGroup, test: &crate::data::Dataset, batch_size: usize) -> Result<EvalSums> {
-        match self {
-            WrappedModel::Ddp { model, .. } => crate::train::evaluate_distributed(pg, model.module(), test, batch_size),
-            WrappedModel::Fsdp(m) => crate::train::evaluate_distributed_with(pg, |x| m.forward_t(x, false), test, batch_size),
+        match &mut self.inner {
+            Inner::Ddp { model, .. } => crate::train::evaluate_distributed(pg, model.module(), test, batch_size),
+            Inner::Fsdp(m) => crate::train::evaluate_distributed_with(pg, |x| m.forward_t(x, false), test, batch_size),
         }
     }
 
@@ -290,10 +309,10 @@ impl<'pg> WrappedModel<'pg> {
     /// # Errors
     /// Collective errors.
     pub fn full_state_dict(&self, pg: &dyn ProcessGroup) -> Result<Option<Vec<(String, Tensor)>>> {
-        match self {
-            WrappedModel::Ddp { model, .. } => Ok((pg.rank() == 0)
+        match &self.inner {
+            Inner::Ddp { model, .. } => Ok((pg.rank() == 0)
                 .then(|| model.named_parameters().iter().map(|(n, t)| (n.clone(), t.detach().copy())).collect())),
-            WrappedModel::Fsdp(m) => m.full_state_dict(),
+            Inner::Fsdp(m) => m.full_state_dict(),
         }
     }
 
@@ -302,8 +321,8 @@ impl<'pg> WrappedModel<'pg> {
     /// # Errors
     /// [`Error::StateDict`] naming every missing and unexpected key, or a shape that differs.
     pub fn load_full_state_dict(&mut self, state_dict: &[(String, Tensor)]) -> Result<()> {
-        match self {
-            WrappedModel::Ddp { model, .. } => {
+        match &mut self.inner {
+            Inner::Ddp { model, .. } => {
                 let expected: Vec<(String, Vec<i64>)> =
                     model.named_parameters().iter().map(|(n, t)| (n.clone(), t.size())).collect();
                 let map = check_named(state_dict, &expected, "model")?;
@@ -314,7 +333,7 @@ impl<'pg> WrappedModel<'pg> {
                     Ok(())
                 })
             }
-            WrappedModel::Fsdp(m) => m.load_full_state_dict(state_dict),
+            Inner::Fsdp(m) => m.load_full_state_dict(state_dict),
         }
     }
 
@@ -329,9 +348,9 @@ impl<'pg> WrappedModel<'pg> {
     pub fn optimizer_state_dict(&self, opt: &AdamW, pg: &dyn ProcessGroup) -> Result<Option<Vec<(String, Tensor)>>> {
         let names = self.optimizer_param_names();
         let local = opt.state_dict(&names);
-        match self {
-            WrappedModel::Ddp { .. } => Ok((pg.rank() == 0).then_some(local)),
-            WrappedModel::Fsdp(m) => {
+        match &self.inner {
+            Inner::Ddp { .. } => Ok((pg.rank() == 0).then_some(local)),
+            Inner::Fsdp(m) => {
                 if local.is_empty() {
                     return Ok((pg.rank() == 0).then(Vec::new));
                 }
@@ -367,9 +386,9 @@ impl<'pg> WrappedModel<'pg> {
     /// [`Error::StateDict`] naming unexpected keys or shapes.
     pub fn load_optimizer_state_dict(&self, opt: &mut AdamW, state_dict: &[(String, Tensor)]) -> Result<()> {
         let names = self.optimizer_param_names();
-        match self {
-            WrappedModel::Ddp { .. } => opt.load_state_dict(&names, state_dict),
-            WrappedModel::Fsdp(m) => {
+        match &self.inner {
+            Inner::Ddp { .. } => opt.load_state_dict(&names, state_dict),
+            Inner::Fsdp(m) => {
                 if state_dict.is_empty() {
                     return opt.load_state_dict(&names, &[]);
                 }

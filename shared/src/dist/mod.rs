@@ -70,6 +70,11 @@ pub trait ProcessGroup: std::fmt::Debug {
     /// The device this group's tensors live on (CPU for MPI; `cuda:local_rank` for NCCL).
     fn device(&self) -> Device;
 
+    /// Ends the group now, as `destroy_process_group()` — for a group that is never dropped
+    /// (see [`leak`]). Idempotent; dropping the group afterwards does nothing more. No
+    /// collective may follow it. Default: nothing to release.
+    fn shutdown(&self) {}
+
     /// Reduces `tensor` element-wise over all ranks with `op`; every rank receives the result.
     /// As `dist.all_reduce(tensor, op)`.
     fn all_reduce(&self, tensor: &mut Tensor, op: ReduceOp) -> Result<()>;
@@ -288,6 +293,14 @@ fn init_nccl(_env: &DistEnv) -> Result<Box<dyn ProcessGroup>> {
         backend: "nccl".into(),
         why: "this build has no NCCL support; rebuild with `--features nccl`".into(),
     })
+}
+
+/// Gives the group a `'static` lifetime, for owners that hand out references to it together
+/// with objects borrowing it (the Accelerator and its prepared models). The group is never
+/// dropped: call [`ProcessGroup::shutdown`] to finalise it (the Accelerator does so when it is
+/// dropped, also while unwinding from a panic, which aborts the job as dropping would).
+pub fn leak(group: Box<dyn ProcessGroup>) -> &'static dyn ProcessGroup {
+    Box::leak(group)
 }
 
 /// Finalises the group (as `dist.destroy_process_group()`); dropping it does the same.

@@ -22,8 +22,8 @@ extern "C" {
 
 /// A process group over `MPI_COMM_WORLD`.
 pub struct MpiGroup {
-    // Dropping the universe calls MPI_Finalize.
-    _universe: mpi::environment::Universe,
+    // Dropping the universe calls MPI_Finalize; `shutdown` takes it (once).
+    universe: std::cell::RefCell<Option<mpi::environment::Universe>>,
     comm: ffi::MPI_Comm,
     rank: usize,
     world_size: usize,
@@ -55,7 +55,7 @@ impl MpiGroup {
         let comm = world.as_raw();
         // SAFETY: `comm` is MPI_COMM_WORLD of an initialised MPI; the handler is a predefined one.
         let code = unsafe { ffi::MPI_Comm_set_errhandler(comm, ffi::RSMPI_ERRORS_RETURN) };
-        let group = Self { _universe: universe, comm, rank, world_size };
+        let group = Self { universe: std::cell::RefCell::new(Some(universe)), comm, rank, world_size };
         group.check("MPI_Comm_set_errhandler", code)?;
         Ok(group)
     }
@@ -63,7 +63,7 @@ impl MpiGroup {
     /// rsmpi's handle on the same communicator (`MPI_COMM_WORLD`), for code that wants to call
     /// rsmpi directly — e.g. the all-reduce benchmark's raw baseline.
     pub fn communicator(&self) -> mpi::topology::SimpleCommunicator {
-        self._universe.world()
+        mpi::topology::SimpleCommunicator::world()
     }
 
     fn check(&self, call: &'static str, code: c_int) -> Result<()> {
@@ -120,12 +120,25 @@ fn shutdown_timeout() -> std::time::Duration {
 }
 
 impl Drop for MpiGroup {
-    /// Finalises MPI without ever hanging: `MPI_Finalize` is collective, so a rank that leaves
-    /// early (an error returned, a panic) while the others wait in a collective would block
-    /// forever. A panicking rank aborts the job at once (`MPI_Abort`: mpirun stops every rank);
-    /// otherwise the rank waits in a non-blocking barrier for at most
-    /// `LADDER_SHUTDOWN_TIMEOUT_S` (30 s) and aborts the job if the others do not arrive.
+    /// [`shutdown`](ProcessGroup::shutdown), unless it already ran.
     fn drop(&mut self) {
+        self.finalize();
+    }
+}
+
+impl MpiGroup {
+    /// Finalises MPI once, without ever hanging: `MPI_Finalize` is collective, so a rank that
+    /// leaves early (an error returned, a panic) while the others wait in a collective would
+    /// block forever. A panicking rank aborts the job at once (`MPI_Abort`: mpirun stops every
+    /// rank); otherwise the rank waits in a non-blocking barrier for at most
+    /// `LADDER_SHUTDOWN_TIMEOUT_S` (30 s) and aborts the job if the others do not arrive.
+    pub(crate) fn finalize(&self) {
+        let Some(universe) = self.universe.borrow_mut().take() else { return };
+        self.wait_for_shutdown();
+        drop(universe);
+    }
+
+    fn wait_for_shutdown(&self) {
         if std::thread::panicking() {
             eprintln!("rank {}: panicked; aborting the MPI job so that no rank waits forever", self.rank);
             // SAFETY: MPI is initialised; MPI_Abort terminates every process of the job.
@@ -231,6 +244,10 @@ impl MpiGroup {
 }
 
 impl ProcessGroup for MpiGroup {
+    fn shutdown(&self) {
+        self.finalize();
+    }
+
     fn backend(&self) -> &'static str {
         "mpi"
     }

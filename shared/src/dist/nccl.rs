@@ -26,6 +26,8 @@ pub struct NcclGroup {
     device: Device,
     // Keeps the CUDA primary context alive and current for this thread.
     _ctx: std::sync::Arc<cudarc::driver::CudaContext>,
+    // Set once the communicator is destroyed (by `shutdown` or drop).
+    destroyed: std::cell::Cell<bool>,
 }
 
 impl std::fmt::Debug for NcclGroup {
@@ -77,7 +79,7 @@ impl NcclGroup {
         // SAFETY: `comm` is a valid out-pointer; the id is the one rank 0 created.
         unsafe { nccl::comm_init_rank(&mut comm, env.world_size as c_int, id, env.rank as c_int) }
             .map_err(|e| nccl_error(env.rank, "ncclCommInitRank", e))?;
-        Ok(Self { comm, rank: env.rank, world_size: env.world_size, device, _ctx: ctx })
+        Ok(Self { comm, rank: env.rank, world_size: env.world_size, device, _ctx: ctx, destroyed: std::cell::Cell::new(false) })
     }
 
     fn stream() -> sys::cudaStream_t {
@@ -136,6 +138,10 @@ fn red_op(op: ReduceOp) -> sys::ncclRedOp_t {
 }
 
 impl ProcessGroup for NcclGroup {
+    fn shutdown(&self) {
+        self.destroy();
+    }
+
     fn backend(&self) -> &'static str {
         "nccl"
     }
@@ -201,9 +207,19 @@ impl ProcessGroup for NcclGroup {
     }
 }
 
+impl NcclGroup {
+    fn destroy(&self) {
+        if self.destroyed.replace(true) {
+            return;
+        }
+        // SAFETY: the communicator was created by ncclCommInitRank and is destroyed once (the
+        // flag above).
+        let _ = unsafe { nccl::comm_destroy(self.comm) };
+    }
+}
+
 impl Drop for NcclGroup {
     fn drop(&mut self) {
-        // SAFETY: the communicator was created by ncclCommInitRank and is destroyed once.
-        let _ = unsafe { nccl::comm_destroy(self.comm) };
+        self.destroy();
     }
 }

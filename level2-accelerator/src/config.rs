@@ -366,6 +366,28 @@ impl AcceleratorConfig {
         }
     }
 
+    /// Whether the field named `setting` (a field name of this struct) is `Some`.
+    pub fn is_given(&self, setting: &str) -> bool {
+        match setting {
+            "distributed_type" => self.distributed_type.is_some(),
+            "num_processes" => self.num_processes.is_some(),
+            "num_machines" => self.num_machines.is_some(),
+            "machine_rank" => self.machine_rank.is_some(),
+            "main_process_ip" => self.main_process_ip.is_some(),
+            "main_process_port" => self.main_process_port.is_some(),
+            "mixed_precision" => self.mixed_precision.is_some(),
+            "gradient_accumulation_steps" => self.gradient_accumulation_steps.is_some(),
+            "cpu" => self.cpu.is_some(),
+            "use_fsdp" => self.use_fsdp.is_some(),
+            "fsdp_sharding_strategy" => self.fsdp_sharding_strategy.is_some(),
+            "fsdp_min_num_params" => self.fsdp_min_num_params.is_some(),
+            "split_batches" => self.split_batches.is_some(),
+            "even_batches" => self.even_batches.is_some(),
+            "seed" => self.seed.is_some(),
+            _ => false,
+        }
+    }
+
     /// `use_fsdp` as given, else true when `distributed_type` is `FSDP` (Accelerate's way of
     /// saying it), else not given.
     pub fn effective_use_fsdp(&self) -> Option<bool> {
@@ -455,7 +477,7 @@ fn toml_location(text: &str, span: Option<std::ops::Range<usize>>) -> String {
 }
 
 /// Where a set of values was given, for error messages.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub enum Origin {
     /// Set by the program on the builder.
     Builder,
@@ -463,6 +485,14 @@ pub enum Origin {
     File(PathBuf),
     /// `ladder-accelerate` flags.
     Flags,
+    /// `ladder-accelerate launch`: its flags over a config file (each setting is described by
+    /// whichever gave it).
+    Launch {
+        /// The settings given as flags.
+        flags: AcceleratorConfig,
+        /// The config file read, if any.
+        file: Option<PathBuf>,
+    },
 }
 
 impl Origin {
@@ -472,6 +502,10 @@ impl Origin {
             Origin::Builder => format!("builder setting {setting}"),
             Origin::File(f) => format!("key {setting} of config file {}", f.display()),
             Origin::Flags => format!("flag --{}", setting.replace('_', "-")),
+            Origin::Launch { flags, file } => match file {
+                Some(f) if !flags.is_given(setting) => Origin::File(f.clone()).describe(setting),
+                _ => Origin::Flags.describe(setting),
+            },
         }
     }
 }

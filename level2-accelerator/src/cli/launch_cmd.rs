@@ -1,0 +1,221 @@
+//! `ladder-accelerate launch`: `accelerate launch` on the core launcher.
+//!
+//! The config file (`--config-file`, else `$ACCELERATE_CONFIG_FILE`, else the user's default
+//! config when it exists) with the flags over it gives the settings; they are exported as
+//! Accelerate's variables (`ACCELERATE_MIXED_PRECISION`, …, only the settings somebody gave)
+//! and the ranks are started by `ladder_core::launch::run`: under mpirun (backend mpi, the CPU
+//! path) or spawned directly with the torchrun variables (backend nccl). Unlike Accelerate's
+//! `launch --cpu --num_processes 2`, which starts one process, two processes are started.
+
+use super::{implicit_config_file, CmdResult, SettingsArgs};
+use ladder_core::launch::{LaunchBackend, LaunchConfig};
+use level2_accelerator::config::{
+    env_var, AcceleratorConfig, DistributedType, Origin, ResolvedConfig, CONFIG_FILE_VAR, SETTINGS,
+};
+use level2_accelerator::{Error, Result};
+use std::path::PathBuf;
+
+/// `ladder-accelerate launch` flags.
+#[derive(Debug, clap::Args)]
+#[command(
+    override_usage = "ladder-accelerate launch [OPTIONS] PROGRAM [ARGS]...",
+    after_help = "Precedence: flags > the config file (--config-file, else $ACCELERATE_CONFIG_FILE, else the default config\nif it exists) > variables already set in the environment > defaults. The settings are exported as\nAccelerate's variables (ACCELERATE_MIXED_PRECISION, ACCELERATE_USE_FSDP, FSDP_SHARDING_STRATEGY, ...).\n\nExamples:\n  ladder-accelerate launch --num-processes 2 target/release/level2-accelerator --epochs 1\n  ladder-accelerate launch --num-processes 2 --mixed-precision bf16 --use-fsdp --fsdp-sharding-strategy full-shard PROGRAM\n  ladder-accelerate launch --num-processes 8 --num-machines 2 --machine-rank 1 --main-process-ip 10.0.0.1 \\\n      --backend nccl PROGRAM    (run on every machine)"
+)]
+pub struct LaunchArgs {
+    /// The config file to read [default: $ACCELERATE_CONFIG_FILE, else the default config if it exists].
+    #[arg(long = "config-file", alias = "config_file", value_name = "FILE")]
+    pub config_file: Option<PathBuf>,
+    /// How the ranks are started: mpi (through mpirun, the CPU backend) or nccl (spawned directly
+    /// with the torchrun variables, the GPU backend) [default: nccl for multi-gpu, and for fsdp
+    /// with CUDA and without --cpu; else mpi].
+    #[arg(long, value_enum, hide_possible_values = true)]
+    pub backend: Option<LaunchBackend>,
+    /// Open MPI hostfile listing the machines (backend mpi with --num-machines > 1).
+    #[arg(long, value_name = "FILE")]
+    pub hostfile: Option<PathBuf>,
+    /// Do not prefix output lines with `[rank{r}]: `.
+    #[arg(long = "no-prefix", alias = "no_prefix")]
+    pub no_prefix: bool,
+    #[command(flatten)]
+    pub settings: SettingsArgs,
+    /// PROGRAM and its ARGS: what every rank runs; everything after PROGRAM goes to it.
+    #[arg(value_name = "PROGRAM", required = true, num_args = 1.., trailing_var_arg = true, allow_hyphen_values = true)]
+    pub command: Vec<String>,
+}
+
+/// Where a launch setting came from, in the launcher's words.
+fn origin_of(setting: &str, flags: &AcceleratorConfig, file: &AcceleratorConfig, file_path: Option<&PathBuf>) -> String {
+    let given = |c: &AcceleratorConfig| match setting {
+        "use_fsdp" => c.effective_use_fsdp().is_some(),
+        _ => c.is_given(setting),
+    };
+    if given(flags) {
+        format!("flag --{}", setting.replace('_', "-"))
+    } else if given(file) {
+        format!("config file {}", file_path.map(|p| p.display().to_string()).unwrap_or_default())
+    } else if let Some(var) = env_var(setting).filter(|v| std::env::var_os(v).is_some()) {
+        format!("{var} in the environment")
+    } else {
+        "default".to_string()
+    }
+}
+
+/// The backend: `--backend`, else nccl for `MULTI_GPU`, and for `FSDP` when CUDA is usable
+/// and `cpu` is not set; else mpi.
+fn backend_for(args: &LaunchArgs, cfg: &AcceleratorConfig) -> LaunchBackend {
+    if let Some(b) = args.backend {
+        return b;
+    }
+    match cfg.distributed_type {
+        Some(DistributedType::MultiGpu) => LaunchBackend::Nccl,
+        Some(DistributedType::Fsdp) if cfg.cpu != Some(true) && ladder_core::device::cuda_available() => LaunchBackend::Nccl,
+        _ => LaunchBackend::Mpi,
+    }
+}
+
+/// Checks the machine settings for the backend, naming this command's flags.
+fn check_machines(backend: LaunchBackend, cfg: &AcceleratorConfig, hostfile: Option<&PathBuf>) -> Result<()> {
+    let machines = cfg.num_machines.unwrap_or(1);
+    let rank = cfg.machine_rank.unwrap_or(0);
+    let invalid = |setting: &str, value: String, expected: String| Error::InvalidSetting {
+        setting: setting.to_string(),
+        value,
+        origin: format!("flag --{}", setting.replace('_', "-")),
+        expected,
+    };
+    match backend {
+        LaunchBackend::Mpi => {
+            if machines > 1 && hostfile.is_none() {
+                return Err(invalid(
+                    "hostfile",
+                    "(not given)".into(),
+                    format!("an Open MPI hostfile listing the {machines} machines (--num-machines {machines} with backend mpi: one launch starts every machine's ranks through mpirun); or --backend nccl, run on every machine"),
+                ));
+            }
+            if rank != 0 {
+                return Err(invalid(
+                    "machine_rank",
+                    rank.to_string(),
+                    "0 with backend mpi (mpirun starts every machine's ranks from machine 0); --machine-rank is for --backend nccl".into(),
+                ));
+            }
+        }
+        LaunchBackend::Nccl => {
+            if machines > 1 && cfg.main_process_ip.is_none() {
+                return Err(invalid(
+                    "main_process_ip",
+                    "(not given)".into(),
+                    format!("the address of machine 0, reachable from all {machines} machines, when --num-machines > 1"),
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Checks, before anything is printed or started, that PROGRAM names an executable file: a
+/// path, or a name found in `PATH` (the core launcher checks it again).
+fn check_program(program: &str) -> Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    let executable = |p: &std::path::Path| std::fs::metadata(p).map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0).unwrap_or(false);
+    let found = if program.contains('/') {
+        executable(std::path::Path::new(program))
+    } else {
+        std::env::var_os("PATH").is_some_and(|path| std::env::split_paths(&path).any(|d| executable(&d.join(program))))
+    };
+    if found || program.is_empty() {
+        return Ok(());
+    }
+    let why = if program.contains('/') {
+        if std::path::Path::new(program).exists() { "exists but is not an executable file" } else { "does not exist" }
+    } else {
+        "is not in PATH"
+    };
+    Err(Error::InvalidSetting {
+        setting: "PROGRAM".into(),
+        value: program.into(),
+        origin: "the program every rank runs".into(),
+        expected: format!("a path to an executable file, or the name of one in PATH ({program} {why})"),
+    })
+}
+
+/// Runs `launch`: resolves the settings, prints the ranks and the settings, exports the
+/// variables and starts the job; returns the launcher's exit code.
+pub fn run(args: &LaunchArgs) -> CmdResult {
+    let flags = args.settings.to_config();
+    flags.validate(&Origin::Flags)?;
+    let file_path = match &args.config_file {
+        Some(p) => Some(p.clone()),
+        None => implicit_config_file(),
+    };
+    let file = match &file_path {
+        Some(p) => AcceleratorConfig::load(p)?,
+        None => AcceleratorConfig::default(),
+    };
+    let cfg = flags.merged_over(&file);
+    cfg.validate(&Origin::Launch { flags: flags.clone(), file: file_path.clone() })?;
+
+    let num_processes = cfg.num_processes.unwrap_or(1);
+    let num_machines = cfg.num_machines.unwrap_or(1);
+    let backend = backend_for(args, &cfg);
+    check_machines(backend, &cfg, args.hostfile.as_ref())?;
+
+    // The ranks' environment: what is set here, the config file folded into variables, and the
+    // settings somebody gave on top.
+    let exported = cfg.to_env_vars();
+    let lookup = |k: &str| -> Option<String> {
+        if k == CONFIG_FILE_VAR {
+            return None;
+        }
+        exported.iter().find(|(v, _)| *v == k).map(|(_, val)| val.clone()).or_else(|| std::env::var(k).ok())
+    };
+    // Resolving here checks the inherited variables too, once, before any rank starts.
+    let resolved = ResolvedConfig::resolve(&AcceleratorConfig::default(), lookup)?;
+
+    let program = args.command.first().map(String::as_str).unwrap_or("");
+    check_program(program)?;
+    let mut banner = format!(
+        "ladder-accelerate launch: {num_processes} rank{} ({} per machine × {num_machines} machine{}, machine rank {}, backend {}) running {program}\n",
+        if num_processes == 1 { "" } else { "s" },
+        num_processes / num_machines,
+        if num_machines == 1 { "" } else { "s" },
+        cfg.machine_rank.unwrap_or(0),
+        match backend {
+            LaunchBackend::Mpi => "mpi",
+            LaunchBackend::Nccl => "nccl",
+        },
+    );
+    for (setting, _) in SETTINGS {
+        banner.push_str(&format!(
+            "  {setting}: {} ({})\n",
+            resolved.value_of(setting),
+            origin_of(setting, &flags, &file, file_path.as_ref())
+        ));
+    }
+    eprint!("{banner}");
+
+    // Exported before any thread starts: the launcher's children (mpirun or the rank workers,
+    // then PROGRAM) inherit them.
+    std::env::remove_var(CONFIG_FILE_VAR);
+    for (k, v) in &exported {
+        std::env::set_var(k, v);
+    }
+    if std::env::var_os(ladder_core::launch::LADDER_RUN_BIN_VAR).is_none() {
+        if let Ok(me) = std::env::current_exe() {
+            std::env::set_var(ladder_core::launch::LADDER_RUN_BIN_VAR, me);
+        }
+    }
+    let launch = LaunchConfig {
+        nproc_per_node: num_processes / num_machines,
+        nnodes: num_machines,
+        node_rank: cfg.machine_rank.unwrap_or(0),
+        master_addr: cfg.main_process_ip.clone(),
+        master_port: cfg.main_process_port,
+        backend,
+        hostfile: args.hostfile.clone(),
+        no_prefix: args.no_prefix,
+        rank_worker: false,
+        command: args.command.clone(),
+    };
+    Ok(ladder_core::launch::run(&launch)?)
+}

@@ -133,6 +133,7 @@ pub struct RunArgs {
 
 /// A PyTorch peer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(tag = "peer", rename_all = "kebab-case")]
 pub enum Peer {
     /// `bench/reference/tutorial.py`: the MNIST example loop, one process.
     Tutorial,
@@ -547,12 +548,17 @@ fn run_peer(peer: Peer, steps: usize, repeat: usize, paths: &Paths, timeout: Dur
     RunFigures::parse(line, &path)
 }
 
-/// `mpirun -n N --oversubscribe --bind-to none target/release/examples/allreduce_bench --json …`.
+/// `mpirun -n N --bind-to none [--oversubscribe] target/release/examples/allreduce_bench --json …`.
 fn run_allreduce(ranks: usize, paths: &Paths, timeout: Duration) -> Result<AllReduce> {
     let json = paths.out_dir.join(format!("allreduce-{ranks}.json"));
     let _ = std::fs::remove_file(&json);
     let mut cmd = Command::new("mpirun");
-    cmd.args(["-n", &ranks.to_string(), "--oversubscribe", "--bind-to", "none"])
+    cmd.args(["-n", &ranks.to_string(), "--bind-to", "none"]);
+    // Oversubscribing makes idle ranks yield, which distorts small-message latency: only when needed.
+    if ranks > std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1) {
+        cmd.arg("--oversubscribe");
+    }
+    cmd
         .arg(allreduce_binary(&paths.bin_dir))
         .arg("--json")
         .arg(&json)
@@ -772,7 +778,7 @@ whole-process high-water mark, data loading included.";
 
 /// What the terminal shows.
 pub fn render_terminal(summary: &MatrixSummary) -> String {
-    let mut s = format!("{}\n\nThroughput ({} repeats)\n{}\n\nMemory\n{}\n", summary.machine.line(), summary.repeats, render_throughput(summary, false), render_memory(summary, false));
+    let mut s = format!("{}\n\nThroughput (repeats: {})\n{}\n\nMemory\n{}\n", summary.machine.line(), summary.repeats, render_throughput(summary, false), render_memory(summary, false));
     if summary.allreduce.is_some() {
         s.push_str(&format!("\nAll-reduce (f32, sum)\n{}\n", render_allreduce(summary, false)));
     }
@@ -783,7 +789,7 @@ pub fn render_terminal(summary: &MatrixSummary) -> String {
 /// `bench.md`.
 pub fn render_markdown(summary: &MatrixSummary) -> String {
     let mut s = format!(
-        "# ddp-ladder bench\n\n{}\n\n## Throughput ({} repeats)\n\n{}\n\n{EXPLAIN}\n\n## Memory\n\n{}\n",
+        "# ddp-ladder bench\n\n{}\n\n## Throughput (repeats: {})\n\n{}\n\n{EXPLAIN}\n\n## Memory\n\n{}\n",
         summary.machine.line(),
         summary.repeats,
         render_throughput(summary, true),

@@ -1,0 +1,26 @@
+//! The demo's and the matrix's tables rendered from fixed JSON (tests/fixtures/): every cell's
+//! format, failed rows, notes. Reviewed snapshots, numbers included.
+
+use bench::demo::{render_markdown as demo_markdown, render_table, DemoSummary};
+use bench::matrix::{render_markdown as bench_markdown, render_terminal, MatrixSummary};
+
+fn fixture(name: &str) -> String {
+    std::fs::read_to_string(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(name)).unwrap()
+}
+
+#[test]
+fn demo_table_from_fixed_json() {
+    let summary: DemoSummary = serde_json::from_str(&fixture("demo.json")).unwrap();
+    assert_eq!(summary.failed().len(), 1);
+    insta::assert_snapshot!("demo_terminal", render_table(&summary, false));
+    insta::assert_snapshot!("demo_markdown", demo_markdown(&summary));
+}
+
+#[test]
+fn matrix_tables_from_fixed_json() {
+    let summary: MatrixSummary = serde_json::from_str(&fixture("bench.json")).unwrap();
+    let e = summary.check().unwrap_err().to_string();
+    assert_eq!(e, "1 of 6 runs failed: l3-fsdp-full-shard-w2-4096-bf16");
+    insta::assert_snapshot!("bench_terminal", render_terminal(&summary));
+    insta::assert_snapshot!("bench_markdown", bench_markdown(&summary));
+}

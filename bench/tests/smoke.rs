@@ -1,0 +1,168 @@
+//! What `make demo` and `make bench` run, in tiny form, on the real binaries and real MNIST: a
+//! demo of level 1 (5 steps at 2 ranks) next to a level that fails, and a matrix of the baseline
+//! and level 1 DDP at 1 and 2 ranks with their PyTorch peers and the all-reduce measurement.
+//! If either make target breaks (a binary it runs not built, a peer that no longer starts, a
+//! report field renamed), these fail.
+//!
+//! They need the binaries the bench runs in the same target directory as `bench` itself:
+//! `cargo test --release --workspace` (`make test`) builds them all (bins and examples).
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+const BENCH: &str = env!("CARGO_BIN_EXE_bench");
+
+/// `target/release`: where `bench` and the binaries it runs are.
+fn release_dir() -> PathBuf {
+    Path::new(BENCH).parent().expect("bench has a directory").to_path_buf()
+}
+
+fn need(path: &Path) {
+    assert!(path.is_file(), "{} is not built: run `cargo build --release --workspace --bins --examples` first", path.display());
+}
+
+fn json(path: &Path) -> serde_json::Value {
+    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    serde_json::from_str(&text).unwrap()
+}
+
+/// Snapshot settings for a table whose layout is checked, not its measurements (which vary run
+/// to run): `extra` filters first, then numbers become `#` and runs of spaces and dashes one.
+fn masked(extra: &[(&str, &str)]) -> insta::Settings {
+    let mut settings = insta::Settings::clone_current();
+    for (re, with) in extra {
+        settings.add_filter(re, *with);
+    }
+    settings.add_filter(r"\b\d+(\.\d+)?\b", "#");
+    settings.add_filter(r" +", " ");
+    settings.add_filter(r"-{2,}", "-");
+    settings
+}
+
+#[test]
+fn demo_reports_level_1_and_a_failing_level_in_one_table() {
+    let rel = release_dir();
+    let dir = tempfile::tempdir().unwrap();
+    let bin = dir.path().join("bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    for name in ["ladder-run", "level1-raw-ddp"] {
+        need(&rel.join(name));
+        std::os::unix::fs::symlink(rel.join(name), bin.join(name)).unwrap();
+    }
+    // Level 2 stands in as a binary that fails the way a broken level would.
+    let fake = bin.join("level2-accelerator");
+    std::fs::write(&fake, "#!/bin/sh\necho 'boom: level 2 exploded' >&2\nexit 3\n").unwrap();
+    std::fs::set_permissions(&fake, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let out_dir = dir.path().join("demo");
+    let out = Command::new(BENCH)
+        .args(["demo", "--levels", "1,2", "--max-steps", "5", "--log-interval", "1", "--bin-dir"])
+        .arg(&bin)
+        .arg("--out-dir")
+        .arg(&out_dir)
+        .output()
+        .unwrap();
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(!out.status.success(), "a failed level makes the demo fail:\n{stdout}\n{stderr}");
+    assert!(stderr.contains("error: 1 of 2 runs failed: level 2"), "{stderr}");
+    assert!(stdout.contains("[1/2] level 1 (raw DDP): 2 ranks") && stdout.contains("[2/2] level 2 (Accelerator)"), "{stdout}");
+
+    let summary = json(&out_dir.join("demo.json"));
+    let rows = summary["rows"].as_array().unwrap();
+    assert_eq!(rows.len(), 2);
+    let (l1, l2) = (&rows[0], &rows[1]);
+    assert_eq!(l1["status"], "ok", "{stdout}");
+    let f = &l1["figures"];
+    assert_eq!(f["eval_samples"], 10_000);
+    assert_eq!(f["steps"], 5);
+    assert_eq!(f["world_size"], 2);
+    assert_eq!(f["strategy"], "ddp");
+    assert!(f["accuracy"].as_f64().unwrap() > 0.0 && f["samples_per_s"].as_f64().unwrap() > 0.0, "{f}");
+    let ranks = f["ranks"].as_array().unwrap();
+    assert_eq!(ranks.len(), 2);
+    for r in ranks {
+        // Rank 0's DDP replica: 1,199,882 f32 parameters; the peak RSS holds at least that.
+        assert_eq!(r["model_state"]["parameters"], 1_199_882 * 4);
+        assert!(r["peak_rss_mib"].as_f64().unwrap() * 1048576.0 > 4.0 * 1_199_882.0 * 4.0, "{r}");
+        // Samples counted = steps × batch: 5 × 64 per rank.
+        let samples = r["samples_per_s"].as_f64().unwrap() * r["train_s"].as_f64().unwrap();
+        assert!((samples - 320.0).abs() < 1.0, "rank samples {samples}");
+    }
+    // The line count comes from the level's sources: a count, or an error naming the files.
+    match l1["user_code_lines"].as_u64() {
+        Some(n) => assert!(n > 10 && l1["user_code_file"].as_str().unwrap().starts_with("level1-raw-ddp/src/"), "{l1}"),
+        None => assert!(l1["user_code_error"].as_str().unwrap().contains("level1-raw-ddp/src/main.rs"), "{l1}"),
+    }
+    assert_eq!(l2["status"], "failed");
+    let err = l2["error"].as_str().unwrap();
+    assert!(err.contains("level 2 (Accelerator) failed (exit code") && err.contains("boom: level 2 exploded"), "{err}");
+    assert!(std::fs::read_to_string(out_dir.join("level1.log")).unwrap().contains("Train Epoch: 1 [0/30000"));
+
+    // The markdown table, numbers masked; the line-count cell is masked too (it follows level
+    // 1's sources, whose anchors are another crate's).
+    let md = std::fs::read_to_string(out_dir.join("demo.md")).unwrap();
+    let table: String = md.lines().filter(|l| l.starts_with('|')).map(|l| format!("{l}\n")).collect();
+    masked(&[(r"(?m)^(\| \d · [A-Za-z ]+?\s*\|)[^|]*\|", "$1 <lines> |")])
+        .bind(|| insta::assert_snapshot!("demo_table_masked", table));
+}
+
+#[test]
+fn matrix_runs_baseline_and_level_1_next_to_pytorch_and_measures_all_reduce() {
+    let rel = release_dir();
+    for name in ["ladder-run", "ladder-baseline", "level1-raw-ddp", "examples/allreduce_bench"] {
+        need(&rel.join(name));
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new(BENCH)
+        .args(["run", "--levels", "1", "--strategies", "single,ddp", "--world-sizes", "1,2", "--widths", "128"])
+        .args(["--precisions", "fp32", "--steps", "3", "--repeats", "1", "--bin-dir"])
+        .arg(&rel)
+        .arg("--out-dir")
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "bench run failed:\n{stdout}\n{stderr}");
+
+    let summary = json(&dir.path().join("bench.json"));
+    let rows = summary["rows"].as_array().unwrap();
+    let ids: Vec<&str> = rows.iter().map(|r| r["case"]["id"].as_str().unwrap()).collect();
+    assert_eq!(ids, ["baseline-w1-128-fp32", "l1-ddp-w1-128-fp32", "l1-ddp-w2-128-fp32"]);
+    for r in rows {
+        assert_eq!(r["errors"].as_array().unwrap().len(), 0, "{r}");
+        assert_eq!(r["eval_samples"], 10_000, "{r}");
+        assert_eq!(r["samples_per_s"]["n"], 1);
+        // Every row here has a PyTorch twin, measured in the same run: a ratio exists.
+        let (ours, theirs) = (r["samples_per_s"]["median"].as_f64().unwrap(), r["peer_samples_per_s"]["median"].as_f64().unwrap());
+        let ratio = r["ratio"]["median"].as_f64().unwrap();
+        assert!(ours > 0.0 && theirs > 0.0 && (ratio - ours / theirs).abs() < 1e-9, "{r}");
+        assert!(r["peer_accuracy"].as_f64().unwrap() > 0.0);
+    }
+    for r in &rows[1..] {
+        let ms = &r["model_state"];
+        assert_eq!((ms["parameters"].as_u64(), ms["optimizer"].as_u64()), (Some(1_199_882 * 4), Some(2 * 1_199_882 * 4)));
+        let state = ["parameters", "gradients", "optimizer"].iter().map(|k| ms[k].as_u64().unwrap()).sum::<u64>() as f64;
+        for p in r["peak_rss_per_rank"].as_array().unwrap() {
+            assert!(p.as_f64().unwrap() * 1048576.0 >= state, "training peak ≥ model state: {r}");
+        }
+        assert!(r["comm_share"].as_f64().unwrap() > 0.0 && r["comm_share"].as_f64().unwrap() < 1.0);
+    }
+    // Each run's own report is kept; samples = steps × batch × world size.
+    let l1 = json(&dir.path().join("runs/l1-ddp-w2-128-fp32-r1.json"));
+    assert_eq!((l1["steps"].as_u64(), l1["world_size"].as_u64()), (Some(3), Some(2)));
+    let samples: f64 = l1["ranks"].as_array().unwrap().iter().map(|r| r["samples_per_s"].as_f64().unwrap() * r["train_s"].as_f64().unwrap()).sum();
+    assert!((samples - 3.0 * 64.0 * 2.0).abs() < 1.0, "{samples}");
+    for peer in ["pytorch-tutorial-r1", "pytorch-ddp-gloo-w1-r1", "pytorch-ddp-gloo-w2-r1"] {
+        let p = json(&dir.path().join(format!("runs/{peer}.json")));
+        assert_eq!((p["steps"].as_u64(), p["eval_samples"].as_u64()), (Some(3), Some(10_000)), "{peer}");
+    }
+    // All-reduce: 4 KiB … 64 MiB, ×4, both implementations measured.
+    let ar = summary["allreduce"]["rows"].as_array().unwrap();
+    let bytes: Vec<u64> = ar.iter().map(|r| r["bytes"].as_u64().unwrap()).collect();
+    assert_eq!(bytes, (0..8).map(|i| 4096u64 << (2 * i)).collect::<Vec<_>>());
+    assert!(ar.iter().all(|r| r["ours_latency_us"].as_f64().unwrap() > 0.0 && r["raw_latency_us"].as_f64().unwrap() > 0.0));
+    assert!(summary["machine"]["torch_version"].as_str().unwrap().starts_with("2."));
+
+    let md = std::fs::read_to_string(dir.path().join("bench.md")).unwrap();
+    let tables: String = md.lines().filter(|l| l.starts_with('|') || l.starts_with("##")).map(|l| format!("{l}\n")).collect();
+    masked(&[]).bind(|| insta::assert_snapshot!("bench_tables_masked", tables));
+}

@@ -310,7 +310,8 @@ impl AcceleratorConfig {
         } else {
             match format {
                 ConfigFormat::Yaml => serde_yaml::from_str(&text).map_err(|e| parse_err(e.to_string()))?,
-                ConfigFormat::Toml => toml::from_str(&text).map_err(|e| parse_err(e.message().trim().replace('\n', "; ") + &toml_location(&text, e.span())))?,
+                ConfigFormat::Toml => toml::from_str(&text)
+                    .map_err(|e| parse_err(e.message().trim().replace('\n', "; ") + &toml_location(&text, e.span())))?,
                 ConfigFormat::Json => serde_json::from_str(&text).map_err(|e| parse_err(e.to_string()))?,
             }
         };
@@ -327,7 +328,8 @@ impl AcceleratorConfig {
     /// the file when it cannot be written.
     pub fn save(&self, path: impl AsRef<Path>) -> Result<()> {
         let path = path.as_ref();
-        let text = self.to_string_as(ConfigFormat::of(path)?).map_err(|problem| Error::ConfigWrite { file: path.to_path_buf(), problem })?;
+        let text =
+            self.to_string_as(ConfigFormat::of(path)?).map_err(|problem| Error::ConfigWrite { file: path.to_path_buf(), problem })?;
         ladder_core::atomic::write_atomic(path, text.as_bytes())
             .map_err(|e| Error::ConfigWrite { file: path.to_path_buf(), problem: e.to_string() })
     }
@@ -661,16 +663,12 @@ impl ResolvedConfig {
 
         let env: &dyn Fn(&str) -> Option<String> = &env;
         let s = &mut sources;
-        let mixed_precision = pick(s, env, "mixed_precision", builder.mixed_precision, file.mixed_precision, MixedPrecision::No, str::parse)?;
-        let gradient_accumulation_steps = pick(
-            s,
-            env,
-            "gradient_accumulation_steps",
-            builder.gradient_accumulation_steps,
-            file.gradient_accumulation_steps,
-            1,
-            |v| parse_count(v, 1),
-        )?;
+        let mixed_precision =
+            pick(s, env, "mixed_precision", builder.mixed_precision, file.mixed_precision, MixedPrecision::No, str::parse)?;
+        let gradient_accumulation_steps =
+            pick(s, env, "gradient_accumulation_steps", builder.gradient_accumulation_steps, file.gradient_accumulation_steps, 1, |v| {
+                parse_count(v, 1)
+            })?;
         let cpu = pick(s, env, "cpu", builder.cpu, file.cpu, false, parse_bool)?;
         let use_fsdp = pick(s, env, "use_fsdp", builder.effective_use_fsdp(), file.effective_use_fsdp(), false, parse_bool)?;
         let fsdp_sharding_strategy = pick(

@@ -6,7 +6,7 @@
 //! default config is never read or written.
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};
 use std::sync::Mutex;
 
@@ -89,11 +89,8 @@ fn views(stdout: &str) -> BTreeMap<usize, BTreeMap<String, String>> {
     let mut out = BTreeMap::new();
     for line in stdout.lines() {
         let Some((prefix, rest)) = line.split_once("view ") else { continue };
-        let vars: BTreeMap<String, String> = rest
-            .split(' ')
-            .filter_map(|kv| kv.split_once('='))
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect();
+        let vars: BTreeMap<String, String> =
+            rest.split(' ').filter_map(|kv| kv.split_once('=')).map(|(k, v)| (k.to_string(), v.to_string())).collect();
         let rank: usize = vars["RANK"].parse().unwrap();
         assert_eq!(prefix, format!("[rank{rank}]: "), "prefix of {line:?}");
         assert!(out.insert(rank, vars).is_none(), "rank {rank} printed twice:\n{stdout}");
@@ -196,7 +193,10 @@ fn config_default_then_launch_uses_the_default_config() {
     let default = sb.path("config/ddp-ladder/accelerate/default_config.yaml");
     let written = std::fs::read_to_string(&default).unwrap();
     insta::assert_snapshot!("config_default_cpu_2", written);
-    assert_eq!(sb.mask(&stdout), format!("ladder-accelerate config: wrote [DIR]/config/ddp-ladder/accelerate/default_config.yaml\n{written}"));
+    assert_eq!(
+        sb.mask(&stdout),
+        format!("ladder-accelerate config: wrote [DIR]/config/ddp-ladder/accelerate/default_config.yaml\n{written}")
+    );
 
     let out = sb.run(&["launch", &sb.script()], &[]);
     let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
@@ -215,7 +215,16 @@ fn config_writes_exactly_the_flags_given_in_yaml_or_toml() {
     let sb = Sandbox::new();
     let yaml = sb.path("out/c.yaml");
     let out = sb.run(
-        &["config", "--config-file", yaml.to_str().unwrap(), "--num-processes", "4", "--use-fsdp=false", "--fsdp-sharding-strategy", "NO_SHARD"],
+        &[
+            "config",
+            "--config-file",
+            yaml.to_str().unwrap(),
+            "--num-processes",
+            "4",
+            "--use-fsdp=false",
+            "--fsdp-sharding-strategy",
+            "NO_SHARD",
+        ],
         &[],
     );
     assert!(out.status.success(), "{}", text(&out.stderr));
@@ -299,7 +308,8 @@ fn error_messages() {
     let bad_yaml = sb.path("bad.yaml");
     std::fs::write(&bad_yaml, "mixed_precision: fp8\n").unwrap();
     let bad_yaml = bad_yaml.display().to_string();
-    let cases: Vec<(&str, Vec<&str>, Vec<(&str, &str)>)> = vec![
+    type Case<'a> = (&'a str, Vec<&'a str>, Vec<(&'a str, &'a str)>);
+    let cases: Vec<Case> = vec![
         ("fp8 flag", vec!["launch", "--mixed-precision", "fp8", &script], vec![]),
         ("zero accumulation steps flag", vec!["launch", "--gradient-accumulation-steps", "0", &script], vec![]),
         ("fp16 with cpu", vec!["launch", "--mixed-precision", "fp16", "--cpu", &script], vec![]),
@@ -307,8 +317,16 @@ fn error_messages() {
         ("fp8 inherited", vec!["launch", &script], vec![("ACCELERATE_MIXED_PRECISION", "fp8")]),
         ("processes not a multiple of machines", vec!["launch", "--num-processes", "3", "--num-machines", "2", &script], vec![]),
         ("machines without hostfile", vec!["launch", "--num-processes", "4", "--num-machines", "2", &script], vec![]),
-        ("machine rank with mpi", vec!["launch", "--num-processes", "4", "--num-machines", "2", "--machine-rank", "1", "--hostfile", "/etc/hostname", &script], vec![]),
-        ("nccl machines without address", vec!["launch", "--backend", "nccl", "--num-processes", "4", "--num-machines", "2", &script], vec![]),
+        (
+            "machine rank with mpi",
+            vec!["launch", "--num-processes", "4", "--num-machines", "2", "--machine-rank", "1", "--hostfile", "/etc/hostname", &script],
+            vec![],
+        ),
+        (
+            "nccl machines without address",
+            vec!["launch", "--backend", "nccl", "--num-processes", "4", "--num-machines", "2", &script],
+            vec![],
+        ),
         ("missing config file", vec!["launch", "--config-file", "/nonexistent/c.yaml", &script], vec![]),
         ("bad config file", vec!["launch", "--config-file", &bad_yaml, &script], vec![]),
         ("program not found", vec!["launch", "/nonexistent/program"], vec![]),

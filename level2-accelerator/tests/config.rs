@@ -56,8 +56,9 @@ fn nothing_given_gives_accelerates_defaults() {
 fn precedence_table_mixed_precision() {
     let b = |mp| AcceleratorConfig { mixed_precision: mp, ..Default::default() };
     let env = |v: &'static str| vec![("ACCELERATE_MIXED_PRECISION", v)];
+    type Row = (AcceleratorConfig, Vec<(&'static str, &'static str)>, Option<&'static str>, MixedPrecision, Source);
     #[rustfmt::skip]
-    let rows: Vec<(AcceleratorConfig, Vec<(&str, &str)>, Option<&str>, MixedPrecision, Source)> = vec![
+    let rows: Vec<Row> = vec![
         // builder                           env           file                        -> value                 source
         (b(None),                           vec![],        None,                          MixedPrecision::No,   Source::Default),
         (b(None),                           vec![],        Some("mixed_precision: bf16"), MixedPrecision::Bf16, Source::ConfigFile),
@@ -343,7 +344,11 @@ fn error_messages() {
     case("bad seed", resolve_err(&none, &[("ACCELERATE_SEED", "abc")], None));
     case(
         "fp16 from the builder with cpu from the env",
-        resolve_err(&AcceleratorConfig { mixed_precision: Some(MixedPrecision::Fp16), ..none.clone() }, &[("ACCELERATE_USE_CPU", "true")], None),
+        resolve_err(
+            &AcceleratorConfig { mixed_precision: Some(MixedPrecision::Fp16), ..none.clone() },
+            &[("ACCELERATE_USE_CPU", "true")],
+            None,
+        ),
     );
     case("fp16 and cpu in one file", resolve_err(&none, &[], Some(("c.yaml", "mixed_precision: fp16\ncpu: true\n"))));
     case(

@@ -158,11 +158,7 @@ pub fn ask(p: &mut dyn Prompter, machine: &Machine) -> Result<AcceleratorConfig>
     let distributed = kind != 0;
     let mut machines = 1;
     if distributed {
-        let n = p.input(
-            "How many different machines will you use (use more than 1 for multi-node training)?",
-            "1",
-            &check_count(1),
-        )?;
+        let n = p.input("How many different machines will you use (use more than 1 for multi-node training)?", "1", &check_count(1))?;
         machines = n.trim().parse().unwrap_or(1);
         cfg.num_machines = Some(machines);
         if machines > 1 {
@@ -179,11 +175,12 @@ pub fn ask(p: &mut dyn Prompter, machine: &Machine) -> Result<AcceleratorConfig>
                 }
             })?;
             cfg.main_process_ip = Some(ip.trim().to_string());
-            let port = p.input("What is the port you will use to communicate with the main process?", "29500", &|s: &str| {
-                match s.trim().parse::<u16>() {
-                    Ok(p) if p >= 1 => Ok(()),
-                    _ => Err("expected a port in 1..=65535".into()),
-                }
+            let port = p.input("What is the port you will use to communicate with the main process?", "29500", &|s: &str| match s
+                .trim()
+                .parse::<u16>()
+            {
+                Ok(p) if p >= 1 => Ok(()),
+                _ => Err("expected a port in 1..=65535".into()),
             })?;
             cfg.main_process_port = port.trim().parse().ok();
         } else {
@@ -215,14 +212,14 @@ pub fn ask(p: &mut dyn Prompter, machine: &Machine) -> Result<AcceleratorConfig>
     cfg.cpu = Some(cpu);
     if distributed {
         let default_n = if kind == 2 { machine.gpus.max(1) * machines } else { 2 * machines };
-        let n = p.input(
-            "How many processes in total will you use? (all machines together)",
-            &default_n.to_string(),
-            &move |s: &str| match s.trim().parse::<usize>() {
+        let n =
+            p.input("How many processes in total will you use? (all machines together)", &default_n.to_string(), &move |s: &str| match s
+                .trim()
+                .parse::<usize>()
+            {
                 Ok(n) if n >= 1 && n % machines == 0 => Ok(()),
                 _ => Err(format!("expected a multiple of the {machines} machine(s), at least 1")),
-            },
-        )?;
+            })?;
         cfg.num_processes = n.trim().parse().ok();
     } else {
         cfg.num_processes = Some(1);

@@ -52,8 +52,7 @@ fn libtorch_version() -> String {
     let version = std::fs::read_to_string(dir.join("version.py"))
         .ok()
         .and_then(|t| {
-            t.lines()
-                .find_map(|l| l.strip_prefix("__version__ = ").map(|v| v.trim_matches(|c| c == '\'' || c == '"').to_string()))
+            t.lines().find_map(|l| l.strip_prefix("__version__ = ").map(|v| v.trim_matches(|c| c == '\'' || c == '"').to_string()))
         })
         .or_else(|| std::fs::read_to_string(dir.join("build-version")).ok().map(|v| v.trim().to_string()))
         .unwrap_or_else(|| "unknown version".into());
@@ -179,7 +178,9 @@ pub fn run(args: &EnvArgs) -> CmdResult {
         None => (
             format!(
                 "none (no --config-file, no {CONFIG_FILE_VAR}, and no {})",
-                level2_accelerator::config::default_config_file().map(|p| p.display().to_string()).unwrap_or_else(|| "default config".into())
+                level2_accelerator::config::default_config_file()
+                    .map(|p| p.display().to_string())
+                    .unwrap_or_else(|| "default config".into())
             ),
             None,
         ),

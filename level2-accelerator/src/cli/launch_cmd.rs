@@ -9,9 +9,7 @@
 
 use super::{implicit_config_file, CmdResult, SettingsArgs};
 use ladder_core::launch::{LaunchBackend, LaunchConfig};
-use level2_accelerator::config::{
-    env_var, AcceleratorConfig, DistributedType, Origin, ResolvedConfig, CONFIG_FILE_VAR, SETTINGS,
-};
+use level2_accelerator::config::{env_var, AcceleratorConfig, DistributedType, Origin, ResolvedConfig, CONFIG_FILE_VAR, SETTINGS};
 use level2_accelerator::{Error, Result};
 use std::path::PathBuf;
 
@@ -117,7 +115,8 @@ fn check_machines(backend: LaunchBackend, cfg: &AcceleratorConfig, hostfile: Opt
 /// path, or a name found in `PATH` (the core launcher checks it again).
 fn check_program(program: &str) -> Result<()> {
     use std::os::unix::fs::PermissionsExt;
-    let executable = |p: &std::path::Path| std::fs::metadata(p).map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0).unwrap_or(false);
+    let executable =
+        |p: &std::path::Path| std::fs::metadata(p).map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0).unwrap_or(false);
     let found = if program.contains('/') {
         executable(std::path::Path::new(program))
     } else {
@@ -127,7 +126,11 @@ fn check_program(program: &str) -> Result<()> {
         return Ok(());
     }
     let why = if program.contains('/') {
-        if std::path::Path::new(program).exists() { "exists but is not an executable file" } else { "does not exist" }
+        if std::path::Path::new(program).exists() {
+            "exists but is not an executable file"
+        } else {
+            "does not exist"
+        }
     } else {
         "is not in PATH"
     };

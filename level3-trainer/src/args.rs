@@ -187,6 +187,9 @@ pub struct TrainingArguments {
     /// Shard the model with FSDP instead of replicating it with DDP.
     #[arg(long, value_enum)]
     pub fsdp: Option<FsdpOption>,
+    /// Train on the CPU even when CUDA is available.
+    #[arg(long)]
+    pub use_cpu: bool,
 }
 
 impl Default for TrainingArguments {
@@ -227,6 +230,7 @@ impl Default for TrainingArguments {
             disable_tqdm: false,
             report_to: ReportTo::None,
             fsdp: None,
+            use_cpu: false,
         }
     }
 }
@@ -293,13 +297,36 @@ impl TrainingArguments {
     /// # Errors
     /// [`Error::ArgsFile`] naming the file and the parser's complaint.
     pub fn from_file(file: &Path) -> Result<Self> {
-        let text = std::fs::read_to_string(file).map_err(|e| Error::ArgsFile { file: file.into(), problem: e.to_string() })?;
-        let parsed = if file.extension().is_some_and(|e| e == "toml") {
-            toml::from_str::<Self>(&text).map_err(|e| e.message().to_string())
+        Self::default().overlay_file(file)
+    }
+
+    /// These arguments with every key present in `file` (JSON, or TOML when the name ends in
+    /// `.toml`) replaced by the file's value. Not validated.
+    ///
+    /// # Errors
+    /// [`Error::ArgsFile`] naming the file and the parser's complaint (unknown key, bad value).
+    pub fn overlay_file(&self, file: &Path) -> Result<Self> {
+        let bad = |problem: String| Error::ArgsFile { file: file.into(), problem };
+        let text = std::fs::read_to_string(file).map_err(|e| bad(e.to_string()))?;
+        let value: serde_json::Value = if file.extension().is_some_and(|e| e == "toml") {
+            let t: toml::Value = toml::from_str(&text).map_err(|e| bad(e.message().to_string()))?;
+            serde_json::to_value(t).map_err(|e| bad(e.to_string()))?
         } else {
-            serde_json::from_str::<Self>(&text).map_err(|e| e.to_string())
+            serde_json::from_str(&text).map_err(|e| bad(e.to_string()))?
         };
-        parsed.map_err(|problem| Error::ArgsFile { file: file.into(), problem })
+        let serde_json::Value::Object(keys) = value else {
+            return Err(bad("expected a table of TrainingArguments fields".into()));
+        };
+        // Unknown keys and bad values, reported against the file alone.
+        serde_json::from_value::<Self>(serde_json::Value::Object(keys.clone())).map_err(|e| bad(e.to_string()))?;
+        let mut merged = serde_json::to_value(self).expect("TrainingArguments serialise");
+        let map = merged.as_object_mut().expect("an object");
+        for (k, v) in keys {
+            map.insert(k, v);
+        }
+        let mut out: Self = serde_json::from_value(merged).map_err(|e| bad(e.to_string()))?;
+        out.args_file = self.args_file.clone();
+        Ok(out)
     }
 
     /// Writes the arguments as pretty JSON to `output_dir/training_args.json` (atomically),
@@ -319,6 +346,33 @@ impl TrainingArguments {
     /// Transformers).
     pub fn eval_steps(&self) -> usize {
         self.eval_steps.unwrap_or(self.logging_steps)
+    }
+
+    /// The device kind to train on: cpu with use_cpu, else cuda when available, else cpu (as
+    /// Transformers' `args.device`).
+    pub fn device_kind(&self) -> ladder_core::device::DeviceKind {
+        if self.use_cpu { ladder_core::device::DeviceKind::Cpu } else { ladder_core::device::DeviceKind::default_for_machine() }
+    }
+
+    /// The replication strategy: DDP, or FSDP FULL_SHARD / SHARD_GRAD_OP as `fsdp` says.
+    pub fn strategy(&self) -> ladder_core::wrapped::Strategy {
+        use ladder_core::wrapped::Strategy;
+        match self.fsdp {
+            None => Strategy::Ddp,
+            Some(FsdpOption::FullShard) => Strategy::FsdpFullShard,
+            Some(FsdpOption::ShardGradOp) => Strategy::FsdpShardGradOp,
+        }
+    }
+
+    /// AdamW's hyper-parameters (`learning_rate` is the schedule's peak).
+    pub fn adamw(&self) -> ladder_core::optim::AdamWConfig {
+        ladder_core::optim::AdamWConfig {
+            lr: self.learning_rate,
+            beta1: self.adam_beta1,
+            beta2: self.adam_beta2,
+            eps: self.adam_epsilon,
+            weight_decay: self.weight_decay,
+        }
     }
 
     /// The shuffle's seed: data_seed, else seed.

@@ -14,6 +14,237 @@ pub mod error;
 pub mod output;
 pub mod schedule;
 pub mod state;
+pub mod trainer;
 
 pub use args::TrainingArguments;
+pub use state::Metrics;
 pub use error::{Error, Result};
+pub use trainer::{set_seed, Batch, DataCollator, DefaultDataCollator, DefaultHooks, EvalPrediction, PredictionOutput, ResumeFrom, TrainOutput, Trainer, TrainerHooks, TrainerModel};
+
+use clap::{CommandFactory, FromArgMatches, Parser};
+use std::collections::BTreeSet;
+use ladder_core::device::DeviceKind;
+use ladder_core::metrics::{gather_report, LocalFigures, Report};
+use ladder_core::model::{BasicNet, BasicNetConfig};
+use ladder_core::train::{EvalSums, TrainArgs};
+use ladder_core::wrapped::Strategy;
+use std::path::PathBuf;
+use std::time::Instant;
+use tch::{nn, Device, Kind, Tensor};
+
+/// Level 3's command line: level 1's training flags mapped onto [`TrainingArguments`], plus
+/// the Trainer's own.
+#[derive(Debug, Clone, Parser)]
+#[command(
+    name = "level3-trainer",
+    version,
+    about = "Level 3: BasicNet on MNIST with a Trainer and TrainingArguments (as 🤗 Transformers) — no training loop in user code",
+    after_help = "Launch: `target/release/level3-trainer` (1 process), `target/release/ladder-run --nproc-per-node 2 target/release/level3-trainer`, or `mpirun -n 2 target/release/level3-trainer`.\n\nBy default the recipe shared by the three levels is passed explicitly (learning_rate 1e-3, weight_decay 0.01, constant schedule, no warmup, no clipping, batch 64, 1 epoch, evaluation each epoch); --transformers-defaults uses Transformers' own defaults instead (learning_rate 5e-5 with linear decay, max_grad_norm 1.0, weight_decay 0). Precedence: recipe or Transformers defaults < --args-file < flags given.",
+    allow_negative_numbers = true
+)]
+pub struct Config {
+    #[command(flatten)]
+    pub train: TrainArgs,
+    /// How the model is replicated across ranks (TrainingArguments.fsdp).
+    #[arg(long, value_enum, default_value_t = Strategy::Ddp)]
+    pub strategy: Strategy,
+    /// TrainingArguments.output_dir: checkpoints, trainer_state.json, training_args.json, the
+    /// loss plot, model.safetensors.
+    #[arg(long, default_value = "basic-trainer", value_name = "DIR")]
+    pub output_dir: PathBuf,
+    /// Use Transformers' TrainingArguments defaults instead of the shared recipe.
+    #[arg(long)]
+    pub transformers_defaults: bool,
+    /// A JSON or TOML file of TrainingArguments laid over the recipe (flags given win).
+    #[arg(long, value_name = "FILE")]
+    pub args_file: Option<PathBuf>,
+    /// Resume from this checkpoint directory, or with no value from the newest
+    /// output_dir/checkpoint-<step>.
+    #[arg(long, value_name = "DIR", num_args = 0..=1, default_missing_value = "last")]
+    pub resume_from_checkpoint: Option<String>,
+    /// The flags given on the command line (clap ids); `None` treats every flag as given.
+    #[arg(skip)]
+    pub given: Option<BTreeSet<String>>,
+}
+
+impl Config {
+    /// Parses the process's command line, remembering which flags were given (so that
+    /// `--args-file` values are overridden only by flags actually typed). Exits on bad flags
+    /// or `--help`, as clap does.
+    pub fn parse_command_line() -> Self {
+        let matches = Self::command().get_matches();
+        let mut cfg = Self::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+        let given = matches
+            .ids()
+            .filter(|id| matches!(matches.value_source(id.as_str()), Some(clap::parser::ValueSource::CommandLine)))
+            .map(|id| id.as_str().to_string())
+            .collect();
+        cfg.given = Some(given);
+        cfg
+    }
+
+    fn was_given(&self, id: &str) -> bool {
+        self.given.as_ref().is_none_or(|g| g.contains(id))
+    }
+
+    /// The TrainingArguments this command line stands for. Precedence: the shared recipe
+    /// (whose values are the level-1 flags' values, defaults included) or, with
+    /// `--transformers-defaults`, Transformers' defaults; then `--args-file`; then the flags
+    /// given on the command line.
+    ///
+    /// # Errors
+    /// An unreadable args file; a strategy TrainingArguments cannot express; invalid values.
+    pub fn training_arguments(&self) -> Result<TrainingArguments> {
+        self.train.validate()?;
+        let base = if self.transformers_defaults {
+            TrainingArguments { eval_strategy: args::IntervalStrategy::Epoch, ..TrainingArguments::default() }
+        } else {
+            let mut recipe = TrainingArguments {
+                per_device_eval_batch_size: 64,
+                weight_decay: 0.01,
+                max_grad_norm: 0.0,
+                lr_scheduler_type: args::SchedulerType::Constant,
+                eval_strategy: args::IntervalStrategy::Epoch,
+                ..TrainingArguments::default()
+            };
+            self.apply_flags(&mut recipe, |_| true)?;
+            recipe
+        };
+        let mut a = match &self.args_file {
+            Some(file) => base.overlay_file(file)?,
+            None => base,
+        };
+        self.apply_flags(&mut a, |id| self.was_given(id))?;
+        a.output_dir = self.output_dir.clone();
+        a.overwrite_output_dir = self.resume_from_checkpoint.is_none();
+        if self.train.device_kind() == DeviceKind::Cpu {
+            a.use_cpu = true;
+        }
+        a.validate()?;
+        Ok(a)
+    }
+
+    /// Writes the level-1 flags for which `apply(id)` holds onto `a`.
+    fn apply_flags(&self, a: &mut TrainingArguments, apply: impl Fn(&str) -> bool) -> Result<()> {
+        if apply("batch_size") {
+            a.per_device_train_batch_size = self.train.batch_size;
+        }
+        if apply("lr") {
+            a.learning_rate = self.train.lr;
+        }
+        if apply("epochs") {
+            a.num_train_epochs = self.train.epochs as f64;
+        }
+        if apply("seed") {
+            a.seed = self.train.seed;
+        }
+        if let (true, Some(m)) = (apply("max_steps"), self.train.max_steps) {
+            a.max_steps = m as i64;
+        }
+        if apply("log_interval") {
+            if self.train.log_interval == 0 {
+                a.logging_strategy = args::IntervalStrategy::Epoch;
+            } else {
+                a.logging_strategy = args::IntervalStrategy::Steps;
+                a.logging_steps = self.train.log_interval;
+            }
+        }
+        if apply("strategy") {
+            a.fsdp = match self.strategy {
+                Strategy::Ddp => None,
+                Strategy::FsdpFullShard => Some(args::FsdpOption::FullShard),
+                Strategy::FsdpShardGradOp => Some(args::FsdpOption::ShardGradOp),
+                Strategy::FsdpNoShard => {
+                    return Err(Error::invalid("fsdp", "fsdp-no-shard (--strategy)", "ddp, fsdp-full-shard or fsdp-shard-grad-op"))
+                }
+            };
+        }
+        Ok(())
+    }
+
+    fn resume(&self) -> Option<ResumeFrom> {
+        self.resume_from_checkpoint.as_deref().map(|r| if r == "last" { ResumeFrom::Last } else { ResumeFrom::Dir(r.into()) })
+    }
+}
+
+// ANCHOR: user_code
+/// The tutorial's `MyTrainer(Trainer)`: its `compute_loss` override, and accuracy as the metric.
+#[derive(Debug)]
+pub struct MyTrainer;
+
+impl TrainerHooks for MyTrainer {
+    fn compute_loss(&self, model: &mut TrainerModel<'_>, inputs: &Batch) -> Result<(Tensor, Tensor)> {
+        let outputs = model.forward(&inputs.x)?;
+        Ok((outputs.nll_loss(&inputs.labels), outputs))
+    }
+    fn compute_metrics(&self, p: &EvalPrediction) -> Metrics {
+        let correct = p.predictions.argmax(-1, false).eq_tensor(&p.label_ids).sum(Kind::Int64).int64_value(&[]);
+        Metrics::from([("accuracy".into(), correct as f64 / p.label_ids.size()[0].max(1) as f64)])
+    }
+    fn metric_names(&self) -> Vec<&'static str> {
+        vec!["accuracy"]
+    }
+}
+
+/// The tutorial's `collate_fn`: `{"x": images, "labels": labels}`.
+pub fn collate_fn(images: Tensor, labels: Tensor) -> Batch {
+    Batch { x: images, labels }
+}
+// ANCHOR_END: user_code
+
+/// Trains and evaluates as configured with the Trainer; every rank returns the run's report
+/// (rank 0 also writes `--metrics-json`), with `output_dir` in its extra fields.
+///
+/// # Errors
+/// Bad flags or arguments, data errors, process-group and collective errors.
+pub fn run(cfg: &Config) -> Result<Report> {
+    let start = Instant::now();
+    let args = cfg.training_arguments()?;
+    let mnist = cfg.train.load_mnist()?;
+
+    // ANCHOR: user_code
+    set_seed(args.seed);
+    let vs = nn::VarStore::new(Device::Cpu);
+    let model = BasicNet::new(&vs.root(), BasicNetConfig::default());
+    let mut trainer = Trainer::new(vs, model, args, Some(mnist.train), Some(mnist.test.shallow_clone()), collate_fn, MyTrainer)?;
+    let out = trainer.train(cfg.resume())?;
+    trainer.save_model()?;
+    // ANCHOR_END: user_code
+
+    // The figures every level reports: the final weights' evaluation (the last one of
+    // training when it was at the last step and nothing was reloaded since).
+    let last_eval = trainer.state.log_history.iter().rev().find(|e| e.get("eval_loss").is_some()).cloned();
+    let metrics = match last_eval {
+        Some(e) if e.step == out.global_step && !trainer.args().load_best_model_at_end => e.values,
+        _ => trainer.evaluate("eval")?,
+    };
+    let count = mnist.test.len() as i64;
+    let accuracy = metrics.get("eval_accuracy").copied().unwrap_or(0.0);
+    let eval = EvalSums {
+        correct: (accuracy * count as f64).round() as i64,
+        loss_sum: metrics.get("eval_loss").copied().unwrap_or(0.0) * count as f64,
+        count,
+    };
+    let local = LocalFigures {
+        samples: out.local_samples,
+        train_s: out.train_s,
+        train_loss: out.training_loss,
+        comm_s: out.comm_s,
+        model_state: out.model_state,
+    };
+    let pg = trainer.process_group();
+    let mut report = gather_report(pg, &local, &eval, out.global_step, cfg.strategy.name(), start.elapsed().as_secs_f64())?;
+    if pg.world_size() == 1 {
+        report.ranks.clear();
+    }
+    report.extra.insert("output_dir".into(), trainer.args().output_dir.display().to_string().into());
+    if trainer.is_world_process_zero() {
+        if let Some(path) = &cfg.train.metrics_json {
+            report.write_json(path).map_err(|e| {
+                ladder_core::Error::invalid("--metrics-json", path.display(), format!("a writable file ({e})"))
+            })?;
+        }
+    }
+    pg.barrier()?;
+    Ok(report)
+}

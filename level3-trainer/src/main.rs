@@ -1,1 +1,38 @@
-fn main() {}
+//! level3-trainer — BasicNet on MNIST with a Trainer, as 🤗 Transformers' `Trainer` example of
+//! the Accelerate tutorial: TrainingArguments("basic-trainer", batch 64, 1 epoch, evaluation
+//! each epoch), a collator producing {x, labels}, and a `compute_loss` with `nll_loss`. No loop
+//! in user code: the Trainer plans, trains, evaluates, logs and checkpoints.
+//!
+//! Launch:
+//!   level3-trainer                                       # 1 process (world size 1)
+//!   ladder-run --nproc-per-node 2 level3-trainer         # 2 ranks, torchrun-style
+//!   mpirun -n 2 level3-trainer                           # 2 ranks under OpenMPI directly
+//!   level3-trainer --transformers-defaults               # Transformers' defaults (lr 5e-5, linear, clip 1.0)
+//!   level3-trainer --resume-from-checkpoint              # continue from basic-trainer/checkpoint-<last>
+//!
+//! One epoch at world 1 (938 optimization steps of 64) reaches ≥ 97% test accuracy with the
+//! shared recipe (see README); output goes to ./basic-trainer (trainer_state.json, loss.svg,
+//! checkpoint-<step>/, model.safetensors). The user's code is in `lib.rs` between the
+//! `user_code` anchors: a `compute_loss`, a collator, the arguments, `Trainer::new`, `train`.
+
+use std::process::ExitCode;
+
+fn main() -> ExitCode {
+    let cfg = level3_trainer::Config::parse_command_line();
+    match level3_trainer::run(&cfg) {
+        Ok(report) => {
+            if report.ranks.is_empty() || is_rank_zero() {
+                println!("{}", report.summary());
+            }
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn is_rank_zero() -> bool {
+    ladder_core::dist::DistEnv::from_env().map(|e| e.rank == 0).unwrap_or(true)
+}

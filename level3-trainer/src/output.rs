@@ -262,12 +262,13 @@ pub fn log_line(entry: &LogEntry) -> String {
     format!("{{{}}}", parts.join(", "))
 }
 
-/// Four significant decimals, integers as integers.
+/// As Python prints a float: integers with `.0`, others rounded to four decimals (as
+/// Transformers rounds losses) in shortest form, tiny values in scientific notation.
 fn short(v: f64) -> String {
     if v == v.trunc() && v.abs() < 1e15 {
         format!("{v:.1}")
     } else if v.abs() >= 1e-3 {
-        format!("{v:.4}")
+        format!("{}", (v * 1e4).round() / 1e4)
     } else {
         format!("{v:.4e}")
     }
@@ -288,6 +289,6 @@ mod tests {
     #[test]
     fn log_lines_read_like_transformers() {
         let e = LogEntry::new(100, 0.1066, [("loss", 0.31234), ("learning_rate", 1e-3), ("grad_norm", 2.0)]);
-        assert_eq!(log_line(&e), "{'grad_norm': 2.0, 'learning_rate': 0.0010, 'loss': 0.3123, 'epoch': 0.1066}");
+        assert_eq!(log_line(&e), "{'grad_norm': 2.0, 'learning_rate': 0.001, 'loss': 0.3123, 'epoch': 0.1066}");
     }
 }

@@ -359,3 +359,42 @@ fn error_messages() {
     }
     insta::assert_snapshot!(report.join("\n\n"));
 }
+
+#[test]
+fn config_prompts_on_a_terminal() {
+    // `script` (util-linux / bsdutils) gives the command a pseudo-terminal; the keys are queued
+    // on it before the first question: ↓ Enter (multi-CPU), 1 machine, FSDP yes, ↓ Enter
+    // (SHARD_GRAD_OP), min_num_params 0, 2 processes, Enter (mixed precision: no).
+    let sb = Sandbox::new();
+    let keys = "\x1b[B\r1\ry\x1b[B\r0\r2\r\r";
+    let mut child = Command::new("script")
+        .args(["-qfc", &format!("{BIN} config"), "/dev/null"])
+        .env("HOME", sb.dir.path())
+        .env("XDG_CONFIG_HOME", sb.path("config"))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("script (bsdutils) is installed");
+    use std::io::Write;
+    child.stdin.take().unwrap().write_all(keys.as_bytes()).unwrap();
+    let out = child.wait_with_output().unwrap();
+    let screen = text(&out.stdout);
+    assert!(out.status.success(), "{screen}\n{}", text(&out.stderr));
+    for question in [
+        "Which type of machine are you using?: multi-CPU (mpi)",
+        "How many different machines will you use (use more than 1 for multi-node training)?",
+        "Do you want to use FullyShardedDataParallel? yes",
+        "What should be your sharding strategy?: SHARD_GRAD_OP",
+        "How many processes in total will you use? (all machines together)",
+        "Do you wish to use mixed precision? (fp16 needs a GPU): no",
+    ] {
+        assert!(screen.contains(question), "{question:?} not on the screen:\n{screen}");
+    }
+    let written = std::fs::read_to_string(sb.path("config/ddp-ladder/accelerate/default_config.yaml")).unwrap();
+    assert_eq!(
+        written,
+        "distributed_type: FSDP\nnum_processes: 2\nnum_machines: 1\nmachine_rank: 0\nmixed_precision: no\ncpu: true\n\
+         use_fsdp: true\nfsdp_sharding_strategy: SHARD_GRAD_OP\nfsdp_min_num_params: 0\n"
+    );
+}

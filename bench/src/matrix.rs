@@ -278,6 +278,10 @@ pub struct Row {
     /// This level's median samples/s over level 1's at the same strategy, world size, width and
     /// precision (levels 2 and 3).
     pub vs_level1: Option<f64>,
+    /// This FSDP strategy's median samples/s over DDP's at the same level, world size, width and
+    /// precision.
+    #[serde(default)]
+    pub vs_ddp: Option<f64>,
     /// Median test accuracy (fraction).
     pub accuracy: Option<f64>,
     /// The peer's median test accuracy.
@@ -612,6 +616,7 @@ pub fn aggregate(cases: &[Case], ours: &Ours, theirs: &Theirs) -> Vec<Row> {
                 peer_samples_per_s: Spread::of(&peer_ok.iter().map(|f| f.samples_per_s).collect::<Vec<_>>()),
                 ratio: Spread::of(&ratios),
                 vs_level1: None,
+                vs_ddp: None,
                 accuracy: med(ok.iter().map(|(f, _)| f.accuracy).collect()),
                 peer_accuracy: med(peer_ok.iter().map(|f| f.accuracy).collect()),
                 eval_samples: last.map(|f| f.eval_samples),
@@ -623,16 +628,18 @@ pub fn aggregate(cases: &[Case], ours: &Ours, theirs: &Theirs) -> Vec<Row> {
             }
         })
         .collect();
-    let level1: Vec<(Case, Option<f64>)> =
-        rows.iter().filter(|r| r.case.level == Some(1)).map(|r| (r.case.clone(), r.samples_per_s.map(|s| s.median))).collect();
-    for row in rows.iter_mut().filter(|r| r.case.level.is_some_and(|l| l > 1)) {
-        let c = &row.case;
-        row.vs_level1 = level1
-            .iter()
-            .find(|(l1, _)| l1.strategy == c.strategy && l1.world_size == c.world_size && l1.width == c.width && l1.precision == c.precision)
-            .and_then(|(_, s)| *s)
-            .zip(row.samples_per_s)
-            .map(|(l1, ours)| ours.median / l1);
+    // Ratios within the run: level 2/3 over level 1, FSDP over DDP, same other coordinates.
+    let medians: Vec<(Case, Option<f64>)> = rows.iter().map(|r| (r.case.clone(), r.samples_per_s.map(|s| s.median))).collect();
+    let find = |pred: &dyn Fn(&Case) -> bool| medians.iter().find(|(c, _)| pred(c)).and_then(|(_, m)| *m);
+    for row in &mut rows {
+        let (c, ours) = (&row.case, row.samples_per_s.map(|s| s.median));
+        let same = |o: &Case| o.world_size == c.world_size && o.width == c.width && o.precision == c.precision;
+        if c.level.is_some_and(|l| l > 1) {
+            row.vs_level1 = find(&|o| o.level == Some(1) && o.strategy == c.strategy && same(o)).zip(ours).map(|(l1, x)| x / l1);
+        }
+        if c.level.is_some() && !matches!(c.strategy, Strategy::Ddp | Strategy::Single) {
+            row.vs_ddp = find(&|o| o.level == c.level && o.strategy == Strategy::Ddp && same(o)).zip(ours).map(|(d, x)| x / d);
+        }
     }
     rows
 }
@@ -674,7 +681,7 @@ pub fn render_throughput(summary: &MatrixSummary, markdown: bool) -> String {
         markdown,
         &[
             "level", "strategy", "ranks", "fc1", "precision", "steps", "samples/s (median, min–max)", "PyTorch samples/s",
-            "ours / PyTorch", "vs level 1", "comm share", "accuracy", "PyTorch accuracy", "eval samples",
+            "ours / PyTorch", "vs level 1", "vs ddp", "comm share", "accuracy", "PyTorch accuracy", "eval samples",
         ],
     );
     for r in &summary.rows {
@@ -691,6 +698,7 @@ pub fn render_throughput(summary: &MatrixSummary, markdown: bool) -> String {
             spread_cell(r.peer_samples_per_s, 0, ""),
             spread_cell(r.ratio, 2, "×"),
             opt(r.vs_level1, |v| format!("{v:.2}×")),
+            opt(r.vs_ddp, |v| format!("{v:.2}×")),
             opt(r.comm_share, |v| format!("{:.1}%", 100.0 * v)),
             opt(r.accuracy, |v| format!("{:.2}%", 100.0 * v)),
             opt(r.peer_accuracy, |v| format!("{:.2}%", 100.0 * v)),
@@ -804,4 +812,81 @@ pub fn render_markdown(summary: &MatrixSummary) -> String {
     }
     s.push_str(&render_notes(summary));
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        run: RunArgs,
+    }
+
+    fn args(flags: &[&str]) -> RunArgs {
+        Cli::parse_from(std::iter::once("bench").chain(flags.iter().copied())).run
+    }
+
+    #[test]
+    fn the_default_matrix_and_what_it_leaves_out() {
+        let (cases, skipped) = plan(&args(&[])).unwrap();
+        // baseline 1 + level 1: 3 strategies × 3 world sizes × 2 widths (fp32 only)
+        // + levels 2 and 3: 3 × 3 × 2 × 2 precisions each.
+        assert_eq!(cases.len(), 1 + 18 + 2 * 36);
+        assert_eq!(cases[0].id, "baseline-w1-128-fp32");
+        assert_eq!(cases[0].peer, Some(Peer::Tutorial));
+        // Peers: ddp at width 128 in fp32, per level and world size.
+        let with_peer: Vec<&str> = cases.iter().filter(|c| c.level.is_some() && c.peer.is_some()).map(|c| c.id.as_str()).collect();
+        assert_eq!(with_peer.len(), 9);
+        assert!(with_peer.contains(&"l3-ddp-w4-128-fp32"));
+        assert!(cases.iter().all(|c| c.steps == if c.width == 128 { 300 } else { 20 }));
+        assert!(!cases.iter().any(|c| c.level == Some(1) && c.precision == Precision::Bf16));
+        assert_eq!(
+            skipped,
+            [
+                "single at width 128 bf16: ladder-baseline is the tutorial's BasicNet in fp32 only",
+                "single at width 4096 fp32: ladder-baseline is the tutorial's BasicNet in fp32 only",
+                "single at width 4096 bf16: ladder-baseline is the tutorial's BasicNet in fp32 only",
+                "level 1 ddp bf16: level 1 has no --mixed-precision (levels 2 and 3 do)",
+                "level 1 fsdp-full-shard bf16: level 1 has no --mixed-precision (levels 2 and 3 do)",
+                "level 1 fsdp-shard-grad-op bf16: level 1 has no --mixed-precision (levels 2 and 3 do)",
+            ]
+        );
+        let (cases, _) = plan(&args(&["--levels", "2", "--strategies", "ddp", "--world-sizes", "2", "--widths", "128", "--no-peers"])).unwrap();
+        assert_eq!(cases.iter().map(|c| c.id.as_str()).collect::<Vec<_>>(), ["l2-ddp-w2-128-fp32", "l2-ddp-w2-128-bf16"]);
+        assert!(cases.iter().all(|c| c.peer.is_none()));
+    }
+
+    fn figures(sps: f64) -> RunFigures {
+        RunFigures { samples_per_s: sps, accuracy: 0.9, eval_samples: 10_000, ..Default::default() }
+    }
+
+    #[test]
+    fn ratios_are_taken_repeat_by_repeat_and_levels_compared_within_the_run() {
+        let (cases, _) =
+            plan(&args(&["--levels", "1,2", "--strategies", "ddp,fsdp-full-shard", "--world-sizes", "2", "--widths", "128", "--precisions", "fp32"]))
+                .unwrap();
+        let ids: Vec<&str> = cases.iter().map(|c| c.id.as_str()).collect();
+        assert_eq!(ids, ["l1-ddp-w2-128-fp32", "l2-ddp-w2-128-fp32", "l1-fsdp-full-shard-w2-128-fp32", "l2-fsdp-full-shard-w2-128-fp32"]);
+        let mut ours = Ours::new();
+        ours.insert(ids[0].into(), vec![Ok((figures(100.0), 1.0)), Ok((figures(120.0), 1.0)), Ok((figures(90.0), 1.0))]);
+        ours.insert(ids[1].into(), vec![Ok((figures(99.0), 1.0)), Err("boom".into()), Ok((figures(117.0), 1.0))]);
+        ours.insert(ids[2].into(), vec![Ok((figures(50.0), 1.0))]);
+        let mut theirs = Theirs::new();
+        theirs.insert("pytorch-ddp-gloo-w2".into(), vec![Ok(figures(50.0)), Ok(figures(100.0)), Ok(figures(45.0))]);
+        let rows = aggregate(&cases, &ours, &theirs);
+        // Level 1: ratios 2.0, 1.2, 2.0 → median 2.0; not the ratio of the medians (100 / 50).
+        assert_eq!(rows[0].ratio, Some(Spread { median: 2.0, min: 1.2, max: 2.0, n: 3 }));
+        assert_eq!(rows[0].samples_per_s, Some(Spread { median: 100.0, min: 90.0, max: 120.0, n: 3 }));
+        // Level 2: the failed repeat drops out of its pairs; it is reported.
+        assert_eq!(rows[1].ratio, Some(Spread { median: (1.98 + 2.6) / 2.0, min: 1.98, max: 2.6, n: 2 }));
+        assert_eq!(rows[1].errors, ["boom"]);
+        assert_eq!(rows[1].vs_level1, Some(108.0 / 100.0));
+        assert_eq!(rows[2].vs_ddp, Some(0.5));
+        assert_eq!((rows[2].ratio, rows[2].vs_level1), (None, None));
+        // A cell that never ran has no figures.
+        assert_eq!((rows[3].samples_per_s, rows[3].vs_ddp, rows[3].eval_samples), (None, None, None));
+    }
 }

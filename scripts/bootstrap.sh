@@ -47,6 +47,11 @@ if [ ! -f "$stamp" ]; then
   "$venv/bin/python" -c "import torch; assert torch.__version__.startswith('$TORCH_VERSION'), torch.__version__"
   touch "$stamp"
 fi
+# safetensors: the tests load the checkpoints' model.safetensors into PyTorch's BasicNet.
+if [ ! -d "$(ls -d "$venv"/lib/python3*/site-packages/safetensors 2>/dev/null | head -n 1)" ]; then
+  log "installing safetensors into $venv"
+  "$venv/bin/python" -m pip install -q safetensors
+fi
 # A stable name for the libtorch inside the wheel (.cargo/config.toml points LIBTORCH at it).
 if [ ! -e "$venv/libtorch/lib/libtorch_cpu.so" ]; then
   site=$(cd "$venv" && ls -d lib/python3*/site-packages/torch | head -n 1)

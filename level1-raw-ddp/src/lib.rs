@@ -176,6 +176,12 @@ pub fn run(cfg: &Config) -> Result<Report> {
         }
     }
 
+    if let Some(path) = &cfg.train.save_model {
+        if let Some(weights) = model.full_state_dict(&*pg)? {
+            ladder_core::train::save_weights(path, &weights)?;
+        }
+    }
+
     // 7. Exact evaluation: disjoint slices, counts all-reduced.
     let eval = model.evaluate(&*pg, &test, 1000)?;
 

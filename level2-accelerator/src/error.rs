@@ -45,4 +45,10 @@ pub enum Error {
     /// a terminal and without `--default` or flags).
     #[error("{command}: {problem}")]
     Cli { command: &'static str, problem: String },
+
+    // ---- the Accelerator ----------------------------------------------------------------------
+    /// An Accelerator method called out of order (e.g. `backward` before `prepare_model`, a
+    /// second model).
+    #[error("{op}: {problem}")]
+    Usage { op: &'static str, problem: String },
 }

@@ -55,6 +55,11 @@ pub struct TrainArgs {
     /// Print the training loss every N steps (0: only per epoch).
     #[arg(long, default_value_t = 100)]
     pub log_interval: usize,
+    /// Save the trained weights to this file as safetensors, with the unwrapped model's keys
+    /// (`conv1.weight`, …), as the tutorial's `--save-model` (written by rank 0).
+    #[arg(long, value_name = "PATH")]
+    #[serde(default)]
+    pub save_model: Option<PathBuf>,
 }
 
 impl Default for TrainArgs {
@@ -71,6 +76,7 @@ impl Default for TrainArgs {
             device: None,
             metrics_json: None,
             log_interval: 100,
+            save_model: None,
         }
     }
 }
@@ -132,6 +138,21 @@ pub fn seed_batch(seed: u64, rank: usize, batch_index: u64) {
     z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
     z ^= z >> 31;
     tch::manual_seed((z >> 1) as i64);
+}
+
+/// Writes `weights` (name → tensor) to `path` as safetensors, atomically; the error names the
+/// `--save-model` flag.
+///
+/// # Errors
+/// [`Error::InvalidValue`] naming `--save-model` and the path when it cannot be written.
+pub fn save_weights(path: &std::path::Path, weights: &[(String, Tensor)]) -> Result<()> {
+    let bad = |e: String| Error::invalid("--save-model", path.display(), format!("a writable file ({e})"));
+    let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(std::path::Path::new("."));
+    let tmp = tempfile::Builder::new().prefix(".ladder-").suffix(".safetensors").tempfile_in(dir).map_err(|e| bad(e.to_string()))?;
+    let cpu: Vec<(String, Tensor)> = weights.iter().map(|(k, t)| (k.clone(), t.detach().to_device(tch::Device::Cpu))).collect();
+    Tensor::write_safetensors(&cpu, tmp.path()).map_err(|e| bad(e.to_string()))?;
+    tmp.persist(path).map_err(|e| bad(e.error.to_string()))?;
+    Ok(())
 }
 
 /// Sums from evaluating part of the test set; all-reducing them over ranks gives the exact

@@ -233,6 +233,23 @@ impl<'pg> WrappedModel<'pg> {
         }
     }
 
+    /// Multiplies every gradient this rank holds by `factor` (a GradScaler's unscale).
+    ///
+    /// # Errors
+    /// libtorch errors.
+    pub fn scale_grads(&self, factor: f64) -> Result<()> {
+        let grads: Vec<Tensor> = match &self.inner {
+            Inner::Ddp { model, .. } => model.named_parameters().iter().map(|(_, p)| p.grad()).collect(),
+            Inner::Fsdp(m) => m.shards().iter().map(|s| s.grad()).collect(),
+        };
+        tch::no_grad(|| {
+            for mut g in grads.into_iter().filter(|g| g.defined()) {
+                let _ = g.f_mul_scalar_(factor)?;
+            }
+            Ok(())
+        })
+    }
+
     /// True when every gradient this rank holds is finite (no inf/NaN), checked on every rank
     /// alike after a Max all-reduce — what GradScaler's `found_inf` computes.
     ///

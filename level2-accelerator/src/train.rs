@@ -1,0 +1,199 @@
+//! The tutorial's `train_ddp_accelerate`: level 1's job with the distributed lines gone. No
+//! rank, no device, no setup/cleanup, no sampler, no wrapper in this code: the
+//! [`Accelerator`] reads them from the launcher and the config.
+
+use crate::config::{AcceleratorConfig, FsdpShardingStrategy, MixedPrecision};
+use crate::{Accelerator, DistributedDataParallelKwargs, Result};
+use clap::Parser;
+use ladder_core::device::DeviceKind;
+use ladder_core::metrics::{LocalFigures, Report};
+use ladder_core::model::{BasicNet, BasicNetConfig};
+use ladder_core::optim::AdamWConfig;
+use ladder_core::train::{EvalSums, TrainArgs};
+use ladder_core::wrapped::Strategy;
+use serde::{Deserialize, Serialize};
+use std::path::PathBuf;
+use std::time::Instant;
+use tch::{nn, Kind};
+
+/// Level 2's command line: level 1's training flags; the distributed settings are optional
+/// here, since `ladder-accelerate launch` and the config file can give them too (a flag given
+/// beats them; a flag not given leaves them alone).
+#[derive(Debug, Clone, Parser, Serialize, Deserialize)]
+#[command(
+    name = "level2-accelerator",
+    version,
+    about = "Level 2: BasicNet on MNIST with an Accelerator — one single-device-looking loop on 1..N processes",
+    after_help = "Launch: `target/release/level2-accelerator` (1 process), `target/release/ladder-accelerate launch --num-processes 2 target/release/level2-accelerator`, `target/release/ladder-run --nproc-per-node 2 target/release/level2-accelerator`, or `mpirun -n 2 target/release/level2-accelerator`.",
+    allow_negative_numbers = true
+)]
+pub struct Config {
+    #[command(flatten)]
+    pub train: TrainArgs,
+    /// How the model is replicated (sets use_fsdp and fsdp_sharding_strategy). Default: the
+    /// launcher's or config file's setting, else ddp.
+    #[arg(long, value_enum)]
+    pub strategy: Option<Strategy>,
+    /// Mixed precision (no | bf16 | fp16; fp16 needs CUDA). Default: the launcher's or config
+    /// file's setting, else no.
+    #[arg(long, value_enum)]
+    pub mixed_precision: Option<MixedPrecision>,
+    /// Micro-batches per optimizer step. Default: the launcher's or config file's, else 1.
+    #[arg(long, value_name = "K")]
+    pub gradient_accumulation_steps: Option<usize>,
+    /// FSDP auto-wrap threshold in parameters. Default: the launcher's or config file's, else 1e8.
+    #[arg(long, value_name = "N")]
+    pub fsdp_min_num_params: Option<usize>,
+    /// DDP gradient bucket cap in MiB (PyTorch's bucket_cap_mb).
+    #[arg(long, default_value_t = 25.0, value_name = "MIB")]
+    pub bucket_cap_mb: f64,
+    /// Output features of BasicNet's fc1 (128; 4096 for memory comparisons).
+    #[arg(long, default_value_t = 128)]
+    pub width: i64,
+    /// Resume from a directory written by --save-state (model, optimizer, data position).
+    #[arg(long, value_name = "DIR")]
+    pub resume_from: Option<PathBuf>,
+    /// Save the state (accelerator.save_state) into this directory after every epoch and at
+    /// --max-steps.
+    #[arg(long, value_name = "DIR")]
+    pub save_state: Option<PathBuf>,
+    /// Save the state every N optimizer steps too (with --save-state).
+    #[arg(long, value_name = "N")]
+    pub save_every: Option<u64>,
+    /// After training, check that every process holds bit-identical parameters.
+    #[arg(long)]
+    pub check_sync: bool,
+}
+
+impl Config {
+    /// The settings this command line gives the Accelerator explicitly (flags not given stay
+    /// `None`, so the launcher's environment and the config file still apply).
+    pub fn accelerator_config(&self) -> AcceleratorConfig {
+        let (use_fsdp, sharding) = match self.strategy {
+            None => (None, None),
+            Some(Strategy::Ddp) => (Some(false), None),
+            Some(Strategy::FsdpFullShard) => (Some(true), Some(FsdpShardingStrategy::FullShard)),
+            Some(Strategy::FsdpShardGradOp) => (Some(true), Some(FsdpShardingStrategy::ShardGradOp)),
+            Some(Strategy::FsdpNoShard) => (Some(true), Some(FsdpShardingStrategy::NoShard)),
+        };
+        AcceleratorConfig {
+            mixed_precision: self.mixed_precision,
+            gradient_accumulation_steps: self.gradient_accumulation_steps,
+            cpu: self.train.device.map(|d| d == DeviceKind::Cpu),
+            use_fsdp,
+            fsdp_sharding_strategy: sharding,
+            fsdp_min_num_params: self.fsdp_min_num_params,
+            ..AcceleratorConfig::default()
+        }
+    }
+}
+
+/// Trains and evaluates as configured; every process returns the same report.
+///
+/// # Errors
+/// Bad flags or settings (named), data errors, collective errors.
+pub fn run(cfg: &Config) -> Result<Report> {
+    let start = Instant::now();
+    cfg.train.validate()?;
+    if cfg.width < 1 {
+        return Err(ladder_core::Error::invalid("--width", cfg.width, "at least 1 output feature for fc1").into());
+    }
+    if cfg.train.device == Some(DeviceKind::Cuda) {
+        DeviceKind::Cuda.resolve(0)?;
+    }
+    let kwargs = DistributedDataParallelKwargs { bucket_cap_mb: cfg.bucket_cap_mb };
+    let args = &cfg.train;
+
+    // ANCHOR: user_code
+    let accelerator = Accelerator::with_kwargs(cfg.accelerator_config(), kwargs)?;
+    accelerator.set_seed(args.seed);
+    let mnist = accelerator.main_process_first(|| args.load_mnist())??;
+
+    let vs = nn::VarStore::new(accelerator.device());
+    let net = BasicNet::new(&vs.root(), BasicNetConfig { width: cfg.width, ..Default::default() });
+    let model = accelerator.prepare_model(vs, net)?;
+    let mut optimizer = accelerator.prepare_optimizer(&model, AdamWConfig { lr: args.lr, ..Default::default() })?;
+    let train_loader = accelerator.prepare_data_loader(&mnist.train, args.batch_size, true)?;
+    let test_loader = accelerator.prepare_data_loader(&mnist.test, 1000, false)?;
+
+    let mut first_epoch = 1;
+    if let Some(dir) = &cfg.resume_from {
+        first_epoch = accelerator.load_state(dir)?.epoch as usize + 1;
+    }
+    let (mut samples, mut train_s, mut train_loss) = (0usize, 0.0f64, 0.0f64);
+    'epochs: for epoch in first_epoch..=args.epochs {
+        let t0 = Instant::now();
+        let (mut loss_sum, mut n) = (0.0, 0usize);
+        for (batch_idx, (images, labels)) in train_loader.iter().enumerate() {
+            let loss = accelerator.accumulate(&model, || -> Result<_> {
+                let loss = model.forward_t(&images, true)?.nll_loss(&labels);
+                accelerator.backward(&loss)?;
+                optimizer.step()?;
+                optimizer.zero_grad();
+                Ok(loss.double_value(&[]))
+            })?;
+            (loss_sum, n, samples) = (loss_sum + loss, n + 1, samples + images.size()[0] as usize);
+            if args.log_interval > 0 && batch_idx % args.log_interval == 0 {
+                accelerator.print(format!(
+                    "Train Epoch: {epoch} [{}/{} ({:.0}%)]\tLoss: {loss:.6}",
+                    batch_idx * args.batch_size,
+                    train_loader.num_samples(),
+                    100.0 * batch_idx as f64 / train_loader.len() as f64
+                ));
+            }
+            let step = accelerator.global_step();
+            if accelerator.sync_gradients() {
+                if let (Some(dir), Some(every)) = (&cfg.save_state, cfg.save_every) {
+                    if step % every == 0 {
+                        accelerator.save_state(dir)?;
+                    }
+                }
+            }
+            if args.max_steps.is_some_and(|m| step >= m as u64) {
+                (train_s, train_loss) = (train_s + t0.elapsed().as_secs_f64(), loss_sum / n as f64);
+                break 'epochs;
+            }
+        }
+        (train_s, train_loss) = (train_s + t0.elapsed().as_secs_f64(), loss_sum / n.max(1) as f64);
+        if let Some(dir) = &cfg.save_state {
+            accelerator.save_state(dir)?;
+        }
+    }
+    if let (Some(dir), Some(_)) = (&cfg.save_state, args.max_steps) {
+        accelerator.save_state(dir)?;
+    }
+
+    // Evaluation: every process takes a share; gather_for_metrics drops the padding.
+    let mut eval = EvalSums::default();
+    for (images, labels) in test_loader.iter() {
+        let output = tch::no_grad(|| model.forward_t(&images, false))?;
+        let losses = output.nll_loss_nd::<tch::Tensor>(&labels, None, tch::Reduction::None, -100);
+        let correct = output.argmax(-1, false).eq_tensor(&labels);
+        let (losses, correct) = (accelerator.gather_for_metrics(&losses)?, accelerator.gather_for_metrics(&correct)?);
+        eval.loss_sum += losses.to_kind(Kind::Double).sum(Kind::Double).double_value(&[]);
+        eval.correct += correct.sum(Kind::Int64).int64_value(&[]);
+        eval.count += losses.size()[0];
+    }
+    // ANCHOR_END: user_code
+
+    if let Some(path) = &args.save_model {
+        if let Some(weights) = accelerator.get_state_dict()? {
+            ladder_core::train::save_weights(path, &weights)?;
+        }
+    }
+    if cfg.check_sync {
+        model.check_parameters_in_sync()?;
+        accelerator.print(format!("check-sync: parameters are bit-identical on all {} processes", accelerator.num_processes()));
+    }
+    let local = LocalFigures { samples: samples as u64, train_s, train_loss, comm_s: model.comm_seconds(), model_state: model.memory() };
+    let report = accelerator.gather_report(&local, &eval, start.elapsed().as_secs_f64())?;
+    if accelerator.is_main_process() {
+        if let Some(path) = &args.metrics_json {
+            report
+                .write_json(path)
+                .map_err(|e| ladder_core::Error::invalid("--metrics-json", path.display(), format!("a writable file ({e})")))?;
+        }
+    }
+    accelerator.wait_for_everyone()?;
+    Ok(report)
+}

@@ -17,17 +17,19 @@
 //! Outputs in `--out-dir` (default `bench/results/`): `bench.md`, `bench.json`, every run's own
 //! report in `runs/`, its log in `logs/`, and `allreduce-2.json`.
 
+mod render;
+mod run;
+
+pub use render::{render_allreduce, render_markdown, render_memory, render_terminal, render_throughput};
+pub use run::run_matrix;
+
 use crate::error::{Error, Result};
 use crate::figures::{ModelState, RunFigures};
 use crate::machine::Machine;
 use crate::stats::Spread;
-use crate::{process, require_binary, write_file, LEVELS};
-use comfy_table::{presets, CellAlignment, Table};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
-use std::process::Command;
-use std::time::Duration;
+use std::path::PathBuf;
 
 /// How the model is replicated: the process-level strategies of the matrix.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize, clap::ValueEnum)]
@@ -365,218 +367,16 @@ impl MatrixSummary {
     }
 }
 
-/// Paths the runner uses.
-struct Paths {
-    root: PathBuf,
-    bin_dir: PathBuf,
-    out_dir: PathBuf,
-    python: PathBuf,
-}
-
-/// Runs the matrix, prints the tables, writes `bench.md` and `bench.json`.
-///
-/// # Errors
-/// Invalid flags; [`Error::MissingBinary`] for a binary or the peers' Python; [`Error::Io`]
-/// writing results. A run's own failure is recorded in its row (see [`MatrixSummary::check`]).
-pub fn run_matrix(args: &RunArgs) -> Result<MatrixSummary> {
-    let (cases, skipped) = plan(args)?;
-    let root = args.root.clone().unwrap_or_else(crate::default_root);
-    let bin_dir = args.bin_dir.clone().unwrap_or_else(|| root.join("target").join("release"));
-    let paths = Paths {
-        out_dir: args.out_dir.clone().unwrap_or_else(|| root.join("bench").join("results")),
-        python: args.python.clone().unwrap_or_else(|| root.join(".venv").join("bin").join("python")),
-        bin_dir,
-        root,
-    };
-    // Check every binary before measuring anything.
-    if cases.iter().any(|c| c.level.is_some()) {
-        require_binary(paths.bin_dir.join("ladder-run"))?;
-    }
-    for c in &cases {
-        match c.level {
-            None => require_binary(paths.bin_dir.join("ladder-baseline"))?,
-            Some(n) => require_binary(paths.bin_dir.join(LEVELS[usize::from(n) - 1].binary))?,
-        };
-    }
-    if cases.iter().any(|c| c.peer.is_some()) {
-        require_binary(paths.python.clone())?;
-    }
-    if !args.no_allreduce {
-        require_binary(allreduce_binary(&paths.bin_dir))?;
-    }
-    for sub in ["runs", "logs"] {
-        let dir = paths.out_dir.join(sub);
-        if dir.exists() {
-            std::fs::remove_dir_all(&dir).map_err(Error::io(&dir))?;
-        }
-    }
-    let mut machine = Machine::describe();
-    if cases.iter().any(|c| c.peer.is_some()) {
-        machine.torch_version = torch_version(&paths.python);
-    }
-
-    let peers_per_repeat = {
-        let mut p: Vec<Peer> = cases.iter().filter_map(|c| c.peer).collect();
-        p.sort();
-        p.dedup();
-        p.len()
-    };
-    let total = args.repeats * (cases.len() + peers_per_repeat);
-    let timeout = Duration::from_secs(args.timeout_s);
-    let mut ours: BTreeMap<String, Vec<std::result::Result<(RunFigures, f64), String>>> = BTreeMap::new();
-    let mut theirs: BTreeMap<String, Vec<std::result::Result<RunFigures, String>>> = BTreeMap::new();
-    let mut k = 0;
-    for r in 1..=args.repeats {
-        let mut peers_done = Vec::new();
-        for case in &cases {
-            k += 1;
-            println!("[{k}/{total}] {} (repeat {r}/{})", label(case), args.repeats);
-            let result = run_ours(case, r, &paths, timeout);
-            match &result {
-                Ok((f, _)) => println!("      {:.0} samples/s, accuracy {:.2}%", f.samples_per_s, 100.0 * f.accuracy),
-                Err(e) => println!("      FAILED: {}", e.lines().next().unwrap_or("")),
-            }
-            ours.entry(case.id.clone()).or_default().push(result);
-            if let Some(peer) = case.peer.filter(|p| !peers_done.contains(p)) {
-                peers_done.push(peer);
-                k += 1;
-                println!("[{k}/{total}] PyTorch peer {} (repeat {r}/{})", peer.id(), args.repeats);
-                let result = run_peer(peer, case.steps, r, &paths, timeout).map_err(|e| e.to_string());
-                match &result {
-                    Ok(f) => println!("      {:.0} samples/s, accuracy {:.2}%", f.samples_per_s, 100.0 * f.accuracy),
-                    Err(e) => println!("      FAILED: {}", e.lines().next().unwrap_or("")),
-                }
-                theirs.entry(peer.id()).or_default().push(result);
-            }
-        }
-    }
-    let (allreduce, allreduce_error) = if args.no_allreduce {
-        (None, None)
-    } else {
-        println!("all-reduce bus bandwidth, {} ranks: ProcessGroup::all_reduce vs raw rsmpi", args.allreduce_ranks);
-        match run_allreduce(args.allreduce_ranks, &paths, timeout) {
-            Ok(a) => (Some(a), None),
-            Err(e) => {
-                println!("      FAILED: {}", e.to_string().lines().next().unwrap_or(""));
-                (None, Some(e.to_string()))
-            }
-        }
-    };
-    let summary = MatrixSummary { machine, repeats: args.repeats, rows: aggregate(&cases, &ours, &theirs), skipped, allreduce, allreduce_error };
-    println!("\n{}", render_terminal(&summary));
-    write_file(&paths.out_dir.join("bench.json"), &serde_json::to_string_pretty(&summary).unwrap_or_default())?;
-    write_file(&paths.out_dir.join("bench.md"), &render_markdown(&summary))?;
-    println!("written: {} and {}", paths.out_dir.join("bench.md").display(), paths.out_dir.join("bench.json").display());
-    Ok(summary)
-}
-
-fn allreduce_binary(bin_dir: &Path) -> PathBuf {
-    bin_dir.join("examples").join("allreduce_bench")
-}
-
 /// `L2 fsdp-full-shard ×4 fc1 4096 bf16` / `baseline single ×1 fc1 128 fp32`.
 pub fn label(case: &Case) -> String {
     let who = case.level.map_or("baseline".to_string(), |l| format!("L{l}"));
     format!("{who} {} ×{} fc1 {} {}", case.strategy.name(), case.world_size, case.width, case.precision.name())
 }
 
-fn torch_version(python: &Path) -> Option<String> {
-    let out = Command::new(python).args(["-c", "import torch; print(torch.__version__)"]).output().ok()?;
-    out.status.success().then(|| String::from_utf8_lossy(&out.stdout).trim().to_string())
-}
-
-/// Runs one of ours; the report and the bench-measured wall seconds, or the error's text.
-fn run_ours(case: &Case, repeat: usize, paths: &Paths, timeout: Duration) -> std::result::Result<(RunFigures, f64), String> {
-    let report = paths.out_dir.join("runs").join(format!("{}-r{repeat}.json", case.id));
-    let log = paths.out_dir.join("logs").join(format!("{}-r{repeat}.log", case.id));
-    let mut cmd = match case.level {
-        None => Command::new(paths.bin_dir.join("ladder-baseline")),
-        Some(n) => {
-            let mut c = Command::new(paths.bin_dir.join("ladder-run"));
-            c.arg("--nproc-per-node").arg(case.world_size.to_string()).arg(paths.bin_dir.join(LEVELS[usize::from(n) - 1].binary));
-            c.args(["--strategy", case.strategy.name()]);
-            if case.strategy != Strategy::Ddp {
-                c.args(["--fsdp-min-num-params", "0"]);
-            }
-            if case.width != 128 {
-                c.args(["--width", &case.width.to_string()]);
-            }
-            if case.precision == Precision::Bf16 {
-                c.args(["--mixed-precision", "bf16"]);
-            }
-            c
-        }
-    };
-    cmd.args(["--device", "cpu", "--log-interval", "0", "--max-steps", &case.steps.to_string(), "--metrics-json"]).arg(&report);
-    cmd.current_dir(&paths.root);
-    let what = label(case);
-    let done = process::run_logged(&what, &mut cmd, &log, timeout).map_err(|e| e.to_string())?;
-    if !report.exists() {
-        return Err(Error::NoReport { what, path: report }.to_string());
-    }
-    let figures = RunFigures::read(&report).map_err(|e| e.to_string())?;
-    Ok((figures, done.wall_s))
-}
-
-/// Runs a PyTorch peer for `steps` steps per rank and parses its JSON line; keeps the line in
-/// `runs/<peer>-r<repeat>.json`.
-fn run_peer(peer: Peer, steps: usize, repeat: usize, paths: &Paths, timeout: Duration) -> Result<RunFigures> {
-    let reference = paths.root.join("bench").join("reference");
-    let mut cmd = match peer {
-        Peer::Tutorial => {
-            let mut c = Command::new(&paths.python);
-            c.arg(reference.join("tutorial.py"));
-            c
-        }
-        Peer::DdpGloo { world_size } => {
-            // torchrun from the same venv: `python -m torch.distributed.run`.
-            let mut c = Command::new(&paths.python);
-            c.args(["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", &world_size.to_string()]);
-            c.arg(reference.join("ddp_gloo.py"));
-            c
-        }
-    };
-    cmd.args(["--max-steps", &steps.to_string()]).current_dir(&paths.root);
-    let id = peer.id();
-    let log = paths.out_dir.join("logs").join(format!("{id}-r{repeat}.log"));
-    let what = format!("PyTorch {id}");
-    let done = process::run_logged(&what, &mut cmd, &log, timeout)?;
-    let line = done
-        .stdout
-        .iter()
-        .rev()
-        .find(|l| l.trim_start().starts_with('{'))
-        .ok_or_else(|| Error::NoPeerResult { what: what.clone(), tail: done.tail.clone() })?;
-    let path = paths.out_dir.join("runs").join(format!("{id}-r{repeat}.json"));
-    write_file(&path, line)?;
-    RunFigures::parse(line, &path)
-}
-
-/// `mpirun -n N --bind-to none [--oversubscribe] target/release/examples/allreduce_bench --json …`.
-fn run_allreduce(ranks: usize, paths: &Paths, timeout: Duration) -> Result<AllReduce> {
-    let json = paths.out_dir.join(format!("allreduce-{ranks}.json"));
-    let _ = std::fs::remove_file(&json);
-    let mut cmd = Command::new("mpirun");
-    cmd.args(["-n", &ranks.to_string(), "--bind-to", "none"]);
-    // Oversubscribing makes idle ranks yield, which distorts small-message latency: only when needed.
-    if ranks > std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1) {
-        cmd.arg("--oversubscribe");
-    }
-    cmd
-        .arg(allreduce_binary(&paths.bin_dir))
-        .arg("--json")
-        .arg(&json)
-        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
-        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
-        .current_dir(&paths.root);
-    let log = paths.out_dir.join("logs").join(format!("allreduce-{ranks}.log"));
-    process::run_logged("all-reduce", &mut cmd, &log, timeout)?;
-    let text = std::fs::read_to_string(&json).map_err(Error::io(&json))?;
-    serde_json::from_str(&text).map_err(|source| Error::Json { path: json, source })
-}
-
-type Ours = BTreeMap<String, Vec<std::result::Result<(RunFigures, f64), String>>>;
-type Theirs = BTreeMap<String, Vec<std::result::Result<RunFigures, String>>>;
+/// Our runs per cell id, one entry per repeat: figures and bench-measured wall seconds, or the error.
+pub type Ours = BTreeMap<String, Vec<std::result::Result<(RunFigures, f64), String>>>;
+/// The peers' runs per peer id, one entry per repeat.
+pub type Theirs = BTreeMap<String, Vec<std::result::Result<RunFigures, String>>>;
 
 /// Turns every cell's repeats into its row: spreads, ratios (repeat by repeat), level ratios.
 pub fn aggregate(cases: &[Case], ours: &Ours, theirs: &Theirs) -> Vec<Row> {
@@ -642,176 +442,6 @@ pub fn aggregate(cases: &[Case], ours: &Ours, theirs: &Theirs) -> Vec<Row> {
         }
     }
     rows
-}
-
-fn spread_cell(s: Option<Spread>, digits: usize, suffix: &str) -> String {
-    match s {
-        None => "—".into(),
-        Some(s) if s.n == 1 => format!("{:.digits$}{suffix}", s.median),
-        Some(s) => format!("{:.digits$}{suffix} ({:.digits$}–{:.digits$})", s.median, s.min, s.max),
-    }
-}
-
-fn opt(v: Option<f64>, f: impl Fn(f64) -> String) -> String {
-    v.map_or("—".into(), f)
-}
-
-fn new_table(markdown: bool, header: &[&str]) -> Table {
-    let mut t = Table::new();
-    t.load_preset(if markdown { presets::ASCII_MARKDOWN } else { presets::UTF8_FULL_CONDENSED });
-    t.set_header(header.to_vec());
-    t
-}
-
-fn right_align(t: &mut Table, from: usize) {
-    let n = t.column_count();
-    for i in from..n {
-        if let Some(c) = t.column_mut(i) {
-            c.set_cell_alignment(CellAlignment::Right);
-        }
-    }
-}
-
-const MIB: f64 = 1024.0 * 1024.0;
-
-/// The throughput table: every cell with its samples/s, PyTorch's, the ratio, the level ratio,
-/// communication share, accuracy and evaluated images.
-pub fn render_throughput(summary: &MatrixSummary, markdown: bool) -> String {
-    let mut t = new_table(
-        markdown,
-        &[
-            "level", "strategy", "ranks", "fc1", "precision", "steps", "samples/s (median, min–max)", "PyTorch samples/s",
-            "ours / PyTorch", "vs level 1", "vs ddp", "comm share", "accuracy", "PyTorch accuracy", "eval samples",
-        ],
-    );
-    for r in &summary.rows {
-        let c = &r.case;
-        let failed = r.samples_per_s.is_none();
-        t.add_row(vec![
-            c.level.map_or("baseline".into(), |l| l.to_string()),
-            c.strategy.name().into(),
-            c.world_size.to_string(),
-            c.width.to_string(),
-            c.precision.name().into(),
-            c.steps.to_string(),
-            if failed { "FAILED".into() } else { spread_cell(r.samples_per_s, 0, "") },
-            spread_cell(r.peer_samples_per_s, 0, ""),
-            spread_cell(r.ratio, 2, "×"),
-            opt(r.vs_level1, |v| format!("{v:.2}×")),
-            opt(r.vs_ddp, |v| format!("{v:.2}×")),
-            opt(r.comm_share, |v| format!("{:.1}%", 100.0 * v)),
-            opt(r.accuracy, |v| format!("{:.2}%", 100.0 * v)),
-            opt(r.peer_accuracy, |v| format!("{:.2}%", 100.0 * v)),
-            r.eval_samples.map_or("—".into(), |n| n.to_string()),
-        ]);
-    }
-    right_align(&mut t, 2);
-    t.to_string()
-}
-
-/// The memory table: model-state bytes of rank 0 and the peak RSS of every rank.
-pub fn render_memory(summary: &MatrixSummary, markdown: bool) -> String {
-    let mut t = new_table(
-        markdown,
-        &[
-            "level", "strategy", "ranks", "fc1", "precision", "parameters MiB", "gradients MiB", "optimizer MiB",
-            "gathered peak MiB", "peak RSS per rank MiB",
-        ],
-    );
-    for r in &summary.rows {
-        let c = &r.case;
-        let ms = |f: fn(&ModelState) -> u64| r.model_state.map_or("—".into(), |m| format!("{:.1}", f(&m) as f64 / MIB));
-        t.add_row(vec![
-            c.level.map_or("baseline".into(), |l| l.to_string()),
-            c.strategy.name().into(),
-            c.world_size.to_string(),
-            c.width.to_string(),
-            c.precision.name().into(),
-            ms(|m| m.parameters),
-            ms(|m| m.gradients),
-            ms(|m| m.optimizer),
-            ms(|m| m.gathered_peak),
-            if r.peak_rss_per_rank.is_empty() {
-                "—".into()
-            } else {
-                r.peak_rss_per_rank.iter().map(|m| format!("{m:.0}")).collect::<Vec<_>>().join(" / ")
-            },
-        ]);
-    }
-    right_align(&mut t, 2);
-    t.to_string()
-}
-
-/// The all-reduce table (empty string when not measured).
-pub fn render_allreduce(summary: &MatrixSummary, markdown: bool) -> String {
-    let Some(a) = &summary.allreduce else { return String::new() };
-    let mut t = new_table(markdown, &["bytes", "ours busbw GB/s", "raw rsmpi busbw GB/s", "ours / raw", "ours µs", "raw µs"]);
-    for r in &a.rows {
-        t.add_row(vec![
-            r.bytes.to_string(),
-            format!("{:.2}", r.ours_busbw_gbps),
-            format!("{:.2}", r.raw_busbw_gbps),
-            format!("{:.2}", r.ratio),
-            format!("{:.1}", r.ours_latency_us),
-            format!("{:.1}", r.raw_latency_us),
-        ]);
-    }
-    right_align(&mut t, 0);
-    t.to_string()
-}
-
-fn render_notes(summary: &MatrixSummary) -> String {
-    let mut s = String::new();
-    for r in summary.rows.iter().filter(|r| !r.errors.is_empty()) {
-        s.push_str(&format!("\n{} FAILED ({} of {} repeats):\n{}\n", label(&r.case), r.errors.len(), summary.repeats, r.errors[0]));
-    }
-    if let Some(e) = &summary.allreduce_error {
-        s.push_str(&format!("\nall-reduce FAILED: {e}\n"));
-    }
-    if !summary.skipped.is_empty() {
-        s.push_str("\nNot run:\n");
-        for k in &summary.skipped {
-            s.push_str(&format!("- {k}\n"));
-        }
-    }
-    s
-}
-
-const EXPLAIN: &str = "samples/s: training samples over all ranks per second of the training loop (loading and \
-evaluation excluded); ours / PyTorch: the ratio within each repeat (ours and PyTorch's run back to back), median and \
-range over repeats; PyTorch peers: bench/reference/tutorial.py (single) and ddp_gloo.py under torchrun (ddp), same \
-model, AdamW recipe, per-rank batch 64 and threads per rank. comm share: max over ranks of the time in collectives / \
-training time. Model state: rank 0's persistent bytes (AdamW: 2 states per parameter); peak RSS: each rank's \
-whole-process high-water mark, data loading included.";
-
-/// What the terminal shows.
-pub fn render_terminal(summary: &MatrixSummary) -> String {
-    let mut s = format!("{}\n\nThroughput (repeats: {})\n{}\n\nMemory\n{}\n", summary.machine.line(), summary.repeats, render_throughput(summary, false), render_memory(summary, false));
-    if summary.allreduce.is_some() {
-        s.push_str(&format!("\nAll-reduce (f32, sum)\n{}\n", render_allreduce(summary, false)));
-    }
-    s.push_str(&render_notes(summary));
-    s
-}
-
-/// `bench.md`.
-pub fn render_markdown(summary: &MatrixSummary) -> String {
-    let mut s = format!(
-        "# ddp-ladder bench\n\n{}\n\n## Throughput (repeats: {})\n\n{}\n\n{EXPLAIN}\n\n## Memory\n\n{}\n",
-        summary.machine.line(),
-        summary.repeats,
-        render_throughput(summary, true),
-        render_memory(summary, true)
-    );
-    if let Some(a) = &summary.allreduce {
-        s.push_str(&format!(
-            "\n## All-reduce, {} ranks (f32, sum; busbw = algbw × 2(n−1)/n)\n\n{}\n",
-            a.world_size,
-            render_allreduce(summary, true)
-        ));
-    }
-    s.push_str(&render_notes(summary));
-    s
 }
 
 #[cfg(test)]

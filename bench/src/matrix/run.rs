@@ -1,0 +1,217 @@
+//! Running the matrix: our binaries, the PyTorch peers, the all-reduce example — each a process
+//! whose report the bench reads back.
+
+use super::{aggregate, label, plan, AllReduce, Case, MatrixSummary, Ours, Peer, Precision, RunArgs, Strategy, Theirs};
+use super::render::{render_markdown, render_terminal};
+use crate::error::{Error, Result};
+use crate::figures::RunFigures;
+use crate::machine::Machine;
+use crate::{process, require_binary, write_file, LEVELS};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+/// Paths the runner uses.
+struct Paths {
+    root: PathBuf,
+    bin_dir: PathBuf,
+    out_dir: PathBuf,
+    python: PathBuf,
+}
+
+/// Runs the matrix, prints the tables, writes `bench.md` and `bench.json`.
+///
+/// # Errors
+/// Invalid flags; [`Error::MissingBinary`] for a binary or the peers' Python; [`Error::Io`]
+/// writing results. A run's own failure is recorded in its row (see [`MatrixSummary::check`]).
+pub fn run_matrix(args: &RunArgs) -> Result<MatrixSummary> {
+    let (cases, skipped) = plan(args)?;
+    let root = args.root.clone().unwrap_or_else(crate::default_root);
+    let bin_dir = args.bin_dir.clone().unwrap_or_else(|| root.join("target").join("release"));
+    let paths = Paths {
+        out_dir: args.out_dir.clone().unwrap_or_else(|| root.join("bench").join("results")),
+        python: args.python.clone().unwrap_or_else(|| root.join(".venv").join("bin").join("python")),
+        bin_dir,
+        root,
+    };
+    // Check every binary before measuring anything.
+    if cases.iter().any(|c| c.level.is_some()) {
+        require_binary(paths.bin_dir.join("ladder-run"))?;
+    }
+    for c in &cases {
+        match c.level {
+            None => require_binary(paths.bin_dir.join("ladder-baseline"))?,
+            Some(n) => require_binary(paths.bin_dir.join(LEVELS[usize::from(n) - 1].binary))?,
+        };
+    }
+    if cases.iter().any(|c| c.peer.is_some()) {
+        require_binary(paths.python.clone())?;
+    }
+    if !args.no_allreduce {
+        require_binary(allreduce_binary(&paths.bin_dir))?;
+    }
+    for sub in ["runs", "logs"] {
+        let dir = paths.out_dir.join(sub);
+        if dir.exists() {
+            std::fs::remove_dir_all(&dir).map_err(Error::io(&dir))?;
+        }
+    }
+    let mut machine = Machine::describe();
+    if cases.iter().any(|c| c.peer.is_some()) {
+        machine.torch_version = torch_version(&paths.python);
+    }
+
+    let peers_per_repeat = {
+        let mut p: Vec<Peer> = cases.iter().filter_map(|c| c.peer).collect();
+        p.sort();
+        p.dedup();
+        p.len()
+    };
+    let total = args.repeats * (cases.len() + peers_per_repeat);
+    let timeout = Duration::from_secs(args.timeout_s);
+    let mut ours = Ours::new();
+    let mut theirs = Theirs::new();
+    let mut k = 0;
+    for r in 1..=args.repeats {
+        let mut peers_done = Vec::new();
+        for case in &cases {
+            k += 1;
+            println!("[{k}/{total}] {} (repeat {r}/{})", label(case), args.repeats);
+            let result = run_ours(case, r, &paths, timeout);
+            match &result {
+                Ok((f, _)) => println!("      {:.0} samples/s, accuracy {:.2}%", f.samples_per_s, 100.0 * f.accuracy),
+                Err(e) => println!("      FAILED: {}", e.lines().next().unwrap_or("")),
+            }
+            ours.entry(case.id.clone()).or_default().push(result);
+            if let Some(peer) = case.peer.filter(|p| !peers_done.contains(p)) {
+                peers_done.push(peer);
+                k += 1;
+                println!("[{k}/{total}] PyTorch peer {} (repeat {r}/{})", peer.id(), args.repeats);
+                let result = run_peer(peer, case.steps, r, &paths, timeout).map_err(|e| e.to_string());
+                match &result {
+                    Ok(f) => println!("      {:.0} samples/s, accuracy {:.2}%", f.samples_per_s, 100.0 * f.accuracy),
+                    Err(e) => println!("      FAILED: {}", e.lines().next().unwrap_or("")),
+                }
+                theirs.entry(peer.id()).or_default().push(result);
+            }
+        }
+    }
+    let (allreduce, allreduce_error) = if args.no_allreduce {
+        (None, None)
+    } else {
+        println!("all-reduce bus bandwidth, {} ranks: ProcessGroup::all_reduce vs raw rsmpi", args.allreduce_ranks);
+        match run_allreduce(args.allreduce_ranks, &paths, timeout) {
+            Ok(a) => (Some(a), None),
+            Err(e) => {
+                println!("      FAILED: {}", e.to_string().lines().next().unwrap_or(""));
+                (None, Some(e.to_string()))
+            }
+        }
+    };
+    let summary = MatrixSummary { machine, repeats: args.repeats, rows: aggregate(&cases, &ours, &theirs), skipped, allreduce, allreduce_error };
+    println!("\n{}", render_terminal(&summary));
+    write_file(&paths.out_dir.join("bench.json"), &serde_json::to_string_pretty(&summary).unwrap_or_default())?;
+    write_file(&paths.out_dir.join("bench.md"), &render_markdown(&summary))?;
+    println!("written: {} and {}", paths.out_dir.join("bench.md").display(), paths.out_dir.join("bench.json").display());
+    Ok(summary)
+}
+
+fn allreduce_binary(bin_dir: &Path) -> PathBuf {
+    bin_dir.join("examples").join("allreduce_bench")
+}
+
+fn torch_version(python: &Path) -> Option<String> {
+    let out = Command::new(python).args(["-c", "import torch; print(torch.__version__)"]).output().ok()?;
+    out.status.success().then(|| String::from_utf8_lossy(&out.stdout).trim().to_string())
+}
+
+/// Runs one of ours; the report and the bench-measured wall seconds, or the error's text.
+fn run_ours(case: &Case, repeat: usize, paths: &Paths, timeout: Duration) -> std::result::Result<(RunFigures, f64), String> {
+    let report = paths.out_dir.join("runs").join(format!("{}-r{repeat}.json", case.id));
+    let log = paths.out_dir.join("logs").join(format!("{}-r{repeat}.log", case.id));
+    let mut cmd = match case.level {
+        None => Command::new(paths.bin_dir.join("ladder-baseline")),
+        Some(n) => {
+            let mut c = Command::new(paths.bin_dir.join("ladder-run"));
+            c.arg("--nproc-per-node").arg(case.world_size.to_string()).arg(paths.bin_dir.join(LEVELS[usize::from(n) - 1].binary));
+            c.args(["--strategy", case.strategy.name()]);
+            if case.strategy != Strategy::Ddp {
+                c.args(["--fsdp-min-num-params", "0"]);
+            }
+            if case.width != 128 {
+                c.args(["--width", &case.width.to_string()]);
+            }
+            if case.precision == Precision::Bf16 {
+                c.args(["--mixed-precision", "bf16"]);
+            }
+            c
+        }
+    };
+    cmd.args(["--device", "cpu", "--log-interval", "0", "--max-steps", &case.steps.to_string(), "--metrics-json"]).arg(&report);
+    cmd.current_dir(&paths.root);
+    let what = label(case);
+    let done = process::run_logged(&what, &mut cmd, &log, timeout).map_err(|e| e.to_string())?;
+    if !report.exists() {
+        return Err(Error::NoReport { what, path: report }.to_string());
+    }
+    let figures = RunFigures::read(&report).map_err(|e| e.to_string())?;
+    Ok((figures, done.wall_s))
+}
+
+/// Runs a PyTorch peer for `steps` steps per rank and parses its JSON line; keeps the line in
+/// `runs/<peer>-r<repeat>.json`.
+fn run_peer(peer: Peer, steps: usize, repeat: usize, paths: &Paths, timeout: Duration) -> Result<RunFigures> {
+    let reference = paths.root.join("bench").join("reference");
+    let mut cmd = match peer {
+        Peer::Tutorial => {
+            let mut c = Command::new(&paths.python);
+            c.arg(reference.join("tutorial.py"));
+            c
+        }
+        Peer::DdpGloo { world_size } => {
+            // torchrun from the same venv: `python -m torch.distributed.run`.
+            let mut c = Command::new(&paths.python);
+            c.args(["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", &world_size.to_string()]);
+            c.arg(reference.join("ddp_gloo.py"));
+            c
+        }
+    };
+    cmd.args(["--max-steps", &steps.to_string()]).current_dir(&paths.root);
+    let id = peer.id();
+    let log = paths.out_dir.join("logs").join(format!("{id}-r{repeat}.log"));
+    let what = format!("PyTorch {id}");
+    let done = process::run_logged(&what, &mut cmd, &log, timeout)?;
+    let line = done
+        .stdout
+        .iter()
+        .rev()
+        .find(|l| l.trim_start().starts_with('{'))
+        .ok_or_else(|| Error::NoPeerResult { what: what.clone(), tail: done.tail.clone() })?;
+    let path = paths.out_dir.join("runs").join(format!("{id}-r{repeat}.json"));
+    write_file(&path, line)?;
+    RunFigures::parse(line, &path)
+}
+
+/// `mpirun -n N --bind-to none [--oversubscribe] target/release/examples/allreduce_bench --json …`.
+fn run_allreduce(ranks: usize, paths: &Paths, timeout: Duration) -> Result<AllReduce> {
+    let json = paths.out_dir.join(format!("allreduce-{ranks}.json"));
+    let _ = std::fs::remove_file(&json);
+    let mut cmd = Command::new("mpirun");
+    cmd.args(["-n", &ranks.to_string(), "--bind-to", "none"]);
+    // Oversubscribing makes idle ranks yield, which distorts small-message latency: only when needed.
+    if ranks > std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1) {
+        cmd.arg("--oversubscribe");
+    }
+    cmd
+        .arg(allreduce_binary(&paths.bin_dir))
+        .arg("--json")
+        .arg(&json)
+        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+        .current_dir(&paths.root);
+    let log = paths.out_dir.join("logs").join(format!("allreduce-{ranks}.log"));
+    process::run_logged("all-reduce", &mut cmd, &log, timeout)?;
+    let text = std::fs::read_to_string(&json).map_err(Error::io(&json))?;
+    serde_json::from_str(&text).map_err(|source| Error::Json { path: json, source })
+}
+

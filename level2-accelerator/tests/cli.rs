@@ -398,3 +398,19 @@ fn config_prompts_on_a_terminal() {
          use_fsdp: true\nfsdp_sharding_strategy: SHARD_GRAD_OP\nfsdp_min_num_params: 0\n"
     );
 }
+
+#[test]
+fn launch_with_a_hostfile_passes_the_settings_to_every_rank() {
+    // mpirun with a hostfile (here one machine, localhost): the settings travel as
+    // `env K=V PROGRAM`, since mpirun does not forward the environment to other machines.
+    let _g = serial();
+    let sb = Sandbox::new();
+    let hosts = sb.path("hosts.txt");
+    std::fs::write(&hosts, "localhost slots=2\n").unwrap();
+    let out = sb.run(&["launch", "--num-processes", "2", "--hostfile", hosts.to_str().unwrap(), "--seed", "5", &sb.script(), "a"], &[]);
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{stdout}\n{}", text(&out.stderr));
+    let v = views(&stdout);
+    assert_eq!(v.len(), 2, "{stdout}");
+    assert!(v.values().all(|vars| vars["ACCELERATE_SEED"] == "5" && vars["ARGS"] == "a" && vars["WORLD_SIZE"] == "2"), "{stdout}");
+}

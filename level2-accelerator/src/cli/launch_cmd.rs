@@ -142,6 +142,31 @@ fn check_program(program: &str) -> Result<()> {
     })
 }
 
+/// What every rank runs. Locally started ranks inherit this process's environment; ranks that
+/// mpirun starts on other machines (a hostfile) get only the variables mpirun forwards, so
+/// there PROGRAM runs as `env K=V… PROGRAM ARGS` with the exported settings.
+///
+/// # Errors
+/// [`Error::InvalidSetting`] for a PROGRAM holding `=` in that case (`env` would read it as
+/// one more assignment).
+fn rank_command(backend: LaunchBackend, hostfile: bool, exported: &[(&str, String)], command: &[String]) -> Result<Vec<String>> {
+    if backend != LaunchBackend::Mpi || !hostfile || exported.is_empty() {
+        return Ok(command.to_vec());
+    }
+    if let Some(p) = command.first().filter(|p| p.contains('=')) {
+        return Err(Error::InvalidSetting {
+            setting: "PROGRAM".into(),
+            value: p.clone(),
+            origin: "the program every rank runs".into(),
+            expected: "a path without '=' with --hostfile (the settings reach other machines as `env K=V PROGRAM`)".into(),
+        });
+    }
+    let mut wrapped = vec!["env".to_string()];
+    wrapped.extend(exported.iter().map(|(k, v)| format!("{k}={v}")));
+    wrapped.extend(command.iter().cloned());
+    Ok(wrapped)
+}
+
 /// Runs `launch`: resolves the settings, prints the ranks and the settings, exports the
 /// variables and starts the job; returns the launcher's exit code.
 pub fn run(args: &LaunchArgs) -> CmdResult {
@@ -177,6 +202,7 @@ pub fn run(args: &LaunchArgs) -> CmdResult {
 
     let program = args.command.first().map(String::as_str).unwrap_or("");
     check_program(program)?;
+    let command = rank_command(backend, args.hostfile.is_some(), &exported, &args.command)?;
     let mut banner = format!(
         "ladder-accelerate launch: {num_processes} rank{} ({} per machine × {num_machines} machine{}, machine rank {}, backend {}) running {program}\n",
         if num_processes == 1 { "" } else { "s" },
@@ -218,7 +244,27 @@ pub fn run(args: &LaunchArgs) -> CmdResult {
         hostfile: args.hostfile.clone(),
         no_prefix: args.no_prefix,
         rank_worker: false,
-        command: args.command.clone(),
+        command,
     };
     Ok(ladder_core::launch::run(&launch)?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ranks_on_other_machines_get_the_settings_through_env() {
+        let cmd = vec!["prog".to_string(), "--x".to_string()];
+        let vars = vec![("ACCELERATE_MIXED_PRECISION", "bf16".to_string())];
+        // Local ranks inherit the environment: PROGRAM runs as given.
+        assert_eq!(rank_command(LaunchBackend::Mpi, false, &vars, &cmd).unwrap(), cmd);
+        assert_eq!(rank_command(LaunchBackend::Nccl, true, &vars, &cmd).unwrap(), cmd);
+        assert_eq!(rank_command(LaunchBackend::Mpi, true, &[], &cmd).unwrap(), cmd);
+        // mpirun with a hostfile: through env.
+        assert_eq!(rank_command(LaunchBackend::Mpi, true, &vars, &cmd).unwrap(), ["env", "ACCELERATE_MIXED_PRECISION=bf16", "prog", "--x"]);
+        let odd = vec!["./a=b".to_string()];
+        let err = rank_command(LaunchBackend::Mpi, true, &vars, &odd).unwrap_err().to_string();
+        assert!(err.starts_with("invalid value \"./a=b\" for PROGRAM"), "{err}");
+    }
 }

@@ -16,7 +16,7 @@ use std::path::PathBuf;
     after_help = "Without flags, on a terminal, asks the questions `accelerate config` asks. With setting flags, writes exactly\nthose settings (no questions); with --default, completes them with the defaults for this machine.\nThe file is YAML, or TOML / JSON when --config-file ends in .toml / .json."
 )]
 pub struct ConfigArgs {
-    /// Where to write the config [default: <config dir>/ddp-ladder/accelerate/default_config.yaml].
+    /// Where to write the config [default: ~/.config/ddp-ladder/accelerate/default_config.yaml, or under $XDG_CONFIG_HOME].
     #[arg(long = "config-file", alias = "config_file", value_name = "FILE")]
     pub config_file: Option<PathBuf>,
     /// Do not ask: write the given flags completed with the defaults for this machine.

@@ -24,3 +24,20 @@ fn matrix_tables_from_fixed_json() {
     insta::assert_snapshot!("bench_terminal", render_terminal(&summary));
     insta::assert_snapshot!("bench_markdown", bench_markdown(&summary));
 }
+
+#[test]
+fn plots_from_fixed_json() {
+    let summary: MatrixSummary = serde_json::from_str(&fixture("bench.json")).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let written = bench::matrix::write_plots(&summary, dir.path()).unwrap();
+    assert_eq!(written, [dir.path().join("throughput.svg"), dir.path().join("memory.svg")]);
+    let t = std::fs::read_to_string(&written[0]).unwrap();
+    assert!(t.starts_with("<svg") && t.contains("level 1 ddp") && t.contains("level 2 ddp") && t.contains("PyTorch DDP (gloo)"), "{t}");
+    assert!(t.contains("world size (ranks)"));
+    let m = std::fs::read_to_string(&written[1]).unwrap();
+    // One bar per run with model-state figures (the failed level-3 run has none).
+    assert!(m.contains("L1 ddp ×2 fc1 128 fp32") && !m.contains("L3 "), "{m}");
+    for part in ["parameters", "gradients", "optimizer", "gathered peak", "rest of peak RSS"] {
+        assert!(m.contains(part), "{part}");
+    }
+}

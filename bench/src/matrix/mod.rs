@@ -17,8 +17,11 @@
 //! Outputs in `--out-dir` (default `bench/results/`): `bench.md`, `bench.json`, every run's own
 //! report in `runs/`, its log in `logs/`, and `allreduce-2.json`.
 
+mod plots;
 mod render;
 mod run;
+
+pub use plots::write_plots;
 
 pub use render::{render_allreduce, render_markdown, render_memory, render_terminal, render_throughput};
 pub use run::run_matrix;

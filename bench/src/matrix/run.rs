@@ -112,7 +112,11 @@ pub fn run_matrix(args: &RunArgs) -> Result<MatrixSummary> {
     println!("\n{}", render_terminal(&summary));
     write_file(&paths.out_dir.join("bench.json"), &serde_json::to_string_pretty(&summary).unwrap_or_default())?;
     write_file(&paths.out_dir.join("bench.md"), &render_markdown(&summary))?;
+    let plots = super::write_plots(&summary, &paths.out_dir)?;
     println!("written: {} and {}", paths.out_dir.join("bench.md").display(), paths.out_dir.join("bench.json").display());
+    for p in plots {
+        println!("written: {}", p.display());
+    }
     Ok(summary)
 }
 

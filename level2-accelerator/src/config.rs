@@ -24,7 +24,11 @@
 //! | `fsdp_min_num_params` | `FSDP_MIN_NUM_PARAMS` | 100,000,000 (PyTorch's; one FSDP unit for BasicNet) |
 //! | `split_batches` | `ACCELERATE_SPLIT_BATCHES` | false |
 //! | `even_batches` | `ACCELERATE_EVEN_BATCHES` | true |
-//! | `seed` | `ACCELERATE_SEED` | not set |
+//! | `seed` | `ACCELERATE_SEED` (ddp-ladder's own: Accelerate has no seed variable) | not set |
+//!
+//! Booleans are read as Accelerate's `str_to_bool` reads them (`true`/`false`, `1`/`0`,
+//! `yes`/`no`, `on`/`off`, any case: its launcher writes `True`); `FSDP_SHARDING_STRATEGY`
+//! also takes PyTorch's numbers `1`..`3`, as Accelerate does. An empty variable is an error.
 //!
 //! A program reads the config file named by `ACCELERATE_CONFIG_FILE` and no other: the user's
 //! default config is read by `ladder-accelerate launch`, which turns it into the variables above.

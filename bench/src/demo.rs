@@ -111,16 +111,8 @@ impl DemoSummary {
 }
 
 /// The table's header, in order.
-pub const COLUMNS: [&str; 8] = [
-    "level",
-    "user code lines",
-    "test accuracy",
-    "eval samples",
-    "test loss",
-    "wall s",
-    "train samples/s",
-    "peak RSS per rank (MiB)",
-];
+pub const COLUMNS: [&str; 8] =
+    ["level", "user code lines", "test accuracy", "eval samples", "test loss", "wall s", "train samples/s", "peak RSS per rank (MiB)"];
 
 /// Renders the comparison table: comfy-table's UTF-8 look for the terminal (`markdown` false)
 /// or a GitHub markdown table (`markdown` true). Failed rows read FAILED, with `—` elsewhere.
@@ -239,9 +231,7 @@ fn run_level(
     (i, n): (usize, usize),
 ) -> DemoRow {
     let (user_code_lines, user_code_file, user_code_error) = match loc::count_level(&root.join(level.crate_dir)) {
-        Ok((file, lines)) => {
-            (Some(lines), Some(file.strip_prefix(root).unwrap_or(&file).display().to_string()), None)
-        }
+        Ok((file, lines)) => (Some(lines), Some(file.strip_prefix(root).unwrap_or(&file).display().to_string()), None),
         Err(e) => (None, None, Some(e.to_string())),
     };
     let report = out_dir.join(format!("level{}.json", level.number));

@@ -33,9 +33,8 @@ impl Machine {
             .lines()
             .find_map(|l| l.strip_prefix("model name").and_then(|r| r.split_once(':')).map(|(_, v)| v.trim().to_string()))
             .unwrap_or_else(|| "unknown".into());
-        let cpu_bf16 = cpuinfo.lines().filter(|l| l.starts_with("flags")).any(|l| {
-            l.split_whitespace().any(|f| f == "avx512_bf16" || f == "amx_bf16")
-        });
+        let cpu_bf16 =
+            cpuinfo.lines().filter(|l| l.starts_with("flags")).any(|l| l.split_whitespace().any(|f| f == "avx512_bf16" || f == "amx_bf16"));
         let gpu = Command::new("nvidia-smi")
             .arg("-L")
             .output()
@@ -50,7 +49,9 @@ impl Machine {
             cpu_bf16,
             gpu,
             date: utc_now(),
-            os: std::fs::read_to_string("/proc/sys/kernel/osrelease").map(|s| format!("Linux {}", s.trim())).unwrap_or_else(|_| "unknown".into()),
+            os: std::fs::read_to_string("/proc/sys/kernel/osrelease")
+                .map(|s| format!("Linux {}", s.trim()))
+                .unwrap_or_else(|_| "unknown".into()),
             bench_version: env!("CARGO_PKG_VERSION").into(),
             torch_version: None,
         }

@@ -39,8 +39,7 @@ pub fn run_logged(what: &str, cmd: &mut Command, log: &Path, timeout: Duration) 
     let _ = writeln!(log_file, "$ {}", describe(cmd));
     cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).process_group(0);
     let start = Instant::now();
-    let mut child =
-        cmd.spawn().map_err(|source| Error::Spawn { program: cmd.get_program().to_string_lossy().into_owned(), source })?;
+    let mut child = cmd.spawn().map_err(|source| Error::Spawn { program: cmd.get_program().to_string_lossy().into_owned(), source })?;
     let (tx, rx) = mpsc::channel::<(bool, String)>();
     let mut readers = Vec::new();
     if let Some(out) = child.stdout.take() {
@@ -62,7 +61,9 @@ pub fn run_logged(what: &str, cmd: &mut Command, log: &Path, timeout: Duration) 
     drop(tx);
 
     let bar = ProgressBar::new_spinner();
-    bar.set_style(ProgressStyle::with_template("  {spinner} {prefix} [{elapsed}] {wide_msg}").unwrap_or_else(|_| ProgressStyle::default_spinner()));
+    bar.set_style(
+        ProgressStyle::with_template("  {spinner} {prefix} [{elapsed}] {wide_msg}").unwrap_or_else(|_| ProgressStyle::default_spinner()),
+    );
     bar.set_prefix(what.to_string());
     bar.enable_steady_tick(Duration::from_millis(200));
 

@@ -101,8 +101,7 @@ fn demo_reports_level_1_and_a_failing_level_in_one_table() {
     // 1's sources, whose anchors are another crate's).
     let md = std::fs::read_to_string(out_dir.join("demo.md")).unwrap();
     let table: String = md.lines().filter(|l| l.starts_with('|')).map(|l| format!("{l}\n")).collect();
-    masked(&[(r"(?m)^(\| \d · [A-Za-z ]+?\s*\|)[^|]*\|", "$1 <lines> |")])
-        .bind(|| insta::assert_snapshot!("demo_table_masked", table));
+    masked(&[(r"(?m)^(\| \d · [A-Za-z ]+?\s*\|)[^|]*\|", "$1 <lines> |")]).bind(|| insta::assert_snapshot!("demo_table_masked", table));
 }
 
 #[test]
@@ -149,7 +148,8 @@ fn matrix_runs_baseline_and_level_1_next_to_pytorch_and_measures_all_reduce() {
     // Each run's own report is kept; samples = steps × batch × world size.
     let l1 = json(&dir.path().join("runs/l1-ddp-w2-128-fp32-r1.json"));
     assert_eq!((l1["steps"].as_u64(), l1["world_size"].as_u64()), (Some(3), Some(2)));
-    let samples: f64 = l1["ranks"].as_array().unwrap().iter().map(|r| r["samples_per_s"].as_f64().unwrap() * r["train_s"].as_f64().unwrap()).sum();
+    let samples: f64 =
+        l1["ranks"].as_array().unwrap().iter().map(|r| r["samples_per_s"].as_f64().unwrap() * r["train_s"].as_f64().unwrap()).sum();
     assert!((samples - 3.0 * 64.0 * 2.0).abs() < 1.0, "{samples}");
     for peer in ["pytorch-tutorial-r1", "pytorch-ddp-gloo-w1-r1", "pytorch-ddp-gloo-w2-r1"] {
         let p = json(&dir.path().join(format!("runs/{peer}.json")));

@@ -243,7 +243,10 @@ pub fn plan(args: &RunArgs) -> Result<(Vec<Case>, Vec<String>)> {
                     for &precision in &args.precisions {
                         if level.number == 1 && precision == Precision::Bf16 {
                             if world_size == args.world_sizes[0] && width == args.widths[0] {
-                                skipped.push(format!("level 1 {} bf16: level 1 has no --mixed-precision (levels 2 and 3 do)", strategy.name()));
+                                skipped.push(format!(
+                                    "level 1 {} bf16: level 1 has no --mixed-precision (levels 2 and 3 do)",
+                                    strategy.name()
+                                ));
                             }
                             continue;
                         }
@@ -365,7 +368,11 @@ impl MatrixSummary {
         if names.is_empty() {
             Ok(())
         } else {
-            Err(Error::RunsFailed { failed: names.len(), total: self.rows.len() + usize::from(self.allreduce.is_some() || self.allreduce_error.is_some()), names: names.join(", ") })
+            Err(Error::RunsFailed {
+                failed: names.len(),
+                total: self.rows.len() + usize::from(self.allreduce.is_some() || self.allreduce_error.is_some()),
+                names: names.join(", "),
+            })
         }
     }
 }
@@ -487,7 +494,8 @@ mod tests {
                 "level 1 fsdp-shard-grad-op bf16: level 1 has no --mixed-precision (levels 2 and 3 do)",
             ]
         );
-        let (cases, _) = plan(&args(&["--levels", "2", "--strategies", "ddp", "--world-sizes", "2", "--widths", "128", "--no-peers"])).unwrap();
+        let (cases, _) =
+            plan(&args(&["--levels", "2", "--strategies", "ddp", "--world-sizes", "2", "--widths", "128", "--no-peers"])).unwrap();
         assert_eq!(cases.iter().map(|c| c.id.as_str()).collect::<Vec<_>>(), ["l2-ddp-w2-128-fp32", "l2-ddp-w2-128-bf16"]);
         assert!(cases.iter().all(|c| c.peer.is_none()));
     }
@@ -498,9 +506,19 @@ mod tests {
 
     #[test]
     fn ratios_are_taken_repeat_by_repeat_and_levels_compared_within_the_run() {
-        let (cases, _) =
-            plan(&args(&["--levels", "1,2", "--strategies", "ddp,fsdp-full-shard", "--world-sizes", "2", "--widths", "128", "--precisions", "fp32"]))
-                .unwrap();
+        let (cases, _) = plan(&args(&[
+            "--levels",
+            "1,2",
+            "--strategies",
+            "ddp,fsdp-full-shard",
+            "--world-sizes",
+            "2",
+            "--widths",
+            "128",
+            "--precisions",
+            "fp32",
+        ]))
+        .unwrap();
         let ids: Vec<&str> = cases.iter().map(|c| c.id.as_str()).collect();
         assert_eq!(ids, ["l1-ddp-w2-128-fp32", "l2-ddp-w2-128-fp32", "l1-fsdp-full-shard-w2-128-fp32", "l2-fsdp-full-shard-w2-128-fp32"]);
         let mut ours = Ours::new();

@@ -154,10 +154,7 @@ fn memory(summary: &MatrixSummary, path: &Path) -> Result<bool> {
         chart
             .draw_series(bars.iter().enumerate().map(|(i, (_, p))| {
                 let x0: f64 = p[..k].iter().sum();
-                Rectangle::new(
-                    [(x0, SegmentValue::Exact(i)), (x0 + p[k], SegmentValue::Exact(i + 1))],
-                    color.filled(),
-                )
+                Rectangle::new([(x0, SegmentValue::Exact(i)), (x0 + p[k], SegmentValue::Exact(i + 1))], color.filled())
             }))
             .map_err(|x| e(&x))?
             .label(*name)

@@ -42,8 +42,21 @@ pub fn render_throughput(summary: &MatrixSummary, markdown: bool) -> String {
     let mut t = new_table(
         markdown,
         &[
-            "level", "strategy", "ranks", "fc1", "precision", "steps", "samples/s (median, min–max)", "PyTorch samples/s",
-            "ours / PyTorch", "vs level 1", "vs ddp", "comm share", "accuracy", "PyTorch accuracy", "eval samples",
+            "level",
+            "strategy",
+            "ranks",
+            "fc1",
+            "precision",
+            "steps",
+            "samples/s (median, min–max)",
+            "PyTorch samples/s",
+            "ours / PyTorch",
+            "vs level 1",
+            "vs ddp",
+            "comm share",
+            "accuracy",
+            "PyTorch accuracy",
+            "eval samples",
         ],
     );
     for r in &summary.rows {
@@ -76,8 +89,16 @@ pub fn render_memory(summary: &MatrixSummary, markdown: bool) -> String {
     let mut t = new_table(
         markdown,
         &[
-            "level", "strategy", "ranks", "fc1", "precision", "parameters MiB", "gradients MiB", "optimizer MiB",
-            "gathered peak MiB", "peak RSS per rank MiB",
+            "level",
+            "strategy",
+            "ranks",
+            "fc1",
+            "precision",
+            "parameters MiB",
+            "gradients MiB",
+            "optimizer MiB",
+            "gathered peak MiB",
+            "peak RSS per rank MiB",
         ],
     );
     for r in &summary.rows {
@@ -148,7 +169,13 @@ whole-process high-water mark, data loading included.";
 
 /// What the terminal shows.
 pub fn render_terminal(summary: &MatrixSummary) -> String {
-    let mut s = format!("{}\n\nThroughput (repeats: {})\n{}\n\nMemory\n{}\n", summary.machine.line(), summary.repeats, render_throughput(summary, false), render_memory(summary, false));
+    let mut s = format!(
+        "{}\n\nThroughput (repeats: {})\n{}\n\nMemory\n{}\n",
+        summary.machine.line(),
+        summary.repeats,
+        render_throughput(summary, false),
+        render_memory(summary, false)
+    );
     if summary.allreduce.is_some() {
         s.push_str(&format!("\nAll-reduce (f32, sum)\n{}\n", render_allreduce(summary, false)));
     }
@@ -175,4 +202,3 @@ pub fn render_markdown(summary: &MatrixSummary) -> String {
     s.push_str(&render_notes(summary));
     s
 }
-

@@ -1,8 +1,8 @@
 //! Running the matrix: our binaries, the PyTorch peers, the all-reduce example — each a process
 //! whose report the bench reads back.
 
-use super::{aggregate, label, plan, AllReduce, Case, MatrixSummary, Ours, Peer, Precision, RunArgs, Strategy, Theirs};
 use super::render::{render_markdown, render_terminal};
+use super::{aggregate, label, plan, AllReduce, Case, MatrixSummary, Ours, Peer, Precision, RunArgs, Strategy, Theirs};
 use crate::error::{Error, Result};
 use crate::figures::RunFigures;
 use crate::machine::Machine;
@@ -108,7 +108,8 @@ pub fn run_matrix(args: &RunArgs) -> Result<MatrixSummary> {
             }
         }
     };
-    let summary = MatrixSummary { machine, repeats: args.repeats, rows: aggregate(&cases, &ours, &theirs), skipped, allreduce, allreduce_error };
+    let summary =
+        MatrixSummary { machine, repeats: args.repeats, rows: aggregate(&cases, &ours, &theirs), skipped, allreduce, allreduce_error };
     println!("\n{}", render_terminal(&summary));
     write_file(&paths.out_dir.join("bench.json"), &serde_json::to_string_pretty(&summary).unwrap_or_default())?;
     write_file(&paths.out_dir.join("bench.md"), &render_markdown(&summary))?;
@@ -206,8 +207,7 @@ fn run_allreduce(ranks: usize, paths: &Paths, timeout: Duration) -> Result<AllRe
     if ranks > std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1) {
         cmd.arg("--oversubscribe");
     }
-    cmd
-        .arg(allreduce_binary(&paths.bin_dir))
+    cmd.arg(allreduce_binary(&paths.bin_dir))
         .arg("--json")
         .arg(&json)
         .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
@@ -218,4 +218,3 @@ fn run_allreduce(ranks: usize, paths: &Paths, timeout: Duration) -> Result<AllRe
     let text = std::fs::read_to_string(&json).map_err(Error::io(&json))?;
     serde_json::from_str(&text).map_err(|source| Error::Json { path: json, source })
 }
-

@@ -84,6 +84,9 @@ pub enum Error {
         /// What it needs.
         problem: String,
     },
+    /// An error from the level-2 Accelerator (settings, process group, checkpoints).
+    #[error(transparent)]
+    Accelerate(#[from] level2_accelerator::Error),
     /// An error from the shared core (data, model, process group, collectives).
     #[error(transparent)]
     Core(#[from] ladder_core::Error),

@@ -24,7 +24,7 @@ pub use trainer::{set_seed, Batch, DataCollator, DefaultDataCollator, DefaultHoo
 use clap::{CommandFactory, FromArgMatches, Parser};
 use std::collections::BTreeSet;
 use ladder_core::device::DeviceKind;
-use ladder_core::metrics::{gather_report, LocalFigures, Report};
+use ladder_core::metrics::{LocalFigures, Report};
 use ladder_core::model::{BasicNet, BasicNetConfig};
 use ladder_core::train::{EvalSums, TrainArgs};
 use ladder_core::wrapped::Strategy;
@@ -232,11 +232,9 @@ pub fn run(cfg: &Config) -> Result<Report> {
         comm_s: out.comm_s,
         model_state: out.model_state,
     };
-    let pg = trainer.process_group();
-    let mut report = gather_report(pg, &local, &eval, out.global_step, cfg.strategy.name(), start.elapsed().as_secs_f64())?;
-    if pg.world_size() == 1 {
-        report.ranks.clear();
-    }
+    let wall_s = start.elapsed().as_secs_f64();
+    let mut report = trainer.accelerator().gather_report(&local, &eval, wall_s)?;
+    report.steps = out.global_step;
     report.extra.insert("output_dir".into(), trainer.args().output_dir.display().to_string().into());
     if trainer.is_world_process_zero() {
         if let Some(path) = &cfg.train.metrics_json {
@@ -245,6 +243,6 @@ pub fn run(cfg: &Config) -> Result<Report> {
             })?;
         }
     }
-    pg.barrier()?;
+    trainer.accelerator().wait_for_everyone()?;
     Ok(report)
 }

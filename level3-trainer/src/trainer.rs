@@ -1,15 +1,20 @@
 //! The `Trainer`, as 🤗 Transformers' `Trainer`: the user hands over a model, datasets, a data
 //! collator, [`TrainerHooks`] (`compute_loss`, `compute_metrics`) and [`TrainingArguments`];
-//! [`Trainer::train`] runs the whole distributed loop on one process or many.
+//! [`Trainer::train`] runs the whole distributed loop on one process or many. It is built on
+//! the level-2 [`Accelerator`], as Transformers' Trainer is built on Accelerate: the Trainer
+//! turns TrainingArguments into an `AcceleratorConfig`, prepares the model, optimizer and
+//! loaders, and writes its loop with `accumulate` / `backward` / `clip_grad_norm_` /
+//! `gather_for_metrics` / `save_state` / `load_state`.
 //!
 //! # What one optimization step does (every rank)
-//! For each micro-batch of the accumulation window: seed dropout from (seed, rank, micro-batch
-//! index), `compute_loss` (mean over the micro-batch), backward of that loss scaled by
-//! `n_micro / n_window` (the samples of this micro-batch over the window's; 1 without
-//! accumulation), with the gradient sync switched off except on the window's last
-//! micro-batch. Then clip (max_grad_norm > 0), set the scheduled learning rate, AdamW step.
-//! The gradient is the mean over every sample of the window on every rank — the short last
-//! window of an epoch included, and the 2024 accumulation loss bug absent by construction.
+//! For each micro-batch of the accumulation window (`accelerator.accumulate`): the loader seeds
+//! dropout from (seed, rank, micro-batch index); `compute_loss` (mean over the micro-batch);
+//! `accelerator.backward`, which divides by the window's length and syncs gradients on the
+//! window's last micro-batch only. When a window holds micro-batches of unequal sizes (the
+//! epoch's short last batch), the loss is first weighted by `n_micro · len / n_window`, so the
+//! gradient is the mean over every sample of the window on every rank — the large batch's —
+//! and the 2024 accumulation loss bug is absent by construction. Then clip (max_grad_norm >
+//! 0), set the scheduled learning rate, AdamW step.
 //!
 //! # Logged figures
 //! A step's loss is the mean over all its samples across accumulation and ranks; the logged
@@ -28,15 +33,13 @@ use crate::error::{Error, Result};
 use crate::output::{self, Progress, ReportWriter};
 use crate::schedule::{LrSchedule, TrainingPlan};
 use crate::state::{LogEntry, Metrics, TrainerState};
-use ladder_core::checkpoint::{self as core_ckpt, Checkpoint, TrainingState};
-use ladder_core::data::{eval_shard, DataLoader, Dataset, DistributedSampler};
-use ladder_core::device::DeviceKind;
-use ladder_core::dist::{self, Backend, ProcessGroup, ReduceOp};
+use ladder_core::checkpoint as core_ckpt;
+use ladder_core::data::Dataset;
 use ladder_core::memory::ModelStateBytes;
 use ladder_core::model::{BasicNet, BasicNetConfig};
-use ladder_core::optim::AdamW;
-use ladder_core::wrapped::{WrapConfig, WrappedModel};
-use std::path::{Path, PathBuf};
+use level2_accelerator::config::FsdpShardingStrategy;
+use level2_accelerator::{AcceleratedOptimizer, Accelerator, AcceleratorConfig, MixedPrecision, PreparedModel};
+use std::path::PathBuf;
 use std::time::Instant;
 use tch::{nn, Device, Kind, Tensor};
 
@@ -83,33 +86,26 @@ impl<F: Fn(Tensor, Tensor) -> Batch> DataCollator for F {
 }
 
 /// The model as `compute_loss` sees it: call [`TrainerModel::forward`]; the Trainer has put it
-/// in train mode (dropout on, the wrapped DDP/FSDP model) or eval mode (dropout off).
+/// in train mode (dropout on) or eval mode (dropout off, under `no_grad`).
 #[derive(Debug)]
 pub struct TrainerModel<'a> {
-    inner: ModelInner<'a>,
-}
-
-#[derive(Debug)]
-enum ModelInner<'a> {
-    Wrapped(&'a mut WrappedModel<'static>),
-    Plain(&'a BasicNet),
+    model: &'a PreparedModel,
+    accelerator: &'a Accelerator,
+    train: bool,
 }
 
 impl TrainerModel<'_> {
-    /// `model(x)`: inputs `[b, 1, 28, 28]` f32 → log-probabilities `[b, 10]`.
+    /// `model(x)`: inputs `[b, 1, 28, 28]` f32 → log-probabilities `[b, 10]` f32 (under the
+    /// Accelerator's autocast with bf16).
     ///
     /// # Errors
     /// FSDP's gather errors.
     pub fn forward(&mut self, x: &Tensor) -> Result<Tensor> {
-        use tch::nn::ModuleT;
-        match &mut self.inner {
-            ModelInner::Wrapped(m) => Ok(m.forward_t(x, true)?),
-            ModelInner::Plain(net) => Ok(net.forward_t(x, false)),
-        }
+        Ok(self.accelerator.autocast(|| self.model.forward_t(x, self.train))?)
     }
     /// Whether the model is in train mode.
     pub fn is_training(&self) -> bool {
-        matches!(self.inner, ModelInner::Wrapped(_))
+        self.train
     }
 }
 
@@ -217,49 +213,58 @@ const TRAINING_ARGS_FILE: &str = "training_args.json";
 /// The Trainer (see the module docs).
 pub struct Trainer {
     args: TrainingArguments,
-    pg: &'static dyn ProcessGroup,
-    device: Device,
-    vs: nn::VarStore,
-    net: BasicNet,
+    accelerator: Accelerator,
+    model: PreparedModel,
+    optimizer: AcceleratedOptimizer,
+    net_config: BasicNetConfig,
     train_dataset: Option<Dataset>,
     eval_dataset: Option<Dataset>,
     collator: Box<dyn DataCollator>,
     hooks: Box<dyn TrainerHooks>,
     callbacks: Vec<Box<dyn TrainerCallback>>,
+    trained: bool,
     /// The run's state (global step, log history, best metric).
     pub state: TrainerState,
 }
 
 impl std::fmt::Debug for Trainer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Trainer")
-            .field("args", &self.args)
-            .field("rank", &self.pg.rank())
-            .field("world_size", &self.pg.world_size())
-            .field("device", &self.device)
-            .field("state", &self.state)
-            .finish_non_exhaustive()
-    }
-}
-
-impl Drop for Trainer {
-    fn drop(&mut self) {
-        // The process group was leaked to hand out 'static references; finalise it here.
-        self.pg.shutdown();
+        f.debug_struct("Trainer").field("args", &self.args).field("accelerator", &self.accelerator).field("state", &self.state).finish_non_exhaustive()
     }
 }
 
 impl Trainer {
-    /// A Trainer for `model` (built in `vs`, on any device: it is moved to the arguments'
-    /// device), as `Trainer(model, args, train_dataset, eval_dataset, data_collator)`;
-    /// `hooks` is the `Trainer` subclass's overrides. Starts the process group from the
-    /// launcher's environment (world 1 without one): mpi on CPU, nccl on CUDA.
+    /// The Accelerator settings these arguments stand for (Transformers builds its
+    /// `Accelerator` the same way): cpu from use_cpu, bf16 mixed precision, the accumulation
+    /// steps, FSDP and its sharding strategy, the seed. Launcher variables (`ACCELERATE_*`)
+    /// and config files cannot override them: the arguments set each explicitly.
+    pub fn accelerator_config(args: &TrainingArguments) -> AcceleratorConfig {
+        AcceleratorConfig {
+            cpu: Some(args.use_cpu),
+            mixed_precision: Some(if args.bf16 { MixedPrecision::Bf16 } else { MixedPrecision::No }),
+            gradient_accumulation_steps: Some(args.gradient_accumulation_steps),
+            use_fsdp: Some(args.fsdp.is_some()),
+            fsdp_sharding_strategy: args.fsdp.map(|f| match f {
+                crate::args::FsdpOption::FullShard => FsdpShardingStrategy::FullShard,
+                crate::args::FsdpOption::ShardGradOp => FsdpShardingStrategy::ShardGradOp,
+            }),
+            seed: Some(args.seed),
+            ..AcceleratorConfig::default()
+        }
+    }
+
+    /// A Trainer for `model` (built in `vs`, on any device), as `Trainer(model, args,
+    /// train_dataset, eval_dataset, data_collator)`; `hooks` is the `Trainer` subclass's
+    /// overrides. Builds the [`Accelerator`] (the process group from the launcher's
+    /// environment; world 1 without one) and prepares the model (moved to the device, wrapped
+    /// in DDP or FSDP) and AdamW.
     ///
     /// # Errors
-    /// Invalid arguments ([`TrainingArguments::validate`], an unknown metric_for_best_model);
-    /// an unavailable device or backend; process-group errors.
+    /// Invalid arguments ([`TrainingArguments::validate`], an unknown metric_for_best_model,
+    /// a data_seed other than seed, dataloader_drop_last); Accelerator errors (settings,
+    /// device, process group).
     pub fn new(
-        mut vs: nn::VarStore,
+        vs: nn::VarStore,
         net: BasicNet,
         args: TrainingArguments,
         train_dataset: Option<Dataset>,
@@ -271,31 +276,35 @@ impl Trainer {
         let mut available: Vec<&str> = crate::args::DEFAULT_METRICS.to_vec();
         available.extend(hooks.metric_names());
         args.validate_metric(&available)?;
-        if args.bf16 && args.fsdp.is_none() {
-            return Err(Error::invalid("bf16", true, "fsdp set (bf16 mixed precision is FSDP's MixedPrecision here)"));
+        if args.data_seed.is_some_and(|d| d != args.seed) {
+            return Err(Error::invalid("data_seed", args.data_seed.unwrap_or_default(), format!("unset or equal to seed ({}): the Accelerator's loaders shuffle with the run's seed", args.seed)));
         }
-        let kind = args.device_kind();
-        let backend = match kind {
-            DeviceKind::Cpu => Backend::Mpi,
-            DeviceKind::Cuda => Backend::Nccl,
-        };
-        let pg = dist::leak(dist::init_process_group(backend)?);
-        let local_rank = dist::DistEnv::from_env()?.local_rank;
-        let device = kind.resolve(local_rank)?;
-        vs.set_device(device);
-        let is_main = pg.rank() == 0;
+        if args.dataloader_drop_last {
+            return Err(Error::invalid("dataloader_drop_last", true, "false: the Accelerator's loaders pad the last batch so every process runs as many (even_batches)"));
+        }
+        let accelerator = Accelerator::new(Self::accelerator_config(&args))?;
+        let net_config = net.config();
+        let model = accelerator.prepare_model(vs, net)?;
+        let optimizer = accelerator.prepare_optimizer(&model, args.adamw())?;
+        let device = accelerator.device();
+        let move_to = |d: Dataset| if d.images.device() == device { d } else { d.to_device(device) };
         Ok(Self {
-            state: TrainerState { is_local_process_zero: local_rank == 0, is_world_process_zero: is_main, ..Default::default() },
+            state: TrainerState {
+                is_local_process_zero: accelerator.is_local_main_process(),
+                is_world_process_zero: accelerator.is_main_process(),
+                ..Default::default()
+            },
             args,
-            pg,
-            device,
-            vs,
-            net,
-            train_dataset: train_dataset.map(|d| d.to_device(device)),
-            eval_dataset: eval_dataset.map(|d| d.to_device(device)),
+            accelerator,
+            model,
+            optimizer,
+            net_config,
+            train_dataset: train_dataset.map(move_to),
+            eval_dataset: eval_dataset.map(move_to),
             collator: Box::new(data_collator),
             hooks: Box::new(hooks),
             callbacks: Vec::new(),
+            trained: false,
         })
     }
 
@@ -311,55 +320,57 @@ impl Trainer {
 
     /// This process's rank.
     pub fn process_index(&self) -> usize {
-        self.pg.rank()
+        self.accelerator.process_index()
     }
 
     /// Number of processes.
     pub fn world_size(&self) -> usize {
-        self.pg.world_size()
+        self.accelerator.num_processes()
     }
 
     /// Whether this is the main process (rank 0), the one that prints and writes files.
     pub fn is_world_process_zero(&self) -> bool {
-        self.pg.rank() == 0
+        self.accelerator.is_main_process()
     }
 
     /// The device the model trains on.
     pub fn device(&self) -> Device {
-        self.device
+        self.accelerator.device()
     }
 
-    /// The process group (for figures the caller gathers itself).
-    pub fn process_group(&self) -> &'static dyn ProcessGroup {
-        self.pg
+    /// The Accelerator the Trainer runs on (as `trainer.accelerator` in Transformers).
+    pub fn accelerator(&self) -> &Accelerator {
+        &self.accelerator
     }
 
-    /// The current weights, unwrapped (`conv1.weight`, …), identical on every rank after
-    /// [`train`](Self::train).
-    pub fn model(&self) -> (&nn::VarStore, &BasicNet) {
-        (&self.vs, &self.net)
+    /// The prepared (wrapped) model.
+    pub fn model(&self) -> &PreparedModel {
+        &self.model
     }
 
     fn say(&self, text: &str) {
-        if self.pg.rank() == 0 {
-            println!("{text}");
-        }
+        self.accelerator.print(text);
     }
 
     /// Trains for the planned steps (see the module docs), evaluating, logging and saving as
     /// the arguments say; `resume_from_checkpoint` restores weights, optimizer, schedule,
-    /// data position (mid-epoch included) and log history first. With load_best_model_at_end
-    /// the best checkpoint's weights are loaded at the end. Collective: every rank calls it.
+    /// data position (mid-epoch included), log history and loss sums first. With
+    /// load_best_model_at_end the best checkpoint is loaded at the end. Collective: every rank
+    /// calls it. Runs once per Trainer.
     ///
     /// # Errors
-    /// No train dataset; output_dir holding checkpoints without overwrite_output_dir or a
-    /// resume; unreadable checkpoints; callback refusals; data, model and collective errors.
+    /// No train dataset; a second call; output_dir holding checkpoints without
+    /// overwrite_output_dir or a resume; unreadable checkpoints; callback refusals; data,
+    /// model and collective errors.
     pub fn train(&mut self, resume_from_checkpoint: Option<ResumeFrom>) -> Result<TrainOutput> {
         let run_start = Instant::now();
         let Some(train_dataset) = self.train_dataset.as_ref().map(Dataset::shallow_clone) else {
             return Err(Error::invalid("train_dataset", "None", "a training dataset for Trainer::train"));
         };
-        let (rank, world_size) = (self.pg.rank(), self.pg.world_size());
+        if std::mem::replace(&mut self.trained, true) {
+            return Err(Error::invalid("train", "a second call", "one train() per Trainer (its Accelerator holds one run's loader state)"));
+        }
+        let (rank, world_size) = (self.accelerator.process_index(), self.accelerator.num_processes());
         let args = self.args.clone();
         let out_dir = args.output_dir.clone();
 
@@ -377,32 +388,23 @@ impl Trainer {
                 let found = existing.iter().filter_map(|p| p.file_name()).map(|n| n.to_string_lossy().into_owned()).collect::<Vec<_>>().join(", ");
                 return Err(Error::OutputDirNotEmpty { dir: out_dir, found });
             }
-            self.pg.barrier()?;
+            self.accelerator.wait_for_everyone()?;
             if rank == 0 {
                 for dir in &existing {
                     std::fs::remove_dir_all(dir).map_err(|e| Error::io(dir, e))?;
                 }
             }
         }
-        self.pg.barrier()?;
+        self.accelerator.wait_for_everyone()?;
         if rank == 0 {
             args.write_json()?;
         }
 
         // Plan.
         let plan = TrainingPlan::new(&args, train_dataset.len(), world_size);
-        if plan.max_steps == 0 {
-            return Err(Error::invalid(
-                "per_device_train_batch_size",
-                args.per_device_train_batch_size,
-                format!("at most the {} examples each process sees per epoch (dataloader_drop_last leaves no batch)", plan.samples_per_rank),
-            ));
-        }
         let schedule = LrSchedule::new(&args, plan.max_steps);
         let (acc, batch) = (args.gradient_accumulation_steps, args.per_device_train_batch_size);
-        let batch_len = |b: usize| -> usize {
-            if args.dataloader_drop_last || b + 1 < plan.batches_per_epoch { batch } else { plan.samples_per_rank - b * batch }
-        };
+        let batch_len = |b: usize| -> usize { if b + 1 < plan.batches_per_epoch { batch } else { plan.samples_per_rank - b * batch } };
         self.state = TrainerState {
             max_steps: plan.max_steps as u64,
             num_train_epochs: plan.num_epochs as u64,
@@ -410,50 +412,42 @@ impl Trainer {
             eval_steps: args.eval_steps() as u64,
             save_steps: args.save_steps as u64,
             train_batch_size: batch as u64,
-            is_local_process_zero: self.state.is_local_process_zero,
+            is_local_process_zero: self.accelerator.is_local_main_process(),
             is_world_process_zero: rank == 0,
             ..Default::default()
         };
 
-        // Wrap a copy of the model (DDP broadcasts rank 0's weights; FSDP shards them).
-        let (wvs, wnet) = self.fresh_copy()?;
-        let wrap = WrapConfig {
-            strategy: args.strategy(),
-            mixed_precision: args.bf16.then(ladder_core::fsdp::MixedPrecision::bf16),
-            ..WrapConfig::default()
-        };
-        let mut model = WrappedModel::new(wvs, wnet, self.pg, &wrap)?;
-        let mut opt: AdamW = model.optimizer(args.adamw())?;
+        let loader = self.accelerator.prepare_data_loader(&train_dataset, batch, true)?;
+        debug_assert_eq!(loader.len(), plan.batches_per_epoch);
 
-        // Resume: weights, optimizer, position, state, loss accumulators.
-        let mut position = TrainingState { seed: args.seed, world_size, ..Default::default() };
+        // Resume: weights, optimizer, loader position and counters (the Accelerator), then the
+        // Trainer's own state and loss sums.
         let mut sums = LossSums::default();
+        let (mut start_epoch, mut skip, mut start_step) = (0usize, 0usize, 0u64);
         if let Some(dir) = &resume_dir {
-            let ckpt = core_ckpt::load(dir)?;
-            if ckpt.state.world_size != world_size {
-                return Err(Error::BadCheckpoint {
-                    file: dir.join(core_ckpt::STATE_FILE),
-                    problem: format!("written by {} processes, resumed by {world_size}; resume at the same world size", ckpt.state.world_size),
-                });
-            }
-            model.load_full_state_dict(&ckpt.model)?;
-            model.load_optimizer_state_dict(&mut opt, &ckpt.optimizer)?;
+            let position = self.accelerator.load_state(dir)?;
             let state_file = dir.join(TRAINER_STATE_FILE);
             self.state = TrainerState::load(&state_file)?;
             self.state.is_world_process_zero = rank == 0;
-            sums = LossSums::from_extra(&ckpt.state.extra, rank);
-            position = ckpt.state;
+            self.state.max_steps = plan.max_steps as u64;
             if position.global_step != self.state.global_step {
                 return Err(Error::BadCheckpoint {
                     file: state_file,
                     problem: format!("global_step {} but training_state.json says {}", self.state.global_step, position.global_step),
                 });
             }
-            self.state.max_steps = plan.max_steps as u64;
-            self.say(&format!("Resuming from {} at step {} (epoch {}, batch {} of the epoch)", dir.display(), position.global_step, position.epoch, position.step_in_epoch));
+            sums = LossSums::from_extra(&position.extra, rank);
+            (start_epoch, skip, start_step) = (position.epoch as usize, position.step_in_epoch as usize, position.global_step);
+            self.say(&format!(
+                "Resuming from {} at step {} (epoch {}, batch {} of the epoch)",
+                dir.display(),
+                position.global_step,
+                position.epoch,
+                position.step_in_epoch
+            ));
         }
 
-        let trainable = BasicNet::num_parameters(self.net.config().width) as u64;
+        let trainable = BasicNet::num_parameters(self.net_config.width) as u64;
         if rank == 0 {
             println!("{}", output::training_banner(&args, &plan, trainable));
         }
@@ -467,56 +461,57 @@ impl Trainer {
         let progress = Progress::new(plan.max_steps as u64, rank == 0, args.disable_tqdm);
         progress.set_position(self.state.global_step);
 
-        let sampler = DistributedSampler::new(train_dataset.len(), world_size, rank, true, args.data_seed(), false)?;
-        let mut loader = DataLoader::new(&train_dataset, batch, Box::new(sampler))?.drop_last(args.dataloader_drop_last);
-
         let mut paused_s = 0.0f64; // evaluation + checkpoint time, excluded from train_s
         let loop_start = Instant::now();
         let mut local_samples = 0u64;
-        let mut global_step = position.global_step as usize;
-        let mut batches_seen = position.batches_seen;
+        let mut global_step = start_step as usize;
         let mut last_grad_norm: Option<f64> = None;
         let mut last_lr = schedule.rate(global_step.saturating_sub(1));
-        let (start_epoch, mut skip) = (position.epoch as usize, position.step_in_epoch as usize);
         let mut stop = global_step >= plan.max_steps;
+        let mut window_loss = 0.0f64; // Σ loss·n over this rank's micro-batches of the window
 
-        'epochs: for epoch in start_epoch..plan.num_epochs {
+        for epoch in start_epoch..plan.num_epochs {
             if stop {
                 break;
             }
             loader.set_epoch(epoch as u64);
-            let mut window_loss = 0.0f64; // Σ loss·n over this rank's micro-batches of the window
-            for (b, (images, labels)) in loader.iter().enumerate().skip(skip) {
+            for (i, (images, labels)) in loader.iter().enumerate() {
+                let b = skip + i;
                 let k = b / acc;
-                let window_len = plan.batches_in_update(k, acc);
                 let window_start = k * acc;
-                let last_in_window = b + 1 == window_start + window_len;
-                let window_samples: usize = (window_start..window_start + window_len).map(batch_len).sum();
-                ladder_core::train::seed_batch(args.seed, rank, batches_seen);
+                let window_len = plan.batches_in_update(k, acc);
                 if b == window_start {
-                    opt.zero_grad();
                     window_loss = 0.0;
                 }
-                model.set_require_backward_grad_sync(last_in_window);
+                let window_samples: usize = (window_start..window_start + window_len).map(batch_len).sum();
                 let inputs = self.collator.collate(images, labels);
                 let n = inputs.len();
-                let (loss, _) = self.hooks.compute_loss(&mut TrainerModel { inner: ModelInner::Wrapped(&mut model) }, &inputs)?;
-                if window_len == 1 {
-                    model.backward(&loss)?;
-                } else {
-                    model.backward(&(&loss * (n as f64 / window_samples as f64)))?;
-                }
-                window_loss += loss.double_value(&[]) * n as f64;
-                batches_seen += 1;
+                let (accelerator, model, hooks) = (&self.accelerator, &self.model, &self.hooks);
+                let optimizer = &mut self.optimizer;
+                let step = accelerator.accumulate(model, || -> Result<Option<(f64, Option<f64>)>> {
+                    let (loss, _) = hooks.compute_loss(&mut TrainerModel { model, accelerator, train: true }, &inputs)?;
+                    // The window's gradient is the mean over its samples: weight unequal
+                    // micro-batches (the Accelerator divides by the window's length).
+                    let weight = (n * window_len) as f64 / window_samples as f64;
+                    if weight == 1.0 {
+                        accelerator.backward(&loss)?;
+                    } else {
+                        accelerator.backward(&(&loss * weight))?;
+                    }
+                    window_loss += loss.double_value(&[]) * n as f64;
+                    if !accelerator.sync_gradients() {
+                        return Ok(None);
+                    }
+                    let grad_norm = if args.max_grad_norm > 0.0 { accelerator.clip_grad_norm_(args.max_grad_norm)? } else { None };
+                    let lr = schedule.rate(global_step);
+                    optimizer.set_lr(lr);
+                    optimizer.step()?;
+                    optimizer.zero_grad();
+                    Ok(Some((lr, grad_norm)))
+                })?;
                 local_samples += n as u64;
-                if !last_in_window {
-                    continue;
-                }
-                // The optimizer step.
-                last_grad_norm = if args.max_grad_norm > 0.0 { Some(model.clip_grad_norm(args.max_grad_norm)?) } else { None };
-                last_lr = schedule.rate(global_step);
-                opt.set_lr(last_lr);
-                opt.step();
+                let Some((lr, grad_norm)) = step else { continue };
+                (last_lr, last_grad_norm) = (lr, grad_norm);
                 global_step += 1;
                 sums.add_step(window_loss / window_samples as f64);
                 self.state.global_step = global_step as u64;
@@ -527,9 +522,8 @@ impl Trainer {
                 for cb in &mut self.callbacks {
                     cb.on_step_end(&args, &self.state, &mut control);
                 }
-                let at = Position { epoch: epoch as u64, step_in_epoch: (b + 1) as u64, batches_seen };
                 let t = Instant::now();
-                self.log_evaluate_save(&mut control, &mut model, &opt, &mut sums, at, last_lr, last_grad_norm, &progress, reporter.as_mut())?;
+                self.log_evaluate_save(&mut control, &mut sums, last_lr, last_grad_norm, &progress, reporter.as_mut())?;
                 paused_s += t.elapsed().as_secs_f64();
                 if control.should_training_stop || global_step >= plan.max_steps {
                     stop = true;
@@ -544,32 +538,28 @@ impl Trainer {
             for cb in &mut self.callbacks {
                 cb.on_epoch_end(&args, &self.state, &mut control);
             }
-            let at = Position { epoch: epoch as u64 + 1, step_in_epoch: 0, batches_seen };
             let t = Instant::now();
-            self.log_evaluate_save(&mut control, &mut model, &opt, &mut sums, at, last_lr, last_grad_norm, &progress, reporter.as_mut())?;
+            self.log_evaluate_save(&mut control, &mut sums, last_lr, last_grad_norm, &progress, reporter.as_mut())?;
             paused_s += t.elapsed().as_secs_f64();
             if control.should_training_stop {
-                break 'epochs;
+                break;
             }
         }
         let train_s = (loop_start.elapsed().as_secs_f64() - paused_s).max(1e-9);
         progress.finish();
 
-        // The trained weights back into the plain model, on every rank.
-        self.pull_weights(&model)?;
         if args.load_best_model_at_end {
             if let Some(best) = self.state.best_model_checkpoint.clone() {
                 self.say(&format!("Loading best model from {} (score: {:?}).", best.display(), self.state.best_metric));
-                let ckpt = core_ckpt::load(&best)?;
-                load_plain(&mut self.vs, &ckpt.model, &best)?;
+                self.accelerator.load_state(&best)?;
             }
         }
 
         // Summary, as Transformers' final log entry.
-        let total = sums.all_reduced_total(self.pg)?;
+        let total = sums.all_reduced_total(&self.accelerator)?;
         let training_loss = total.0 / (world_size as f64 * total.1.max(1.0));
         let runtime = run_start.elapsed().as_secs_f64();
-        let trained_steps = (global_step as u64).saturating_sub(position.global_step) as f64;
+        let trained_steps = (global_step as u64).saturating_sub(start_step) as f64;
         let samples_all = (local_samples * world_size as u64) as f64;
         let metrics: Metrics = [
             ("train_runtime".to_string(), runtime),
@@ -596,41 +586,16 @@ impl Trainer {
         }
         let mut metrics = metrics;
         metrics.insert("epoch".into(), self.state.epoch);
-        self.pg.barrier()?;
+        self.accelerator.wait_for_everyone()?;
         Ok(TrainOutput {
             global_step: global_step as u64,
             training_loss,
             metrics,
             local_samples,
             train_s,
-            comm_s: model.comm_seconds(),
-            model_state: model.memory(),
+            comm_s: self.model.comm_seconds(),
+            model_state: self.model.memory(),
         })
-    }
-
-    /// A fresh BasicNet with the current weights, for wrapping.
-    fn fresh_copy(&self) -> Result<(nn::VarStore, BasicNet)> {
-        let mut vs = nn::VarStore::new(self.device);
-        let net = BasicNet::new(&vs.root(), BasicNetConfig { ..self.net.config() });
-        vs.copy(&self.vs)?;
-        Ok((vs, net))
-    }
-
-    /// Copies the wrapped model's current weights into the plain model on every rank (FSDP:
-    /// gathered on rank 0, broadcast).
-    fn pull_weights(&mut self, model: &WrappedModel<'static>) -> Result<()> {
-        let full = model.full_state_dict(self.pg)?;
-        if let Some(full) = &full {
-            load_plain(&mut self.vs, full, Path::new("the wrapped model's full state dict"))?;
-        }
-        if self.pg.world_size() > 1 {
-            let vars = self.vs.variables();
-            let mut names: Vec<&String> = vars.keys().collect();
-            names.sort();
-            let mut tensors: Vec<Tensor> = names.iter().map(|n| vars[*n].shallow_clone()).collect();
-            tch::no_grad(|| self.pg.broadcast_coalesced(&mut tensors, 0))?;
-        }
-        Ok(())
     }
 
     fn push_log(&mut self, entry: LogEntry, progress: &Progress, reporter: Option<&mut ReportWriter>) -> Result<()> {
@@ -641,33 +606,26 @@ impl Trainer {
         for cb in &mut self.callbacks {
             cb.on_log(&self.args, &self.state, &mut control, &entry);
         }
-        if progress.is_bar() || self.pg.rank() == 0 {
-            progress.println(&output::log_line(&entry));
-        }
+        progress.println(&output::log_line(&entry));
         self.state.log_history.push(entry);
         Ok(())
     }
 
     /// Acts on should_log / should_evaluate / should_save, in Transformers' order.
-    #[allow(clippy::too_many_arguments)]
     fn log_evaluate_save(
         &mut self,
         control: &mut TrainerControl,
-        model: &mut WrappedModel<'static>,
-        opt: &AdamW,
         sums: &mut LossSums,
-        at: Position,
         lr: f64,
         grad_norm: Option<f64>,
         progress: &Progress,
-        reporter: Option<&mut ReportWriter>,
+        mut reporter: Option<&mut ReportWriter>,
     ) -> Result<()> {
         let step = self.state.global_step;
-        let mut reporter = reporter;
         if control.should_log {
             control.should_log = false;
             if sums.window_steps > 0 {
-                let loss = sums.take_window(self.pg)?;
+                let loss = sums.take_window(&self.accelerator)?;
                 let mut values = vec![("loss", loss), ("learning_rate", lr)];
                 if let Some(g) = grad_norm {
                     values.push(("grad_norm", g));
@@ -679,7 +637,6 @@ impl Trainer {
         if control.should_evaluate {
             control.should_evaluate = false;
             if self.eval_dataset.is_some() {
-                self.pull_weights(model)?;
                 let metrics = self.evaluate_inner("eval", progress, reporter.as_deref_mut())?;
                 for cb in &mut self.callbacks {
                     cb.on_evaluate(&self.args, &self.state, control, &metrics);
@@ -689,7 +646,7 @@ impl Trainer {
         }
         if control.should_save {
             control.should_save = false;
-            self.save_checkpoint(model, opt, sums, at, new_best)?;
+            self.save_checkpoint(sums, new_best)?;
             for cb in &mut self.callbacks {
                 cb.on_save(&self.args, &self.state, control);
             }
@@ -720,44 +677,30 @@ impl Trainer {
         Ok(better)
     }
 
-    /// Writes output_dir/checkpoint-<step>/ (rank 0, atomically) and rotates. Collective.
-    fn save_checkpoint(&mut self, model: &WrappedModel<'static>, opt: &AdamW, sums: &LossSums, at: Position, new_best: bool) -> Result<()> {
+    /// Writes output_dir/checkpoint-<step>/ through `accelerator.save_state` (the main
+    /// process, atomically) with trainer_state.json, scheduler.json and training_args.json,
+    /// then rotates. Collective.
+    fn save_checkpoint(&mut self, sums: &LossSums, new_best: bool) -> Result<()> {
         let dir = checkpoints::checkpoint_dir(&self.args.output_dir, self.state.global_step);
-        let model_sd = model.full_state_dict(self.pg)?;
-        let opt_sd = model.optimizer_state_dict(opt, self.pg)?;
-        let extra = sums.to_extra(self.pg)?;
+        let extra = sums.to_extra(&self.accelerator)?;
         if new_best || self.state.best_global_step == Some(self.state.global_step) {
             self.state.best_model_checkpoint = Some(dir.clone());
         }
-        if self.pg.rank() == 0 {
-            let ckpt = Checkpoint {
-                model: model_sd.unwrap_or_default(),
-                optimizer: opt_sd.unwrap_or_default(),
-                state: TrainingState {
-                    global_step: self.state.global_step,
-                    batches_seen: at.batches_seen,
-                    epoch: at.epoch,
-                    step_in_epoch: at.step_in_epoch,
-                    seed: self.args.seed,
-                    world_size: self.pg.world_size(),
-                    extra,
-                },
-            };
-            let scheduler = serde_json::json!({ "last_epoch": self.state.global_step, "lr_scheduler_type": self.args.lr_scheduler_type });
-            let files = [
-                (TRAINER_STATE_FILE, serde_json::to_vec_pretty(&self.state).expect("TrainerState serialises")),
-                (SCHEDULER_FILE, serde_json::to_vec_pretty(&scheduler).expect("json")),
-                (TRAINING_ARGS_FILE, serde_json::to_vec_pretty(&self.args).expect("TrainingArguments serialise")),
-            ];
-            core_ckpt::save(&dir, &ckpt, &files)?;
+        let scheduler = serde_json::json!({ "last_epoch": self.state.global_step, "lr_scheduler_type": self.args.lr_scheduler_type });
+        let files = [
+            (TRAINER_STATE_FILE, serde_json::to_vec_pretty(&self.state).expect("TrainerState serialises")),
+            (SCHEDULER_FILE, serde_json::to_vec_pretty(&scheduler).expect("json")),
+            (TRAINING_ARGS_FILE, serde_json::to_vec_pretty(&self.args).expect("TrainingArguments serialise")),
+        ];
+        self.accelerator.save_state_with(&dir, extra, &files)?;
+        if self.accelerator.is_main_process() {
             checkpoints::rotate_checkpoints(&self.args.output_dir, self.args.save_total_limit, self.state.best_model_checkpoint.as_deref())?;
         }
-        self.pg.barrier()?;
+        self.accelerator.wait_for_everyone()?;
         Ok(())
     }
 
-    /// Runs the evaluation loop over the eval dataset with the plain model and logs the
-    /// metrics.
+    /// Runs the evaluation loop over the eval dataset and logs the metrics.
     fn evaluate_inner(&mut self, prefix: &str, progress: &Progress, reporter: Option<&mut ReportWriter>) -> Result<Metrics> {
         let Some(data) = self.eval_dataset.as_ref().map(Dataset::shallow_clone) else {
             return Err(Error::invalid("eval_dataset", "None", "an evaluation dataset for Trainer::evaluate"));
@@ -775,7 +718,7 @@ impl Trainer {
     /// # Errors
     /// No eval dataset; forward and collective errors.
     pub fn evaluate(&mut self, metric_key_prefix: &str) -> Result<Metrics> {
-        let progress = Progress::new(0, self.pg.rank() == 0, true);
+        let progress = Progress::new(0, self.accelerator.is_main_process(), true);
         self.evaluate_inner(metric_key_prefix, &progress, None)
     }
 
@@ -785,38 +728,55 @@ impl Trainer {
     /// # Errors
     /// Forward and collective errors.
     pub fn predict(&mut self, dataset: &Dataset) -> Result<PredictionOutput> {
-        let data = dataset.to_device(self.device);
+        let data = dataset.to_device(self.accelerator.device());
         self.prediction_loop(&data, "test")
     }
 
+    /// The evaluation loop: a loader without shuffle (padded so every process runs as many
+    /// forwards, which FSDP's gathers need); on each batch, `compute_loss` over the samples
+    /// that are not padding (the whole batch when all are, to keep the forwards in step, its
+    /// loss then unused); loss sums all-reduced; outputs and labels through
+    /// `gather_for_metrics`, which drops the padding — every example counted exactly once, in
+    /// dataset order.
     fn prediction_loop(&mut self, data: &Dataset, prefix: &str) -> Result<PredictionOutput> {
         let start = Instant::now();
-        let (rank, w) = (self.pg.rank(), self.pg.world_size());
+        let (rank, w) = (self.accelerator.process_index(), self.accelerator.num_processes());
         let n = data.len();
-        let shard = eval_shard(n, rank, w);
-        let part = data.slice(shard.clone());
+        // Rank r's p-th sample is dataset position p·W + r; positions ≥ n are padding.
+        let real_on_rank = if rank < n { (n - rank).div_ceil(w) } else { 0 };
         let bs = self.args.per_device_eval_batch_size;
-        let (mut loss_sum, mut outputs, mut labels, mut steps) = (0.0f64, Vec::new(), Vec::new(), 0usize);
+        let loader = self.accelerator.prepare_data_loader(data, bs, false)?;
+        let (mut loss_sum, mut count, mut outputs, mut labels, mut steps) = (0.0f64, 0usize, Vec::new(), Vec::new(), 0usize);
         tch::no_grad(|| -> Result<()> {
-            let mut s = 0;
-            while s < part.len() {
-                let len = bs.min(part.len() - s);
-                let p = part.slice(s..s + len);
-                let inputs = self.collator.collate(p.images.shallow_clone(), p.labels.shallow_clone());
-                let (loss, out) = self.hooks.compute_loss(&mut TrainerModel { inner: ModelInner::Plain(&self.net) }, &inputs)?;
-                loss_sum += loss.double_value(&[]) * len as f64;
-                outputs.push(out.to_kind(Kind::Float));
-                labels.push(inputs.labels.to_kind(Kind::Int64));
-                s += len;
+            for (b, (images, ys)) in loader.iter().enumerate() {
+                let len = ys.size()[0] as usize;
+                let real = real_on_rank.saturating_sub(b * bs).min(len);
+                let take = if real == 0 { len } else { real };
+                let inputs = self.collator.collate(images.narrow(0, 0, take as i64), ys.narrow(0, 0, take as i64));
+                let mut m = TrainerModel { model: &self.model, accelerator: &self.accelerator, train: false };
+                let (loss, out) = self.hooks.compute_loss(&mut m, &inputs)?;
+                let out = out.to_kind(Kind::Float);
+                if real > 0 {
+                    loss_sum += loss.double_value(&[]) * real as f64;
+                    count += real;
+                }
+                // Back to the batch's length for gather_for_metrics (padding rows are dropped).
+                let classes = out.size()[1];
+                let full = if take < len {
+                    Tensor::cat(&[out.narrow(0, 0, real as i64), Tensor::zeros([(len - real) as i64, classes], (Kind::Float, out.device()))], 0)
+                } else {
+                    out
+                };
+                outputs.push(self.accelerator.gather_for_metrics(&full)?.to_device(Device::Cpu));
+                labels.push(self.accelerator.gather_for_metrics(&ys)?.to_device(Device::Cpu));
                 steps += 1;
             }
             Ok(())
         })?;
-        let mut sums = Tensor::from_slice(&[loss_sum, part.len() as f64]).to_device(self.pg.device());
-        self.pg.all_reduce(&mut sums, ReduceOp::Sum)?;
+        let sums = self.accelerator.reduce(&Tensor::from_slice(&[loss_sum, count as f64]).to_device(self.accelerator.device()), "sum")?;
         let sums = Vec::<f64>::try_from(sums.to_device(Device::Cpu))?;
-        let classes = outputs.first().map(|o| o.size()[1]).unwrap_or(10);
-        let (predictions, label_ids) = self.gather_rows(&outputs, &labels, classes, n)?;
+        let predictions = if outputs.is_empty() { Tensor::zeros([0, 10], (Kind::Float, Device::Cpu)) } else { Tensor::cat(&outputs, 0) };
+        let label_ids = if labels.is_empty() { Tensor::zeros([0], (Kind::Int64, Device::Cpu)) } else { Tensor::cat(&labels, 0) };
         let eval_pred = EvalPrediction { predictions, label_ids };
         let mut metrics = Metrics::new();
         metrics.insert(format!("{prefix}_loss"), sums[0] / sums[1].max(1.0));
@@ -830,90 +790,30 @@ impl Trainer {
         Ok(PredictionOutput { predictions: eval_pred.predictions, label_ids: eval_pred.label_ids, metrics })
     }
 
-    /// Gathers every rank's contiguous shard of rows (outputs `[n_r, classes]`, labels `[n_r]`)
-    /// into the whole set in order: each shard padded to `ceil(n / W)` rows, all-gathered, the
-    /// padding removed (as `gather_for_metrics`).
-    fn gather_rows(&self, outputs: &[Tensor], labels: &[Tensor], classes: i64, n: usize) -> Result<(Tensor, Tensor)> {
-        let w = self.pg.world_size();
-        let dev = self.pg.device();
-        let cat = |ts: &[Tensor], shape: &[i64], kind: Kind| {
-            if ts.is_empty() { Tensor::zeros(shape, (kind, dev)) } else { Tensor::cat(ts, 0).to_device(dev) }
-        };
-        let out = cat(outputs, &[0, classes], Kind::Float);
-        let lab = cat(labels, &[0], Kind::Int64);
-        if w == 1 {
-            return Ok((out.to_device(Device::Cpu), lab.to_device(Device::Cpu)));
-        }
-        let rows = n.div_ceil(w) as i64;
-        let pad = |t: &Tensor, row: &[i64]| -> Tensor {
-            let have = t.size()[0];
-            let mut shape = vec![rows - have];
-            shape.extend_from_slice(row);
-            Tensor::cat(&[t.shallow_clone(), Tensor::zeros(&shape, (t.kind(), dev))], 0).contiguous()
-        };
-        let (po, pl) = (pad(&out, &[classes]), pad(&lab, &[]));
-        let mut go = Tensor::zeros([w as i64 * rows, classes], (Kind::Float, dev));
-        let mut gl = Tensor::zeros([w as i64 * rows], (Kind::Int64, dev));
-        self.pg.all_gather(&mut go, &po)?;
-        self.pg.all_gather(&mut gl, &pl)?;
-        let (mut keep_o, mut keep_l) = (Vec::new(), Vec::new());
-        for r in 0..w {
-            let len = eval_shard(n, r, w).len() as i64;
-            keep_o.push(go.narrow(0, r as i64 * rows, len));
-            keep_l.push(gl.narrow(0, r as i64 * rows, len));
-        }
-        Ok((Tensor::cat(&keep_o, 0).to_device(Device::Cpu), Tensor::cat(&keep_l, 0).to_device(Device::Cpu)))
-    }
-
-    /// Writes the current (unwrapped) weights to `output_dir/model.safetensors` with BasicNet's
-    /// plain keys (`conv1.weight`, …), on the main process, as Transformers' `save_model()`.
-    /// Collective (a barrier).
+    /// Writes the model's weights to `output_dir/model.safetensors` with BasicNet's plain keys
+    /// (`conv1.weight`, …; FSDP gathers them), on the main process, as Transformers'
+    /// `save_model()`. Collective.
     ///
     /// # Errors
     /// [`Error::Io`] naming the directory; libtorch's serialisation errors.
     pub fn save_model(&self) -> Result<PathBuf> {
         let path = self.args.output_dir.join(core_ckpt::MODEL_FILE);
-        if self.pg.rank() == 0 {
+        if let Some(weights) = self.accelerator.get_state_dict()? {
             std::fs::create_dir_all(&self.args.output_dir).map_err(|e| Error::io(&self.args.output_dir, e))?;
-            let mut named: Vec<(String, Tensor)> =
-                self.vs.variables().into_iter().map(|(k, t)| (k, t.detach().to_device(Device::Cpu))).collect();
-            named.sort_by(|a, b| a.0.cmp(&b.0));
-            let tmp = self.args.output_dir.join(".model.safetensors.tmp");
-            Tensor::write_safetensors(&named, &tmp)?;
-            std::fs::rename(&tmp, &path).map_err(|e| Error::io(&path, e))?;
+            ladder_core::train::save_weights(&path, &weights)?;
         }
-        self.pg.barrier()?;
+        self.accelerator.wait_for_everyone()?;
         Ok(path)
     }
-}
 
-/// Loads plain named weights into `vs` (every key of the VarStore must be present, shapes
-/// equal).
-fn load_plain(vs: &mut nn::VarStore, named: &[(String, Tensor)], from: &Path) -> Result<()> {
-    let vars = vs.variables();
-    tch::no_grad(|| -> Result<()> {
-        for (name, var) in &vars {
-            let Some((_, t)) = named.iter().find(|(k, _)| k == name) else {
-                return Err(Error::BadCheckpoint { file: from.into(), problem: format!("no tensor named {name}") });
-            };
-            if t.size() != var.size() {
-                return Err(Error::BadCheckpoint {
-                    file: from.into(),
-                    problem: format!("{name} has shape {:?}, the model's is {:?}", t.size(), var.size()),
-                });
-            }
-            var.shallow_clone().f_copy_(&t.to_device(var.device()).to_kind(var.kind()))?;
-        }
-        Ok(())
-    })
-}
-
-/// Where the data stands after a step: what a checkpoint records to resume from.
-#[derive(Debug, Clone, Copy)]
-struct Position {
-    epoch: u64,
-    step_in_epoch: u64,
-    batches_seen: u64,
+    /// The trained model unwrapped on the CPU (a plain BasicNet with its VarStore), on the main
+    /// process; `None` on the others. Collective.
+    ///
+    /// # Errors
+    /// Collective errors.
+    pub fn unwrap_model(&self) -> Result<Option<(nn::VarStore, BasicNet)>> {
+        Ok(self.accelerator.unwrap_model(self.net_config)?)
+    }
 }
 
 /// Running sums of per-step losses: this rank's `Σ_k (Σ_b l_b·n_b / Σ_b n_b)` over the logging
@@ -936,26 +836,23 @@ impl LossSums {
     }
 
     /// The window's mean step loss over all ranks; resets the window. Collective.
-    fn take_window(&mut self, pg: &dyn ProcessGroup) -> Result<f64> {
-        let mut t = Tensor::from_slice(&[self.window_sum]).to_device(pg.device());
-        pg.all_reduce(&mut t, ReduceOp::Sum)?;
-        let loss = t.double_value(&[0]) / (pg.world_size() as f64 * self.window_steps as f64);
+    fn take_window(&mut self, acc: &Accelerator) -> Result<f64> {
+        let t = acc.reduce(&Tensor::from_slice(&[self.window_sum]).to_device(acc.device()), "sum")?;
+        let loss = t.double_value(&[0]) / (acc.num_processes() as f64 * self.window_steps as f64);
         self.window_sum = 0.0;
         self.window_steps = 0;
         Ok(loss)
     }
 
     /// `(Σ over ranks of total_sum, total_steps)`. Collective.
-    fn all_reduced_total(&self, pg: &dyn ProcessGroup) -> Result<(f64, f64)> {
-        let mut t = Tensor::from_slice(&[self.total_sum]).to_device(pg.device());
-        pg.all_reduce(&mut t, ReduceOp::Sum)?;
+    fn all_reduced_total(&self, acc: &Accelerator) -> Result<(f64, f64)> {
+        let t = acc.reduce(&Tensor::from_slice(&[self.total_sum]).to_device(acc.device()), "sum")?;
         Ok((t.double_value(&[0]), self.total_steps as f64))
     }
 
     /// The sums over ranks, for a checkpoint. Collective.
-    fn to_extra(&self, pg: &dyn ProcessGroup) -> Result<serde_json::Map<String, serde_json::Value>> {
-        let mut t = Tensor::from_slice(&[self.window_sum, self.total_sum]).to_device(pg.device());
-        pg.all_reduce(&mut t, ReduceOp::Sum)?;
+    fn to_extra(&self, acc: &Accelerator) -> Result<serde_json::Map<String, serde_json::Value>> {
+        let t = acc.reduce(&Tensor::from_slice(&[self.window_sum, self.total_sum]).to_device(acc.device()), "sum")?;
         let v = Vec::<f64>::try_from(t.to_device(Device::Cpu))?;
         let mut m = serde_json::Map::new();
         m.insert("loss_window_sum".into(), v[0].into());

@@ -73,7 +73,7 @@ pub struct DemoRow {
     pub title: String,
     /// Lines of user training code between the `user_code` anchors (`None` if not countable).
     pub user_code_lines: Option<usize>,
-    /// The file the lines were counted in, relative to the root.
+    /// The file(s) the lines were counted in, relative to the root (comma-separated).
     pub user_code_file: Option<String>,
     /// Why the lines could not be counted.
     pub user_code_error: Option<String>,
@@ -231,7 +231,10 @@ fn run_level(
     (i, n): (usize, usize),
 ) -> DemoRow {
     let (user_code_lines, user_code_file, user_code_error) = match loc::count_level(&root.join(level.crate_dir)) {
-        Ok((file, lines)) => (Some(lines), Some(file.strip_prefix(root).unwrap_or(&file).display().to_string()), None),
+        Ok((files, lines)) => {
+            let names: Vec<String> = files.iter().map(|f| f.strip_prefix(root).unwrap_or(f).display().to_string()).collect();
+            (Some(lines), Some(names.join(", ")), None)
+        }
         Err(e) => (None, None, Some(e.to_string())),
     };
     let report = out_dir.join(format!("level{}.json", level.number));

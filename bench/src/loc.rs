@@ -90,29 +90,65 @@ pub fn count_file(file: &Path) -> Result<usize> {
     count_between_anchors(&text, USER_CODE_ANCHOR, file)
 }
 
-/// Counts a level crate's user-code lines: `src/main.rs` if it holds the anchors, else
-/// `src/lib.rs`. Returns the file counted and the count.
+/// Counts a level crate's user-code lines: the spans of every `.rs` file under `src/` that has
+/// them (`src/main.rs`, then `src/lib.rs`, then the others in path order), added up. Returns the
+/// files that held spans (in that order) and the total.
 ///
 /// # Errors
-/// [`Error::AnchorMissing`] naming both files when neither has the anchors (or exists);
-/// [`Error::AnchorUnbalanced`] / [`Error::Io`] from the file that has them.
-pub fn count_level(crate_dir: &Path) -> Result<(PathBuf, usize)> {
-    let candidates = [crate_dir.join("src").join("main.rs"), crate_dir.join("src").join("lib.rs")];
-    for file in &candidates {
-        match std::fs::read_to_string(file) {
-            Ok(text) => match count_between_anchors(&text, USER_CODE_ANCHOR, file) {
-                Ok(n) => return Ok((file.clone(), n)),
-                Err(Error::AnchorMissing { .. }) => continue,
-                Err(e) => return Err(e),
-            },
+/// [`Error::AnchorMissing`] naming `src/main.rs`, `src/lib.rs` and the count of other files
+/// searched when none has the anchors; [`Error::AnchorUnbalanced`] / [`Error::Io`] naming the
+/// file at fault.
+pub fn count_level(crate_dir: &Path) -> Result<(Vec<PathBuf>, usize)> {
+    let src = crate_dir.join("src");
+    let (main, lib) = (src.join("main.rs"), src.join("lib.rs"));
+    let mut files = vec![main.clone(), lib.clone()];
+    let mut others = Vec::new();
+    collect_rs(&src, &mut others)?;
+    others.sort();
+    others.retain(|f| *f != main && *f != lib);
+    let searched_others = others.len();
+    files.extend(others);
+    let (mut found, mut total) = (Vec::new(), 0);
+    for file in &files {
+        let text = match std::fs::read_to_string(file) {
+            Ok(t) => t,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
             Err(e) => return Err(Error::Io { path: file.clone(), source: e }),
+        };
+        match count_between_anchors(&text, USER_CODE_ANCHOR, file) {
+            Ok(n) => {
+                found.push(file.clone());
+                total += n;
+            }
+            Err(Error::AnchorMissing { .. }) => {}
+            Err(e) => return Err(e),
         }
     }
-    Err(Error::AnchorMissing {
-        file: format!("{} and {}", candidates[0].display(), candidates[1].display()),
-        anchor: USER_CODE_ANCHOR.to_string(),
-    })
+    if found.is_empty() {
+        return Err(Error::AnchorMissing {
+            file: format!("{}, {} and {searched_others} other .rs file(s) under {}", main.display(), lib.display(), src.display()),
+            anchor: USER_CODE_ANCHOR.to_string(),
+        });
+    }
+    Ok((found, total))
+}
+
+/// Every `.rs` file under `dir`, recursively (a missing `dir` holds none).
+fn collect_rs(dir: &Path, out: &mut Vec<PathBuf>) -> Result<()> {
+    let entries = match std::fs::read_dir(dir) {
+        Ok(e) => e,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(Error::Io { path: dir.to_path_buf(), source: e }),
+    };
+    for entry in entries {
+        let path = entry.map_err(Error::io(dir))?.path();
+        if path.is_dir() {
+            collect_rs(&path, out)?;
+        } else if path.extension().is_some_and(|x| x == "rs") {
+            out.push(path);
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -150,13 +186,32 @@ mod tests {
     }
 
     #[test]
-    fn a_crate_without_anchors_names_both_files() {
+    fn a_crate_without_anchors_names_what_was_searched() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(dir.path().join("src/bin")).unwrap();
+        std::fs::write(dir.path().join("src/main.rs"), "fn main() {}\n").unwrap();
+        std::fs::write(dir.path().join("src/bin/tool.rs"), "fn main() {}\n").unwrap();
+        let e = count_level(dir.path()).unwrap_err().to_string();
+        let src = dir.path().join("src");
+        assert_eq!(
+            e.replace(&src.display().to_string(), "<src>"),
+            "<src>/main.rs, <src>/lib.rs and 1 other .rs file(s) under <src>: no `// ANCHOR: user_code` … \
+             `// ANCHOR_END: user_code` pair (expected the user's training code between those two mdBook anchor comments)"
+        );
+    }
+
+    #[test]
+    fn spans_of_every_file_under_src_add_up() {
         let dir = tempfile::tempdir().unwrap();
         std::fs::create_dir_all(dir.path().join("src")).unwrap();
+        let span = |n: usize| format!("// ANCHOR: user_code\n{}// ANCHOR_END: user_code\n", "f();\n".repeat(n));
         std::fs::write(dir.path().join("src/main.rs"), "fn main() {}\n").unwrap();
-        let e = count_level(dir.path()).unwrap_err().to_string();
-        assert!(e.contains("src/main.rs and ") && e.contains("src/lib.rs: no `// ANCHOR: user_code`"), "{e}");
-        std::fs::write(dir.path().join("src/lib.rs"), "// ANCHOR: user_code\nfn f() {}\n// ANCHOR_END: user_code\n").unwrap();
-        assert_eq!(count_level(dir.path()).unwrap(), (dir.path().join("src/lib.rs"), 1));
+        std::fs::write(dir.path().join("src/train.rs"), span(3)).unwrap();
+        std::fs::write(dir.path().join("src/lib.rs"), span(2) + &span(1)).unwrap();
+        let (files, n) = count_level(dir.path()).unwrap();
+        assert_eq!(n, 6);
+        assert_eq!(files, [dir.path().join("src/lib.rs"), dir.path().join("src/train.rs")]);
+        std::fs::write(dir.path().join("src/train.rs"), "// ANCHOR: user_code\n").unwrap();
+        assert!(count_level(dir.path()).unwrap_err().to_string().contains("train.rs:1: `ANCHOR: user_code` never closed"));
     }
 }

@@ -125,6 +125,8 @@ pub struct Accelerator {
     model: RefCell<Option<Rc<RefCell<WrappedModel<'static>>>>>,
     optimizer: RefCell<Option<Rc<RefCell<AdamW>>>>,
     train_loaders: RefCell<Vec<Rc<LoaderState>>>,
+    /// The group was created here (and is destroyed with the Accelerator).
+    owns_group: bool,
 }
 
 impl std::fmt::Debug for Accelerator {
@@ -156,6 +158,20 @@ impl Accelerator {
     /// # Errors
     /// As [`new`](Self::new); a non-positive `bucket_cap_mb`.
     pub fn with_kwargs(builder: AcceleratorConfig, ddp: DistributedDataParallelKwargs) -> Result<Self> {
+        Self::build(builder, ddp, None)
+    }
+
+    /// An Accelerator over a process group the program already set up (it is not destroyed
+    /// when the Accelerator is dropped): several Accelerators in one process, one after the
+    /// other, as tests need. The group's device must match the settings (CPU for `cpu`).
+    ///
+    /// # Errors
+    /// As [`new`](Self::new).
+    pub fn with_group(builder: AcceleratorConfig, ddp: DistributedDataParallelKwargs, pg: &'static dyn ProcessGroup) -> Result<Self> {
+        Self::build(builder, ddp, Some(pg))
+    }
+
+    fn build(builder: AcceleratorConfig, ddp: DistributedDataParallelKwargs, group: Option<&'static dyn ProcessGroup>) -> Result<Self> {
         let config = ResolvedConfig::resolve(&builder, |k| std::env::var(k).ok())?;
         if !(ddp.bucket_cap_mb.is_finite() && ddp.bucket_cap_mb > 0.0) {
             return Err(ladder_core::Error::invalid("bucket_cap_mb", ddp.bucket_cap_mb, "a positive number of MiB").into());
@@ -170,7 +186,10 @@ impl Accelerator {
             });
         }
         let env = DistEnv::from_env()?;
-        let use_cuda = !config.cpu && ladder_core::device::cuda_available();
+        let use_cuda = match group {
+            Some(pg) => pg.device().is_cuda(),
+            None => !config.cpu && ladder_core::device::cuda_available(),
+        };
         if config.mixed_precision == MixedPrecision::Fp16 && !use_cuda {
             return Err(Error::Conflict {
                 first: format!("mixed_precision=fp16 ({})", config.describe_source("mixed_precision")),
@@ -179,7 +198,11 @@ impl Accelerator {
             });
         }
         let backend = if use_cuda { Backend::Nccl } else { Backend::Mpi };
-        let pg = dist::leak(dist::init_process_group(backend)?);
+        let owns_group = group.is_none();
+        let pg = match group {
+            Some(pg) => pg,
+            None => dist::leak(dist::init_process_group(backend)?),
+        };
         let device = pg.device();
         let strategy = if config.use_fsdp {
             match config.fsdp_sharding_strategy {
@@ -227,6 +250,7 @@ impl Accelerator {
             model: RefCell::new(None),
             optimizer: RefCell::new(None),
             train_loaders: RefCell::new(Vec::new()),
+            owns_group,
         };
         if let Some(seed) = acc.config.seed {
             acc.set_seed(seed);
@@ -774,7 +798,9 @@ impl Drop for Accelerator {
     fn drop(&mut self) {
         // Models and optimizers may still hold tensors; the group itself is finalised now (a
         // panicking process aborts the job, so that no other waits forever).
-        self.pg.shutdown();
+        if self.owns_group {
+            self.pg.shutdown();
+        }
     }
 }
 
@@ -803,6 +829,12 @@ impl PreparedModel {
     /// FSDP gather errors.
     pub fn forward_t(&self, xs: &Tensor, train: bool) -> Result<Tensor> {
         Ok(self.inner.borrow_mut().forward_t(xs, train)?)
+    }
+
+    /// Copies of the gradients of what the optimizer updates (`p.grad` of each parameter for
+    /// DDP, of each FlatParameter shard for FSDP); undefined tensors where none exists yet.
+    pub fn gradients(&self) -> Vec<Tensor> {
+        self.inner.borrow().gradients()
     }
 
     /// Bytes of model state on this process.

@@ -281,6 +281,9 @@ pub fn run(args: &TrainArgs) -> Result<Report> {
         println!("Epoch {epoch}: mean train loss {train_loss:.4} over {n_batches} steps");
     }
 
+    if let Some(path) = &args.save_model {
+        save_weights(path, &crate::model::Model::named_parameters(&net))?;
+    }
     let eval = evaluate(&net, &test, 1000);
     let peak = crate::memory::peak_rss_bytes().map(crate::memory::mib).unwrap_or(0.0);
     let report = Report {

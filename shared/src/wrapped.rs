@@ -233,6 +233,16 @@ impl<'pg> WrappedModel<'pg> {
         }
     }
 
+    /// Copies of the gradients of what the optimizer updates, in its order (undefined tensors
+    /// where none exists yet).
+    pub fn gradients(&self) -> Vec<Tensor> {
+        let grads: Vec<Tensor> = match &self.inner {
+            Inner::Ddp { model, .. } => model.named_parameters().iter().map(|(_, p)| p.grad()).collect(),
+            Inner::Fsdp(m) => m.shards().iter().map(|s| s.grad()).collect(),
+        };
+        grads.into_iter().map(|g| if g.defined() { g.copy() } else { g }).collect()
+    }
+
     /// Multiplies every gradient this rank holds by `factor` (a GradScaler's unscale).
     ///
     /// # Errors

@@ -1,0 +1,301 @@
+//! The Accelerator as a user runs it: accumulation equals one large batch (DDP and FSDP, a short
+//! last window), gather_for_metrics is exact at W = 2 and 3, level 2 trains the same weights as
+//! level 1 bit for bit, a SIGKILLed run resumes bit-identically, and `ladder-accelerate launch`
+//! starts agreeing ranks.
+
+#[path = "../../shared/tests/common/mod.rs"]
+mod common;
+
+use ladder_core::data::Dataset;
+use ladder_core::dist::{self, Backend};
+use ladder_core::model::{BasicNet, BasicNetConfig};
+use ladder_core::optim::AdamWConfig;
+use level2_accelerator::config::{AcceleratorConfig, FsdpShardingStrategy};
+use level2_accelerator::{Accelerator, DistributedDataParallelKwargs};
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+use tch::{nn, Device, Kind, Tensor};
+
+const BIN: &str = env!("CARGO_BIN_EXE_level2-accelerator");
+const LAUNCH: &str = env!("CARGO_BIN_EXE_ladder-accelerate");
+
+/// `n` synthetic samples, the same on every rank; image i carries i in its first pixel.
+fn indexed_dataset(n: i64) -> Dataset {
+    tch::manual_seed(99);
+    let images = Tensor::randn([n, 1, 28, 28], (Kind::Float, Device::Cpu));
+    let _ = images.select(1, 0).select(1, 0).select(1, 0).copy_(&Tensor::arange(n, (Kind::Float, Device::Cpu)));
+    let labels = Tensor::randint(10, [n], (Kind::Int64, Device::Cpu));
+    Dataset { images, labels }
+}
+
+fn config(k: usize, fsdp: bool) -> AcceleratorConfig {
+    AcceleratorConfig {
+        gradient_accumulation_steps: Some(k),
+        cpu: Some(true),
+        use_fsdp: Some(fsdp),
+        fsdp_sharding_strategy: fsdp.then_some(FsdpShardingStrategy::FullShard),
+        fsdp_min_num_params: Some(0),
+        seed: Some(5),
+        ..Default::default()
+    }
+}
+
+/// Trains one epoch over `data` with batches of `b` and accumulation `k` (dropout off) and
+/// returns the gradients at every optimizer step and the final parameters' gradients' shapes.
+fn gradients_per_step(pg: &'static dyn dist::ProcessGroup, data: &Dataset, b: usize, k: usize, fsdp: bool) -> Vec<Vec<Tensor>> {
+    let acc = Accelerator::with_group(config(k, fsdp), DistributedDataParallelKwargs::default(), pg).unwrap();
+    tch::manual_seed(5);
+    let vs = nn::VarStore::new(Device::Cpu);
+    let net = BasicNet::new(&vs.root(), BasicNetConfig { dropout: false, ..Default::default() });
+    let model = acc.prepare_model(vs, net).unwrap();
+    let mut opt = acc.prepare_optimizer(&model, AdamWConfig::default()).unwrap();
+    let loader = acc.prepare_data_loader(data, b, false).unwrap();
+    let mut steps = Vec::new();
+    let mut micro = 0;
+    for (x, y) in loader.iter() {
+        acc.accumulate(&model, || {
+            let loss = model.forward_t(&x, true).unwrap().nll_loss(&y);
+            acc.backward(&loss).unwrap();
+            micro += 1;
+            if acc.sync_gradients() {
+                steps.push(model.gradients());
+            } else if pg.world_size() > 1 && !fsdp && micro == 1 {
+                // Inside the window no sync happened: the ranks' gradients still differ.
+                let named: Vec<(String, Tensor)> = model.gradients().into_iter().map(|g| ("grad".to_string(), g)).collect();
+                assert!(ladder_core::ddp::check_in_sync(pg, &named).is_err(), "gradients were synced inside the window");
+            }
+            opt.step().unwrap();
+            opt.zero_grad();
+        });
+    }
+    assert_eq!(acc.global_step(), steps.len() as u64);
+    steps
+}
+
+#[test]
+#[ignore = "rank body: run by accumulation_equals_one_large_batch under mpirun"]
+fn accumulation_body() {
+    let pg = dist::leak(dist::init_process_group(Backend::Mpi).unwrap());
+    let w = pg.world_size() as i64;
+    // 5 micro-batches of 8 per rank: one window of 4, then a short window of 1.
+    let data = indexed_dataset(40 * w);
+    for fsdp in [false, true] {
+        let accumulated = gradients_per_step(pg, &data, 8, 4, fsdp);
+        let large = gradients_per_step(pg, &data, 32, 1, fsdp);
+        assert_eq!((accumulated.len(), large.len()), (2, 2), "two optimizer steps each (fsdp {fsdp})");
+        for (step, (a, b)) in accumulated.iter().zip(&large).enumerate() {
+            for (i, (ga, gb)) in a.iter().zip(b).enumerate() {
+                common::assert_close(&format!("fsdp {fsdp} step {step} tensor {i}"), ga, gb);
+            }
+        }
+    }
+    pg.shutdown();
+}
+
+#[test]
+fn accumulation_equals_one_large_batch() {
+    common::mpirun(1, "accumulation_body", &[]);
+    common::mpirun(2, "accumulation_body", &[]);
+}
+
+#[test]
+#[ignore = "rank body: run by gather_for_metrics_counts_every_sample_once under mpirun"]
+fn gather_body() {
+    let pg = dist::leak(dist::init_process_group(Backend::Mpi).unwrap());
+    let n = 10_000;
+    let data = indexed_dataset(n);
+    for (b, shuffle) in [(1000, false), (333, false), (64, true), (7, false)] {
+        let acc = Accelerator::with_group(config(1, false), DistributedDataParallelKwargs::default(), pg).unwrap();
+        let loader = acc.prepare_data_loader(&data, b, shuffle).unwrap();
+        let mut seen: Vec<i64> = Vec::new();
+        for (x, _) in loader.iter() {
+            let ids = x.select(1, 0).select(1, 0).select(1, 0).to_kind(Kind::Int64);
+            seen.extend(Vec::<i64>::try_from(acc.gather_for_metrics(&ids).unwrap()).unwrap());
+        }
+        assert_eq!(seen.len() as i64, n, "batch {b}, shuffle {shuffle}: {} items", seen.len());
+        if !shuffle {
+            assert_eq!(seen, (0..n).collect::<Vec<_>>(), "batch {b}: the dataset's order");
+        }
+        seen.sort_unstable();
+        assert_eq!(seen, (0..n).collect::<Vec<_>>(), "batch {b}, shuffle {shuffle}: every index once");
+    }
+    pg.shutdown();
+}
+
+#[test]
+fn gather_for_metrics_counts_every_sample_once() {
+    common::mpirun(2, "gather_body", &[]);
+    common::mpirun(3, "gather_body", &[]);
+}
+
+#[test]
+fn split_batches_names_both_numbers() {
+    // World size 1 divides everything; the check itself is exercised at W = 3.
+    common::mpirun(3, "split_batches_body", &[]);
+}
+
+#[test]
+#[ignore = "rank body: run by split_batches_names_both_numbers under mpirun"]
+fn split_batches_body() {
+    let pg = dist::leak(dist::init_process_group(Backend::Mpi).unwrap());
+    let cfg = AcceleratorConfig { split_batches: Some(true), ..config(1, false) };
+    let acc = Accelerator::with_group(cfg, DistributedDataParallelKwargs::default(), pg).unwrap();
+    let data = indexed_dataset(30);
+    let err = acc.prepare_data_loader(&data, 64, true).unwrap_err().to_string();
+    assert_eq!(
+        err,
+        "split_batches=true (set by the program) conflicts with batch_size 64: the global batch of 64 cannot be split evenly between 3 processes; use a multiple of 3"
+    );
+    let loader = acc.prepare_data_loader(&data, 6, true).unwrap();
+    assert_eq!((loader.batch_size(), loader.len()), (2, 5));
+    pg.shutdown();
+}
+
+fn load_weights(path: &Path) -> Vec<(String, Tensor)> {
+    let mut w = Tensor::read_safetensors(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    w.sort_by(|a, b| a.0.cmp(&b.0));
+    w
+}
+
+fn assert_bit_identical(a: &Path, b: &Path) {
+    let (wa, wb) = (load_weights(a), load_weights(b));
+    assert_eq!(wa.iter().map(|(k, _)| k.clone()).collect::<Vec<_>>(), wb.iter().map(|(k, _)| k.clone()).collect::<Vec<_>>());
+    assert_eq!(wa.len(), 8, "BasicNet's 8 parameters");
+    for ((k, ta), (_, tb)) in wa.iter().zip(&wb) {
+        assert!(ta.equal(tb), "{k} differs between {} and {}", a.display(), b.display());
+    }
+}
+
+#[test]
+#[ignore = "rank body: level 1's run, for same_weights_as_level_1"]
+fn level1_body() {
+    let out = std::env::var("LADDER_TEST_OUT").unwrap();
+    let strategy = std::env::var("LADDER_TEST_STRATEGY").unwrap();
+    let cfg = level1_raw_ddp::Config::try_parse_from([
+        "level1-raw-ddp", "--device", "cpu", "--max-steps", "12", "--log-interval", "0", "--strategy", &strategy, "--save-model", &out,
+    ])
+    .unwrap();
+    level1_raw_ddp::run(&cfg).unwrap();
+}
+
+#[test]
+#[ignore = "rank body: level 2's run, for same_weights_as_level_1"]
+fn level2_body() {
+    let out = std::env::var("LADDER_TEST_OUT").unwrap();
+    let strategy = std::env::var("LADDER_TEST_STRATEGY").unwrap();
+    let cfg = level2_accelerator::Config::try_parse_from([
+        "level2-accelerator", "--device", "cpu", "--max-steps", "12", "--log-interval", "0", "--strategy", &strategy, "--save-model", &out,
+    ])
+    .unwrap();
+    level2_accelerator::run(&cfg).unwrap();
+}
+
+use clap::Parser;
+
+#[test]
+fn same_weights_as_level_1() {
+    let dir = tempfile::tempdir().unwrap();
+    for (w, strategy) in [(1, "ddp"), (2, "ddp"), (2, "fsdp-full-shard")] {
+        let (a, b) = (dir.path().join(format!("l1-{w}-{strategy}.st")), dir.path().join(format!("l2-{w}-{strategy}.st")));
+        let (sa, sb) = (a.display().to_string(), b.display().to_string());
+        common::mpirun(w, "level1_body", &[("LADDER_TEST_OUT", &sa), ("LADDER_TEST_STRATEGY", strategy)]);
+        common::mpirun(w, "level2_body", &[("LADDER_TEST_OUT", &sb), ("LADDER_TEST_STRATEGY", strategy)]);
+        assert_bit_identical(&a, &b);
+    }
+}
+
+fn mpirun_cmd(n: usize) -> Command {
+    let mut cmd = Command::new("mpirun");
+    cmd.args(["-n", &n.to_string(), "--oversubscribe", "--bind-to", "none"])
+        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+        .env("OMP_NUM_THREADS", "1");
+    cmd
+}
+
+fn level2(n: usize) -> Command {
+    let mut cmd = if n == 1 { Command::new(BIN) } else { mpirun_cmd(n) };
+    if n > 1 {
+        cmd.arg(BIN);
+    }
+    cmd.args(["--device", "cpu", "--log-interval", "0", "--max-steps", "40"]);
+    cmd
+}
+
+fn run_ok(mut cmd: Command) -> String {
+    let out = cmd.output().expect("spawn");
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "{cmd:?} failed ({}):\n{text}", out.status);
+    text
+}
+
+fn global_step(state_dir: &Path) -> Option<u64> {
+    let text = std::fs::read_to_string(state_dir.join("training_state.json")).ok()?;
+    let v: serde_json::Value = serde_json::from_str(&text).ok()?;
+    v["global_step"].as_u64()
+}
+
+/// SIGKILL (the whole process group: mpirun and its ranks) once a checkpoint at step ≥ 10 is
+/// on disk, resume from it, and compare with a run that never stopped.
+fn kill_and_resume(n: usize) {
+    let dir = tempfile::tempdir().unwrap();
+    let (whole, resumed, state) = (dir.path().join("whole.st"), dir.path().join("resumed.st"), dir.path().join("state"));
+    let mut cmd = level2(n);
+    cmd.arg("--save-model").arg(&whole);
+    run_ok(cmd);
+
+    let mut cmd = level2(n);
+    cmd.arg("--save-state").arg(&state).args(["--save-every", "10"]);
+    std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
+    let mut child = cmd.stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        if global_step(&state).is_some_and(|s| (10..40).contains(&s)) {
+            break;
+        }
+        assert!(child.try_wait().unwrap().is_none(), "the run ended before a checkpoint could be killed");
+        assert!(Instant::now() < deadline, "no checkpoint within 120 s");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let killed = Command::new("kill").args(["-KILL", "--", &format!("-{}", child.id())]).status().unwrap();
+    assert!(killed.success());
+    let _ = child.wait();
+    let at = global_step(&state).unwrap();
+    assert!(at < 40, "killed at step {at}, before the end");
+
+    let mut cmd = level2(n);
+    cmd.arg("--resume-from").arg(&state).arg("--save-model").arg(&resumed);
+    run_ok(cmd);
+    assert_bit_identical(&whole, &resumed);
+}
+
+#[test]
+fn sigkill_then_resume_is_bit_identical_world_1() {
+    kill_and_resume(1);
+}
+
+#[test]
+fn sigkill_then_resume_is_bit_identical_world_2() {
+    kill_and_resume(2);
+}
+
+#[test]
+fn launch_starts_two_agreeing_processes() {
+    let out = Command::new(LAUNCH)
+        .args(["launch", "--num-processes", "2", "--cpu", BIN, "--max-steps", "5", "--log-interval", "0", "--check-sync"])
+        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+        .output()
+        .unwrap();
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "{text}");
+    assert!(text.contains("check-sync: parameters are bit-identical on all 2 processes"), "{text}");
+    assert!(text.contains("Accuracy: ") && text.contains("/10000"), "{text}");
+}
+
+#[test]
+fn help_is_stable() {
+    let out = Command::new(BIN).arg("--help").output().unwrap();
+    insta::assert_snapshot!(String::from_utf8_lossy(&out.stdout));
+}

@@ -664,6 +664,18 @@ impl Accelerator {
         }
     }
 
+    /// The loss scaler in use (fp16), if any.
+    pub fn grad_scaler(&self) -> Option<GradScaler> {
+        *self.shared.scaler.borrow()
+    }
+
+    /// Installs (or removes) a loss scaler. fp16 installs one by itself; with fp32 or bf16 it is
+    /// legal but rarely useful (as `GradScaler` in PyTorch) — tests use it to inject an overflow
+    /// on the CPU.
+    pub fn set_grad_scaler(&self, scaler: Option<GradScaler>) {
+        *self.shared.scaler.borrow_mut() = scaler;
+    }
+
     /// Optimizer steps taken so far.
     pub fn global_step(&self) -> u64 {
         self.shared.global_step.get()

@@ -130,6 +130,51 @@ fn gather_for_metrics_counts_every_sample_once() {
 }
 
 #[test]
+#[ignore = "rank body: run by an_overflowing_step_is_skipped_on_every_rank under mpirun"]
+fn overflow_body() {
+    let pg = dist::leak(dist::init_process_group(Backend::Mpi).unwrap());
+    let acc = Accelerator::with_group(config(1, false), DistributedDataParallelKwargs::default(), pg).unwrap();
+    tch::manual_seed(5);
+    let vs = nn::VarStore::new(Device::Cpu);
+    let net = BasicNet::new(&vs.root(), BasicNetConfig::default());
+    let model = acc.prepare_model(vs, net).unwrap();
+    let mut opt = acc.prepare_optimizer(&model, AdamWConfig::default()).unwrap();
+    let data = indexed_dataset(16 * pg.world_size() as i64);
+    let loader = acc.prepare_data_loader(&data, 8, true).unwrap();
+    let before = acc.get_state_dict().unwrap();
+    // Rank 0 alone overflows (its scaled loss is inf); every rank must skip the step.
+    let scale = if pg.rank() == 0 { 1e39 } else { 1024.0 };
+    acc.set_grad_scaler(Some(level2_accelerator::scaler::GradScaler { scale, ..Default::default() }));
+    let mut skipped = Vec::new();
+    for (x, y) in loader.iter() {
+        acc.accumulate(&model, || {
+            let loss = model.forward_t(&x, true).unwrap().nll_loss(&y);
+            acc.backward(&loss).unwrap();
+            opt.step().unwrap();
+            opt.zero_grad();
+        });
+        skipped.push(acc.optimizer_step_was_skipped());
+        if skipped.len() == 1 {
+            // Skipped everywhere, the scale backed off, the weights untouched.
+            assert_eq!(acc.grad_scaler().unwrap().scale, scale / 2.0);
+            if let (Some(a), Some(b)) = (&before, acc.get_state_dict().unwrap()) {
+                assert!(a.iter().zip(&b).all(|((_, x), (_, y))| x.equal(y)), "a skipped step changed the weights");
+            }
+            acc.set_grad_scaler(Some(level2_accelerator::scaler::GradScaler { scale: 1024.0, ..Default::default() }));
+        }
+    }
+    assert_eq!(skipped, vec![true, false]);
+    assert_eq!(acc.global_step(), 2);
+    model.check_parameters_in_sync().unwrap();
+    pg.shutdown();
+}
+
+#[test]
+fn an_overflowing_step_is_skipped_on_every_rank() {
+    common::mpirun(2, "overflow_body", &[]);
+}
+
+#[test]
 fn split_batches_names_both_numbers() {
     // World size 1 divides everything; the check itself is exercised at W = 3.
     common::mpirun(3, "split_batches_body", &[]);

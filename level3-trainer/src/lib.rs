@@ -62,7 +62,9 @@ pub struct Config {
     /// output_dir/checkpoint-<step>.
     #[arg(long, value_name = "DIR", num_args = 0..=1, default_missing_value = "last")]
     pub resume_from_checkpoint: Option<String>,
-    /// The flags given on the command line (clap ids); `None` treats every flag as given.
+    /// The flags given on the command line (clap ids), as [`Config::parse_command_line`]
+    /// records them; `None` (a `Config` built otherwise) counts a flag as given when its value
+    /// differs from the flag's default.
     #[arg(skip)]
     pub given: Option<BTreeSet<String>>,
 }
@@ -84,7 +86,20 @@ impl Config {
     }
 
     fn was_given(&self, id: &str) -> bool {
-        self.given.as_ref().is_none_or(|g| g.contains(id))
+        if let Some(given) = &self.given {
+            return given.contains(id);
+        }
+        let d = TrainArgs::default();
+        match id {
+            "batch_size" => self.train.batch_size != d.batch_size,
+            "lr" => self.train.lr != d.lr,
+            "epochs" => self.train.epochs != d.epochs,
+            "seed" => self.train.seed != d.seed,
+            "max_steps" => self.train.max_steps.is_some(),
+            "log_interval" => self.train.log_interval != d.log_interval,
+            "strategy" => self.strategy != Strategy::Ddp,
+            _ => false,
+        }
     }
 
     /// The TrainingArguments this command line stands for. Precedence: the shared recipe
@@ -210,6 +225,11 @@ pub fn run(cfg: &Config) -> Result<Report> {
     let out = trainer.train(cfg.resume())?;
     trainer.save_model()?;
     // ANCHOR_END: user_code
+    if let Some(path) = &cfg.train.save_model {
+        if let Some(weights) = trainer.accelerator().get_state_dict()? {
+            ladder_core::train::save_weights(path, &weights)?;
+        }
+    }
 
     // The figures every level reports: the final weights' evaluation (the last one of
     // training when it was at the last step and nothing was reloaded since).

@@ -4,7 +4,6 @@
 use crate::error::{Error, Result};
 use indicatif::{ProgressBar, ProgressStyle};
 use std::io::{BufRead, BufReader, Write};
-use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::sync::mpsc;
@@ -25,8 +24,9 @@ pub struct Finished {
 /// to `log`. The progress line (a spinner with the elapsed time and the last line printed) shows
 /// on a terminal only; elsewhere nothing is drawn.
 ///
-/// The process gets its own process group, so that on timeout everything it started (mpirun,
-/// the ranks) is killed with it.
+/// The process stays in the bench's process group, so that Ctrl-C reaches it and everything it
+/// started. On timeout it gets SIGTERM (ladder-run, mpirun and torchrun pass that on to their
+/// ranks and exit), then SIGKILL 10 s later if it is still there.
 ///
 /// # Errors
 /// [`Error::Spawn`] if it cannot start; [`Error::RunFailed`] naming `what` with its exit status
@@ -37,7 +37,7 @@ pub fn run_logged(what: &str, cmd: &mut Command, log: &Path, timeout: Duration) 
     }
     let mut log_file = std::fs::File::create(log).map_err(Error::io(log))?;
     let _ = writeln!(log_file, "$ {}", describe(cmd));
-    cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).process_group(0);
+    cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
     let start = Instant::now();
     let mut child = cmd.spawn().map_err(|source| Error::Spawn { program: cmd.get_program().to_string_lossy().into_owned(), source })?;
     let (tx, rx) = mpsc::channel::<(bool, String)>();
@@ -96,7 +96,11 @@ pub fn run_logged(what: &str, cmd: &mut Command, log: &Path, timeout: Duration) 
         }
         if start.elapsed() > timeout {
             timed_out = true;
-            kill_group(child.id());
+            let _ = Command::new("kill").args(["-TERM", &child.id().to_string()]).stderr(Stdio::null()).status();
+            let grace = Instant::now();
+            while grace.elapsed() < Duration::from_secs(10) && matches!(child.try_wait(), Ok(None)) {
+                std::thread::sleep(Duration::from_millis(100));
+            }
             let _ = child.kill();
             break child.wait().map_err(Error::io(log))?;
         }
@@ -138,9 +142,4 @@ pub fn run_logged(what: &str, cmd: &mut Command, log: &Path, timeout: Duration) 
 /// `program arg arg …` for logs.
 pub fn describe(cmd: &Command) -> String {
     std::iter::once(cmd.get_program()).chain(cmd.get_args()).map(|a| a.to_string_lossy().into_owned()).collect::<Vec<_>>().join(" ")
-}
-
-/// SIGKILL to the process group `pgid` (the child's, see [`run_logged`]), through kill(1).
-fn kill_group(pgid: u32) {
-    let _ = Command::new("kill").args(["-KILL", "--", &format!("-{pgid}")]).stderr(Stdio::null()).status();
 }

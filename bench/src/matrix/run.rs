@@ -25,7 +25,7 @@ struct Paths {
 /// Invalid flags; [`Error::MissingBinary`] for a binary or the peers' Python; [`Error::Io`]
 /// writing results. A run's own failure is recorded in its row (see [`MatrixSummary::check`]).
 pub fn run_matrix(args: &RunArgs) -> Result<MatrixSummary> {
-    let (cases, skipped) = plan(args)?;
+    let (cases, mut skipped) = plan(args)?;
     let root = args.root.clone().unwrap_or_else(crate::default_root);
     let bin_dir = args.bin_dir.clone().unwrap_or_else(|| root.join("target").join("release"));
     let paths = Paths {
@@ -44,6 +44,23 @@ pub fn run_matrix(args: &RunArgs) -> Result<MatrixSummary> {
             Some(n) => require_binary(paths.bin_dir.join(LEVELS[usize::from(n) - 1].binary))?,
         };
     }
+    // A level binary that lacks a flag a cell needs: the cell is not run, and says why.
+    let mut flags: std::collections::BTreeMap<u8, Vec<String>> = std::collections::BTreeMap::new();
+    let cases: Vec<Case> = cases
+        .into_iter()
+        .filter(|c| {
+            let Some(n) = c.level else { return true };
+            let binary = LEVELS[usize::from(n) - 1].binary;
+            let known = flags.entry(n).or_insert_with(|| help_flags(&paths.bin_dir.join(binary)));
+            match needed_flags(c).into_iter().find(|f| !known.iter().any(|k| k == f)) {
+                None => true,
+                Some(missing) => {
+                    skipped.push(format!("{}: {binary} has no {missing} flag", label(c)));
+                    false
+                }
+            }
+        })
+        .collect();
     if cases.iter().any(|c| c.peer.is_some()) {
         require_binary(paths.python.clone())?;
     }
@@ -128,6 +145,36 @@ fn allreduce_binary(bin_dir: &Path) -> PathBuf {
 fn torch_version(python: &Path) -> Option<String> {
     let out = Command::new(python).args(["-c", "import torch; print(torch.__version__)"]).output().ok()?;
     out.status.success().then(|| String::from_utf8_lossy(&out.stdout).trim().to_string())
+}
+
+/// The flags a level binary must take for `case`, beyond the common training ones.
+fn needed_flags(case: &Case) -> Vec<&'static str> {
+    let mut f = vec!["--strategy"];
+    if !matches!(case.strategy, Strategy::Ddp | Strategy::Single) {
+        f.push("--fsdp-min-num-params");
+    }
+    if case.width != 128 {
+        f.push("--width");
+    }
+    if case.precision == Precision::Bf16 {
+        f.push("--mixed-precision");
+    }
+    f
+}
+
+/// The long flags `binary --help` lists (empty if it cannot be run: the run then fails and
+/// says why).
+fn help_flags(binary: &Path) -> Vec<String> {
+    let Ok(out) = Command::new(binary).arg("--help").output() else { return Vec::new() };
+    let text = String::from_utf8_lossy(&out.stdout);
+    let mut flags: Vec<String> = text
+        .split(|c: char| c.is_whitespace() || c == ',' || c == '=' || c == '[' || c == ']')
+        .filter(|w| w.starts_with("--") && w.len() > 2)
+        .map(|w| w.trim_end_matches(|c: char| !c.is_ascii_alphanumeric()).to_string())
+        .collect();
+    flags.sort();
+    flags.dedup();
+    flags
 }
 
 /// Runs one of ours; the report and the bench-measured wall seconds, or the error's text.

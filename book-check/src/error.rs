@@ -1,0 +1,50 @@
+//! The one error type of `book-check`.
+
+use std::path::PathBuf;
+
+/// What can go wrong while checking or generating the book.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A file could not be read or written.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file or directory.
+        path: PathBuf,
+        /// What the OS said.
+        source: std::io::Error,
+    },
+    /// A source file has no `// ANCHOR: {anchor}` … `// ANCHOR_END: {anchor}` span.
+    #[error("{file}: no `// ANCHOR: {anchor}` … `// ANCHOR_END: {anchor}` span")]
+    AnchorMissing {
+        /// The source file.
+        file: PathBuf,
+        /// The anchor name.
+        anchor: String,
+    },
+    /// An anchor span is opened and never closed.
+    #[error("{file}:{line}: `ANCHOR: {anchor}` never closed by `ANCHOR_END: {anchor}`")]
+    AnchorUnclosed {
+        /// The source file.
+        file: PathBuf,
+        /// 1-based line of the opening comment.
+        line: usize,
+        /// The anchor name.
+        anchor: String,
+    },
+    /// The include check found problems; each line names the .md file, line, path and anchor.
+    #[error("{} problem(s) in the book's includes:\n{}", problems.len(), problems.join("\n"))]
+    Includes {
+        /// One message per problem.
+        problems: Vec<String>,
+    },
+}
+
+impl Error {
+    /// An I/O error on `path`.
+    pub fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
+        Error::Io { path: path.into(), source }
+    }
+}
+
+/// `Result` with [`Error`].
+pub type Result<T> = std::result::Result<T, Error>;

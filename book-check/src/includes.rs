@@ -1,0 +1,172 @@
+//! The include check: every `{{#include PATH[:ANCHOR|:LINES]}}` (and `#rustdoc_include`) in the
+//! book's Markdown names a file that exists and, for an anchor, a span that exists once, is
+//! closed and is not empty. mdBook itself only logs a missing file and shows an empty listing for
+//! a missing anchor, and silently shows only the first of two spans with one name: each of those
+//! is an error here.
+
+use crate::anchors;
+use crate::error::{Error, Result};
+use std::path::{Path, PathBuf};
+
+/// One `{{#include …}}` found in a Markdown file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Include {
+    /// The Markdown file it is in.
+    pub md: PathBuf,
+    /// 1-based line in that file.
+    pub line: usize,
+    /// The path as written (relative to the Markdown file's directory).
+    pub path: String,
+    /// The anchor name, when the part after the path is not a line range.
+    pub anchor: Option<String>,
+}
+
+impl Include {
+    fn describe(&self) -> String {
+        match &self.anchor {
+            Some(a) => format!("{}:{}: {{{{#include {}:{a}}}}}", self.md.display(), self.line, self.path),
+            None => format!("{}:{}: {{{{#include {}}}}}", self.md.display(), self.line, self.path),
+        }
+    }
+}
+
+/// The includes of one Markdown text, as mdBook's link regex finds them (an escaped
+/// `\{{#include …}}` is text, not an include).
+pub fn find_includes(md: &Path, text: &str) -> Vec<Include> {
+    let mut out = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        let mut rest = line;
+        let mut offset = 0;
+        while let Some(pos) = rest.find("{{") {
+            let escaped = pos > 0 && rest[..pos].ends_with('\\');
+            let after = &rest[pos + 2..];
+            let Some(close) = after.find("}}") else { break };
+            let inner = after[..close].trim();
+            offset += pos + 2 + close + 2;
+            rest = &line[offset..];
+            if escaped {
+                continue;
+            }
+            let Some(body) = inner.strip_prefix("#include").or_else(|| inner.strip_prefix("#rustdoc_include")) else { continue };
+            if !body.starts_with(char::is_whitespace) {
+                continue;
+            }
+            let target = body.split_whitespace().next().unwrap_or("");
+            let mut parts = target.splitn(2, ':');
+            let path = parts.next().unwrap_or("").to_string();
+            let anchor = parts.next().and_then(|spec| {
+                let first = spec.split(':').next().unwrap_or("");
+                // A line range (`:5`, `:5:10`, `::10`) is not an anchor.
+                if first.is_empty() || first.parse::<usize>().is_ok() {
+                    None
+                } else {
+                    Some(first.to_string())
+                }
+            });
+            out.push(Include { md: md.to_path_buf(), line: i + 1, path, anchor });
+        }
+    }
+    out
+}
+
+/// Every `.md` file under `dir`, sorted.
+pub fn markdown_files(dir: &Path) -> Result<Vec<PathBuf>> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for entry in std::fs::read_dir(&d).map_err(|e| Error::io(&d, e))? {
+            let path = entry.map_err(|e| Error::io(&d, e))?.path();
+            if path.is_dir() {
+                stack.push(path);
+            } else if path.extension().is_some_and(|e| e == "md") {
+                out.push(path);
+            }
+        }
+    }
+    out.sort();
+    Ok(out)
+}
+
+/// What the check looked at, for its summary line.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CheckSummary {
+    /// Markdown files read.
+    pub files: usize,
+    /// Includes checked.
+    pub includes: usize,
+    /// Of them, includes with an anchor.
+    pub anchors: usize,
+}
+
+/// Checks every include of every Markdown file under `src` (the book's `src/`). Problems are
+/// collected, not stopped at: the error lists each, naming the .md file, line, path and anchor.
+///
+/// # Errors
+/// [`Error::Includes`] with every problem; [`Error::Io`] when `src` cannot be listed.
+pub fn check(src: &Path) -> Result<CheckSummary> {
+    let mut summary = CheckSummary::default();
+    let mut problems = Vec::new();
+    for md in markdown_files(src)? {
+        let text = std::fs::read_to_string(&md).map_err(|e| Error::io(&md, e))?;
+        summary.files += 1;
+        for inc in find_includes(&md, &text) {
+            summary.includes += 1;
+            summary.anchors += usize::from(inc.anchor.is_some());
+            if let Err(p) = check_one(&inc) {
+                problems.push(format!("{}: {p}", inc.describe()));
+            }
+        }
+    }
+    if problems.is_empty() {
+        Ok(summary)
+    } else {
+        Err(Error::Includes { problems })
+    }
+}
+
+fn check_one(inc: &Include) -> std::result::Result<(), String> {
+    let base = inc.md.parent().unwrap_or(Path::new("."));
+    let target = base.join(&inc.path);
+    if inc.path.is_empty() {
+        return Err("no path given".into());
+    }
+    let text = match std::fs::read_to_string(&target) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            let hint = if inc.path.contains("generated/") { " (run `make book-data`)" } else { "" };
+            return Err(format!("{} does not exist{hint}", target.display()));
+        }
+        Err(e) => return Err(format!("{} cannot be read: {e}", target.display())),
+    };
+    let Some(anchor) = &inc.anchor else {
+        return if text.trim().is_empty() { Err(format!("{} is empty", target.display())) } else { Ok(()) };
+    };
+    let spans = anchors::spans(&text, anchor);
+    match spans.as_slice() {
+        [] => Err(format!("anchor `{anchor}` not found in {} (expected `// ANCHOR: {anchor}` … `// ANCHOR_END: {anchor}`)", target.display())),
+        [s] if !s.closed => Err(format!("anchor `{anchor}` opened at {}:{} is never closed by `ANCHOR_END: {anchor}`", target.display(), s.start_line)),
+        [s] if s.is_blank() => Err(format!("anchor `{anchor}` at {}:{} is empty", target.display(), s.start_line)),
+        [_] => Ok(()),
+        many => Err(format!(
+            "anchor `{anchor}` opens {} times in {} (lines {}); mdBook shows only the first span: give each span its own name",
+            many.len(),
+            target.display(),
+            many.iter().map(|s| s.start_line.to_string()).collect::<Vec<_>>().join(", ")
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn finds_includes_anchors_ranges_and_skips_escaped() {
+        let md = Path::new("ch.md");
+        let text = "x {{#include ../../a/src/lib.rs:user_code}} y {{#include gen/t.md}}\n\
+                    \\{{#include not/this.rs:x}}\n{{#rustdoc_include f.rs:5:10}} {{#include g.rs::3}}\n{{#title T}}\n";
+        let found = find_includes(md, text);
+        let got: Vec<_> = found.iter().map(|i| (i.line, i.path.as_str(), i.anchor.as_deref())).collect();
+        assert_eq!(got, vec![(1, "../../a/src/lib.rs", Some("user_code")), (1, "gen/t.md", None), (3, "f.rs", None), (3, "g.rs", None)]);
+    }
+}

@@ -58,6 +58,7 @@ pub struct Bucket {
 
 /// Assigns parameters of the given byte sizes (definition order) to buckets as PyTorch does:
 /// reverse order, first cap 1 MiB, then `bucket_cap_mb`.
+// ANCHOR: bucket_assignment
 pub fn compute_bucket_assignment(sizes: &[(i64, u64)], bucket_cap_mb: f64) -> Vec<Bucket> {
     let cap = (bucket_cap_mb * 1024.0 * 1024.0) as u64;
     let mut buckets = Vec::new();
@@ -79,6 +80,7 @@ pub fn compute_bucket_assignment(sizes: &[(i64, u64)], bucket_cap_mb: f64) -> Ve
     }
     buckets
 }
+// ANCHOR_END: bucket_assignment
 
 /// A model replicated on every rank with gradients averaged after backward.
 ///
@@ -156,6 +158,7 @@ impl<'pg, M: Model> DistributedDataParallel<'pg, M> {
     ///
     /// # Errors
     /// Collective errors from the gradient all-reduce.
+    // ANCHOR: ddp_backward
     pub fn backward(&mut self, loss: &Tensor) -> Result<()> {
         loss.backward();
         if self.require_backward_grad_sync {
@@ -163,12 +166,14 @@ impl<'pg, M: Model> DistributedDataParallel<'pg, M> {
         }
         Ok(())
     }
+    // ANCHOR_END: ddp_backward
 
     /// All-reduces (Avg) every bucket's gradients: pack into one flat buffer, one collective,
     /// unpack.
     ///
     /// # Errors
     /// Collective errors.
+    // ANCHOR: ddp_sync_gradients
     pub fn sync_gradients(&mut self) -> Result<()> {
         // libtorch's zero_grad sets gradients to none; a parameter this rank did not use in the
         // forward pass has none after backward. Give those a zero gradient (a backward of
@@ -196,6 +201,7 @@ impl<'pg, M: Model> DistributedDataParallel<'pg, M> {
             Ok(())
         })
     }
+    // ANCHOR_END: ddp_sync_gradients
 
     /// Runs `f` with gradient synchronisation off, as `with ddp.no_sync():` — gradients
     /// accumulate locally; the next `backward` outside syncs the accumulated sum.

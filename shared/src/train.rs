@@ -128,6 +128,7 @@ impl TrainArgs {
 /// same masks as one that never stopped, without saving generator state (tch cannot read it).
 /// `batch_index` counts micro-batches from 0 over all epochs. Ranks draw different masks, as
 /// independent workers do. Every level calls it before each batch's forward.
+// ANCHOR: seed_batch
 pub fn seed_batch(seed: u64, rank: usize, batch_index: u64) {
     // splitmix64 of the three inputs: well-spread seeds for neighbouring batches.
     let mut z = seed
@@ -139,6 +140,7 @@ pub fn seed_batch(seed: u64, rank: usize, batch_index: u64) {
     z ^= z >> 31;
     tch::manual_seed((z >> 1) as i64);
 }
+// ANCHOR_END: seed_batch
 
 /// Writes `weights` (name → tensor) to `path` as safetensors, atomically; the error names the
 /// `--save-model` flag.
@@ -327,6 +329,7 @@ pub fn evaluate_distributed(
 ///
 /// # Errors
 /// Errors of `forward`; collective errors.
+// ANCHOR: exact_eval
 pub fn evaluate_distributed_with(
     pg: &dyn crate::dist::ProcessGroup,
     forward: impl FnMut(&Tensor) -> Result<Tensor>,
@@ -340,3 +343,4 @@ pub fn evaluate_distributed_with(
     let v = Vec::<f64>::try_from(sums.to_device(tch::Device::Cpu)).map_err(Error::Torch)?;
     Ok(EvalSums { correct: v[0].round() as i64, loss_sum: v[1], count: v[2].round() as i64 })
 }
+// ANCHOR_END: exact_eval

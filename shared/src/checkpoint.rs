@@ -79,6 +79,7 @@ fn sync_dir(dir: &Path) -> Result<()> {
 /// # Errors
 /// [`Error::Io`] naming the directory or file that could not be written (the previous
 /// checkpoint, if any, is left in place); [`Error::Torch`] if a tensor cannot be serialised.
+// ANCHOR: checkpoint_save
 pub fn save(dir: &Path, ckpt: &Checkpoint, extra_files: &[(&str, Vec<u8>)]) -> Result<()> {
     let parent = match dir.parent() {
         Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
@@ -126,6 +127,7 @@ pub fn save(dir: &Path, ckpt: &Checkpoint, extra_files: &[(&str, Vec<u8>)]) -> R
     }
     Ok(())
 }
+// ANCHOR_END: checkpoint_save
 
 /// Reads the checkpoint in `dir` (or, if a kill interrupted a save between its two renames,
 /// the previous one moved aside next to it).

@@ -1105,6 +1105,7 @@ impl<'pg, M: Segmented> FullyShardedDataParallel<'pg, M> {
     /// state is not reachable through tch; this is what it allocates at the first step);
     /// `gathered_peak` = the most bytes of gathered parameters alive at once since construction
     /// (0 for `NoShard` without mixed precision, whose parameters are views of the shards).
+    // ANCHOR: fsdp_memory
     pub fn memory(&self) -> ModelStateBytes {
         let bytes = |t: &Tensor| (t.numel() * t.kind().elt_size_in_bytes()) as u64;
         let parameters: u64 = self.shards.iter().map(bytes).sum();
@@ -1123,6 +1124,7 @@ impl<'pg, M: Segmented> FullyShardedDataParallel<'pg, M> {
             + self.full_grads.iter().flatten().map(bytes).sum::<u64>();
         ModelStateBytes { parameters, gradients, optimizer: 2 * parameters, gathered_peak: self.peak_gathered }
     }
+    // ANCHOR_END: fsdp_memory
 }
 
 /// Concatenates flat pieces and zero-pads to the unit's padded numel.

@@ -156,6 +156,7 @@ impl<'pg> WrappedModel<'pg> {
     ///
     /// # Errors
     /// An out-of-range hyper-parameter.
+    // ANCHOR: wrapped_optimizer
     pub fn optimizer(&self, cfg: AdamWConfig) -> Result<AdamW> {
         let params = match &self.inner {
             Inner::Ddp { model, .. } => model.named_parameters().iter().map(|(_, t)| t.shallow_clone()).collect(),
@@ -163,6 +164,7 @@ impl<'pg> WrappedModel<'pg> {
         };
         AdamW::new(params, cfg)
     }
+    // ANCHOR_END: wrapped_optimizer
 
     /// The wrapped model's forward pass: images `[b, 1, 28, 28]` f32 → log-probabilities `[b, 10]`.
     ///
@@ -307,6 +309,7 @@ impl<'pg> WrappedModel<'pg> {
     }
 
     /// Bytes of model state this rank holds (AdamW: two state tensors per parameter element).
+    // ANCHOR: wrapped_memory
     pub fn memory(&self) -> ModelStateBytes {
         match &self.inner {
             Inner::Ddp { model, .. } => {
@@ -317,6 +320,7 @@ impl<'pg> WrappedModel<'pg> {
             Inner::Fsdp(m) => m.memory(),
         }
     }
+    // ANCHOR_END: wrapped_memory
 
     /// Exact distributed evaluation over `test` (see [`crate::train::evaluate_distributed`]):
     /// every image counted once at any world size. Collective.

@@ -50,6 +50,7 @@ pub struct BasicNet {
 impl BasicNet {
     /// Creates the layers under `path` (their variables are named `conv1.weight` … `fc2.bias`
     /// when `path` is the var store's root).
+    // ANCHOR: basicnet_new
     pub fn new(path: &nn::Path, config: BasicNetConfig) -> Self {
         // tch's default is Kaiming-uniform with the ReLU gain (bound √6/√fan_in) and zero conv
         // biases; PyTorch's `reset_parameters` gives U(±1/√fan_in) to weights and biases alike.
@@ -65,6 +66,7 @@ impl BasicNet {
         let fc2 = nn::linear(path / "fc2", config.width, 10, lin(config.width));
         Self { conv1, conv2, fc1, fc2, config }
     }
+    // ANCHOR_END: basicnet_new
 
     /// The configuration it was built with.
     pub fn config(&self) -> BasicNetConfig {

@@ -124,6 +124,7 @@ impl AdamW {
     }
 
     /// One AdamW update of every parameter that has a gradient.
+    // ANCHOR: adamw_step
     pub fn step(&mut self) {
         let c = self.config;
         tch::no_grad(|| {
@@ -158,6 +159,7 @@ impl AdamW {
             }
         });
     }
+    // ANCHOR_END: adamw_step
 
     /// Number of steps taken (the largest per-parameter step count; 0 before the first step).
     pub fn step_count(&self) -> i64 {

@@ -63,7 +63,8 @@ fn body_train() {
     let cfg = if std::env::var_os("L3_NO_DROPOUT").is_some() { BasicNetConfig { dropout: false, ..Default::default() } } else { BasicNetConfig::default() };
     let net = BasicNet::new(&vs.root(), cfg);
     let train = mnist.train.slice(0..TRAIN_N);
-    let eval = mnist.test.slice(0..EVAL_N);
+    let eval_n = std::env::var("L3_EVAL_N").map_or(EVAL_N, |v| v.parse().unwrap());
+    let eval = mnist.test.slice(0..eval_n);
     let mut trainer = Trainer::new(vs, net, args, Some(train), Some(eval), level3_trainer::DefaultDataCollator, Nll).unwrap();
     if let Ok(ms) = std::env::var("L3_SLEEP_MS") {
         trainer.add_callback(Slow(ms.parse().unwrap()));
@@ -71,6 +72,18 @@ fn body_train() {
     let resume = std::env::var_os("L3_RESUME").map(|_| ResumeFrom::Last);
     let out = trainer.train(resume).unwrap();
     trainer.save_model().unwrap();
+    if std::env::var_os("L3_CHECK_PREDICT").is_some() {
+        // predict() over the eval subset: every example once, in dataset order, at any world
+        // size; its loss equals evaluate()'s.
+        let eval = mnist.test.slice(0..eval_n);
+        let p = trainer.predict(&eval).unwrap();
+        assert_eq!(p.predictions.size(), [eval_n as i64, 10]);
+        assert!(p.label_ids.equal(&eval.labels), "labels out of order");
+        let m = trainer.evaluate("eval").unwrap();
+        assert!((p.metrics["test_loss"] - m["eval_loss"]).abs() < 1e-12);
+        let direct = p.predictions.nll_loss(&p.label_ids).double_value(&[]);
+        assert!((direct - m["eval_loss"]).abs() < 1e-5, "{direct} vs {}", m["eval_loss"]);
+    }
     println!("trained {} steps", out.global_step);
 }
 
@@ -213,7 +226,9 @@ fn sigkill_then_resume_is_bit_identical_at_world_2() {
 
 /// Loss accounting: B = 16 with accumulation 4 (and W = 2 × B = 32) computes the same updates
 /// as B = 64, the short last window included (1000 = 15 × 64 + 40: the last window holds 3
-/// micro-batches of 16, 16 and 8), and logs the same per-step losses. No dropout.
+/// micro-batches of 16, 16 and 8), and logs the same per-step losses. No dropout. The 2-rank
+/// run also checks `predict`/`evaluate` on 201 examples (rank 1's last batch of 100 is all
+/// padding, and is run but not counted): every example once, in order.
 #[test]
 fn accumulation_and_world_size_equal_the_large_batch() {
     let dir = tempfile::tempdir().unwrap();
@@ -227,7 +242,7 @@ fn accumulation_and_world_size_equal_the_large_batch() {
     let (big, acc, two) = (dir.path().join("big"), dir.path().join("acc"), dir.path().join("two"));
     train_once(&big, &no_save(64, 1), &[("L3_NO_DROPOUT", "1")]);
     train_once(&acc, &no_save(16, 4), &[("L3_NO_DROPOUT", "1")]);
-    train_ranks(2, &two, &no_save(32, 1), &[("L3_NO_DROPOUT", "1")]);
+    train_ranks(2, &two, &no_save(32, 1), &[("L3_NO_DROPOUT", "1"), ("L3_CHECK_PREDICT", "1"), ("L3_EVAL_N", "201")]);
     let reference = state(&big);
     assert_eq!(reference.global_step, 16); // ceil(1000 / 64)
     for (name, other) in [("accumulation 4", &acc), ("2 ranks", &two)] {
@@ -263,10 +278,13 @@ fn rotation_keeps_the_early_best_and_load_best_model_at_end_restores_it() {
             load_best_model_at_end: true,
             metric_for_best_model: Some("eval_loss".into()),
             greater_is_better: Some(true),
+            report_to: level3_trainer::args::ReportTo::Jsonl,
             ..base_args()
         };
         train_once(&out, &args, &[]);
         let s = state(&out);
+        let jsonl = std::fs::read_to_string(out.join("log_history.jsonl")).unwrap();
+        assert_eq!(jsonl.lines().count(), s.log_history.len(), "report_to=jsonl writes every log entry");
         let evals: Vec<(u64, f64)> = s.eval_loss_curve();
         assert_eq!(evals.iter().map(|e| e.0).collect::<Vec<_>>(), [4, 8, 12, 16]);
         let best_step = evals.iter().max_by(|a, b| a.1.total_cmp(&b.1)).unwrap().0;

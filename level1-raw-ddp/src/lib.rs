@@ -16,7 +16,7 @@ use ladder_core::dist::{self, Backend, DistEnv, ProcessGroup};
 use ladder_core::metrics::{gather_report, LocalFigures, Report};
 use ladder_core::model::{BasicNet, BasicNetConfig};
 use ladder_core::optim::AdamWConfig;
-use ladder_core::train::{seed_batch, TrainArgs};
+use ladder_core::train::{end_of_epoch, seed_batch, EvalSums, TrainArgs};
 use ladder_core::wrapped::{WrapConfig, WrappedModel};
 use ladder_core::{Error, Result};
 use serde::{Deserialize, Serialize};
@@ -44,14 +44,15 @@ pub struct Config {
     /// How the model is replicated across ranks.
     #[arg(long, value_enum, default_value_t = Strategy::Ddp)]
     pub strategy: Strategy,
-    /// DDP gradient bucket size cap in MiB (PyTorch's bucket_cap_mb; the first bucket is 1 MiB).
-    #[arg(long, default_value_t = 25.0, value_name = "MIB")]
-    pub bucket_cap_mb: f64,
+    /// DDP gradient bucket size cap in MiB (PyTorch's bucket_cap_mb; the first bucket is 1 MiB)
+    /// [default: 25; --strategy ddp only].
+    #[arg(long, value_name = "MIB")]
+    pub bucket_cap_mb: Option<f64>,
     /// FSDP auto-wrap: a layer with at least this many parameters gets its own FlatParameter;
-    /// the rest share the root one (PyTorch's size_based_auto_wrap_policy; default 1e8, i.e.
-    /// the whole model is one unit). 0 wraps every layer.
-    #[arg(long, default_value_t = 100_000_000, value_name = "N")]
-    pub fsdp_min_num_params: usize,
+    /// the rest share the root one (PyTorch's size_based_auto_wrap_policy). 0 wraps every
+    /// layer [default: 100000000, i.e. the whole model is one unit; FSDP strategies only].
+    #[arg(long, value_name = "N")]
+    pub fsdp_min_num_params: Option<usize>,
     /// Output features of BasicNet's fc1 (the tutorial's 128; 4096 gives ~38M parameters, for
     /// memory comparisons).
     #[arg(long, default_value_t = 128)]
@@ -64,6 +65,29 @@ pub struct Config {
     /// Min all-reduce of all parameters).
     #[arg(long)]
     pub check_sync: bool,
+}
+
+/// A flag that does nothing under the chosen strategy is an error naming the strategies it
+/// belongs to (rather than being ignored without a word).
+///
+/// # Errors
+/// [`Error::InvalidValue`] naming the flag.
+pub fn check_strategy_flags(strategy: Strategy, bucket_cap_mb: bool, fsdp_min_num_params: bool) -> Result<()> {
+    if bucket_cap_mb && strategy != Strategy::Ddp {
+        return Err(Error::invalid(
+            "--bucket-cap-mb",
+            format!("given with --strategy {}", strategy.name()),
+            "--strategy ddp (gradient buckets are DDP's; FSDP reduces one FlatParameter per unit)",
+        ));
+    }
+    if fsdp_min_num_params && strategy == Strategy::Ddp {
+        return Err(Error::invalid(
+            "--fsdp-min-num-params",
+            "given with --strategy ddp",
+            "an FSDP strategy (fsdp-full-shard, fsdp-shard-grad-op, fsdp-no-shard): auto-wrap plans FSDP units",
+        ));
+    }
+    Ok(())
 }
 
 /// `setup(rank, world_size)` of the tutorial: initialise the process group from the launcher's
@@ -90,6 +114,7 @@ pub fn run(cfg: &Config) -> Result<Report> {
     if cfg.width < 1 {
         return Err(Error::invalid("--width", cfg.width, "at least 1 output feature for fc1"));
     }
+    check_strategy_flags(cfg.strategy, cfg.bucket_cap_mb.is_some(), cfg.fsdp_min_num_params.is_some())?;
     let device_kind = cfg.train.device_kind();
     let backend = cfg.backend.unwrap_or(match device_kind {
         DeviceKind::Cuda => Backend::Nccl,
@@ -115,6 +140,7 @@ pub fn run(cfg: &Config) -> Result<Report> {
     // 2. The model, the same seed everywhere (DDP also broadcasts rank 0's weights).
     tch::manual_seed(cfg.train.seed as i64);
     let mnist = cfg.train.load_mnist()?;
+    cfg.train.check_batch_size(mnist.train.len())?;
     let (train, test) = (mnist.train.to_device(device), mnist.test.to_device(device));
     let vs = nn::VarStore::new(device);
     let net = BasicNet::new(&vs.root(), BasicNetConfig { width: cfg.width, ..Default::default() });
@@ -122,8 +148,8 @@ pub fn run(cfg: &Config) -> Result<Report> {
     // 3. Wrap it. DDP: broadcast from rank 0, gradient buckets. FSDP: FlatParameters, shards.
     let wrap = WrapConfig {
         strategy: cfg.strategy,
-        bucket_cap_mb: cfg.bucket_cap_mb,
-        fsdp_min_num_params: cfg.fsdp_min_num_params,
+        bucket_cap_mb: cfg.bucket_cap_mb.unwrap_or(25.0),
+        fsdp_min_num_params: cfg.fsdp_min_num_params.unwrap_or(100_000_000),
         mixed_precision: None,
     };
     let mut model = WrappedModel::new(vs, net, &*pg, &wrap)?;
@@ -137,12 +163,14 @@ pub fn run(cfg: &Config) -> Result<Report> {
     let sampler = DistributedSampler::new(train.len(), world_size, rank, true, cfg.train.seed, false)?;
     let mut loader = DataLoader::new(&train, cfg.train.batch_size, Box::new(sampler))?;
 
-    // 6. The loop: zero_grad → forward → backward + gradient all-reduce → step.
+    // 6. The loop: zero_grad → forward → backward + gradient all-reduce → step; after every
+    //    epoch, test() — exact evaluation: disjoint slices, counts all-reduced.
     let (mut steps, mut samples, mut train_s, mut train_loss) = (0usize, 0usize, 0.0f64, 0.0f64);
-    'epochs: for epoch in 1..=cfg.train.epochs {
+    let (mut history, mut eval) = (Vec::new(), EvalSums::default());
+    for epoch in 1..=cfg.train.epochs {
         loader.set_epoch(epoch as u64 - 1);
         let t0 = Instant::now();
-        let (mut loss_sum, mut n) = (0.0, 0usize);
+        let (mut loss_sum, mut n, mut stop) = (0.0, 0usize, false);
         for (batch_idx, (images, labels)) in loader.iter().enumerate() {
             // Dropout masks: a function of (seed, rank, batch), different on every rank.
             seed_batch(cfg.train.seed, rank, steps as u64);
@@ -161,13 +189,18 @@ pub fn run(cfg: &Config) -> Result<Report> {
                 );
             }
             if cfg.train.max_steps.is_some_and(|m| steps >= m) {
-                train_s += t0.elapsed().as_secs_f64();
-                train_loss = loss_sum / n as f64;
-                break 'epochs;
+                stop = true;
+                break;
             }
         }
-        train_s += t0.elapsed().as_secs_f64();
-        train_loss = loss_sum / n.max(1) as f64;
+        (train_s, train_loss) = (train_s + t0.elapsed().as_secs_f64(), loss_sum / n.max(1) as f64);
+        // 7. test(): every image once at any world size.
+        eval = model.evaluate(&*pg, &test, 1000)?;
+        let last = stop || epoch == cfg.train.epochs;
+        history.push(end_of_epoch(Some(&*pg), epoch, n, train_loss, &eval, last)?);
+        if stop {
+            break;
+        }
     }
     if cfg.check_sync {
         model.check_parameters_in_sync()?;
@@ -175,15 +208,11 @@ pub fn run(cfg: &Config) -> Result<Report> {
             println!("check-sync: parameters are bit-identical on all {world_size} ranks");
         }
     }
-
     if let Some(path) = &cfg.train.save_model {
         if let Some(weights) = model.full_state_dict(&*pg)? {
             ladder_core::train::save_weights(path, &weights)?;
         }
     }
-
-    // 7. Exact evaluation: disjoint slices, counts all-reduced.
-    let eval = model.evaluate(&*pg, &test, 1000)?;
 
     // 8. Figures: every rank's own figures gathered to all.
     let local = LocalFigures {
@@ -193,7 +222,8 @@ pub fn run(cfg: &Config) -> Result<Report> {
         comm_s: model.comm_seconds(),
         model_state: model.memory(),
     };
-    let report = gather_report(&*pg, &local, &eval, steps as u64, cfg.strategy.name(), start.elapsed().as_secs_f64())?;
+    let mut report = gather_report(&*pg, &local, &eval, steps as u64, cfg.strategy.name(), start.elapsed().as_secs_f64())?;
+    report.history = history;
     if rank == 0 {
         if let Some(path) = &cfg.train.metrics_json {
             report.write_json(path).map_err(|e| Error::invalid("--metrics-json", path.display(), format!("a writable file ({e})")))?;

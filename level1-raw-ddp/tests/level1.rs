@@ -149,6 +149,18 @@ fn bad_flags_are_clear_errors() {
         (vec!["--width", "0"], "error: invalid value \"0\" for --width: at least 1 output feature for fc1"),
         (vec!["--bucket-cap-mb=-1"], "error: invalid value \"-1\" for --bucket-cap-mb: a positive number of MiB"),
         (
+            vec!["--strategy", "ddp", "--fsdp-min-num-params", "0"],
+            "error: invalid value \"given with --strategy ddp\" for --fsdp-min-num-params: an FSDP strategy (fsdp-full-shard, fsdp-shard-grad-op, fsdp-no-shard): auto-wrap plans FSDP units",
+        ),
+        (
+            vec!["--strategy", "fsdp-full-shard", "--bucket-cap-mb", "5"],
+            "error: invalid value \"given with --strategy fsdp-full-shard\" for --bucket-cap-mb: --strategy ddp (gradient buckets are DDP's; FSDP reduces one FlatParameter per unit)",
+        ),
+        (
+            vec!["--device", "cpu", "--batch-size", "60001"],
+            "error: invalid value \"60001\" for --batch-size: at most the 60000 training images",
+        ),
+        (
             vec!["--device", "cpu", "--backend", "nccl"],
             "error: invalid value \"nccl\" for --backend: mpi with --device cpu (nccl moves CUDA tensors only)",
         ),
@@ -162,4 +174,69 @@ fn bad_flags_are_clear_errors() {
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(err.starts_with(want), "{args:?}: {err}");
     }
+}
+
+#[test]
+#[ignore = "rank body: the baseline, for baseline_and_level_1_are_one_computation"]
+fn baseline_body() {
+    let out = std::env::var("LADDER_TEST_OUT").unwrap();
+    let args = ladder_core::train::TrainArgs {
+        max_steps: Some(25),
+        log_interval: 0,
+        device: Some(ladder_core::device::DeviceKind::Cpu),
+        save_model: Some(out.into()),
+        ..Default::default()
+    };
+    let report = ladder_core::train::run(&args).unwrap();
+    assert_eq!((report.history.len(), report.history[0].steps), (1, 25));
+}
+
+#[test]
+#[ignore = "rank body: level 1, for baseline_and_level_1_are_one_computation"]
+fn level1_body() {
+    let out = std::env::var("LADDER_TEST_OUT").unwrap();
+    let cfg = <level1_raw_ddp::Config as clap::Parser>::try_parse_from([
+        "level1-raw-ddp", "--device", "cpu", "--max-steps", "25", "--log-interval", "0", "--save-model", &out,
+    ])
+    .unwrap();
+    level1_raw_ddp::run(&cfg).unwrap();
+}
+
+/// At world size 1 the single-process baseline and level 1 are one computation: the same
+/// shuffle, the same dropout masks, the same optimizer — bit-identical weights.
+#[test]
+fn baseline_and_level_1_are_one_computation() {
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b) = (dir.path().join("baseline.st"), dir.path().join("level1.st"));
+    common::mpirun(1, "baseline_body", &[("LADDER_TEST_OUT", a.to_str().unwrap())]);
+    common::mpirun(1, "level1_body", &[("LADDER_TEST_OUT", b.to_str().unwrap())]);
+    let (mut wa, mut wb) = (tch::Tensor::read_safetensors(&a).unwrap(), tch::Tensor::read_safetensors(&b).unwrap());
+    wa.sort_by(|x, y| x.0.cmp(&y.0));
+    wb.sort_by(|x, y| x.0.cmp(&y.0));
+    assert_eq!(wa.len(), 8);
+    for ((ka, ta), (kb, tb)) in wa.iter().zip(&wb) {
+        assert_eq!(ka, kb);
+        assert!(ta.equal(tb), "{ka} differs between the baseline and level 1");
+    }
+}
+
+/// Every epoch ends with the tutorial's lines and an entry in the JSON history; the top-level
+/// figures are the last epoch's (here the epoch --max-steps ends; full epochs are `make demo`'s).
+#[test]
+fn every_epoch_is_evaluated_and_kept_in_the_history() {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("m.json");
+    let mut cmd = mpirun(2);
+    cmd.arg(BIN)
+        .args(["--device", "cpu", "--epochs", "3", "--max-steps", "12", "--batch-size", "32", "--log-interval", "0"])
+        .arg("--metrics-json")
+        .arg(&json);
+    let text = run_ok(cmd);
+    let report: Report = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    // 60,000 images / 2 ranks / 32 = 938 steps an epoch: --max-steps 12 ends epoch 1.
+    assert_eq!(report.history.len(), 1, "{text}");
+    let h = report.history[0];
+    assert_eq!((h.epoch, h.steps, h.eval_samples), (1, 12, 10_000));
+    assert_eq!((h.accuracy, h.test_loss, h.train_loss), (report.accuracy, report.test_loss, report.train_loss));
+    assert!(text.contains("Epoch 1: mean train loss ") && text.contains(" over 12 steps"), "{text}");
 }

@@ -6,7 +6,7 @@ use crate::config::{AcceleratorConfig, FsdpShardingStrategy, MixedPrecision};
 use crate::{Accelerator, DistributedDataParallelKwargs, Result};
 use clap::Parser;
 use ladder_core::device::DeviceKind;
-use ladder_core::metrics::{LocalFigures, Report};
+use ladder_core::metrics::{EpochFigures, LocalFigures, Report};
 use ladder_core::model::{BasicNet, BasicNetConfig};
 use ladder_core::optim::AdamWConfig;
 use ladder_core::train::{EvalSums, TrainArgs};
@@ -44,9 +44,9 @@ pub struct Config {
     /// FSDP auto-wrap threshold in parameters. Default: the launcher's or config file's, else 1e8.
     #[arg(long, value_name = "N")]
     pub fsdp_min_num_params: Option<usize>,
-    /// DDP gradient bucket cap in MiB (PyTorch's bucket_cap_mb).
-    #[arg(long, default_value_t = 25.0, value_name = "MIB")]
-    pub bucket_cap_mb: f64,
+    /// DDP gradient bucket cap in MiB (PyTorch's bucket_cap_mb) [default: 25; DDP only].
+    #[arg(long, value_name = "MIB")]
+    pub bucket_cap_mb: Option<f64>,
     /// Output features of BasicNet's fc1 (128; 4096 for memory comparisons).
     #[arg(long, default_value_t = 128)]
     pub width: i64,
@@ -88,6 +88,27 @@ impl Config {
     }
 }
 
+/// A flag that does nothing under the resolved strategy is an error (as level 1's).
+fn check_strategy_flags(strategy: Strategy, bucket_cap_mb: bool, fsdp_min_num_params: bool) -> Result<()> {
+    if bucket_cap_mb && strategy != Strategy::Ddp {
+        return Err(ladder_core::Error::invalid(
+            "--bucket-cap-mb",
+            "given while use_fsdp is on (--strategy fsdp-…, or the launcher / config file)",
+            "the ddp strategy (gradient buckets are DDP's; FSDP reduces one FlatParameter per unit)",
+        )
+        .into());
+    }
+    if fsdp_min_num_params && strategy == Strategy::Ddp {
+        return Err(ladder_core::Error::invalid(
+            "--fsdp-min-num-params",
+            "given while the strategy is ddp",
+            "an FSDP strategy (--strategy fsdp-full-shard | fsdp-shard-grad-op | fsdp-no-shard, or use_fsdp in the config)",
+        )
+        .into());
+    }
+    Ok(())
+}
+
 /// Trains and evaluates as configured; every process returns the same report.
 ///
 /// # Errors
@@ -101,13 +122,18 @@ pub fn run(cfg: &Config) -> Result<Report> {
     if cfg.train.device == Some(DeviceKind::Cuda) {
         DeviceKind::Cuda.resolve(0)?;
     }
-    let kwargs = DistributedDataParallelKwargs { bucket_cap_mb: cfg.bucket_cap_mb };
+    // The strategy may come from the launcher or the config file: check the flags against it.
+    let resolved = crate::config::ResolvedConfig::resolve(&cfg.accelerator_config(), |k| std::env::var(k).ok())?;
+    let strategy = if resolved.use_fsdp { Strategy::FsdpFullShard } else { Strategy::Ddp };
+    check_strategy_flags(strategy, cfg.bucket_cap_mb.is_some(), cfg.fsdp_min_num_params.is_some())?;
+    let kwargs = DistributedDataParallelKwargs { bucket_cap_mb: cfg.bucket_cap_mb.unwrap_or(25.0) };
     let args = &cfg.train;
 
     // ANCHOR: user_code
     let accelerator = Accelerator::with_kwargs(cfg.accelerator_config(), kwargs)?;
     accelerator.set_seed(args.seed);
     let mnist = accelerator.main_process_first(|| args.load_mnist())??;
+    args.check_batch_size(mnist.train.len())?;
 
     let vs = nn::VarStore::new(accelerator.device());
     let net = BasicNet::new(&vs.root(), BasicNetConfig { width: cfg.width, ..Default::default() });
@@ -120,10 +146,10 @@ pub fn run(cfg: &Config) -> Result<Report> {
     if let Some(dir) = &cfg.resume_from {
         first_epoch = accelerator.load_state(dir)?.epoch as usize + 1;
     }
-    let (mut samples, mut train_s, mut train_loss) = (0usize, 0.0f64, 0.0f64);
-    'epochs: for epoch in first_epoch..=args.epochs {
+    let (mut samples, mut train_s, mut history, mut eval) = (0usize, 0.0f64, Vec::new(), EvalSums::default());
+    for epoch in first_epoch..=args.epochs {
         let t0 = Instant::now();
-        let (mut loss_sum, mut n) = (0.0, 0usize);
+        let (mut loss_sum, mut n, mut stop) = (0.0, 0usize, false);
         for (batch_idx, (images, labels)) in train_loader.iter().enumerate() {
             let loss = accelerator.accumulate(&model, || -> Result<_> {
                 let loss = model.forward_t(&images, true)?.nll_loss(&labels);
@@ -142,37 +168,42 @@ pub fn run(cfg: &Config) -> Result<Report> {
                 ));
             }
             let step = accelerator.global_step();
-            if accelerator.sync_gradients() {
-                if let (Some(dir), Some(every)) = (&cfg.save_state, cfg.save_every) {
-                    if step % every == 0 {
-                        accelerator.save_state(dir)?;
-                    }
+            if let (Some(dir), Some(every)) = (&cfg.save_state, cfg.save_every) {
+                if accelerator.sync_gradients() && step % every == 0 {
+                    accelerator.save_state(dir)?;
                 }
             }
             if args.max_steps.is_some_and(|m| step >= m as u64) {
-                (train_s, train_loss) = (train_s + t0.elapsed().as_secs_f64(), loss_sum / n as f64);
-                break 'epochs;
+                stop = true;
+                break;
             }
         }
-        (train_s, train_loss) = (train_s + t0.elapsed().as_secs_f64(), loss_sum / n.max(1) as f64);
+        train_s += t0.elapsed().as_secs_f64();
         if let Some(dir) = &cfg.save_state {
             accelerator.save_state(dir)?;
         }
-    }
-    if let (Some(dir), Some(_)) = (&cfg.save_state, args.max_steps) {
-        accelerator.save_state(dir)?;
-    }
 
-    // Evaluation: every process takes a share; gather_for_metrics drops the padding.
-    let mut eval = EvalSums::default();
-    for (images, labels) in test_loader.iter() {
-        let output = tch::no_grad(|| model.forward_t(&images, false))?;
-        let losses = output.nll_loss_nd::<tch::Tensor>(&labels, None, tch::Reduction::None, -100);
-        let correct = output.argmax(-1, false).eq_tensor(&labels);
-        let (losses, correct) = (accelerator.gather_for_metrics(&losses)?, accelerator.gather_for_metrics(&correct)?);
-        eval.loss_sum += losses.to_kind(Kind::Double).sum(Kind::Double).double_value(&[]);
-        eval.correct += correct.sum(Kind::Int64).int64_value(&[]);
-        eval.count += losses.size()[0];
+        // Evaluation: every process takes a share; gather_for_metrics drops the padding.
+        eval = EvalSums::default();
+        for (images, labels) in test_loader.iter() {
+            let output = tch::no_grad(|| model.forward_t(&images, false))?;
+            let losses = output.nll_loss_nd::<tch::Tensor>(&labels, None, tch::Reduction::None, -100);
+            let correct = output.argmax(-1, false).eq_tensor(&labels);
+            let (losses, correct) = (accelerator.gather_for_metrics(&losses)?, accelerator.gather_for_metrics(&correct)?);
+            eval.loss_sum += losses.to_kind(Kind::Double).sum(Kind::Double).double_value(&[]);
+            eval.correct += correct.sum(Kind::Int64).int64_value(&[]);
+            eval.count += losses.size()[0];
+        }
+        let train_loss = accelerator.reduce(&tch::Tensor::from(loss_sum / n.max(1) as f64), "mean")?.double_value(&[]);
+        let figures = EpochFigures { epoch, steps: n, train_loss, test_loss: eval.mean_loss(), accuracy: eval.accuracy(), eval_samples: eval.count as u64 };
+        accelerator.print(figures.train_line());
+        if !(stop || epoch == args.epochs) {
+            accelerator.print(figures.test_line());
+        }
+        history.push(figures);
+        if stop {
+            break;
+        }
     }
     // ANCHOR_END: user_code
 
@@ -185,8 +216,10 @@ pub fn run(cfg: &Config) -> Result<Report> {
         model.check_parameters_in_sync()?;
         accelerator.print(format!("check-sync: parameters are bit-identical on all {} processes", accelerator.num_processes()));
     }
+    let train_loss = history.last().map_or(0.0, |h: &EpochFigures| h.train_loss);
     let local = LocalFigures { samples: samples as u64, train_s, train_loss, comm_s: model.comm_seconds(), model_state: model.memory() };
-    let report = accelerator.gather_report(&local, &eval, start.elapsed().as_secs_f64())?;
+    let mut report = accelerator.gather_report(&local, &eval, start.elapsed().as_secs_f64())?;
+    report.history = history;
     if accelerator.is_main_process() {
         if let Some(path) = &args.metrics_json {
             report

@@ -32,6 +32,9 @@ pub struct Report {
     /// Per-rank figures (empty for a single process).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub ranks: Vec<RankFigures>,
+    /// Per-epoch figures, in order; the top-level figures are the last epoch's.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub history: Vec<EpochFigures>,
     /// What a level adds (level 2: `mixed_precision`, `gradient_accumulation_steps`,
     /// `num_processes`; level 3: `output_dir`), written as top-level fields.
     #[serde(flatten)]
@@ -54,6 +57,41 @@ pub struct RankFigures {
     /// Persistent model-state bytes on this rank (parameters, gradients, optimizer state).
     #[serde(default)]
     pub model_state: crate::memory::ModelStateBytes,
+}
+
+/// One epoch's figures (the tutorial's per-epoch `test()`), the same on every rank.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct EpochFigures {
+    /// The epoch, from 1.
+    pub epoch: usize,
+    /// Optimizer steps taken in the epoch (fewer than a full epoch's when --max-steps ended it).
+    pub steps: usize,
+    /// Mean training loss over the epoch's steps, averaged over ranks.
+    pub train_loss: f64,
+    /// Mean test loss after the epoch.
+    pub test_loss: f64,
+    /// Test accuracy after the epoch, a fraction in [0, 1].
+    pub accuracy: f64,
+    /// Test images evaluated (10,000 at any world size).
+    pub eval_samples: u64,
+}
+
+impl EpochFigures {
+    /// The epoch's line: `Epoch 1: mean train loss 0.2169 over 469 steps`.
+    pub fn train_line(&self) -> String {
+        format!("Epoch {}: mean train loss {:.4} over {} steps", self.epoch, self.train_loss, self.steps)
+    }
+
+    /// The tutorial's test line: `Test set: Average loss: 0.0503, Accuracy: 9831/10000 (98.31%)`.
+    pub fn test_line(&self) -> String {
+        format!(
+            "Test set: Average loss: {:.4}, Accuracy: {}/{} ({:.2}%)",
+            self.test_loss,
+            (self.accuracy * self.eval_samples as f64).round() as u64,
+            self.eval_samples,
+            100.0 * self.accuracy
+        )
+    }
 }
 
 /// What one rank measured during a run, before [`gather_report`] collects every rank's.
@@ -136,6 +174,7 @@ pub fn gather_report(
         world_size,
         strategy: strategy.into(),
         ranks,
+        history: Vec::new(),
         extra: serde_json::Map::new(),
     })
 }

@@ -102,6 +102,22 @@ impl TrainArgs {
         Ok(())
     }
 
+    /// Checks `--batch-size` against the training set (a batch larger than the whole set is a
+    /// mistake, and allocating it can get the process killed).
+    ///
+    /// # Errors
+    /// [`Error::InvalidValue`] naming `--batch-size` and the set's size.
+    pub fn check_batch_size(&self, train_len: usize) -> Result<()> {
+        if self.batch_size > train_len {
+            return Err(Error::invalid(
+                "--batch-size",
+                self.batch_size,
+                format!("at most the {train_len} training images"),
+            ));
+        }
+        Ok(())
+    }
+
     /// The device kind to use: `--device`, else cuda if available.
     pub fn device_kind(&self) -> DeviceKind {
         self.device.unwrap_or_else(DeviceKind::default_for_machine)
@@ -121,6 +137,46 @@ impl TrainArgs {
             Mnist::load(&dir)
         }
     }
+}
+
+/// The end of an epoch as the tutorial has it: the mean training loss over the epoch's steps
+/// (averaged over ranks with one all-reduce; pass `None` for a single process) and the test
+/// figures, printed on rank 0 — `Epoch N: mean train loss … over S steps`, then, except after
+/// the last epoch (the final summary prints it), `Test set: Average loss: …, Accuracy: …`.
+///
+/// # Errors
+/// Collective errors.
+pub fn end_of_epoch(
+    pg: Option<&dyn crate::dist::ProcessGroup>,
+    epoch: usize,
+    steps: usize,
+    local_mean_loss: f64,
+    eval: &EvalSums,
+    last: bool,
+) -> Result<crate::metrics::EpochFigures> {
+    let train_loss = match pg {
+        Some(pg) if pg.world_size() > 1 => {
+            let mut t = Tensor::from_slice(&[local_mean_loss]).to_device(pg.device());
+            pg.all_reduce(&mut t, crate::dist::ReduceOp::Avg)?;
+            t.double_value(&[0])
+        }
+        _ => local_mean_loss,
+    };
+    let figures = crate::metrics::EpochFigures {
+        epoch,
+        steps,
+        train_loss,
+        test_loss: eval.mean_loss(),
+        accuracy: eval.accuracy(),
+        eval_samples: eval.count as u64,
+    };
+    if pg.is_none_or(|pg| pg.rank() == 0) {
+        println!("{}", figures.train_line());
+        if !last {
+            println!("{}", figures.test_line());
+        }
+    }
+    Ok(figures)
 }
 
 /// Seeds libtorch's generator for one batch, so that its dropout masks are a function of
@@ -235,10 +291,19 @@ pub fn adamw(vs: &nn::VarStore, lr: f64) -> Result<nn::Optimizer> {
 pub fn run(args: &TrainArgs) -> Result<Report> {
     let start = Instant::now();
     args.validate()?;
+    let env = crate::dist::DistEnv::from_env()?;
+    if env.world_size > 1 {
+        return Err(Error::Env(format!(
+            "ladder-baseline is the single-process reference, but this process was started as rank {} of {} \
+             (WORLD_SIZE={}); it would train {} unrelated copies. Start level1-raw-ddp (or level 2, 3) under the launcher instead",
+            env.rank, env.world_size, env.world_size, env.world_size
+        )));
+    }
     let device = args.device_kind().resolve(0)?;
     crate::device::set_threads_per_rank(1);
     tch::manual_seed(args.seed as i64);
     let mnist = args.load_mnist()?;
+    args.check_batch_size(mnist.train.len())?;
     let (train, test) = (mnist.train.to_device(device), mnist.test.to_device(device));
 
     let vs = nn::VarStore::new(device);
@@ -250,11 +315,16 @@ pub fn run(args: &TrainArgs) -> Result<Report> {
     let mut train_s = 0.0;
     let mut samples = 0usize;
     let mut train_loss = 0.0;
-    'epochs: for epoch in 1..=args.epochs {
+    let mut history = Vec::new();
+    let mut eval = EvalSums::default();
+    for epoch in 1..=args.epochs {
         loader.set_epoch(epoch as u64 - 1);
         let t0 = Instant::now();
         let (mut loss_sum, mut n_batches) = (0.0, 0usize);
+        let mut stop = false;
         for (batch_idx, (images, labels)) in loader.iter().enumerate() {
+            // The same dropout masks as level 1 at world size 1: one computation.
+            seed_batch(args.seed, 0, steps as u64);
             opt.zero_grad();
             let loss = batch_loss(&net, &images, &labels);
             loss.backward();
@@ -273,20 +343,22 @@ pub fn run(args: &TrainArgs) -> Result<Report> {
                 );
             }
             if args.max_steps.is_some_and(|m| steps >= m) {
-                train_s += t0.elapsed().as_secs_f64();
-                train_loss = loss_sum / n_batches as f64;
-                break 'epochs;
+                stop = true;
+                break;
             }
         }
         train_s += t0.elapsed().as_secs_f64();
         train_loss = loss_sum / n_batches.max(1) as f64;
-        println!("Epoch {epoch}: mean train loss {train_loss:.4} over {n_batches} steps");
+        eval = evaluate(&net, &test, 1000);
+        history.push(end_of_epoch(None, epoch, n_batches, train_loss, &eval, stop || epoch == args.epochs)?);
+        if stop {
+            break;
+        }
     }
 
     if let Some(path) = &args.save_model {
         save_weights(path, &crate::model::Model::named_parameters(&net))?;
     }
-    let eval = evaluate(&net, &test, 1000);
     let peak = crate::memory::peak_rss_bytes().map(crate::memory::mib).unwrap_or(0.0);
     let report = Report {
         accuracy: eval.accuracy(),
@@ -300,6 +372,7 @@ pub fn run(args: &TrainArgs) -> Result<Report> {
         world_size: 1,
         strategy: "single".into(),
         ranks: Vec::new(),
+        history,
         extra: serde_json::Map::new(),
     };
     if let Some(path) = &args.metrics_json {

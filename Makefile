@@ -7,7 +7,7 @@ export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
 CARGO ?= cargo
 RELEASE := target/release
 
-.PHONY: demo test bench setup build
+.PHONY: demo test bench setup build book book-data
 
 setup:
 	@bash scripts/bootstrap.sh
@@ -32,3 +32,20 @@ test: setup
 BENCH_ARGS ?=
 bench: build
 	$(RELEASE)/bench run $(BENCH_ARGS)
+
+## make book: the mdBook in book/book/ (open book/book/index.html, or `mdbook serve book`).
+## Installs mdbook once (scripts/ensure-mdbook.sh), regenerates the level diffs and the memory
+## arithmetic from the sources, checks every {{#include}} and anchor, then builds.
+book: setup
+	@bash scripts/ensure-mdbook.sh
+	$(CARGO) build --release -p book-check
+	$(RELEASE)/book-check diff
+	$(RELEASE)/book-check memory
+	$(RELEASE)/book-check check
+	mdbook build book
+
+## make book-data: the book's measured tables and plots (book/src/generated/demo.md, bench.md,
+## *.svg, provenance.md) from `bench demo` and a small `bench run` matrix on this machine.
+## Several minutes; run it on an idle machine. BOOK_BENCH_ARGS overrides the matrix.
+book-data: build
+	bash scripts/book-data.sh

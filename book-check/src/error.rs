@@ -31,8 +31,16 @@ pub enum Error {
         /// The anchor name.
         anchor: String,
     },
+    /// A command-line value out of range.
+    #[error("{what}: expected {expected}")]
+    Invalid {
+        /// The flag(s).
+        what: &'static str,
+        /// What was expected.
+        expected: &'static str,
+    },
     /// The include check found problems; each line names the .md file, line, path and anchor.
-    #[error("{} problem(s) in the book's includes:\n{}", problems.len(), problems.join("\n"))]
+    #[error("{} problem(s) in the book's includes, links and named tests:\n{}", problems.len(), problems.join("\n"))]
     Includes {
         /// One message per problem.
         problems: Vec<String>,

@@ -96,14 +96,82 @@ pub struct CheckSummary {
     pub includes: usize,
     /// Of them, includes with an anchor.
     pub anchors: usize,
+    /// Relative links and images checked.
+    pub links: usize,
+    /// Tests named (`file.rs::test`) and found.
+    pub tests: usize,
 }
 
-/// Checks every include of every Markdown file under `src` (the book's `src/`). Problems are
-/// collected, not stopped at: the error lists each, naming the .md file, line, path and anchor.
+/// Relative link and image targets of a Markdown text, with their 1-based lines: the `(…)` of
+/// `[text](target)` that is not a URL, not an in-page anchor, without its `#fragment`. Code
+/// spans and fenced blocks are skipped.
+pub fn find_links(text: &str) -> Vec<(usize, String)> {
+    let mut out = Vec::new();
+    let mut fenced = false;
+    for (i, line) in text.lines().enumerate() {
+        if line.trim_start().starts_with("```") {
+            fenced = !fenced;
+            continue;
+        }
+        if fenced {
+            continue;
+        }
+        let line = strip_code_spans(line);
+        let mut rest = line.as_str();
+        while let Some(pos) = rest.find("](") {
+            let after = &rest[pos + 2..];
+            let Some(close) = after.find(')') else { break };
+            let target = after[..close].split_whitespace().next().unwrap_or("");
+            let target = target.split('#').next().unwrap_or("");
+            if !target.is_empty() && !target.contains("://") && !target.starts_with("mailto:") {
+                out.push((i + 1, target.to_string()));
+            }
+            rest = &after[close..];
+        }
+    }
+    out
+}
+
+/// Tests named in code spans as `` `path/to/file.rs::test_name` ``, with their 1-based lines.
+pub fn find_test_refs(text: &str) -> Vec<(usize, String, String)> {
+    let mut out = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        for (k, span) in line.split('`').enumerate() {
+            if k % 2 == 0 {
+                continue; // outside a code span
+            }
+            if let Some((file, name)) = span.split_once(".rs::") {
+                let ident = !name.is_empty() && name.chars().all(|c| c.is_alphanumeric() || c == '_');
+                if ident && !file.is_empty() && !file.contains(char::is_whitespace) {
+                    out.push((i + 1, format!("{file}.rs"), name.to_string()));
+                }
+            }
+        }
+    }
+    out
+}
+
+/// True when `code` defines a function `name` (`fn name(` or `fn name<`).
+fn defines_fn(code: &str, name: &str) -> bool {
+    code.match_indices(&format!("fn {name}")).any(|(at, m)| {
+        let next = code[at + m.len()..].chars().next();
+        matches!(next, Some('(') | Some('<'))
+    })
+}
+
+fn strip_code_spans(line: &str) -> String {
+    line.split('`').enumerate().filter(|(k, _)| k % 2 == 0).map(|(_, s)| s).collect::<Vec<_>>().join("")
+}
+
+/// Checks every Markdown file under `src` (the book's `src/`): every include (see the module
+/// docs); every relative link or image (`[t](generated/x.svg)`) names a file that exists; every
+/// test named as `` `path/to/file.rs::test_name` `` exists as `fn test_name` in that file under
+/// `root` (the workspace). Problems are collected, not stopped at: the error lists each, naming
+/// the .md file, line, path and anchor or test.
 ///
 /// # Errors
 /// [`Error::Includes`] with every problem; [`Error::Io`] when `src` cannot be listed.
-pub fn check(src: &Path) -> Result<CheckSummary> {
+pub fn check(src: &Path, root: &Path) -> Result<CheckSummary> {
     let mut summary = CheckSummary::default();
     let mut problems = Vec::new();
     for md in markdown_files(src)? {
@@ -114,6 +182,27 @@ pub fn check(src: &Path) -> Result<CheckSummary> {
             summary.anchors += usize::from(inc.anchor.is_some());
             if let Err(p) = check_one(&inc) {
                 problems.push(format!("{}: {p}", inc.describe()));
+            }
+        }
+        for (line, target) in find_links(&text) {
+            summary.links += 1;
+            let path = md.parent().unwrap_or(Path::new(".")).join(&target);
+            if !path.exists() {
+                let hint = if target.contains("generated/") { " (run `make book-data`)" } else { "" };
+                problems.push(format!("{}:{line}: link ({target}): {} does not exist{hint}", md.display(), path.display()));
+            }
+        }
+        for (line, file, test) in find_test_refs(&text) {
+            summary.tests += 1;
+            let path = root.join(&file);
+            match std::fs::read_to_string(&path) {
+                Err(_) => problems.push(format!("{}:{line}: test `{file}::{test}`: {} does not exist", md.display(), path.display())),
+                Ok(code) if !defines_fn(&code, &test) => problems.push(format!(
+                    "{}:{line}: test `{file}::{test}`: no `fn {test}` in {}",
+                    md.display(),
+                    path.display()
+                )),
+                Ok(_) => {}
             }
         }
     }
@@ -168,5 +257,23 @@ mod tests {
         let found = find_includes(md, text);
         let got: Vec<_> = found.iter().map(|i| (i.line, i.path.as_str(), i.anchor.as_deref())).collect();
         assert_eq!(got, vec![(1, "../../a/src/lib.rs", Some("user_code")), (1, "gen/t.md", None), (3, "f.rs", None), (3, "g.rs", None)]);
+    }
+
+    #[test]
+    fn links_and_test_refs() {
+        let text = "See [ch](level1.md#x), ![plot](generated/p.svg \"t\"), [web](https://a.b/c), [top](#t).\n\
+                    `[not](a link)` and `shared/tests/ddp.rs::no_sync_leaves_gradients_different_across_ranks`.\n\
+                    ```text\n[fenced](x.md)\n```\n`a b.rs::c` `x.rs::` `y.rs::ok_1`\n";
+        assert_eq!(find_links(text), vec![(1, "level1.md".to_string()), (1, "generated/p.svg".to_string())]);
+        let refs = find_test_refs(text);
+        assert_eq!(
+            refs,
+            vec![
+                (2, "shared/tests/ddp.rs".to_string(), "no_sync_leaves_gradients_different_across_ranks".to_string()),
+                (6, "y.rs".to_string(), "ok_1".to_string())
+            ]
+        );
+        assert!(defines_fn("fn a_b() {}\nfn a_bc() {}", "a_b"));
+        assert!(!defines_fn("fn a_bc() {}", "a_b"));
     }
 }

@@ -5,11 +5,13 @@
 //!   (mdBook itself only logs a missing file, shows nothing for a missing anchor and only the
 //!   first of two spans with one name);
 //! * [`diff::write_all`]: the level 1 → 2 and 2 → 3 diffs of the `user_code` anchors, as Markdown
-//!   ```diff blocks, into `book/src/generated/`.
+//!   ```diff blocks, into `book/src/generated/`;
+//! * [`memory::markdown`]: the per-rank memory arithmetic (DDP, ZeRO-1/2/3) for BasicNet.
 
 pub mod anchors;
 pub mod diff;
 pub mod error;
 pub mod includes;
+pub mod memory;
 
 pub use error::{Error, Result};

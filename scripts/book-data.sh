@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# make book-data: the measured tables and plots of the book, from one reference run on this
+# machine. Runs `bench demo` (the three levels, one epoch each at 2 ranks) and a small `bench run`
+# matrix, then copies their markdown and SVG output into book/src/generated/ with a provenance
+# note (machine, commit, date, commands). Several minutes on a 2-core machine; run it when the
+# machine is otherwise idle, since the figures are throughput measurements.
+#
+# Environment: RELEASE (target/release), BOOK_BENCH_ARGS (the `bench run` matrix),
+# BOOK_DEMO_ARGS (extra `bench demo` flags).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+RELEASE="${RELEASE:-target/release}"
+BOOK_BENCH_ARGS="${BOOK_BENCH_ARGS:---levels 1,2,3 --strategies ddp,fsdp-full-shard,fsdp-shard-grad-op --world-sizes 2 --widths 128,4096 --precisions fp32 --steps 200 --wide-steps 20 --repeats 1}"
+BOOK_DEMO_ARGS="${BOOK_DEMO_ARGS:-}"
+OUT=book/src/generated
+WORK=target/book-data
+mkdir -p "$OUT" "$WORK"
+rm -rf "$WORK/demo" "$WORK/bench"
+
+demo_cmd="$RELEASE/bench demo --out-dir $WORK/demo $BOOK_DEMO_ARGS"
+bench_cmd="$RELEASE/bench run $BOOK_BENCH_ARGS --out-dir $WORK/bench"
+echo "book-data: $demo_cmd"
+# A failed level is a FAILED row in the table (and a non-zero exit): keep the table, say so.
+demo_status=0
+$demo_cmd || demo_status=$?
+echo "book-data: $bench_cmd"
+bench_status=0
+$bench_cmd || bench_status=$?
+
+copy() { # copy SRC DEST: a file the bench was expected to write
+    if [[ -f "$1" ]]; then cp "$1" "$2"; else echo "book-data: $1 was not written" >&2; return 1; fi
+}
+copy "$WORK/demo/demo.md" "$OUT/demo.md"
+copy "$WORK/bench/bench.md" "$OUT/bench.md"
+for svg in throughput.svg memory.svg; do
+    if [[ -f "$WORK/bench/$svg" ]]; then cp "$WORK/bench/$svg" "$OUT/$svg"; else rm -f "$OUT/$svg"; fi
+done
+
+{
+    echo "<!-- written by scripts/book-data.sh (make book-data); do not edit -->"
+    echo
+    echo "| | |"
+    echo "|---|---|"
+    echo "| date (UTC) | $(date -u +%Y-%m-%dT%H:%M:%SZ) |"
+    echo "| commit | \`$(git rev-parse --short HEAD 2>/dev/null || echo unknown)\`$(git diff --quiet HEAD -- 2>/dev/null || echo ' (with uncommitted changes)') |"
+    echo "| CPU | $(grep -m1 'model name' /proc/cpuinfo 2>/dev/null | cut -d: -f2- | sed 's/^ *//' || echo unknown) |"
+    echo "| cores | $(nproc) |"
+    echo "| memory | $(awk '/MemTotal/ {printf "%.1f GiB", $2/1048576}' /proc/meminfo 2>/dev/null) |"
+    echo "| kernel | $(uname -sr) |"
+    echo "| rustc | $(rustc --version 2>/dev/null || echo unknown) |"
+    echo "| demo | \`$demo_cmd\` (exit $demo_status) |"
+    echo "| bench | \`$bench_cmd\` (exit $bench_status) |"
+} > "$OUT/provenance.md"
+echo "book-data: wrote $OUT/demo.md, $OUT/bench.md, the plots and $OUT/provenance.md"
+if [[ $demo_status -ne 0 || $bench_status -ne 0 ]]; then
+    echo "book-data: a run failed (demo exit $demo_status, bench exit $bench_status); its rows say FAILED" >&2
+    exit 1
+fi

@@ -63,10 +63,14 @@ pub fn anchor_name<'a>(line: &'a str, marker: &str) -> Option<&'a str> {
     None
 }
 
-/// The lines of every span, each span dedented by its own common indentation, concatenated.
+/// The lines of every span, each span dedented by its own common indentation, concatenated
+/// with one blank line between spans.
 pub fn joined_dedented(spans: &[Span<'_>]) -> Vec<String> {
     let mut out = Vec::new();
-    for span in spans {
+    for (k, span) in spans.iter().enumerate() {
+        if k > 0 {
+            out.push(String::new());
+        }
         let indent = span.lines.iter().filter(|l| !l.trim().is_empty()).map(|l| l.len() - l.trim_start().len()).min().unwrap_or(0);
         out.extend(span.lines.iter().map(|l| if l.trim().is_empty() { String::new() } else { l[indent..].trim_end().to_string() }));
     }
@@ -108,6 +112,6 @@ mod tests {
     #[test]
     fn dedent_joins_spans() {
         let text = "    // ANCHOR: u\n    a\n\n      b\n    // ANCHOR_END: u\n// ANCHOR: u\n  c\n// ANCHOR_END: u\n";
-        assert_eq!(joined_dedented(&spans(text, "u")), vec!["a", "", "  b", "c"]);
+        assert_eq!(joined_dedented(&spans(text, "u")), vec!["a", "", "  b", "", "c"]);
     }
 }

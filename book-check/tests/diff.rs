@@ -41,6 +41,7 @@ fn writes_both_diffs_and_every_listing() {
 
     ```rust,ignore
     impl Hooks for Mine {}
+
     trainer.train();
     ```
     ");

@@ -256,9 +256,7 @@ impl TrainingArguments {
         I: IntoIterator<Item = T>,
         T: Into<std::ffi::OsString> + Clone,
     {
-        let matches = Self::command()
-            .try_get_matches_from(args)
-            .map_err(|e| Error::CommandLine { message: e.render().to_string() })?;
+        let matches = Self::command().try_get_matches_from(args).map_err(|e| Error::CommandLine { message: e.render().to_string() })?;
         Self::from_matches(&matches)
     }
 
@@ -269,8 +267,8 @@ impl TrainingArguments {
     /// # Errors
     /// As [`Self::parse_from_cli`].
     pub fn from_matches(matches: &ArgMatches) -> Result<Self> {
-        let cli = <Self as FromArgMatches>::from_arg_matches(matches)
-            .map_err(|e| Error::CommandLine { message: e.render().to_string() })?;
+        let cli =
+            <Self as FromArgMatches>::from_arg_matches(matches).map_err(|e| Error::CommandLine { message: e.render().to_string() })?;
         let args = match &cli.args_file {
             None => cli,
             Some(file) => {
@@ -351,7 +349,11 @@ impl TrainingArguments {
     /// The device kind to train on: cpu with use_cpu, else cuda when available, else cpu (as
     /// Transformers' `args.device`).
     pub fn device_kind(&self) -> ladder_core::device::DeviceKind {
-        if self.use_cpu { ladder_core::device::DeviceKind::Cpu } else { ladder_core::device::DeviceKind::default_for_machine() }
+        if self.use_cpu {
+            ladder_core::device::DeviceKind::Cpu
+        } else {
+            ladder_core::device::DeviceKind::default_for_machine()
+        }
     }
 
     /// The replication strategy: DDP, or FSDP FULL_SHARD / SHARD_GRAD_OP as `fsdp` says.
@@ -423,16 +425,28 @@ impl TrainingArguments {
     /// [`Error::InvalidArgument`] naming the first field at fault and what it accepts.
     pub fn validate(&self) -> Result<()> {
         let positive = |field: &'static str, v: usize| {
-            if v == 0 { Err(Error::invalid(field, v, "at least 1")) } else { Ok(()) }
+            if v == 0 {
+                Err(Error::invalid(field, v, "at least 1"))
+            } else {
+                Ok(())
+            }
         };
         positive("per_device_train_batch_size", self.per_device_train_batch_size)?;
         positive("per_device_eval_batch_size", self.per_device_eval_batch_size)?;
         positive("gradient_accumulation_steps", self.gradient_accumulation_steps)?;
         if self.max_steps == 0 || self.max_steps < -1 {
-            return Err(Error::invalid("max_steps", self.max_steps, "a positive number of optimization steps, or -1 to use num_train_epochs"));
+            return Err(Error::invalid(
+                "max_steps",
+                self.max_steps,
+                "a positive number of optimization steps, or -1 to use num_train_epochs",
+            ));
         }
         if self.max_steps < 0 && !(self.num_train_epochs.is_finite() && self.num_train_epochs > 0.0) {
-            return Err(Error::invalid("num_train_epochs", self.num_train_epochs, "a positive, finite number of epochs (or set max_steps)"));
+            return Err(Error::invalid(
+                "num_train_epochs",
+                self.num_train_epochs,
+                "a positive, finite number of epochs (or set max_steps)",
+            ));
         }
         if !(self.learning_rate.is_finite() && self.learning_rate >= 0.0) {
             return Err(Error::invalid("learning_rate", self.learning_rate, "a finite learning rate ≥ 0"));
@@ -468,7 +482,11 @@ impl TrainingArguments {
         }
         if self.load_best_model_at_end {
             if self.eval_strategy == IntervalStrategy::No {
-                return Err(Error::invalid("load_best_model_at_end", true, "an eval_strategy other than `no` (the best model is chosen by evaluation)"));
+                return Err(Error::invalid(
+                    "load_best_model_at_end",
+                    true,
+                    "an eval_strategy other than `no` (the best model is chosen by evaluation)",
+                ));
             }
             if self.eval_strategy != self.save_strategy {
                 return Err(Error::invalid(

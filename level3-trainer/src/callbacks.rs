@@ -149,7 +149,9 @@ impl TrainerCallback for EarlyStoppingCallback {
         }
     }
     fn on_evaluate(&mut self, args: &TrainingArguments, state: &TrainerState, control: &mut TrainerControl, metrics: &Metrics) {
-        let Some(value) = args.best_metric_key().and_then(|k| metrics.get(&k).copied()) else { return };
+        let Some(value) = args.best_metric_key().and_then(|k| metrics.get(&k).copied()) else {
+            return;
+        };
         let improved = match state.best_metric {
             None => true,
             Some(best) => {
@@ -225,7 +227,12 @@ mod tests {
 
     #[test]
     fn early_stopping_counts_evaluations_without_improvement_beyond_threshold() {
-        let args = TrainingArguments { load_best_model_at_end: true, eval_strategy: IntervalStrategy::Epoch, save_strategy: IntervalStrategy::Epoch, ..Default::default() };
+        let args = TrainingArguments {
+            load_best_model_at_end: true,
+            eval_strategy: IntervalStrategy::Epoch,
+            save_strategy: IntervalStrategy::Epoch,
+            ..Default::default()
+        };
         let mut cb = EarlyStoppingCallback::new(2, 0.01);
         cb.on_train_begin(&args, &TrainerState::default(), &mut TrainerControl::default()).unwrap();
         // eval_loss, lower is better.
@@ -236,7 +243,7 @@ mod tests {
         assert_eq!(cb.patience_counter, 0);
         assert!(!evaluate(&mut cb, &args, Some(0.5), 0.6)); // worse: 1
         assert!(evaluate(&mut cb, &args, Some(0.5), 0.5)); // equal: 2 = patience → stop
-        // accuracy, greater is better (default from the name).
+                                                           // accuracy, greater is better (default from the name).
         let acc = TrainingArguments { metric_for_best_model: Some("accuracy".into()), ..args.clone() };
         let mut cb = EarlyStoppingCallback::new(1, 0.0);
         assert!(!evaluate(&mut cb, &acc, Some(0.9), 0.95));

@@ -76,7 +76,9 @@ pub fn last_checkpoint(output_dir: &Path) -> Result<Option<PathBuf>> {
 /// # Errors
 /// [`Error::Io`] naming a directory that could not be listed or removed.
 pub fn rotate_checkpoints(output_dir: &Path, save_total_limit: Option<usize>, best: Option<&Path>) -> Result<Vec<PathBuf>> {
-    let Some(limit) = save_total_limit.filter(|&l| l > 0) else { return Ok(Vec::new()) };
+    let Some(limit) = save_total_limit.filter(|&l| l > 0) else {
+        return Ok(Vec::new());
+    };
     let sorted = sorted_checkpoints(output_dir, best)?;
     if sorted.len() <= limit {
         return Ok(Vec::new());

@@ -1,11 +1,14 @@
 //! Level 3 of ddp-ladder: a `Trainer` with `TrainingArguments`, as 🤗 Transformers' — the user
-//! hands over a model, datasets, a `compute_loss` and the arguments; there is no loop in user
-//! code. Built on the level-2 `Accelerator`, as Transformers is built on Accelerate.
+//! hands over a model, datasets, a collator, a `compute_loss` and the arguments; there is no
+//! loop in user code. Built on the level-2 [`Accelerator`](level2_accelerator::Accelerator), as
+//! Transformers is built on Accelerate.
 //!
 //! Modules: [`args`] (TrainingArguments), [`schedule`] (planning and learning-rate schedules),
-//! [`state`] (TrainerState, log history), [`output`] (banner, table, log writers, loss plot,
-//! progress), [`callbacks`] (TrainerCallback, EarlyStoppingCallback), [`checkpoints`]
-//! (checkpoint-<step> naming and save_total_limit rotation).
+//! [`trainer`] (the Trainer, its hooks and collator), [`state`] (TrainerState, log history),
+//! [`output`] (banner, table, log writers, loss plot, progress), [`callbacks`]
+//! (TrainerCallback, DefaultFlowCallback, EarlyStoppingCallback), [`checkpoints`]
+//! (checkpoint-<step> naming and save_total_limit rotation). [`run`] is the binary's job: the
+//! tutorial's Trainer example with level 1's flags mapped onto TrainingArguments.
 
 pub mod args;
 pub mod callbacks;
@@ -17,17 +20,20 @@ pub mod state;
 pub mod trainer;
 
 pub use args::TrainingArguments;
-pub use state::Metrics;
 pub use error::{Error, Result};
-pub use trainer::{set_seed, Batch, DataCollator, DefaultDataCollator, DefaultHooks, EvalPrediction, PredictionOutput, ResumeFrom, TrainOutput, Trainer, TrainerHooks, TrainerModel};
+pub use state::Metrics;
+pub use trainer::{
+    set_seed, Batch, DataCollator, DefaultDataCollator, DefaultHooks, EvalPrediction, PredictionOutput, ResumeFrom, TrainOutput, Trainer,
+    TrainerHooks, TrainerModel,
+};
 
 use clap::{CommandFactory, FromArgMatches, Parser};
-use std::collections::BTreeSet;
 use ladder_core::device::DeviceKind;
 use ladder_core::metrics::{LocalFigures, Report};
 use ladder_core::model::{BasicNet, BasicNetConfig};
 use ladder_core::train::{EvalSums, TrainArgs};
 use ladder_core::wrapped::Strategy;
+use std::collections::BTreeSet;
 use std::path::PathBuf;
 use std::time::Instant;
 use tch::{nn, Device, Kind, Tensor};
@@ -52,7 +58,10 @@ pub struct Config {
     /// loss plot, model.safetensors.
     #[arg(long, default_value = "basic-trainer", value_name = "DIR")]
     pub output_dir: PathBuf,
-    /// Use Transformers' TrainingArguments defaults instead of the shared recipe.
+    /// Use Transformers' TrainingArguments defaults (learning_rate 5e-5 with linear decay,
+    /// max_grad_norm 1.0, weight_decay 0, seed 42, logging_steps 500) for everything the
+    /// tutorial's Trainer example does not set (it sets batch 64, 1 epoch, evaluation each
+    /// epoch), instead of the shared recipe.
     #[arg(long)]
     pub transformers_defaults: bool,
     /// A JSON or TOML file of TrainingArguments laid over the recipe (flags given win).
@@ -104,15 +113,24 @@ impl Config {
 
     /// The TrainingArguments this command line stands for. Precedence: the shared recipe
     /// (whose values are the level-1 flags' values, defaults included) or, with
-    /// `--transformers-defaults`, Transformers' defaults; then `--args-file`; then the flags
-    /// given on the command line.
+    /// `--transformers-defaults`, the tutorial's Trainer arguments over Transformers'
+    /// defaults; then `--args-file`; then the flags given on the command line.
     ///
     /// # Errors
     /// An unreadable args file; a strategy TrainingArguments cannot express; invalid values.
     pub fn training_arguments(&self) -> Result<TrainingArguments> {
         self.train.validate()?;
         let base = if self.transformers_defaults {
-            TrainingArguments { eval_strategy: args::IntervalStrategy::Epoch, ..TrainingArguments::default() }
+            // The tutorial's TrainingArguments("basic-trainer", per_device_train_batch_size=64,
+            // per_device_eval_batch_size=64, num_train_epochs=1, evaluation_strategy="epoch"):
+            // everything else is Transformers' default.
+            TrainingArguments {
+                per_device_train_batch_size: 64,
+                per_device_eval_batch_size: 64,
+                num_train_epochs: 1.0,
+                eval_strategy: args::IntervalStrategy::Epoch,
+                ..TrainingArguments::default()
+            }
         } else {
             let mut recipe = TrainingArguments {
                 per_device_eval_batch_size: 64,
@@ -258,9 +276,9 @@ pub fn run(cfg: &Config) -> Result<Report> {
     report.extra.insert("output_dir".into(), trainer.args().output_dir.display().to_string().into());
     if trainer.is_world_process_zero() {
         if let Some(path) = &cfg.train.metrics_json {
-            report.write_json(path).map_err(|e| {
-                ladder_core::Error::invalid("--metrics-json", path.display(), format!("a writable file ({e})"))
-            })?;
+            report
+                .write_json(path)
+                .map_err(|e| ladder_core::Error::invalid("--metrics-json", path.display(), format!("a writable file ({e})")))?;
         }
     }
     trainer.accelerator().wait_for_everyone()?;

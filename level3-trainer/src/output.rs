@@ -60,7 +60,11 @@ fn title(key: &str) -> String {
 
 /// A fractional epoch as the table shows it: `1` for whole epochs, else two decimals.
 fn epoch_label(epoch: f64) -> String {
-    if (epoch - epoch.round()).abs() < 1e-9 { format!("{}", epoch.round() as i64) } else { format!("{epoch:.2}") }
+    if (epoch - epoch.round()).abs() < 1e-9 {
+        format!("{}", epoch.round() as i64)
+    } else {
+        format!("{epoch:.2}")
+    }
 }
 
 /// The evaluation table of Transformers' notebook progress (`Epoch | Training Loss | Validation
@@ -151,7 +155,9 @@ impl ReportWriter {
     /// # Errors
     /// [`Error::Io`] naming the file.
     pub fn write(&mut self, entry: &LogEntry) -> Result<()> {
-        let Some(path) = &self.path else { return Ok(()) };
+        let Some(path) = &self.path else {
+            return Ok(());
+        };
         let text = match self.kind {
             ReportTo::None => return Ok(()),
             ReportTo::Jsonl => format!("{}\n", serde_json::to_string(entry).expect("LogEntry serialises")),
@@ -194,9 +200,7 @@ pub fn plot_loss_curve(path: &Path, train: &[(u64, f64)], eval: &[(u64, f64)]) -
             .map_err(|e| fail(e.to_string()))?
             .label("validation loss")
             .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], RED));
-        chart
-            .draw_series(eval.iter().map(|&(s, l)| Circle::new((s, l), 4, RED.filled())))
-            .map_err(|e| fail(e.to_string()))?;
+        chart.draw_series(eval.iter().map(|&(s, l)| Circle::new((s, l), 4, RED.filled()))).map_err(|e| fail(e.to_string()))?;
         chart.configure_series_labels().border_style(BLACK).background_style(WHITE).draw().map_err(|e| fail(e.to_string()))?;
         root.present().map_err(|e| fail(e.to_string()))?;
     }

@@ -53,11 +53,8 @@ impl TrainingPlan {
         let samples_per_rank = num_examples.div_ceil(w);
         let batches_per_epoch = if args.dataloader_drop_last { samples_per_rank / b } else { samples_per_rank.div_ceil(b) };
         let updates_per_epoch = batches_per_epoch.div_ceil(a);
-        let max_steps = if args.max_steps > 0 {
-            args.max_steps as usize
-        } else {
-            (args.num_train_epochs * updates_per_epoch as f64).ceil() as usize
-        };
+        let max_steps =
+            if args.max_steps > 0 { args.max_steps as usize } else { (args.num_train_epochs * updates_per_epoch as f64).ceil() as usize };
         let num_epochs = if updates_per_epoch == 0 { 0 } else { max_steps.div_ceil(updates_per_epoch) };
         Self {
             num_examples,
@@ -97,11 +94,7 @@ impl LrSchedule {
     /// The schedule `args` ask for over `total_steps` updates; warm-up is `warmup_steps` if
     /// > 0, else `ceil(warmup_ratio × total_steps)` (Transformers' `get_warmup_steps`).
     pub fn new(args: &TrainingArguments, total_steps: usize) -> Self {
-        let warmup_steps = if args.warmup_steps > 0 {
-            args.warmup_steps
-        } else {
-            (args.warmup_ratio * total_steps as f64).ceil() as usize
-        };
+        let warmup_steps = if args.warmup_steps > 0 { args.warmup_steps } else { (args.warmup_ratio * total_steps as f64).ceil() as usize };
         Self { kind: args.lr_scheduler_type, base_lr: args.learning_rate, warmup_steps, total_steps }
     }
 

@@ -229,7 +229,11 @@ pub struct Trainer {
 
 impl std::fmt::Debug for Trainer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Trainer").field("args", &self.args).field("accelerator", &self.accelerator).field("state", &self.state).finish_non_exhaustive()
+        f.debug_struct("Trainer")
+            .field("args", &self.args)
+            .field("accelerator", &self.accelerator)
+            .field("state", &self.state)
+            .finish_non_exhaustive()
     }
 }
 
@@ -277,17 +281,31 @@ impl Trainer {
         available.extend(hooks.metric_names());
         args.validate_metric(&available)?;
         if args.data_seed.is_some_and(|d| d != args.seed) {
-            return Err(Error::invalid("data_seed", args.data_seed.unwrap_or_default(), format!("unset or equal to seed ({}): the Accelerator's loaders shuffle with the run's seed", args.seed)));
+            return Err(Error::invalid(
+                "data_seed",
+                args.data_seed.unwrap_or_default(),
+                format!("unset or equal to seed ({}): the Accelerator's loaders shuffle with the run's seed", args.seed),
+            ));
         }
         if args.dataloader_drop_last {
-            return Err(Error::invalid("dataloader_drop_last", true, "false: the Accelerator's loaders pad the last batch so every process runs as many (even_batches)"));
+            return Err(Error::invalid(
+                "dataloader_drop_last",
+                true,
+                "false: the Accelerator's loaders pad the last batch so every process runs as many (even_batches)",
+            ));
         }
         let accelerator = Accelerator::new(Self::accelerator_config(&args))?;
         let net_config = net.config();
         let model = accelerator.prepare_model(vs, net)?;
         let optimizer = accelerator.prepare_optimizer(&model, args.adamw())?;
         let device = accelerator.device();
-        let move_to = |d: Dataset| if d.images.device() == device { d } else { d.to_device(device) };
+        let move_to = |d: Dataset| {
+            if d.images.device() == device {
+                d
+            } else {
+                d.to_device(device)
+            }
+        };
         Ok(Self {
             state: TrainerState {
                 is_local_process_zero: accelerator.is_local_main_process(),
@@ -385,7 +403,8 @@ impl Trainer {
         let existing = checkpoints::sorted_checkpoints(&out_dir, None)?;
         if resume_dir.is_none() && !existing.is_empty() {
             if !args.overwrite_output_dir {
-                let found = existing.iter().filter_map(|p| p.file_name()).map(|n| n.to_string_lossy().into_owned()).collect::<Vec<_>>().join(", ");
+                let found =
+                    existing.iter().filter_map(|p| p.file_name()).map(|n| n.to_string_lossy().into_owned()).collect::<Vec<_>>().join(", ");
                 return Err(Error::OutputDirNotEmpty { dir: out_dir, found });
             }
             self.accelerator.wait_for_everyone()?;
@@ -404,7 +423,13 @@ impl Trainer {
         let plan = TrainingPlan::new(&args, train_dataset.len(), world_size);
         let schedule = LrSchedule::new(&args, plan.max_steps);
         let (acc, batch) = (args.gradient_accumulation_steps, args.per_device_train_batch_size);
-        let batch_len = |b: usize| -> usize { if b + 1 < plan.batches_per_epoch { batch } else { plan.samples_per_rank - b * batch } };
+        let batch_len = |b: usize| -> usize {
+            if b + 1 < plan.batches_per_epoch {
+                batch
+            } else {
+                plan.samples_per_rank - b * batch
+            }
+        };
         self.state = TrainerState {
             max_steps: plan.max_steps as u64,
             num_train_epochs: plan.num_epochs as u64,
@@ -510,7 +535,9 @@ impl Trainer {
                     Ok(Some((lr, grad_norm)))
                 })?;
                 local_samples += n as u64;
-                let Some((lr, grad_norm)) = step else { continue };
+                let Some((lr, grad_norm)) = step else {
+                    continue;
+                };
                 (last_lr, last_grad_norm) = (lr, grad_norm);
                 global_step += 1;
                 sums.add_step(window_loss / window_samples as f64);
@@ -637,7 +664,7 @@ impl Trainer {
         if control.should_evaluate {
             control.should_evaluate = false;
             if self.eval_dataset.is_some() {
-                let metrics = self.evaluate_inner("eval", progress, reporter.as_deref_mut())?;
+                let metrics = self.evaluate_inner("eval", progress, reporter)?;
                 for cb in &mut self.callbacks {
                     cb.on_evaluate(&self.args, &self.state, control, &metrics);
                 }
@@ -656,7 +683,9 @@ impl Trainer {
 
     /// Updates best_metric / best_global_step; true when this evaluation is the new best.
     fn determine_best_metric(&mut self, metrics: &Metrics) -> Result<bool> {
-        let Some(key) = self.args.best_metric_key() else { return Ok(false) };
+        let Some(key) = self.args.best_metric_key() else {
+            return Ok(false);
+        };
         let Some(&value) = metrics.get(&key) else {
             let available: Vec<&str> = metrics.keys().filter_map(|k| k.strip_prefix("eval_")).collect();
             return Err(Error::UnknownMetric {
@@ -667,7 +696,11 @@ impl Trainer {
         let better = match self.state.best_metric {
             None => true,
             Some(best) => {
-                if self.args.greater_is_better() { value > best } else { value < best }
+                if self.args.greater_is_better() {
+                    value > best
+                } else {
+                    value < best
+                }
             }
         };
         if better {
@@ -682,7 +715,7 @@ impl Trainer {
     /// then rotates. Collective.
     fn save_checkpoint(&mut self, sums: &LossSums, new_best: bool) -> Result<()> {
         let dir = checkpoints::checkpoint_dir(&self.args.output_dir, self.state.global_step);
-        let extra = sums.to_extra(&self.accelerator)?;
+        let extra = sums.checkpoint_extra(&self.accelerator)?;
         if new_best || self.state.best_global_step == Some(self.state.global_step) {
             self.state.best_model_checkpoint = Some(dir.clone());
         }
@@ -694,7 +727,11 @@ impl Trainer {
         ];
         self.accelerator.save_state_with(&dir, extra, &files)?;
         if self.accelerator.is_main_process() {
-            checkpoints::rotate_checkpoints(&self.args.output_dir, self.args.save_total_limit, self.state.best_model_checkpoint.as_deref())?;
+            checkpoints::rotate_checkpoints(
+                &self.args.output_dir,
+                self.args.save_total_limit,
+                self.state.best_model_checkpoint.as_deref(),
+            )?;
         }
         self.accelerator.wait_for_everyone()?;
         Ok(())
@@ -763,7 +800,10 @@ impl Trainer {
                 // Back to the batch's length for gather_for_metrics (padding rows are dropped).
                 let classes = out.size()[1];
                 let full = if take < len {
-                    Tensor::cat(&[out.narrow(0, 0, real as i64), Tensor::zeros([(len - real) as i64, classes], (Kind::Float, out.device()))], 0)
+                    Tensor::cat(
+                        &[out.narrow(0, 0, real as i64), Tensor::zeros([(len - real) as i64, classes], (Kind::Float, out.device()))],
+                        0,
+                    )
                 } else {
                     out
                 };
@@ -851,7 +891,7 @@ impl LossSums {
     }
 
     /// The sums over ranks, for a checkpoint. Collective.
-    fn to_extra(&self, acc: &Accelerator) -> Result<serde_json::Map<String, serde_json::Value>> {
+    fn checkpoint_extra(&self, acc: &Accelerator) -> Result<serde_json::Map<String, serde_json::Value>> {
         let t = acc.reduce(&Tensor::from_slice(&[self.window_sum, self.total_sum]).to_device(acc.device()), "sum")?;
         let v = Vec::<f64>::try_from(t.to_device(Device::Cpu))?;
         let mut m = serde_json::Map::new();

@@ -17,7 +17,10 @@ fn defaults_are_transformers_and_clap_agrees_with_default() {
     assert_eq!((d.adam_beta1, d.adam_beta2, d.adam_epsilon, d.max_grad_norm), (0.9, 0.999, 1e-8, 1.0));
     assert_eq!(d.lr_scheduler_type, SchedulerType::Linear);
     assert_eq!((d.warmup_steps, d.warmup_ratio, d.gradient_accumulation_steps), (0, 0.0, 1));
-    assert_eq!((d.eval_strategy, d.logging_strategy, d.save_strategy), (IntervalStrategy::No, IntervalStrategy::Steps, IntervalStrategy::Steps));
+    assert_eq!(
+        (d.eval_strategy, d.logging_strategy, d.save_strategy),
+        (IntervalStrategy::No, IntervalStrategy::Steps, IntervalStrategy::Steps)
+    );
     assert_eq!((d.logging_steps, d.save_steps, d.eval_steps(), d.save_total_limit), (500, 500, 500, None));
     assert_eq!((d.seed, d.data_seed(), d.report_to), (42, 42, ReportTo::None));
     assert_eq!(d.best_metric_key(), None);

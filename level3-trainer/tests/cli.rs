@@ -4,7 +4,6 @@
 //! precedence, flag errors, and the --help snapshot.
 
 #[path = "../../shared/tests/common/mod.rs"]
-#[allow(dead_code)]
 mod common;
 
 use clap::Parser;
@@ -36,7 +35,9 @@ fn tensors(path: &Path) -> Vec<(String, tch::Tensor)> {
 #[test]
 #[ignore]
 fn body_level2() {
-    let Some(save) = std::env::var_os("L2_SAVE_MODEL") else { return };
+    let Some(save) = std::env::var_os("L2_SAVE_MODEL") else {
+        return;
+    };
     let steps = std::env::var("L2_MAX_STEPS").unwrap();
     let cfg = level2_accelerator::Config::try_parse_from([
         "level2-accelerator",
@@ -156,8 +157,13 @@ fn recipe_and_transformers_defaults_map_onto_training_arguments() {
 
     let t = parse(&["--device", "cpu", "--transformers-defaults"]).training_arguments().unwrap();
     assert_eq!((t.learning_rate, t.weight_decay, t.max_grad_norm, t.lr_scheduler_type), (5e-5, 0.0, 1.0, SchedulerType::Linear));
+    // The tutorial's own arguments stay: batch 64 (eval 64), 1 epoch, evaluation each epoch.
+    assert_eq!((t.per_device_train_batch_size, t.per_device_eval_batch_size, t.num_train_epochs), (64, 64, 1.0));
+    assert_eq!((t.eval_strategy, t.seed, t.logging_steps), (IntervalStrategy::Epoch, 42, 500));
     // Flags still given explicitly win over Transformers' defaults.
-    let t = parse(&["--device", "cpu", "--transformers-defaults", "--lr", "2e-4", "--strategy", "fsdp-full-shard"]).training_arguments().unwrap();
+    let t = parse(&["--device", "cpu", "--transformers-defaults", "--lr", "2e-4", "--strategy", "fsdp-full-shard"])
+        .training_arguments()
+        .unwrap();
     assert_eq!(t.learning_rate, 2e-4);
     assert_eq!(t.fsdp, Some(level3_trainer::args::FsdpOption::FullShard));
 
@@ -179,7 +185,8 @@ fn args_file_lies_over_the_recipe_and_given_flags_lie_over_it() {
     assert_eq!(a.learning_rate, 3e-4); // the file over the recipe (and the untyped --lr default)
     assert_eq!(a.gradient_accumulation_steps, 4);
     assert_eq!(a.per_device_train_batch_size, 32); // the typed flag over the file
-    assert_eq!((a.weight_decay, a.lr_scheduler_type), (0.01, SchedulerType::Constant)); // the recipe
+    assert_eq!((a.weight_decay, a.lr_scheduler_type), (0.01, SchedulerType::Constant));
+    // the recipe
 }
 
 #[test]
@@ -187,13 +194,17 @@ fn bad_flags_and_files_are_named() {
     let dir = tempfile::tempdir().unwrap();
     let (ok, text) = run_bin(Command::new(BIN).args(["--strategy", "fsdp-no-shard", "--device", "cpu"]));
     assert!(!ok);
-    assert_eq!(text.trim(), "error: TrainingArguments.fsdp = fsdp-no-shard (--strategy): expected ddp, fsdp-full-shard or fsdp-shard-grad-op");
+    assert_eq!(
+        text.trim(),
+        "error: TrainingArguments.fsdp = fsdp-no-shard (--strategy): expected ddp, fsdp-full-shard or fsdp-shard-grad-op"
+    );
     let bad = dir.path().join("bad.json");
     std::fs::write(&bad, r#"{"warmup_ratio": 2.0}"#).unwrap();
     let (ok, text) = run_bin(Command::new(BIN).args(["--device", "cpu", "--args-file"]).arg(&bad));
     assert!(!ok);
     assert_eq!(text.trim(), "error: TrainingArguments.warmup_ratio = 2: expected a fraction of the total steps in [0, 1]");
-    let (ok, text) = run_bin(Command::new(BIN).args(["--device", "cpu", "--resume-from-checkpoint", "--output-dir"]).arg(dir.path().join("none")));
+    let (ok, text) =
+        run_bin(Command::new(BIN).args(["--device", "cpu", "--resume-from-checkpoint", "--output-dir"]).arg(dir.path().join("none")));
     assert!(!ok);
     assert!(text.contains("none: no checkpoint-<step> directory to resume from"), "{text}");
 }

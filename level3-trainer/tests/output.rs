@@ -22,9 +22,13 @@ fn banner_one_epoch_two_ranks() {
 
 fn history() -> Vec<LogEntry> {
     vec![
-        LogEntry::new(1, 0.0011, [("loss", 2.302585), ("learning_rate", 1e-3)]),
+        LogEntry::new(1, 0.0011, [("loss", 2.31), ("learning_rate", 1e-3)]),
         LogEntry::new(500, 0.533, [("loss", 0.254321), ("learning_rate", 1e-3)]),
-        LogEntry::new(938, 1.0, [("eval_loss", 0.045678), ("eval_accuracy", 0.9851), ("eval_runtime", 1.5), ("eval_samples_per_second", 6666.7)]),
+        LogEntry::new(
+            938,
+            1.0,
+            [("eval_loss", 0.045678), ("eval_accuracy", 0.9851), ("eval_runtime", 1.5), ("eval_samples_per_second", 6666.7)],
+        ),
         LogEntry::new(1876, 2.0, [("eval_loss", 0.039), ("eval_accuracy", 0.9874), ("eval_runtime", 1.4)]),
         LogEntry::new(1876, 2.0, [("train_loss", 0.12), ("train_runtime", 60.0)]),
     ]
@@ -64,7 +68,7 @@ fn report_to_jsonl_and_csv() {
     w.write(&history()[0]).unwrap();
     assert_eq!(
         std::fs::read_to_string(w.path().unwrap()).unwrap(),
-        "step,epoch,key,value\n1,0.0011,learning_rate,0.001\n1,0.0011,loss,2.302585\n"
+        "step,epoch,key,value\n1,0.0011,learning_rate,0.001\n1,0.0011,loss,2.31\n"
     );
     args.report_to = ReportTo::None;
     assert!(ReportWriter::new(&args, false).unwrap().path().is_none());

@@ -7,11 +7,10 @@
 //! (or as `mpirun -n 2` ranks), configured through `L3_*` environment variables.
 
 #[path = "../../shared/tests/common/mod.rs"]
-#[allow(dead_code)]
 mod common;
 
-use ladder_core::data::Mnist;
 use ladder_core::data::mnist::workspace_data_dir;
+use ladder_core::data::Mnist;
 use ladder_core::model::{BasicNet, BasicNetConfig};
 use level3_trainer::args::{IntervalStrategy, SchedulerType};
 use level3_trainer::callbacks::{TrainerCallback, TrainerControl};
@@ -49,7 +48,9 @@ impl TrainerCallback for Slow {
 #[test]
 #[ignore]
 fn body_train() {
-    let Some(out) = std::env::var_os("L3_OUT") else { return };
+    let Some(out) = std::env::var_os("L3_OUT") else {
+        return;
+    };
     let mut args: TrainingArguments = serde_json::from_str(&std::env::var("L3_ARGS").unwrap()).unwrap();
     args.output_dir = PathBuf::from(out);
     args.use_cpu = true;
@@ -60,7 +61,11 @@ fn body_train() {
     let mnist = Mnist::load(&workspace_data_dir()).unwrap();
     set_seed(args.seed);
     let vs = nn::VarStore::new(Device::Cpu);
-    let cfg = if std::env::var_os("L3_NO_DROPOUT").is_some() { BasicNetConfig { dropout: false, ..Default::default() } } else { BasicNetConfig::default() };
+    let cfg = if std::env::var_os("L3_NO_DROPOUT").is_some() {
+        BasicNetConfig { dropout: false, ..Default::default() }
+    } else {
+        BasicNetConfig::default()
+    };
     let net = BasicNet::new(&vs.root(), cfg);
     let train = mnist.train.slice(0..TRAIN_N);
     let eval_n = std::env::var("L3_EVAL_N").map_or(EVAL_N, |v| v.parse().unwrap());
@@ -141,7 +146,11 @@ fn read_safetensors(path: &Path) -> Vec<(String, Tensor)> {
 
 fn assert_bit_identical(what: &str, a: &Path, b: &Path) {
     let (ta, tb) = (read_safetensors(a), read_safetensors(b));
-    assert_eq!(ta.iter().map(|(k, _)| k.clone()).collect::<Vec<_>>(), tb.iter().map(|(k, _)| k.clone()).collect::<Vec<_>>(), "{what}: keys");
+    assert_eq!(
+        ta.iter().map(|(k, _)| k.clone()).collect::<Vec<_>>(),
+        tb.iter().map(|(k, _)| k.clone()).collect::<Vec<_>>(),
+        "{what}: keys"
+    );
     for ((k, x), (_, y)) in ta.iter().zip(&tb) {
         assert!(x.equal(y), "{what}: {k} differs (max |diff| {})", (x - y).abs().max().double_value(&[]));
     }
@@ -311,7 +320,8 @@ fn checkpoint_loads_into_pytorch_basicnet_with_the_same_accuracy() {
     assert!(python.exists(), "{} missing: run scripts/bootstrap.sh", python.display());
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("out");
-    let args = TrainingArguments { max_steps: 8, save_steps: 8, eval_strategy: IntervalStrategy::Steps, eval_steps: Some(8), ..base_args() };
+    let args =
+        TrainingArguments { max_steps: 8, save_steps: 8, eval_strategy: IntervalStrategy::Steps, eval_steps: Some(8), ..base_args() };
     train_once(&out, &args, &[]);
     let s = state(&out);
     let eval = s.log_history.iter().find(|e| e.get("eval_loss").is_some()).unwrap().clone();

@@ -75,7 +75,7 @@ pub fn rows(width: u64, w: u64) -> Vec<Row> {
         },
         Row {
             scheme: "ZeRO-2 (+ gradients sharded)",
-            here: "`fsdp-shard-grad-op` (parameters also sharded at rest)",
+            here: "`fsdp-shard-grad-op`",
             bytes: PerRank { parameters: F32 * shard, gradients: F32 * shard, optimizer: 2 * F32 * shard, gathered: F32 * all_units },
         },
         Row {

@@ -317,6 +317,7 @@ pub fn run(args: &TrainArgs) -> Result<Report> {
     let mut train_loss = 0.0;
     let mut history = Vec::new();
     let mut eval = EvalSums::default();
+    // ANCHOR: baseline_loop
     for epoch in 1..=args.epochs {
         loader.set_epoch(epoch as u64 - 1);
         let t0 = Instant::now();
@@ -355,6 +356,7 @@ pub fn run(args: &TrainArgs) -> Result<Report> {
             break;
         }
     }
+    // ANCHOR_END: baseline_loop
 
     if let Some(path) = &args.save_model {
         save_weights(path, &crate::model::Model::named_parameters(&net))?;

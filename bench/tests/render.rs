@@ -23,6 +23,7 @@ fn matrix_tables_from_fixed_json() {
     assert_eq!(e, "1 of 6 runs failed: l3-fsdp-full-shard-w2-4096-bf16");
     insta::assert_snapshot!("bench_terminal", render_terminal(&summary));
     insta::assert_snapshot!("bench_markdown", bench_markdown(&summary));
+    insta::assert_snapshot!("bench_csv", bench::matrix::render_csv(&summary));
 }
 
 #[test]

@@ -162,6 +162,12 @@ fn matrix_runs_baseline_and_level_1_next_to_pytorch_and_measures_all_reduce() {
     assert!(ar.iter().all(|r| r["ours_latency_us"].as_f64().unwrap() > 0.0 && r["raw_latency_us"].as_f64().unwrap() > 0.0));
     assert!(summary["machine"]["torch_version"].as_str().unwrap().starts_with("2."));
 
+    let csv = std::fs::read_to_string(dir.path().join("bench.csv")).unwrap();
+    assert_eq!(csv.lines().count(), 1 + 3, "{csv}");
+    assert!(csv.lines().nth(2).unwrap().starts_with("l1-ddp-w1-128-fp32,1,ddp,1,128,fp32,3,1,"), "{csv}");
+    for svg in ["throughput.svg", "memory.svg"] {
+        assert!(std::fs::read_to_string(dir.path().join(svg)).unwrap().starts_with("<svg"), "{svg}");
+    }
     let md = std::fs::read_to_string(dir.path().join("bench.md")).unwrap();
     let tables: String = md.lines().filter(|l| l.starts_with('|') || l.starts_with("##")).map(|l| format!("{l}\n")).collect();
     masked(&[]).bind(|| insta::assert_snapshot!("bench_tables_masked", tables));

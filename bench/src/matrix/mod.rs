@@ -14,7 +14,8 @@
 //! * width ≠ 128 runs `--wide-steps` steps (a memory measurement); bf16 (`--mixed-precision bf16`)
 //!   exists at levels 2 and 3 only.
 //!
-//! Outputs in `--out-dir` (default `bench/results/`): `bench.md`, `bench.json`, every run's own
+//! Outputs in `--out-dir` (default `bench/results/`): `bench.md`, `bench.json`, `bench.csv`,
+//! `throughput.svg`, `memory.svg`, every run's own
 //! report in `runs/`, its log in `logs/`, and `allreduce-2.json`.
 
 mod plots;
@@ -23,7 +24,7 @@ mod run;
 
 pub use plots::write_plots;
 
-pub use render::{render_allreduce, render_markdown, render_memory, render_terminal, render_throughput};
+pub use render::{render_allreduce, render_csv, render_markdown, render_memory, render_terminal, render_throughput};
 pub use run::run_matrix;
 
 use crate::error::{Error, Result};

@@ -202,3 +202,77 @@ pub fn render_markdown(summary: &MatrixSummary) -> String {
     s.push_str(&render_notes(summary));
     s
 }
+
+/// `bench.csv`: one line per cell, every figure in base units (samples/s, fractions, bytes, MiB
+/// for RSS); empty fields where there is no figure. Columns as the header line says.
+pub fn render_csv(summary: &MatrixSummary) -> String {
+    let header = [
+        "id",
+        "level",
+        "strategy",
+        "world_size",
+        "width",
+        "precision",
+        "steps",
+        "repeats_ok",
+        "samples_per_s_median",
+        "samples_per_s_min",
+        "samples_per_s_max",
+        "pytorch_samples_per_s_median",
+        "ratio_median",
+        "ratio_min",
+        "ratio_max",
+        "vs_level1",
+        "vs_ddp",
+        "comm_share",
+        "accuracy",
+        "pytorch_accuracy",
+        "eval_samples",
+        "test_loss",
+        "parameters_bytes",
+        "gradients_bytes",
+        "optimizer_bytes",
+        "gathered_peak_bytes",
+        "peak_rss_mib_max_rank",
+        "errors",
+    ];
+    let f = |v: Option<f64>| v.map_or(String::new(), |x| format!("{x}"));
+    let mut out = header.join(",") + "\n";
+    for r in &summary.rows {
+        let c = &r.case;
+        let ms = r.model_state;
+        let cells = [
+            c.id.clone(),
+            c.level.map_or("baseline".into(), |l| l.to_string()),
+            c.strategy.name().into(),
+            c.world_size.to_string(),
+            c.width.to_string(),
+            c.precision.name().into(),
+            c.steps.to_string(),
+            r.samples_per_s.map_or(0, |s| s.n).to_string(),
+            f(r.samples_per_s.map(|s| s.median)),
+            f(r.samples_per_s.map(|s| s.min)),
+            f(r.samples_per_s.map(|s| s.max)),
+            f(r.peer_samples_per_s.map(|s| s.median)),
+            f(r.ratio.map(|s| s.median)),
+            f(r.ratio.map(|s| s.min)),
+            f(r.ratio.map(|s| s.max)),
+            f(r.vs_level1),
+            f(r.vs_ddp),
+            f(r.comm_share),
+            f(r.accuracy),
+            f(r.peer_accuracy),
+            r.eval_samples.map_or(String::new(), |n| n.to_string()),
+            f(r.test_loss),
+            ms.map_or(String::new(), |m| m.parameters.to_string()),
+            ms.map_or(String::new(), |m| m.gradients.to_string()),
+            ms.map_or(String::new(), |m| m.optimizer.to_string()),
+            ms.map_or(String::new(), |m| m.gathered_peak.to_string()),
+            f(r.peak_rss_per_rank.iter().copied().reduce(f64::max)),
+            r.errors.len().to_string(),
+        ];
+        out.push_str(&cells.join(","));
+        out.push('\n');
+    }
+    out
+}

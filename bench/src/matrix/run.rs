@@ -130,8 +130,11 @@ pub fn run_matrix(args: &RunArgs) -> Result<MatrixSummary> {
     println!("\n{}", render_terminal(&summary));
     write_file(&paths.out_dir.join("bench.json"), &serde_json::to_string_pretty(&summary).unwrap_or_default())?;
     write_file(&paths.out_dir.join("bench.md"), &render_markdown(&summary))?;
+    write_file(&paths.out_dir.join("bench.csv"), &super::render_csv(&summary))?;
     let plots = super::write_plots(&summary, &paths.out_dir)?;
-    println!("written: {} and {}", paths.out_dir.join("bench.md").display(), paths.out_dir.join("bench.json").display());
+    for f in ["bench.md", "bench.json", "bench.csv"] {
+        println!("written: {}", paths.out_dir.join(f).display());
+    }
     for p in plots {
         println!("written: {}", p.display());
     }

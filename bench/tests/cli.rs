@@ -33,7 +33,7 @@ fn matrix_flags_are_checked_before_anything_runs() {
     insta::assert_snapshot!(stderr, @"error: --world-sizes [0, 2]: expected one or more world sizes of at least 1");
     let (ok, _, stderr) = run(&["run", "--repeats", "0"]);
     assert!(!ok);
-    insta::assert_snapshot!(stderr, @"error: --repeats 0: expected at least 1 repeat");
+    insta::assert_snapshot!(stderr, @"error: --repeats 0 / --wide-repeats 1: expected at least 1 repeat");
     let (ok, _, stderr) = run(&["run", "--strategies", "zero3"]);
     assert!(!ok && stderr.contains("invalid value 'zero3' for '--strategies"), "{stderr}");
 }

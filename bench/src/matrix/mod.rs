@@ -111,6 +111,9 @@ pub struct RunArgs {
     /// Repeats of every run, interleaved with the PyTorch peers (median, min, max reported).
     #[arg(long, default_value_t = 3)]
     pub repeats: usize,
+    /// Repeats of runs at another width (memory measurements vary little; at most --repeats).
+    #[arg(long, default_value_t = 1)]
+    pub wide_repeats: usize,
     /// Leave the PyTorch peers out (no ratios).
     #[arg(long)]
     pub no_peers: bool,
@@ -204,8 +207,8 @@ pub fn plan(args: &RunArgs) -> Result<(Vec<Case>, Vec<String>)> {
     if args.steps == 0 || args.wide_steps == 0 {
         return Err(invalid("--steps", format!("{} / --wide-steps {}", args.steps, args.wide_steps), "at least 1 step"));
     }
-    if args.repeats == 0 {
-        return Err(invalid("--repeats", "0".into(), "at least 1 repeat"));
+    if args.repeats == 0 || args.wide_repeats == 0 {
+        return Err(invalid("--repeats", format!("{} / --wide-repeats {}", args.repeats, args.wide_repeats), "at least 1 repeat"));
     }
     let (mut cases, mut skipped) = (Vec::new(), Vec::new());
     let steps_for = |width: i64| if width == 128 { args.steps } else { args.wide_steps };

@@ -84,14 +84,15 @@ pub fn run_matrix(args: &RunArgs) -> Result<MatrixSummary> {
         p.dedup();
         p.len()
     };
-    let total = args.repeats * (cases.len() + peers_per_repeat);
+    let repeats_of = |c: &Case| if c.width == 128 { args.repeats } else { args.wide_repeats.min(args.repeats) };
+    let total = args.repeats * peers_per_repeat + cases.iter().map(repeats_of).sum::<usize>();
     let timeout = Duration::from_secs(args.timeout_s);
     let mut ours = Ours::new();
     let mut theirs = Theirs::new();
     let mut k = 0;
     for r in 1..=args.repeats {
         let mut peers_done = Vec::new();
-        for case in &cases {
+        for case in cases.iter().filter(|c| r <= repeats_of(c)) {
             k += 1;
             println!("[{k}/{total}] {} (repeat {r}/{})", label(case), args.repeats);
             let result = run_ours(case, r, &paths, timeout);

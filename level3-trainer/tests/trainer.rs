@@ -390,3 +390,30 @@ print(json.dumps({{"loss": F.nll_loss(out, y).item(), "accuracy": (out.argmax(1)
     let sums = ladder_core::train::evaluate(&net, &mnist.test.slice(0..EVAL_N), 100);
     assert_eq!((acc * EVAL_N as f64).round() as i64, sums.correct, "PyTorch accuracy {acc} vs Rust {}", sums.accuracy());
 }
+
+/// The logged learning_rate of a step is the rate that step's update used: linear schedule,
+/// 2 warm-up steps over 6 steps → λ(k) = 0, ½, then (6 − k)/4 for the updates k = 0..5; the
+/// run ends exactly at the planned step with the schedule at its end.
+#[test]
+fn logged_learning_rate_is_the_rate_each_update_used() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    let args = TrainingArguments {
+        max_steps: 6,
+        warmup_steps: 2,
+        lr_scheduler_type: SchedulerType::Linear,
+        logging_steps: 1,
+        save_strategy: IntervalStrategy::No,
+        ..base_args()
+    };
+    train_once(&out, &args, &[]);
+    let s = state(&out);
+    let lrs: Vec<(u64, f64)> = s.log_history.iter().filter_map(|e| e.get("learning_rate").map(|l| (e.step, l))).collect();
+    let want = [0.0, 0.5, 1.0, 0.75, 0.5, 0.25].map(|l| l * 1e-3);
+    assert_eq!(lrs.iter().map(|l| l.0).collect::<Vec<_>>(), [1, 2, 3, 4, 5, 6]);
+    for ((step, got), want) in lrs.iter().zip(want) {
+        assert!((got - want).abs() < 1e-18, "step {step}: {got} vs {want}");
+    }
+    assert_eq!(s.global_step, 6);
+    assert!(std::fs::read_dir(&out).unwrap().all(|e| !e.unwrap().file_name().to_string_lossy().starts_with("checkpoint-")));
+}

@@ -132,14 +132,7 @@ impl Config {
                 ..TrainingArguments::default()
             }
         } else {
-            let mut recipe = TrainingArguments {
-                per_device_eval_batch_size: 64,
-                weight_decay: 0.01,
-                max_grad_norm: 0.0,
-                lr_scheduler_type: args::SchedulerType::Constant,
-                eval_strategy: args::IntervalStrategy::Epoch,
-                ..TrainingArguments::default()
-            };
+            let mut recipe = recipe_arguments();
             self.apply_flags(&mut recipe, |_| true)?;
             recipe
         };
@@ -222,6 +215,25 @@ impl TrainerHooks for MyTrainer {
 /// The tutorial's `collate_fn`: `{"x": images, "labels": labels}`.
 pub fn collate_fn(images: Tensor, labels: Tensor) -> Batch {
     Batch { x: images, labels }
+}
+
+/// The tutorial's `TrainingArguments("basic-trainer", per_device_train_batch_size=64,
+/// per_device_eval_batch_size=64, num_train_epochs=1, evaluation_strategy="epoch")`, with the
+/// optimizer recipe of levels 1 and 2 passed explicitly (AdamW lr 1e-3, weight_decay 0.01, a
+/// constant rate, no clipping) so that the levels compute the same thing.
+pub fn recipe_arguments() -> TrainingArguments {
+    TrainingArguments {
+        output_dir: "basic-trainer".into(),
+        per_device_train_batch_size: 64,
+        per_device_eval_batch_size: 64,
+        num_train_epochs: 1.0,
+        eval_strategy: args::IntervalStrategy::Epoch,
+        learning_rate: 1e-3,
+        weight_decay: 0.01,
+        lr_scheduler_type: args::SchedulerType::Constant,
+        max_grad_norm: 0.0,
+        ..TrainingArguments::default()
+    }
 }
 // ANCHOR_END: user_code
 

@@ -39,18 +39,13 @@ fn body_level2() {
         return;
     };
     let steps = std::env::var("L2_MAX_STEPS").unwrap();
-    let cfg = level2_accelerator::Config::try_parse_from([
-        "level2-accelerator",
-        "--device",
-        "cpu",
-        "--max-steps",
-        &steps,
-        "--log-interval",
-        "0",
-        "--save-model",
-        save.to_str().unwrap(),
-    ])
-    .unwrap();
+    let mut flags =
+        vec!["level2-accelerator", "--device", "cpu", "--max-steps", &steps, "--log-interval", "0", "--save-model", save.to_str().unwrap()];
+    let fsdp = std::env::var("L2_FSDP").ok();
+    if let Some(strategy) = &fsdp {
+        flags.extend(["--strategy", strategy.as_str()]);
+    }
+    let cfg = level2_accelerator::Config::try_parse_from(flags).unwrap();
     level2_accelerator::run(&cfg).unwrap();
 }
 
@@ -117,8 +112,8 @@ fn one_process_short_run_matches_level_2_bit_for_bit() {
 }
 
 /// 2 ranks under mpirun with FSDP FULL_SHARD: the report carries both ranks, evaluation (FSDP
-/// forwards, gathered) covers exactly 10,000
-/// images, each rank ran the planned steps.
+/// forwards, gathered) covers exactly 10,000 images, each rank ran the planned steps, and the
+/// weights are bit-identical to level 2's loop with FSDP FULL_SHARD at 2 ranks.
 #[test]
 fn two_ranks_under_mpirun() {
     let dir = tempfile::tempdir().unwrap();
@@ -128,6 +123,8 @@ fn two_ranks_under_mpirun() {
             .args(["-n", "2", "--oversubscribe", "--bind-to", "none", "-x", "OMP_NUM_THREADS=1", BIN])
             .args(["--device", "cpu", "--max-steps", "10", "--log-interval", "5", "--strategy", "fsdp-full-shard", "--output-dir"])
             .arg(&out)
+            .arg("--save-model")
+            .arg(dir.path().join("l3.safetensors"))
             .arg("--metrics-json")
             .arg(&json),
     );
@@ -143,6 +140,15 @@ fn two_ranks_under_mpirun() {
     assert!(out.join("model.safetensors").exists() && out.join("checkpoint-10/optimizer.safetensors").exists());
     let state = TrainerState::load(&out.join("trainer_state.json")).unwrap();
     assert_eq!(state.global_step, 10);
+
+    let l2 = dir.path().join("l2.safetensors");
+    common::mpirun(2, "body_level2", &[("L2_SAVE_MODEL", l2.to_str().unwrap()), ("L2_MAX_STEPS", "10"), ("L2_FSDP", "fsdp-full-shard")]);
+    let (a, b) = (tensors(&dir.path().join("l3.safetensors")), tensors(&l2));
+    assert_eq!(a.len(), 8);
+    for ((ka, ta), (kb, tb)) in a.iter().zip(&b) {
+        assert_eq!(ka, kb);
+        assert!(ta.equal(tb), "{ka} differs from level 2's (FSDP, 2 ranks)");
+    }
 }
 
 #[test]

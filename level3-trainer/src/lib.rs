@@ -49,6 +49,8 @@ use tch::{nn, Device, Kind, Tensor};
     allow_negative_numbers = true
 )]
 pub struct Config {
+    /// Level 1's training flags (`--epochs --batch-size --lr --seed --max-steps --device
+    /// --metrics-json --log-interval --data-dir --save-model …`), mapped onto TrainingArguments.
     #[command(flatten)]
     pub train: TrainArgs,
     /// How the model is replicated across ranks (TrainingArguments.fsdp).

@@ -71,6 +71,9 @@ fn body_train() {
     let eval_n = std::env::var("L3_EVAL_N").map_or(EVAL_N, |v| v.parse().unwrap());
     let eval = mnist.test.slice(0..eval_n);
     let mut trainer = Trainer::new(vs, net, args, Some(train), Some(eval), level3_trainer::DefaultDataCollator, Nll).unwrap();
+    if let Ok(patience) = std::env::var("L3_EARLY_STOPPING_PATIENCE") {
+        trainer.add_callback(level3_trainer::callbacks::EarlyStoppingCallback::new(patience.parse().unwrap(), 0.0));
+    }
     if let Ok(ms) = std::env::var("L3_SLEEP_MS") {
         trainer.add_callback(Slow(ms.parse().unwrap()));
     }
@@ -416,4 +419,28 @@ fn logged_learning_rate_is_the_rate_each_update_used() {
     }
     assert_eq!(s.global_step, 6);
     assert!(std::fs::read_dir(&out).unwrap().all(|e| !e.unwrap().file_name().to_string_lossy().starts_with("checkpoint-")));
+}
+
+/// EarlyStoppingCallback(patience 1) in a real run: with greater_is_better on eval_loss the first
+/// evaluation (step 4) stays the best, the second (step 8) does not improve on it, and training
+/// stops there instead of at max_steps 16 — after saving, so checkpoint-8 exists.
+#[test]
+fn early_stopping_ends_training_at_the_first_evaluation_without_improvement() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    let args = TrainingArguments {
+        max_steps: 16,
+        eval_strategy: IntervalStrategy::Steps,
+        eval_steps: Some(4),
+        save_steps: 4,
+        load_best_model_at_end: true,
+        greater_is_better: Some(true),
+        ..base_args()
+    };
+    train_once(&out, &args, &[("L3_EARLY_STOPPING_PATIENCE", "1")]);
+    let s = state(&out);
+    assert_eq!(s.global_step, 8);
+    assert_eq!(s.eval_loss_curve().iter().map(|e| e.0).collect::<Vec<_>>(), [4, 8]);
+    assert_eq!(s.best_global_step, Some(4));
+    assert!(out.join("checkpoint-8").exists() && out.join("checkpoint-4").exists());
 }

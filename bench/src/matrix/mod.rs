@@ -99,7 +99,7 @@ pub struct RunArgs {
     /// fc1 widths (128 is the tutorial's BasicNet; 4096 gives ~38M parameters).
     #[arg(long, value_delimiter = ',', default_values_t = [128i64, 4096])]
     pub widths: Vec<i64>,
-    /// Precisions (bf16 at levels 2 and 3 only).
+    /// Precisions (bf16 where a level takes --mixed-precision; not level 1).
     #[arg(long, value_enum, value_delimiter = ',', default_values_t = [Precision::Fp32, Precision::Bf16])]
     pub precisions: Vec<Precision>,
     /// Optimizer steps per rank for width-128 runs (938 is one epoch at one process).
@@ -248,7 +248,7 @@ pub fn plan(args: &RunArgs) -> Result<(Vec<Case>, Vec<String>)> {
                         if level.number == 1 && precision == Precision::Bf16 {
                             if world_size == args.world_sizes[0] && width == args.widths[0] {
                                 skipped.push(format!(
-                                    "level 1 {} bf16: level 1 has no --mixed-precision (levels 2 and 3 do)",
+                                    "level 1 {} bf16: level 1 is the fp32 tutorial (bf16 is the --mixed-precision of the levels above)",
                                     strategy.name()
                                 ));
                             }
@@ -493,9 +493,9 @@ mod tests {
                 "single at width 128 bf16: ladder-baseline is the tutorial's BasicNet in fp32 only",
                 "single at width 4096 fp32: ladder-baseline is the tutorial's BasicNet in fp32 only",
                 "single at width 4096 bf16: ladder-baseline is the tutorial's BasicNet in fp32 only",
-                "level 1 ddp bf16: level 1 has no --mixed-precision (levels 2 and 3 do)",
-                "level 1 fsdp-full-shard bf16: level 1 has no --mixed-precision (levels 2 and 3 do)",
-                "level 1 fsdp-shard-grad-op bf16: level 1 has no --mixed-precision (levels 2 and 3 do)",
+                "level 1 ddp bf16: level 1 is the fp32 tutorial (bf16 is the --mixed-precision of the levels above)",
+                "level 1 fsdp-full-shard bf16: level 1 is the fp32 tutorial (bf16 is the --mixed-precision of the levels above)",
+                "level 1 fsdp-shard-grad-op bf16: level 1 is the fp32 tutorial (bf16 is the --mixed-precision of the levels above)",
             ]
         );
         let (cases, _) =

@@ -64,6 +64,9 @@ pub enum FsdpOption {
     /// ZeRO-2: gradients and optimizer state sharded, parameters kept from forward to backward.
     #[value(name = "shard_grad_op")]
     ShardGradOp,
+    /// No sharding: full replicas, gradients all-reduced through FSDP's code path.
+    #[value(name = "no_shard")]
+    NoShard,
 }
 
 /// The arguments of a [`Trainer`](crate::Trainer) run, as Transformers' `TrainingArguments`.
@@ -187,6 +190,11 @@ pub struct TrainingArguments {
     /// Shard the model with FSDP instead of replicating it with DDP.
     #[arg(long, value_enum)]
     pub fsdp: Option<FsdpOption>,
+    /// FSDP auto-wrap: a layer with at least this many parameters becomes its own unit
+    /// (Transformers' `fsdp_min_num_params` / `fsdp_config.min_num_params`; default: the
+    /// Accelerator's, 1e8, i.e. one unit for BasicNet). 0 wraps every layer.
+    #[arg(long)]
+    pub fsdp_min_num_params: Option<usize>,
     /// Train on the CPU even when CUDA is available.
     #[arg(long)]
     pub use_cpu: bool,
@@ -230,6 +238,7 @@ impl Default for TrainingArguments {
             disable_tqdm: false,
             report_to: ReportTo::None,
             fsdp: None,
+            fsdp_min_num_params: None,
             use_cpu: false,
         }
     }
@@ -363,6 +372,7 @@ impl TrainingArguments {
             None => Strategy::Ddp,
             Some(FsdpOption::FullShard) => Strategy::FsdpFullShard,
             Some(FsdpOption::ShardGradOp) => Strategy::FsdpShardGradOp,
+            Some(FsdpOption::NoShard) => Strategy::FsdpNoShard,
         }
     }
 

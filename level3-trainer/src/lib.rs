@@ -38,6 +38,15 @@ use std::path::PathBuf;
 use std::time::Instant;
 use tch::{nn, Device, Kind, Tensor};
 
+/// `--mixed-precision`: the values TrainingArguments can express.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum MixedPrecisionFlag {
+    /// fp32 throughout.
+    No,
+    /// bf16 compute (TrainingArguments.bf16).
+    Bf16,
+}
+
 /// Level 3's command line: level 1's training flags mapped onto [`TrainingArguments`], plus
 /// the Trainer's own.
 #[derive(Debug, Clone, Parser)]
@@ -56,6 +65,17 @@ pub struct Config {
     /// How the model is replicated across ranks (TrainingArguments.fsdp).
     #[arg(long, value_enum, default_value_t = Strategy::Ddp)]
     pub strategy: Strategy,
+    /// FSDP auto-wrap threshold in parameters (TrainingArguments.fsdp_min_num_params; default
+    /// the Accelerator's, 1e8: one unit). 0 wraps every layer.
+    #[arg(long, value_name = "N")]
+    pub fsdp_min_num_params: Option<usize>,
+    /// Output features of BasicNet's fc1 (the tutorial's 128; 4096 gives ~38M parameters, for
+    /// memory comparisons).
+    #[arg(long, default_value_t = 128)]
+    pub width: i64,
+    /// Mixed precision (TrainingArguments.bf16): `no` or `bf16`.
+    #[arg(long, value_enum, default_value_t = MixedPrecisionFlag::No)]
+    pub mixed_precision: MixedPrecisionFlag,
     /// TrainingArguments.output_dir: checkpoints, trainer_state.json, training_args.json, the
     /// loss plot, model.safetensors.
     #[arg(long, default_value = "basic-trainer", value_name = "DIR")]
@@ -109,6 +129,8 @@ impl Config {
             "max_steps" => self.train.max_steps.is_some(),
             "log_interval" => self.train.log_interval != d.log_interval,
             "strategy" => self.strategy != Strategy::Ddp,
+            "fsdp_min_num_params" => self.fsdp_min_num_params.is_some(),
+            "mixed_precision" => self.mixed_precision != MixedPrecisionFlag::No,
             _ => false,
         }
     }
@@ -122,6 +144,9 @@ impl Config {
     /// An unreadable args file; a strategy TrainingArguments cannot express; invalid values.
     pub fn training_arguments(&self) -> Result<TrainingArguments> {
         self.train.validate()?;
+        if self.width < 1 {
+            return Err(ladder_core::Error::invalid("--width", self.width, "at least 1 output feature for fc1").into());
+        }
         let base = if self.transformers_defaults {
             // The tutorial's TrainingArguments("basic-trainer", per_device_train_batch_size=64,
             // per_device_eval_batch_size=64, num_train_epochs=1, evaluation_strategy="epoch"):
@@ -182,10 +207,14 @@ impl Config {
                 Strategy::Ddp => None,
                 Strategy::FsdpFullShard => Some(args::FsdpOption::FullShard),
                 Strategy::FsdpShardGradOp => Some(args::FsdpOption::ShardGradOp),
-                Strategy::FsdpNoShard => {
-                    return Err(Error::invalid("fsdp", "fsdp-no-shard (--strategy)", "ddp, fsdp-full-shard or fsdp-shard-grad-op"))
-                }
+                Strategy::FsdpNoShard => Some(args::FsdpOption::NoShard),
             };
+        }
+        if apply("fsdp_min_num_params") && self.fsdp_min_num_params.is_some() {
+            a.fsdp_min_num_params = self.fsdp_min_num_params;
+        }
+        if apply("mixed_precision") {
+            a.bf16 = self.mixed_precision == MixedPrecisionFlag::Bf16;
         }
         Ok(())
     }
@@ -252,7 +281,7 @@ pub fn run(cfg: &Config) -> Result<Report> {
     // ANCHOR: user_code
     set_seed(args.seed);
     let vs = nn::VarStore::new(Device::Cpu);
-    let model = BasicNet::new(&vs.root(), BasicNetConfig::default());
+    let model = BasicNet::new(&vs.root(), BasicNetConfig { width: cfg.width, ..Default::default() });
     let mut trainer = Trainer::new(vs, model, args, Some(mnist.train), Some(mnist.test.shallow_clone()), collate_fn, MyTrainer)?;
     let out = trainer.train(cfg.resume())?;
     trainer.save_model()?;

@@ -240,7 +240,7 @@ impl std::fmt::Debug for Trainer {
 impl Trainer {
     /// The Accelerator settings these arguments stand for (Transformers builds its
     /// `Accelerator` the same way): cpu from use_cpu, bf16 mixed precision, the accumulation
-    /// steps, FSDP and its sharding strategy, the seed. Launcher variables (`ACCELERATE_*`)
+    /// steps, FSDP, its sharding strategy and auto-wrap threshold, the seed. Launcher variables (`ACCELERATE_*`)
     /// and config files cannot override them: the arguments set each explicitly.
     pub fn accelerator_config(args: &TrainingArguments) -> AcceleratorConfig {
         AcceleratorConfig {
@@ -251,7 +251,9 @@ impl Trainer {
             fsdp_sharding_strategy: args.fsdp.map(|f| match f {
                 crate::args::FsdpOption::FullShard => FsdpShardingStrategy::FullShard,
                 crate::args::FsdpOption::ShardGradOp => FsdpShardingStrategy::ShardGradOp,
+                crate::args::FsdpOption::NoShard => FsdpShardingStrategy::NoShard,
             }),
+            fsdp_min_num_params: args.fsdp_min_num_params,
             seed: Some(args.seed),
             ..AcceleratorConfig::default()
         }

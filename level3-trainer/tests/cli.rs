@@ -173,8 +173,11 @@ fn recipe_and_transformers_defaults_map_onto_training_arguments() {
     assert_eq!(t.learning_rate, 2e-4);
     assert_eq!(t.fsdp, Some(level3_trainer::args::FsdpOption::FullShard));
 
-    let err = parse(&["--strategy", "fsdp-no-shard"]).training_arguments().unwrap_err().to_string();
-    insta::assert_snapshot!(err, @"TrainingArguments.fsdp = fsdp-no-shard (--strategy): expected ddp, fsdp-full-shard or fsdp-shard-grad-op");
+    let n =
+        parse(&["--strategy", "fsdp-no-shard", "--fsdp-min-num-params", "0", "--mixed-precision", "bf16"]).training_arguments().unwrap();
+    assert_eq!((n.fsdp, n.fsdp_min_num_params, n.bf16), (Some(level3_trainer::args::FsdpOption::NoShard), Some(0), true));
+    let err = parse(&["--width", "0"]).training_arguments().unwrap_err().to_string();
+    insta::assert_snapshot!(err, @r#"invalid value "0" for --width: at least 1 output feature for fc1"#);
     let resumed = parse(&["--resume-from-checkpoint"]).training_arguments().unwrap();
     assert!(!resumed.overwrite_output_dir);
 }
@@ -198,12 +201,9 @@ fn args_file_lies_over_the_recipe_and_given_flags_lie_over_it() {
 #[test]
 fn bad_flags_and_files_are_named() {
     let dir = tempfile::tempdir().unwrap();
-    let (ok, text) = run_bin(Command::new(BIN).args(["--strategy", "fsdp-no-shard", "--device", "cpu"]));
+    let (ok, text) = run_bin(Command::new(BIN).args(["--width", "0", "--device", "cpu"]));
     assert!(!ok);
-    assert_eq!(
-        text.trim(),
-        "error: TrainingArguments.fsdp = fsdp-no-shard (--strategy): expected ddp, fsdp-full-shard or fsdp-shard-grad-op"
-    );
+    assert_eq!(text.trim(), r#"error: invalid value "0" for --width: at least 1 output feature for fc1"#);
     let bad = dir.path().join("bad.json");
     std::fs::write(&bad, r#"{"warmup_ratio": 2.0}"#).unwrap();
     let (ok, text) = run_bin(Command::new(BIN).args(["--device", "cpu", "--args-file"]).arg(&bad));

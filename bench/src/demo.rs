@@ -40,13 +40,13 @@ pub struct DemoArgs {
     #[arg(long, default_value_t = 100)]
     pub log_interval: usize,
     /// Where the table (demo.md, demo.json), the levels' reports and logs go.
-    /// Default: <root>/target/demo.
+    /// Default: `<root>/target/demo`.
     #[arg(long)]
     pub out_dir: Option<PathBuf>,
     /// Workspace root: the level sources (for the line counts) and, by default, the binaries.
     #[arg(long)]
     pub root: Option<PathBuf>,
-    /// Where the built binaries are. Default: <root>/target/release.
+    /// Where the built binaries are. Default: `<root>/target/release`.
     #[arg(long)]
     pub bin_dir: Option<PathBuf>,
     /// Kill a level still running after this many seconds.

@@ -123,16 +123,16 @@ pub struct RunArgs {
     /// Ranks of the all-reduce measurement.
     #[arg(long, default_value_t = 2)]
     pub allreduce_ranks: usize,
-    /// Output directory. Default: <root>/bench/results.
+    /// Output directory. Default: `<root>/bench/results`.
     #[arg(long)]
     pub out_dir: Option<PathBuf>,
     /// Workspace root. Default: the one this bench was built in.
     #[arg(long)]
     pub root: Option<PathBuf>,
-    /// Where the built binaries are. Default: <root>/target/release.
+    /// Where the built binaries are. Default: `<root>/target/release`.
     #[arg(long)]
     pub bin_dir: Option<PathBuf>,
-    /// Python of the PyTorch peers. Default: <root>/.venv/bin/python.
+    /// Python of the PyTorch peers. Default: `<root>/.venv/bin/python`.
     #[arg(long)]
     pub python: Option<PathBuf>,
     /// Kill a run still going after this many seconds.

@@ -379,7 +379,7 @@ impl Trainer {
     /// calls it. Runs once per Trainer.
     ///
     /// # Errors
-    /// No train dataset; a second call; output_dir holding checkpoints without
+    /// No train dataset; an eval strategy without an eval dataset; a second call; output_dir holding checkpoints without
     /// overwrite_output_dir or a resume; unreadable checkpoints; callback refusals; data,
     /// model and collective errors.
     pub fn train(&mut self, resume_from_checkpoint: Option<ResumeFrom>) -> Result<TrainOutput> {
@@ -387,6 +387,13 @@ impl Trainer {
         let Some(train_dataset) = self.train_dataset.as_ref().map(Dataset::shallow_clone) else {
             return Err(Error::invalid("train_dataset", "None", "a training dataset for Trainer::train"));
         };
+        if self.eval_dataset.is_none() && (self.args.eval_strategy != IntervalStrategy::No || self.args.load_best_model_at_end) {
+            return Err(Error::invalid(
+                "eval_strategy",
+                format!("{:?}", self.args.eval_strategy).to_lowercase(),
+                "`no` when the Trainer has no eval_dataset (or pass one)",
+            ));
+        }
         if std::mem::replace(&mut self.trained, true) {
             return Err(Error::invalid("train", "a second call", "one train() per Trainer (its Accelerator holds one run's loader state)"));
         }

@@ -7,6 +7,7 @@
 //!   level3-trainer                                       # 1 process (world size 1)
 //!   ladder-run --nproc-per-node 2 level3-trainer         # 2 ranks, torchrun-style
 //!   mpirun -n 2 level3-trainer                           # 2 ranks under OpenMPI directly
+//!   ladder-accelerate launch --num-processes 2 --cpu level3-trainer   # as `accelerate launch`
 //!   level3-trainer --transformers-defaults               # Transformers' defaults (lr 5e-5, linear, clip 1.0)
 //!   level3-trainer --resume-from-checkpoint              # continue from basic-trainer/checkpoint-<last>
 //!

@@ -250,9 +250,9 @@ impl Progress {
         }
     }
 
-    /// Removes the bar.
-    pub fn finish(&self) {
-        if let Some(b) = &self.bar {
+    /// Removes the bar; later lines are printed plainly.
+    pub fn finish(&mut self) {
+        if let Some(b) = self.bar.take() {
             b.finish_and_clear();
         }
     }

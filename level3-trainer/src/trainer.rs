@@ -492,7 +492,7 @@ impl Trainer {
         for cb in &mut self.callbacks {
             cb.on_train_begin(&args, &self.state, &mut control)?;
         }
-        let progress = Progress::new(plan.max_steps as u64, rank == 0, args.disable_tqdm);
+        let mut progress = Progress::new(plan.max_steps as u64, rank == 0, args.disable_tqdm);
         progress.set_position(self.state.global_step);
 
         let mut paused_s = 0.0f64; // evaluation + checkpoint time, excluded from train_s

@@ -623,6 +623,9 @@ impl Trainer {
         let mut metrics = metrics;
         metrics.insert("epoch".into(), self.state.epoch);
         self.accelerator.wait_for_everyone()?;
+        // Training completed: dropping the Trainer finalises the process group normally (an
+        // error before this point leaves it to the launcher to stop the other processes).
+        self.accelerator.end_training();
         Ok(TrainOutput {
             global_step: global_step as u64,
             training_loss,

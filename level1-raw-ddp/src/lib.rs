@@ -93,15 +93,21 @@ pub fn check_strategy_flags(strategy: Strategy, bucket_cap_mb: bool, fsdp_min_nu
 /// `setup(rank, world_size)` of the tutorial: initialise the process group from the launcher's
 /// environment (RANK, WORLD_SIZE, … or mpirun's) and set this rank's intra-op threads.
 ///
+/// The group lives until [`cleanup`]. A rank that leaves early with an error never reaches
+/// it: the group is then left unfinalised, so the rank reports its error at once and exits,
+/// and the launcher (mpirun) stops the ranks still waiting for it — instead of this rank
+/// waiting for them at shutdown.
+///
 /// # Errors
 /// A contradictory environment, an unavailable backend.
-pub fn setup(backend: Backend) -> Result<Box<dyn ProcessGroup>> {
-    dist::init_process_group(backend)
+pub fn setup(backend: Backend) -> Result<&'static dyn ProcessGroup> {
+    Ok(dist::leak(dist::init_process_group(backend)?))
 }
 
-/// `cleanup()` of the tutorial: `destroy_process_group()`.
-pub fn cleanup(pg: Box<dyn ProcessGroup>) {
-    dist::destroy_process_group(pg);
+/// `cleanup()` of the tutorial: `destroy_process_group()` (waits for the other ranks, at most
+/// `LADDER_SHUTDOWN_TIMEOUT_S`).
+pub fn cleanup(pg: &dyn ProcessGroup) {
+    pg.shutdown();
 }
 
 /// Trains and evaluates as configured; rank 0's report carries every rank's figures.

@@ -127,6 +127,8 @@ pub struct Accelerator {
     train_loaders: RefCell<Vec<Rc<LoaderState>>>,
     /// The group was created here (and is destroyed with the Accelerator).
     owns_group: bool,
+    /// `end_training` was called: dropping finalises the group.
+    ended: Cell<bool>,
 }
 
 impl std::fmt::Debug for Accelerator {
@@ -251,6 +253,7 @@ impl Accelerator {
             optimizer: RefCell::new(None),
             train_loaders: RefCell::new(Vec::new()),
             owns_group,
+            ended: Cell::new(false),
         };
         if let Some(seed) = acc.config.seed {
             acc.set_seed(seed);
@@ -799,18 +802,20 @@ impl Accelerator {
         Ok(report)
     }
 
-    /// Ends the run: destroys the process group (waiting for the other processes, at most
-    /// `LADDER_SHUTDOWN_TIMEOUT_S`). Dropping the Accelerator does the same.
-    pub fn end_training(self) {
-        drop(self);
+    /// Marks the run as complete, as Accelerate's `end_training()`: dropping the Accelerator
+    /// then destroys the process group, waiting for the other processes (at most
+    /// `LADDER_SHUTDOWN_TIMEOUT_S`). An Accelerator dropped without it — an error leaving the
+    /// training function early — leaves the group unfinalised, so the process reports its
+    /// error at once and exits, and the launcher stops the processes still waiting for it.
+    pub fn end_training(&self) {
+        self.ended.set(true);
     }
 }
 
 impl Drop for Accelerator {
     fn drop(&mut self) {
-        // Models and optimizers may still hold tensors; the group itself is finalised now (a
-        // panicking process aborts the job, so that no other waits forever).
-        if self.owns_group {
+        // A panicking process aborts the job at once (shutdown does so while unwinding).
+        if self.owns_group && (self.ended.get() || std::thread::panicking()) {
             self.pg.shutdown();
         }
     }

@@ -228,5 +228,6 @@ pub fn run(cfg: &Config) -> Result<Report> {
         }
     }
     accelerator.wait_for_everyone()?;
+    accelerator.end_training();
     Ok(report)
 }

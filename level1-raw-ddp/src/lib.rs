@@ -202,8 +202,7 @@ pub fn run(cfg: &Config) -> Result<Report> {
         (train_s, train_loss) = (train_s + t0.elapsed().as_secs_f64(), loss_sum / n.max(1) as f64);
         // 7. test(): every image once at any world size.
         eval = model.evaluate(&*pg, &test, 1000)?;
-        let last = stop || epoch == cfg.train.epochs;
-        history.push(end_of_epoch(Some(&*pg), epoch, n, train_loss, &eval, last)?);
+        history.push(end_of_epoch(Some(pg), epoch, n, train_loss, &eval)?);
         if stop {
             break;
         }

@@ -18,7 +18,7 @@ fn main() -> ExitCode {
     match level1_raw_ddp::run(&cfg) {
         Ok(report) => {
             if report.ranks.is_empty() || is_rank_zero() {
-                println!("{}", report.summary());
+                println!("{}", report.figures_line());
             }
             ExitCode::SUCCESS
         }

@@ -244,3 +244,20 @@ fn every_epoch_is_evaluated_and_kept_in_the_history() {
     assert_eq!((h.accuracy, h.test_loss, h.train_loss), (report.accuracy, report.test_loss, report.train_loss));
     assert!(text.contains("Epoch 1: mean train loss ") && text.contains(" over 12 steps"), "{text}");
 }
+
+/// An error only rank 0 meets after set-up (a --metrics-json that is a directory) reaches the
+/// user at once with its cause, and the job ends without the shutdown wait.
+#[test]
+fn one_ranks_error_is_printed_and_ends_the_job_quickly() {
+    let dir = tempfile::tempdir().unwrap();
+    let start = std::time::Instant::now();
+    let mut cmd = mpirun(2);
+    cmd.arg(BIN).args(["--device", "cpu", "--max-steps", "1", "--log-interval", "0", "--metrics-json"]).arg(dir.path());
+    let out = cmd.output().unwrap();
+    let took = start.elapsed();
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(!out.status.success(), "{text}");
+    assert!(text.contains("for --metrics-json: a writable file") && text.contains("Is a directory"), "{text}");
+    assert!(text.contains("Test set: Average loss"), "the output printed before the error is kept:\n{text}");
+    assert!(took < std::time::Duration::from_secs(25), "took {took:?} (the shutdown wait is 30 s)");
+}

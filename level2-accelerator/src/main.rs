@@ -19,7 +19,7 @@ fn main() -> ExitCode {
     match level2_accelerator::run(&cfg) {
         Ok(report) => {
             if is_rank_zero() {
-                println!("{}", report.summary());
+                println!("{}", report.figures_line());
             }
             ExitCode::SUCCESS
         }

@@ -196,10 +196,7 @@ pub fn run(cfg: &Config) -> Result<Report> {
         }
         let train_loss = accelerator.reduce(&tch::Tensor::from(loss_sum / n.max(1) as f64), "mean")?.double_value(&[]);
         let figures = EpochFigures { epoch, steps: n, train_loss, test_loss: eval.mean_loss(), accuracy: eval.accuracy(), eval_samples: eval.count as u64 };
-        accelerator.print(figures.train_line());
-        if !(stop || epoch == args.epochs) {
-            accelerator.print(figures.test_line());
-        }
+        accelerator.print(format!("{}\n{}", figures.train_line(), figures.test_line()));
         history.push(figures);
         if stop {
             break;

@@ -344,3 +344,20 @@ fn help_is_stable() {
     let out = Command::new(BIN).arg("--help").output().unwrap();
     insta::assert_snapshot!(String::from_utf8_lossy(&out.stdout));
 }
+
+/// An error one process meets after set-up reaches the user at once, and the job ends without
+/// the shutdown wait (the Accelerator leaves the group to the launcher when training did not
+/// end).
+#[test]
+fn one_processs_error_is_printed_and_ends_the_job_quickly() {
+    let dir = tempfile::tempdir().unwrap();
+    let start = Instant::now();
+    let mut cmd = mpirun_cmd(2);
+    cmd.arg(BIN).args(["--device", "cpu", "--max-steps", "1", "--log-interval", "0", "--metrics-json"]).arg(dir.path());
+    let out = cmd.output().unwrap();
+    let took = start.elapsed();
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(!out.status.success(), "{text}");
+    assert!(text.contains("for --metrics-json: a writable file") && text.contains("Is a directory"), "{text}");
+    assert!(took < Duration::from_secs(25), "took {took:?} (the shutdown wait is 30 s)");
+}

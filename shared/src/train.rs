@@ -141,8 +141,9 @@ impl TrainArgs {
 
 /// The end of an epoch as the tutorial has it: the mean training loss over the epoch's steps
 /// (averaged over ranks with one all-reduce; pass `None` for a single process) and the test
-/// figures, printed on rank 0 — `Epoch N: mean train loss … over S steps`, then, except after
-/// the last epoch (the final summary prints it), `Test set: Average loss: …, Accuracy: …`.
+/// figures, printed on rank 0 — `Epoch N: mean train loss … over S steps`, then the tutorial's
+/// `Test set: Average loss: …, Accuracy: …` (the binaries end with
+/// [`Report::figures_line`](crate::metrics::Report::figures_line)).
 ///
 /// # Errors
 /// Collective errors.
@@ -152,7 +153,6 @@ pub fn end_of_epoch(
     steps: usize,
     local_mean_loss: f64,
     eval: &EvalSums,
-    last: bool,
 ) -> Result<crate::metrics::EpochFigures> {
     let train_loss = match pg {
         Some(pg) if pg.world_size() > 1 => {
@@ -172,9 +172,7 @@ pub fn end_of_epoch(
     };
     if pg.is_none_or(|pg| pg.rank() == 0) {
         println!("{}", figures.train_line());
-        if !last {
-            println!("{}", figures.test_line());
-        }
+        println!("{}", figures.test_line());
     }
     Ok(figures)
 }
@@ -351,7 +349,7 @@ pub fn run(args: &TrainArgs) -> Result<Report> {
         train_s += t0.elapsed().as_secs_f64();
         train_loss = loss_sum / n_batches.max(1) as f64;
         eval = evaluate(&net, &test, 1000);
-        history.push(end_of_epoch(None, epoch, n_batches, train_loss, &eval, stop || epoch == args.epochs)?);
+        history.push(end_of_epoch(None, epoch, n_batches, train_loss, &eval)?);
         if stop {
             break;
         }

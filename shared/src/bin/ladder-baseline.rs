@@ -19,7 +19,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     match run(&cli.train) {
         Ok(report) => {
-            println!("{}", report.summary());
+            println!("{}", report.figures_line());
             ExitCode::SUCCESS
         }
         Err(e) => {

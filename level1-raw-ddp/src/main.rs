@@ -15,20 +15,6 @@ use std::process::ExitCode;
 
 fn main() -> ExitCode {
     let cfg = level1_raw_ddp::Config::parse();
-    match level1_raw_ddp::run(&cfg) {
-        Ok(report) => {
-            if report.ranks.is_empty() || is_rank_zero() {
-                println!("{}", report.figures_line());
-            }
-            ExitCode::SUCCESS
-        }
-        Err(e) => {
-            eprintln!("error: {e}");
-            ExitCode::FAILURE
-        }
-    }
-}
-
-fn is_rank_zero() -> bool {
-    ladder_core::dist::DistEnv::from_env().map(|e| e.rank == 0).unwrap_or(true)
+    let result = level1_raw_ddp::run(&cfg);
+    ladder_core::metrics::finish(result, |r| r.figures_line())
 }

@@ -16,20 +16,6 @@ use std::process::ExitCode;
 
 fn main() -> ExitCode {
     let cfg = level2_accelerator::Config::parse();
-    match level2_accelerator::run(&cfg) {
-        Ok(report) => {
-            if is_rank_zero() {
-                println!("{}", report.figures_line());
-            }
-            ExitCode::SUCCESS
-        }
-        Err(e) => {
-            eprintln!("error: {e}");
-            ExitCode::FAILURE
-        }
-    }
-}
-
-fn is_rank_zero() -> bool {
-    ladder_core::dist::DistEnv::from_env().map(|e| e.rank == 0).unwrap_or(true)
+    let result = level2_accelerator::run(&cfg);
+    ladder_core::metrics::finish(result, |r| r.figures_line())
 }

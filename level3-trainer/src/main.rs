@@ -23,20 +23,6 @@ use std::process::ExitCode;
 
 fn main() -> ExitCode {
     let cfg = level3_trainer::Config::parse_command_line();
-    match level3_trainer::run(&cfg) {
-        Ok(report) => {
-            if report.ranks.is_empty() || is_rank_zero() {
-                println!("{}", report.summary());
-            }
-            ExitCode::SUCCESS
-        }
-        Err(e) => {
-            eprintln!("error: {e}");
-            ExitCode::FAILURE
-        }
-    }
-}
-
-fn is_rank_zero() -> bool {
-    ladder_core::dist::DistEnv::from_env().map(|e| e.rank == 0).unwrap_or(true)
+    let result = level3_trainer::run(&cfg);
+    ladder_core::metrics::finish(result, |r| r.summary())
 }

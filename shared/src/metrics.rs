@@ -209,3 +209,28 @@ impl Report {
         )
     }
 }
+
+/// The end of every training binary's `main`: on success, rank 0 (or a single process) prints
+/// `line(&report)`; on failure, the error goes to stderr as `error: …`, named by rank when
+/// several ranks run (`error on rank 1 of 2: …`). Returns the process's exit code.
+pub fn finish<E: std::fmt::Display>(
+    result: std::result::Result<Report, E>,
+    line: impl Fn(&Report) -> String,
+) -> std::process::ExitCode {
+    let env = crate::dist::DistEnv::from_env().ok();
+    match result {
+        Ok(report) => {
+            if env.as_ref().is_none_or(|e| e.rank == 0) {
+                println!("{}", line(&report));
+            }
+            std::process::ExitCode::SUCCESS
+        }
+        Err(e) => {
+            match env.filter(|e| e.world_size > 1) {
+                Some(env) => eprintln!("error on rank {} of {}: {e}", env.rank, env.world_size),
+                None => eprintln!("error: {e}"),
+            }
+            std::process::ExitCode::FAILURE
+        }
+    }
+}

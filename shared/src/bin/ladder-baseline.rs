@@ -17,14 +17,6 @@ struct Cli {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    match run(&cli.train) {
-        Ok(report) => {
-            println!("{}", report.figures_line());
-            ExitCode::SUCCESS
-        }
-        Err(e) => {
-            eprintln!("error: {e}");
-            ExitCode::FAILURE
-        }
-    }
+    let result = run(&cli.train);
+    ladder_core::metrics::finish(result, |r| r.figures_line())
 }

@@ -6,23 +6,35 @@
 # machine is otherwise idle, since the figures are throughput measurements.
 #
 # Environment: RELEASE (target/release), BOOK_BENCH_ARGS (the `bench run` matrix),
-# BOOK_DEMO_ARGS (extra `bench demo` flags).
+# BOOK_DEMO_ARGS (extra `bench demo` flags), BOOK_REUSE_DEMO=1 (keep the last demo).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RELEASE="${RELEASE:-target/release}"
 BOOK_BENCH_ARGS="${BOOK_BENCH_ARGS:---levels 1,2,3 --strategies ddp,fsdp-full-shard,fsdp-shard-grad-op --world-sizes 2 --widths 128,4096 --precisions fp32 --steps 200 --wide-steps 20 --repeats 1}"
 BOOK_DEMO_ARGS="${BOOK_DEMO_ARGS:-}"
+# BOOK_REUSE_DEMO=1 keeps the demo of the previous run (target/book-data/demo) and reruns only the
+# bench matrix.
+BOOK_REUSE_DEMO="${BOOK_REUSE_DEMO:-0}"
 OUT=book/src/generated
 WORK=target/book-data
 mkdir -p "$OUT" "$WORK"
-rm -rf "$WORK/demo" "$WORK/bench"
+rm -rf "$WORK/bench"
 
 demo_cmd="$RELEASE/bench demo --out-dir $WORK/demo $BOOK_DEMO_ARGS"
 bench_cmd="$RELEASE/bench run $BOOK_BENCH_ARGS --out-dir $WORK/bench"
-echo "book-data: $demo_cmd"
 # A failed level is a FAILED row in the table (and a non-zero exit): keep the table, say so.
 demo_status=0
-$demo_cmd || demo_status=$?
+if [[ "$BOOK_REUSE_DEMO" == 1 && -f "$WORK/demo/demo.md" && -f "$WORK/demo/command" ]]; then
+    demo_cmd="$(cat "$WORK/demo/command")"
+    demo_status="$(cat "$WORK/demo/status" 2>/dev/null || echo unknown)"
+    echo "book-data: reusing the demo of $(date -u -r "$WORK/demo/demo.md" +%Y-%m-%dT%H:%M:%SZ): $demo_cmd"
+else
+    rm -rf "$WORK/demo"
+    echo "book-data: $demo_cmd"
+    $demo_cmd || demo_status=$?
+    echo "$demo_cmd" > "$WORK/demo/command"
+    echo "$demo_status" > "$WORK/demo/status"
+fi
 echo "book-data: $bench_cmd"
 bench_status=0
 $bench_cmd || bench_status=$?
@@ -56,7 +68,7 @@ done
     echo "| bench | \`$bench_cmd\` (exit $bench_status) |"
 } > "$OUT/provenance.md"
 echo "book-data: wrote $OUT/demo.md, $OUT/bench.md, the plots and $OUT/provenance.md"
-if [[ $demo_status -ne 0 || $bench_status -ne 0 ]]; then
+if [[ "$demo_status" != 0 || "$bench_status" != 0 ]]; then
     echo "book-data: a run failed (demo exit $demo_status, bench exit $bench_status); its rows say FAILED" >&2
     exit 1
 fi

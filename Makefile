@@ -25,6 +25,9 @@ demo: build
 test: setup
 	$(CARGO) test --release --workspace --no-fail-fast
 	$(CARGO) check --release -p ladder-core --features nccl --all-targets
+	bash scripts/ensure-mdbook.sh
+	$(CARGO) run --release -q -p book-check -- check
+	mdbook build book
 
 ## make bench: every level × strategy × world size × width × precision next to PyTorch, measured in
 ## the same run, and the all-reduce bandwidth (writes bench/results/bench.md, bench.json, runs/, logs/).

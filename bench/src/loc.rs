@@ -8,7 +8,8 @@ use std::path::{Path, PathBuf};
 pub const USER_CODE_ANCHOR: &str = "user_code";
 
 /// Counts the code lines between every `// ANCHOR: {anchor}` and the next
-/// `// ANCHOR_END: {anchor}` in `text` (several spans add up, as mdBook concatenates them).
+/// `// ANCHOR_END: {anchor}` in `text` (several spans add up; mdBook itself would include only
+/// the first span of a repeated anchor, so the book shows a generated listing of all of them).
 ///
 /// Counted: non-blank lines that are not comments. Not counted: blank lines, `//`, `///`, `//!`
 /// comment lines, lines inside `/* … */` block comments, and the anchor lines themselves (mdBook

@@ -406,7 +406,16 @@ impl Accelerator {
             self.train_loaders.borrow_mut().push(state.clone());
         }
         let data = if dataset.images.device() == self.device { dataset.shallow_clone() } else { dataset.to_device(self.device) };
-        Ok(AcceleratedDataLoader { data, batch_size: per_process, sampler, training: shuffle, state, shared: self.shared.clone(), _d: std::marker::PhantomData })
+        Ok(AcceleratedDataLoader {
+            data,
+            batch_size: per_process,
+            sampler,
+            training: shuffle,
+            drop_last: false,
+            state,
+            shared: self.shared.clone(),
+            _d: std::marker::PhantomData,
+        })
     }
 
     /// Runs `f` as one micro-batch of an accumulation window (`with accelerator.accumulate(model)`):
@@ -616,6 +625,7 @@ impl Accelerator {
             batch_size: loader.batch_size,
             sampler: loader.sampler.clone(),
             training: loader.training,
+            drop_last: loader.drop_last,
             state: loader.state.clone(),
             shared: loader.shared.clone(),
             _d: std::marker::PhantomData,
@@ -941,15 +951,27 @@ pub struct AcceleratedDataLoader<'d> {
     batch_size: usize,
     sampler: DistributedSampler,
     training: bool,
+    drop_last: bool,
     state: Rc<LoaderState>,
     shared: Rc<Shared>,
     _d: std::marker::PhantomData<&'d Dataset>,
 }
 
 impl AcceleratedDataLoader<'_> {
+    /// Drops each epoch's last, incomplete batch (`DataLoader(drop_last=True)`); every process
+    /// drops alike, so they still run the same number of batches.
+    pub fn drop_last(mut self, drop_last: bool) -> Self {
+        self.drop_last = drop_last;
+        self
+    }
+
     /// Batches per epoch on each process.
     pub fn len(&self) -> usize {
-        self.sampler.len().div_ceil(self.batch_size)
+        if self.drop_last {
+            self.sampler.len() / self.batch_size
+        } else {
+            self.sampler.len().div_ceil(self.batch_size)
+        }
     }
 
     /// True when an epoch has no batch.

@@ -105,13 +105,21 @@ fn gather_body() {
     let pg = dist::leak(dist::init_process_group(Backend::Mpi).unwrap());
     let n = 10_000;
     let data = indexed_dataset(n);
-    for (b, shuffle) in [(1000, false), (333, false), (64, true), (7, false)] {
+    let w = pg.world_size() as i64;
+    for (b, shuffle, drop_last) in [(1000, false, false), (333, false, false), (64, true, false), (7, false, false), (64, false, true)] {
         let acc = Accelerator::with_group(config(1, false), DistributedDataParallelKwargs::default(), pg).unwrap();
-        let loader = acc.prepare_data_loader(&data, b, shuffle).unwrap();
+        let loader = acc.prepare_data_loader(&data, b, shuffle).unwrap().drop_last(drop_last);
         let mut seen: Vec<i64> = Vec::new();
         for (x, _) in loader.iter() {
             let ids = x.select(1, 0).select(1, 0).select(1, 0).to_kind(Kind::Int64);
             seen.extend(Vec::<i64>::try_from(acc.gather_for_metrics(&ids).unwrap()).unwrap());
+        }
+        if drop_last {
+            // Only full batches: (per-rank samples / b) · b positions per rank, all before the
+            // padding at these world sizes, so exactly that many · W items, in order.
+            let kept = (((n + w - 1) / w) / b as i64) * b as i64 * w;
+            assert_eq!(seen, (0..kept).collect::<Vec<_>>(), "drop_last, batch {b}");
+            continue;
         }
         assert_eq!(seen.len() as i64, n, "batch {b}, shuffle {shuffle}: {} items", seen.len());
         if !shuffle {

@@ -33,7 +33,7 @@ fn tensors(path: &Path) -> Vec<(String, tch::Tensor)> {
 
 /// Level 2's tutorial loop (its library `run`) in a child process, saving its weights.
 #[test]
-#[ignore]
+#[ignore = "child-process body: run by the level-2 comparison test with L2_SAVE_MODEL set"]
 fn body_level2() {
     let Some(save) = std::env::var_os("L2_SAVE_MODEL") else {
         return;

@@ -46,7 +46,7 @@ impl TrainerCallback for Slow {
 /// (JSON) into `L3_OUT`, resuming from the last checkpoint with `L3_RESUME`, then saves the
 /// model. Does nothing without `L3_OUT`.
 #[test]
-#[ignore]
+#[ignore = "rank body: run under mpirun by the trainer tests with L3_OUT set"]
 fn body_train() {
     let Some(out) = std::env::var_os("L3_OUT") else {
         return;

@@ -17,7 +17,7 @@ use ladder_core::metrics::{gather_report, LocalFigures, Report};
 use ladder_core::model::{BasicNet, BasicNetConfig};
 use ladder_core::optim::AdamWConfig;
 use ladder_core::train::{end_of_epoch, seed_batch, EvalSums, TrainArgs};
-use ladder_core::wrapped::{WrapConfig, WrappedModel};
+use ladder_core::wrapped::{check_strategy_flags, WrapConfig, WrappedModel};
 use ladder_core::{Error, Result};
 use serde::{Deserialize, Serialize};
 use std::time::Instant;
@@ -67,29 +67,6 @@ pub struct Config {
     pub check_sync: bool,
 }
 
-/// A flag that does nothing under the chosen strategy is an error naming the strategies it
-/// belongs to (rather than being ignored without a word).
-///
-/// # Errors
-/// [`Error::InvalidValue`] naming the flag.
-pub fn check_strategy_flags(strategy: Strategy, bucket_cap_mb: bool, fsdp_min_num_params: bool) -> Result<()> {
-    if bucket_cap_mb && strategy != Strategy::Ddp {
-        return Err(Error::invalid(
-            "--bucket-cap-mb",
-            format!("given with --strategy {}", strategy.name()),
-            "--strategy ddp (gradient buckets are DDP's; FSDP reduces one FlatParameter per unit)",
-        ));
-    }
-    if fsdp_min_num_params && strategy == Strategy::Ddp {
-        return Err(Error::invalid(
-            "--fsdp-min-num-params",
-            "given with --strategy ddp",
-            "an FSDP strategy (fsdp-full-shard, fsdp-shard-grad-op, fsdp-no-shard): auto-wrap plans FSDP units",
-        ));
-    }
-    Ok(())
-}
-
 /// `setup(rank, world_size)` of the tutorial: initialise the process group from the launcher's
 /// environment (RANK, WORLD_SIZE, … or mpirun's) and set this rank's intra-op threads.
 ///
@@ -120,7 +97,7 @@ pub fn run(cfg: &Config) -> Result<Report> {
     if cfg.width < 1 {
         return Err(Error::invalid("--width", cfg.width, "at least 1 output feature for fc1"));
     }
-    check_strategy_flags(cfg.strategy, cfg.bucket_cap_mb.is_some(), cfg.fsdp_min_num_params.is_some())?;
+    check_strategy_flags(cfg.strategy, "--strategy", cfg.bucket_cap_mb.is_some(), cfg.fsdp_min_num_params.is_some())?;
     let device_kind = cfg.train.device_kind();
     let backend = cfg.backend.unwrap_or(match device_kind {
         DeviceKind::Cuda => Backend::Nccl,

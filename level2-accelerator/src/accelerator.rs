@@ -29,7 +29,7 @@
 //! * `gather_for_metrics` is exact for any batch size, world size and `drop_last`: it removes
 //!   exactly the samples the sampler's padding duplicated, wherever they fall.
 
-use crate::config::{AcceleratorConfig, FsdpShardingStrategy, MixedPrecision, ResolvedConfig};
+use crate::config::{AcceleratorConfig, MixedPrecision, ResolvedConfig};
 use crate::scaler::GradScaler;
 use crate::{Error, Result};
 use ladder_core::checkpoint::{self, Checkpoint, TrainingState};
@@ -206,15 +206,7 @@ impl Accelerator {
             None => dist::leak(dist::init_process_group(backend)?),
         };
         let device = pg.device();
-        let strategy = if config.use_fsdp {
-            match config.fsdp_sharding_strategy {
-                FsdpShardingStrategy::FullShard => Strategy::FsdpFullShard,
-                FsdpShardingStrategy::ShardGradOp => Strategy::FsdpShardGradOp,
-                FsdpShardingStrategy::NoShard => Strategy::FsdpNoShard,
-            }
-        } else {
-            Strategy::Ddp
-        };
+        let strategy = config.strategy();
         let mixed_precision = match config.mixed_precision {
             MixedPrecision::No => None,
             MixedPrecision::Bf16 => Some(CoreMixedPrecision { param_dtype: Dtype::Bf16, reduce_dtype: Dtype::F32 }),
@@ -496,14 +488,11 @@ impl Accelerator {
         if tensor.kind() == tch::Kind::Bool {
             return Ok(self.gather(&tensor.to_kind(tch::Kind::Int64))?.to_kind(tch::Kind::Bool));
         }
-        let t = tensor.contiguous();
+        let t = if tensor.dim() == 0 { tensor.reshape([1]) } else { tensor.contiguous() };
         let mut size = t.size();
-        if size.is_empty() {
-            size = vec![1];
-        }
         size[0] *= self.shared.world_size as i64;
         let mut out = Tensor::empty(size.as_slice(), (t.kind(), t.device()));
-        self.pg.all_gather(&mut out, &t.reshape(if tensor.dim() == 0 { vec![1] } else { tensor.size() }.as_slice()))?;
+        self.pg.all_gather(&mut out, &t)?;
         Ok(out)
     }
 

@@ -716,6 +716,19 @@ impl ResolvedConfig {
         Ok(resolved)
     }
 
+    /// How the model is wrapped: DDP, or FSDP with `fsdp_sharding_strategy` when `use_fsdp`.
+    pub fn strategy(&self) -> ladder_core::wrapped::Strategy {
+        use ladder_core::wrapped::Strategy;
+        if !self.use_fsdp {
+            return Strategy::Ddp;
+        }
+        match self.fsdp_sharding_strategy {
+            FsdpShardingStrategy::FullShard => Strategy::FsdpFullShard,
+            FsdpShardingStrategy::ShardGradOp => Strategy::FsdpShardGradOp,
+            FsdpShardingStrategy::NoShard => Strategy::FsdpNoShard,
+        }
+    }
+
     /// Where `setting` came from (`Source::Default` for a name that is not a setting).
     pub fn source(&self, setting: &str) -> Source {
         self.sources.get(setting).copied().unwrap_or(Source::Default)

@@ -10,7 +10,7 @@ use ladder_core::metrics::{EpochFigures, LocalFigures, Report};
 use ladder_core::model::{BasicNet, BasicNetConfig};
 use ladder_core::optim::AdamWConfig;
 use ladder_core::train::{EvalSums, TrainArgs};
-use ladder_core::wrapped::Strategy;
+use ladder_core::wrapped::{check_strategy_flags, Strategy};
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 use std::time::Instant;
@@ -88,27 +88,6 @@ impl Config {
     }
 }
 
-/// A flag that does nothing under the resolved strategy is an error (as level 1's).
-fn check_strategy_flags(strategy: Strategy, bucket_cap_mb: bool, fsdp_min_num_params: bool) -> Result<()> {
-    if bucket_cap_mb && strategy != Strategy::Ddp {
-        return Err(ladder_core::Error::invalid(
-            "--bucket-cap-mb",
-            "given while use_fsdp is on (--strategy fsdp-…, or the launcher / config file)",
-            "the ddp strategy (gradient buckets are DDP's; FSDP reduces one FlatParameter per unit)",
-        )
-        .into());
-    }
-    if fsdp_min_num_params && strategy == Strategy::Ddp {
-        return Err(ladder_core::Error::invalid(
-            "--fsdp-min-num-params",
-            "given while the strategy is ddp",
-            "an FSDP strategy (--strategy fsdp-full-shard | fsdp-shard-grad-op | fsdp-no-shard, or use_fsdp in the config)",
-        )
-        .into());
-    }
-    Ok(())
-}
-
 /// Trains and evaluates as configured; every process returns the same report.
 ///
 /// # Errors
@@ -124,8 +103,8 @@ pub fn run(cfg: &Config) -> Result<Report> {
     }
     // The strategy may come from the launcher or the config file: check the flags against it.
     let resolved = crate::config::ResolvedConfig::resolve(&cfg.accelerator_config(), |k| std::env::var(k).ok())?;
-    let strategy = if resolved.use_fsdp { Strategy::FsdpFullShard } else { Strategy::Ddp };
-    check_strategy_flags(strategy, cfg.bucket_cap_mb.is_some(), cfg.fsdp_min_num_params.is_some())?;
+    let (bucket_given, fsdp_given) = (cfg.bucket_cap_mb.is_some(), cfg.fsdp_min_num_params.is_some());
+    check_strategy_flags(resolved.strategy(), "the resolved strategy", bucket_given, fsdp_given)?;
     let kwargs = DistributedDataParallelKwargs { bucket_cap_mb: cfg.bucket_cap_mb.unwrap_or(25.0) };
     let args = &cfg.train;
 

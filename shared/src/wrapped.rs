@@ -58,6 +58,31 @@ impl Strategy {
     }
 }
 
+/// A flag that does nothing under the chosen strategy is an error naming the strategies it
+/// belongs to (rather than being ignored without a word): `--bucket-cap-mb` is DDP's,
+/// `--fsdp-min-num-params` FSDP's. `source` says where the strategy came from (`--strategy`,
+/// `the resolved strategy`).
+///
+/// # Errors
+/// [`Error::InvalidValue`] naming the flag.
+pub fn check_strategy_flags(strategy: Strategy, source: &str, bucket_cap_mb: bool, fsdp_min_num_params: bool) -> Result<()> {
+    if bucket_cap_mb && strategy != Strategy::Ddp {
+        return Err(Error::invalid(
+            "--bucket-cap-mb",
+            format!("given with {source} {}", strategy.name()),
+            "--strategy ddp (gradient buckets are DDP's; FSDP reduces one FlatParameter per unit)",
+        ));
+    }
+    if fsdp_min_num_params && strategy == Strategy::Ddp {
+        return Err(Error::invalid(
+            "--fsdp-min-num-params",
+            format!("given with {source} ddp"),
+            "an FSDP strategy (fsdp-full-shard, fsdp-shard-grad-op, fsdp-no-shard): auto-wrap plans FSDP units",
+        ));
+    }
+    Ok(())
+}
+
 /// How to wrap the model.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct WrapConfig {
@@ -151,6 +176,21 @@ impl<'pg> WrappedModel<'pg> {
         }
     }
 
+    /// What the optimizer updates, in [`optimizer_param_names`](Self::optimizer_param_names)
+    /// order: the parameters (DDP) or this rank's FlatParameter shards (FSDP); shallow clones
+    /// sharing storage and gradients.
+    fn optimizer_params(&self) -> Vec<Tensor> {
+        match &self.inner {
+            Inner::Ddp { model, .. } => model.named_parameters().iter().map(|(_, t)| t.shallow_clone()).collect(),
+            Inner::Fsdp(m) => m.shards(),
+        }
+    }
+
+    /// The gradients of [`optimizer_params`](Self::optimizer_params) (undefined where none).
+    fn optimizer_grads(&self) -> Vec<Tensor> {
+        self.optimizer_params().iter().map(Tensor::grad).collect()
+    }
+
     /// AdamW over what this rank owns: every parameter (DDP) or this rank's shards (FSDP, whose
     /// moments are then 1/W of the model per rank).
     ///
@@ -158,11 +198,7 @@ impl<'pg> WrappedModel<'pg> {
     /// An out-of-range hyper-parameter.
     // ANCHOR: wrapped_optimizer
     pub fn optimizer(&self, cfg: AdamWConfig) -> Result<AdamW> {
-        let params = match &self.inner {
-            Inner::Ddp { model, .. } => model.named_parameters().iter().map(|(_, t)| t.shallow_clone()).collect(),
-            Inner::Fsdp(m) => m.shards(),
-        };
-        AdamW::new(params, cfg)
+        AdamW::new(self.optimizer_params(), cfg)
     }
     // ANCHOR_END: wrapped_optimizer
 
@@ -238,10 +274,7 @@ impl<'pg> WrappedModel<'pg> {
     /// Copies of the gradients of what the optimizer updates, in its order (undefined tensors
     /// where none exists yet).
     pub fn gradients(&self) -> Vec<Tensor> {
-        let grads: Vec<Tensor> = match &self.inner {
-            Inner::Ddp { model, .. } => model.named_parameters().iter().map(|(_, p)| p.grad()).collect(),
-            Inner::Fsdp(m) => m.shards().iter().map(|s| s.grad()).collect(),
-        };
+        let grads = self.optimizer_grads();
         grads.into_iter().map(|g| if g.defined() { g.copy() } else { g }).collect()
     }
 
@@ -250,10 +283,7 @@ impl<'pg> WrappedModel<'pg> {
     /// # Errors
     /// libtorch errors.
     pub fn scale_grads(&self, factor: f64) -> Result<()> {
-        let grads: Vec<Tensor> = match &self.inner {
-            Inner::Ddp { model, .. } => model.named_parameters().iter().map(|(_, p)| p.grad()).collect(),
-            Inner::Fsdp(m) => m.shards().iter().map(|s| s.grad()).collect(),
-        };
+        let grads = self.optimizer_grads();
         tch::no_grad(|| {
             for mut g in grads.into_iter().filter(|g| g.defined()) {
                 let _ = g.f_mul_scalar_(factor)?;
@@ -268,10 +298,7 @@ impl<'pg> WrappedModel<'pg> {
     /// # Errors
     /// Collective errors.
     pub fn grads_finite(&self, pg: &dyn ProcessGroup) -> Result<bool> {
-        let grads: Vec<Tensor> = match &self.inner {
-            Inner::Ddp { model, .. } => model.named_parameters().iter().map(|(_, p)| p.grad()).collect(),
-            Inner::Fsdp(m) => m.shards().iter().map(|s| s.grad()).collect(),
-        };
+        let grads = self.optimizer_grads();
         let bad = tch::no_grad(|| {
             grads.iter().filter(|g| g.defined()).any(|g| g.isfinite().logical_not().any().int64_value(&[]) != 0)
         });

@@ -75,10 +75,14 @@ pub struct Config {
 /// and the launcher (mpirun) stops the ranks still waiting for it — instead of this rank
 /// waiting for them at shutdown.
 ///
+/// `timeout` bounds every collective (`init_process_group(backend, timeout=...)`): a rank
+/// that waits longer for the others fails with an error naming the ranks that did not arrive,
+/// and the job ends.
+///
 /// # Errors
 /// A contradictory environment, an unavailable backend.
-pub fn setup(backend: Backend) -> Result<&'static dyn ProcessGroup> {
-    Ok(dist::leak(dist::init_process_group(backend)?))
+pub fn setup(backend: Backend, timeout: std::time::Duration) -> Result<&'static dyn ProcessGroup> {
+    Ok(dist::leak(dist::init_process_group_with_timeout(backend, timeout)?))
 }
 
 /// `cleanup()` of the tutorial: `destroy_process_group()` (waits for the other ranks, at most
@@ -115,7 +119,7 @@ pub fn run(cfg: &Config) -> Result<Report> {
 
     // ANCHOR: user_code
     // 1. setup(): the process group. Every rank runs this same code.
-    let pg = setup(backend)?;
+    let pg = setup(backend, cfg.train.collective_timeout())?;
     let (rank, world_size) = (pg.rank(), pg.world_size());
     let local_rank = DistEnv::from_env()?.local_rank;
     let device = device_kind.resolve(local_rank)?;
@@ -123,7 +127,7 @@ pub fn run(cfg: &Config) -> Result<Report> {
     // 2. The model, the same seed everywhere (DDP also broadcasts rank 0's weights).
     tch::manual_seed(cfg.train.seed as i64);
     let mnist = cfg.train.load_mnist()?;
-    cfg.train.check_batch_size(mnist.train.len())?;
+    cfg.train.check_batch_size(mnist.train.len(), world_size)?;
     let (train, test) = (mnist.train.to_device(device), mnist.test.to_device(device));
     let vs = nn::VarStore::new(device);
     let net = BasicNet::new(&vs.root(), BasicNetConfig { width: cfg.width, ..Default::default() });
@@ -145,6 +149,7 @@ pub fn run(cfg: &Config) -> Result<Report> {
     // 5. A DistributedSampler: each rank sees its own 1/W of every epoch.
     let sampler = DistributedSampler::new(train.len(), world_size, rank, true, cfg.train.seed, false)?;
     let mut loader = DataLoader::new(&train, cfg.train.batch_size, Box::new(sampler))?;
+    ladder_core::train::check_batch_counts(&*pg, loader.len())?; // every rank runs as many steps
 
     // 6. The loop: zero_grad → forward → backward + gradient all-reduce → step; after every
     //    epoch, test() — exact evaluation: disjoint slices, counts all-reduced.
@@ -160,8 +165,11 @@ pub fn run(cfg: &Config) -> Result<Report> {
             optimizer.zero_grad();
             let loss = model.forward_t(&images, true)?.nll_loss(&labels);
             model.backward(&loss)?;
-            optimizer.step();
             let l = loss.double_value(&[]);
+            if !cfg.train.allow_non_finite {
+                model.check_finite(&*pg, steps as u64 + 1, l, true)?; // a NaN/inf stops every rank
+            }
+            optimizer.step();
             (loss_sum, n, steps, samples) = (loss_sum + l, n + 1, steps + 1, samples + images.size()[0] as usize);
             if rank == 0 && cfg.train.log_interval > 0 && batch_idx % cfg.train.log_interval == 0 {
                 println!(

@@ -61,6 +61,15 @@ impl Default for DistributedDataParallelKwargs {
     }
 }
 
+/// Process-group keyword arguments, as Accelerate's `InitProcessGroupKwargs`.
+#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
+pub struct InitProcessGroupKwargs {
+    /// How long a collective may wait for the other processes before every waiting process
+    /// fails with an error naming the ones that did not arrive, and the job ends
+    /// (`init_process_group(timeout=...)`). `None`: `LADDER_COLLECTIVE_TIMEOUT_S`, else 600 s.
+    pub timeout: Option<std::time::Duration>,
+}
+
 /// Where the last batch a loader handed out sits in its epoch: what `accumulate` needs for
 /// the window, and `gather_for_metrics` for the padding.
 #[derive(Debug, Clone, Copy)]
@@ -99,6 +108,10 @@ struct Shared {
     step_was_skipped: Cell<bool>,
     /// Gradients of this window were unscaled already (fp16).
     unscaled: Cell<bool>,
+    /// Stop on a NaN/inf loss or gradient (`set_check_finite`; default on).
+    check_finite: Cell<bool>,
+    /// The window's loss for that check: the first non-finite one, else the last.
+    window_loss: Cell<f64>,
 }
 
 /// Epoch bookkeeping of one loader.
@@ -160,7 +173,16 @@ impl Accelerator {
     /// # Errors
     /// As [`new`](Self::new); a non-positive `bucket_cap_mb`.
     pub fn with_kwargs(builder: AcceleratorConfig, ddp: DistributedDataParallelKwargs) -> Result<Self> {
-        Self::build(builder, ddp, None)
+        Self::build(builder, ddp, InitProcessGroupKwargs::default(), None)
+    }
+
+    /// [`new`](Self::new) with DDP and process-group keyword arguments (Accelerate's
+    /// `kwargs_handlers=[DistributedDataParallelKwargs(...), InitProcessGroupKwargs(timeout=...)]`).
+    ///
+    /// # Errors
+    /// As [`with_kwargs`](Self::with_kwargs).
+    pub fn with_kwargs_handlers(builder: AcceleratorConfig, ddp: DistributedDataParallelKwargs, init: InitProcessGroupKwargs) -> Result<Self> {
+        Self::build(builder, ddp, init, None)
     }
 
     /// An Accelerator over a process group the program already set up (it is not destroyed
@@ -170,10 +192,15 @@ impl Accelerator {
     /// # Errors
     /// As [`new`](Self::new).
     pub fn with_group(builder: AcceleratorConfig, ddp: DistributedDataParallelKwargs, pg: &'static dyn ProcessGroup) -> Result<Self> {
-        Self::build(builder, ddp, Some(pg))
+        Self::build(builder, ddp, InitProcessGroupKwargs::default(), Some(pg))
     }
 
-    fn build(builder: AcceleratorConfig, ddp: DistributedDataParallelKwargs, group: Option<&'static dyn ProcessGroup>) -> Result<Self> {
+    fn build(
+        builder: AcceleratorConfig,
+        ddp: DistributedDataParallelKwargs,
+        init: InitProcessGroupKwargs,
+        group: Option<&'static dyn ProcessGroup>,
+    ) -> Result<Self> {
         let config = ResolvedConfig::resolve(&builder, |k| std::env::var(k).ok())?;
         if !(ddp.bucket_cap_mb.is_finite() && ddp.bucket_cap_mb > 0.0) {
             return Err(ladder_core::Error::invalid("bucket_cap_mb", ddp.bucket_cap_mb, "a positive number of MiB").into());
@@ -203,7 +230,13 @@ impl Accelerator {
         let owns_group = group.is_none();
         let pg = match group {
             Some(pg) => pg,
-            None => dist::leak(dist::init_process_group(backend)?),
+            None => {
+                let timeout = match init.timeout {
+                    Some(t) => t,
+                    None => dist::timeout_from_env()?,
+                };
+                dist::leak(dist::init_process_group_with_timeout(backend, timeout)?)
+            }
         };
         let device = pg.device();
         let strategy = config.strategy();
@@ -232,6 +265,8 @@ impl Accelerator {
             scaler: RefCell::new((config.mixed_precision == MixedPrecision::Fp16).then(GradScaler::default)),
             step_was_skipped: Cell::new(false),
             unscaled: Cell::new(false),
+            check_finite: Cell::new(true),
+            window_loss: Cell::new(0.0),
         });
         let acc = Self {
             pg,
@@ -398,6 +433,10 @@ impl Accelerator {
             self.train_loaders.borrow_mut().push(state.clone());
         }
         let data = if dataset.images.device() == self.device { dataset.shallow_clone() } else { dataset.to_device(self.device) };
+        if shuffle {
+            // Every process must run as many training batches (one tiny collective).
+            ladder_core::train::check_batch_counts(self.pg, sampler.num_samples().div_ceil(per_process))?;
+        }
         Ok(AcceleratedDataLoader {
             data,
             batch_size: per_process,
@@ -453,8 +492,21 @@ impl Accelerator {
             scaled = scaled * s.scale;
         }
         self.shared.unscaled.set(false);
+        if self.shared.check_finite.get() {
+            let (l, prev) = (loss.double_value(&[]), self.shared.window_loss.get());
+            self.shared.window_loss.set(if prev.is_finite() { l } else { prev });
+        }
         model.borrow_mut().backward(&scaled)?;
         Ok(())
+    }
+
+    /// Turns the divergence check on or off (default on; `--allow-non-finite` turns it off):
+    /// at each optimizer step, a NaN/inf loss of the window or a NaN/inf gradient stops every
+    /// process with an error naming the step and the process where it appeared
+    /// ([`WrappedModel::check_finite`]). With fp16 loss scaling the gradients are the
+    /// scaler's: an overflow still skips the step.
+    pub fn set_check_finite(&self, on: bool) {
+        self.shared.check_finite.set(on);
     }
 
     fn prepared_model(&self, op: &'static str) -> Result<Rc<RefCell<WrappedModel<'static>>>> {
@@ -895,6 +947,11 @@ impl AcceleratedOptimizer {
     pub fn step(&mut self) -> Result<()> {
         if !self.shared.sync_gradients.get() {
             return Ok(());
+        }
+        if self.shared.check_finite.get() {
+            let loss = self.shared.window_loss.replace(0.0);
+            let check_grads = self.shared.scaler.borrow().is_none();
+            self.model.borrow().check_finite(self.pg, self.shared.global_step.get() + 1, loss, check_grads)?;
         }
         let found_inf = if self.shared.scaler.borrow().is_some() {
             let model = self.model.borrow();

@@ -3,7 +3,7 @@
 //! [`Accelerator`] reads them from the launcher and the config.
 
 use crate::config::{AcceleratorConfig, FsdpShardingStrategy, MixedPrecision};
-use crate::{Accelerator, DistributedDataParallelKwargs, Result};
+use crate::{Accelerator, DistributedDataParallelKwargs, InitProcessGroupKwargs, Result};
 use clap::Parser;
 use ladder_core::device::DeviceKind;
 use ladder_core::metrics::{EpochFigures, LocalFigures, Report};
@@ -109,10 +109,12 @@ pub fn run(cfg: &Config) -> Result<Report> {
     let args = &cfg.train;
 
     // ANCHOR: user_code
-    let accelerator = Accelerator::with_kwargs(cfg.accelerator_config(), kwargs)?;
+    let init = InitProcessGroupKwargs { timeout: Some(args.collective_timeout()) };
+    let accelerator = Accelerator::with_kwargs_handlers(cfg.accelerator_config(), kwargs, init)?;
     accelerator.set_seed(args.seed);
+    accelerator.set_check_finite(!args.allow_non_finite);
     let mnist = accelerator.main_process_first(|| args.load_mnist())??;
-    args.check_batch_size(mnist.train.len())?;
+    args.check_batch_size(mnist.train.len(), accelerator.num_processes())?;
 
     let vs = nn::VarStore::new(accelerator.device());
     let net = BasicNet::new(&vs.root(), BasicNetConfig { width: cfg.width, ..Default::default() });

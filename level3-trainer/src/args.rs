@@ -198,6 +198,15 @@ pub struct TrainingArguments {
     /// Train on the CPU even when CUDA is available.
     #[arg(long)]
     pub use_cpu: bool,
+    /// Seconds a collective may wait for the other processes before the job fails with an
+    /// error naming the ones that did not arrive (Transformers' ddp_timeout, passed to
+    /// init_process_group(timeout=...)) [default: 600].
+    #[arg(long, default_value_t = 600)]
+    pub ddp_timeout: u64,
+    /// Keep training when the loss or a gradient is NaN or infinite (default: stop every
+    /// process with an error naming the step and the process where it appeared).
+    #[arg(long)]
+    pub allow_non_finite: bool,
 }
 
 impl Default for TrainingArguments {
@@ -240,6 +249,8 @@ impl Default for TrainingArguments {
             fsdp: None,
             fsdp_min_num_params: None,
             use_cpu: false,
+            ddp_timeout: 600,
+            allow_non_finite: false,
         }
     }
 }
@@ -434,6 +445,9 @@ impl TrainingArguments {
     /// # Errors
     /// [`Error::InvalidArgument`] naming the first field at fault and what it accepts.
     pub fn validate(&self) -> Result<()> {
+        if self.ddp_timeout == 0 {
+            return Err(Error::invalid("ddp_timeout", 0, "a positive number of seconds (default 600)"));
+        }
         let positive = |field: &'static str, v: usize| {
             if v == 0 {
                 Err(Error::invalid(field, v, "at least 1"))

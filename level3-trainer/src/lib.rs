@@ -173,6 +173,11 @@ impl Config {
         if self.train.device_kind() == DeviceKind::Cpu {
             a.use_cpu = true;
         }
+        // --timeout (or LADDER_COLLECTIVE_TIMEOUT_S) and --allow-non-finite, when set.
+        if self.train.timeout != TrainArgs::default().timeout {
+            a.ddp_timeout = self.train.timeout.ceil() as u64;
+        }
+        a.allow_non_finite |= self.train.allow_non_finite;
         a.validate()?;
         Ok(a)
     }

@@ -296,7 +296,12 @@ impl Trainer {
                 "false: the Accelerator's loaders pad the last batch so every process runs as many (even_batches)",
             ));
         }
-        let accelerator = Accelerator::new(Self::accelerator_config(&args))?;
+        let init = level2_accelerator::InitProcessGroupKwargs { timeout: Some(std::time::Duration::from_secs(args.ddp_timeout)) };
+        let accelerator = Accelerator::with_kwargs_handlers(Self::accelerator_config(&args), Default::default(), init)?;
+        accelerator.set_check_finite(!args.allow_non_finite);
+        if let Some(train) = &train_dataset {
+            ladder_core::train::check_batch_size("per_device_train_batch_size", args.per_device_train_batch_size, train.len(), accelerator.num_processes())?;
+        }
         let net_config = net.config();
         let model = accelerator.prepare_model(vs, net)?;
         let optimizer = accelerator.prepare_optimizer(&model, args.adamw())?;

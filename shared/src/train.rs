@@ -60,6 +60,29 @@ pub struct TrainArgs {
     #[arg(long, value_name = "PATH")]
     #[serde(default)]
     pub save_model: Option<PathBuf>,
+    /// Seconds a collective may wait for the other ranks; then every waiting rank fails with
+    /// an error naming the ranks that did not arrive and the job ends (as
+    /// init_process_group(timeout=...); Accelerate's InitProcessGroupKwargs(timeout),
+    /// Transformers' ddp_timeout).
+    #[arg(long, alias = "ddp-timeout", value_name = "SECONDS", env = crate::dist::TIMEOUT_VAR, hide_env_values = true, default_value_t = 600.0,
+          value_parser = parse_seconds)]
+    #[serde(default = "default_timeout")]
+    pub timeout: f64,
+    /// Keep training when the loss or a gradient is NaN or infinite. By default such a step
+    /// stops every rank with an error naming the step and the rank where it appeared (with
+    /// fp16 loss scaling, inf gradients stay the scaler's business: the step is skipped).
+    #[arg(long)]
+    #[serde(default)]
+    pub allow_non_finite: bool,
+}
+
+fn default_timeout() -> f64 {
+    crate::dist::DEFAULT_TIMEOUT.as_secs_f64()
+}
+
+/// clap parser for `--timeout`: a positive number of seconds.
+fn parse_seconds(s: &str) -> std::result::Result<f64, String> {
+    crate::dist::parse_timeout("--timeout", s).map(|d| d.as_secs_f64()).map_err(|_| format!("expected a positive number of seconds (e.g. 600), got {s:?}"))
 }
 
 impl Default for TrainArgs {
@@ -77,6 +100,8 @@ impl Default for TrainArgs {
             metrics_json: None,
             log_interval: 100,
             save_model: None,
+            timeout: default_timeout(),
+            allow_non_finite: false,
         }
     }
 }
@@ -99,23 +124,25 @@ impl TrainArgs {
         if self.max_steps == Some(0) {
             return Err(Error::invalid("--max-steps", 0, "at least 1 (or leave it out)"));
         }
+        if !(self.timeout.is_finite() && self.timeout > 0.0) {
+            return Err(Error::invalid("--timeout", self.timeout, "a positive number of seconds (e.g. 600)"));
+        }
         Ok(())
     }
 
-    /// Checks `--batch-size` against the training set (a batch larger than the whole set is a
-    /// mistake, and allocating it can get the process killed).
+    /// Checks `--batch-size` against one rank's share of the training set, `train_len /
+    /// world_size` rounded up (what a `DistributedSampler` gives each rank): a larger batch is a
+    /// mistake, and allocating it can get the process killed by the kernel's OOM killer.
     ///
     /// # Errors
-    /// [`Error::InvalidValue`] naming `--batch-size` and the set's size.
-    pub fn check_batch_size(&self, train_len: usize) -> Result<()> {
-        if self.batch_size > train_len {
-            return Err(Error::invalid(
-                "--batch-size",
-                self.batch_size,
-                format!("at most the {train_len} training images"),
-            ));
-        }
-        Ok(())
+    /// [`Error::InvalidValue`] naming `--batch-size`, the share and the world size.
+    pub fn check_batch_size(&self, train_len: usize, world_size: usize) -> Result<()> {
+        check_batch_size("--batch-size", self.batch_size, train_len, world_size)
+    }
+
+    /// The collective timeout of `--timeout` (or `LADDER_COLLECTIVE_TIMEOUT_S`).
+    pub fn collective_timeout(&self) -> std::time::Duration {
+        std::time::Duration::from_secs_f64(self.timeout)
     }
 
     /// The device kind to use: `--device`, else cuda if available.
@@ -137,6 +164,49 @@ impl TrainArgs {
             Mnist::load(&dir)
         }
     }
+}
+
+/// Checks a per-rank batch size (`flag`, e.g. `--batch-size` or
+/// `per_device_train_batch_size`) against one rank's share of `train_len` samples at
+/// `world_size` ranks (rounded up, as `DistributedSampler`'s `num_samples`). Every level calls
+/// it before loading a batch.
+///
+/// # Errors
+/// [`Error::InvalidValue`] naming the flag, the share and the world size.
+pub fn check_batch_size(flag: &str, batch_size: usize, train_len: usize, world_size: usize) -> Result<()> {
+    let w = world_size.max(1);
+    let share = train_len.div_ceil(w);
+    if batch_size > share {
+        let expected = if w == 1 {
+            format!("at most the {train_len} training images")
+        } else {
+            format!("at most {share}, one rank's share of the {train_len} training images at world size {w} ({train_len} / {w})")
+        };
+        return Err(Error::invalid(flag, batch_size, expected));
+    }
+    Ok(())
+}
+
+/// Checks, before the first step, that every rank will run the same number of batches per
+/// epoch (one all-gather of one integer). A rank with fewer would leave the others waiting in
+/// an all-reduce it never joins; this names it instead.
+///
+/// # Errors
+/// [`Error::UnevenBatches`] on every rank, naming the first rank whose count differs from rank
+/// 0's and both counts; collective errors.
+pub fn check_batch_counts(pg: &dyn crate::dist::ProcessGroup, batches: usize) -> Result<()> {
+    let w = pg.world_size();
+    if w == 1 {
+        return Ok(());
+    }
+    let mine = Tensor::from_slice(&[batches as i64]).to_device(pg.device());
+    let mut all = Tensor::zeros([w as i64], (Kind::Int64, pg.device()));
+    pg.all_gather(&mut all, &mine)?;
+    let counts = Vec::<i64>::try_from(all.to_device(tch::Device::Cpu))?;
+    if let Some(r) = (1..w).find(|&r| counts[r] != counts[0]) {
+        return Err(Error::UnevenBatches { rank: r, batches: counts[r] as u64, other_rank: 0, other_batches: counts[0] as u64 });
+    }
+    Ok(())
 }
 
 /// The end of an epoch as the tutorial has it: the mean training loss over the epoch's steps
@@ -184,6 +254,8 @@ pub fn end_of_epoch(
 /// independent workers do. Every level calls it before each batch's forward.
 // ANCHOR: seed_batch
 pub fn seed_batch(seed: u64, rank: usize, batch_index: u64) {
+    // Where this rank is, for collective timeouts and ladder-run's summary (1-based step).
+    crate::dist::progress::set_step(batch_index + 1);
     // splitmix64 of the three inputs: well-spread seeds for neighbouring batches.
     let mut z = seed
         .wrapping_mul(0x9E37_79B9_7F4A_7C15)
@@ -301,7 +373,7 @@ pub fn run(args: &TrainArgs) -> Result<Report> {
     crate::device::set_threads_per_rank(1);
     tch::manual_seed(args.seed as i64);
     let mnist = args.load_mnist()?;
-    args.check_batch_size(mnist.train.len())?;
+    args.check_batch_size(mnist.train.len(), 1)?;
     let (train, test) = (mnist.train.to_device(device), mnist.test.to_device(device));
 
     let vs = nn::VarStore::new(device);

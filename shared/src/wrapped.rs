@@ -307,6 +307,62 @@ impl<'pg> WrappedModel<'pg> {
         Ok(flag.double_value(&[0]) == 0.0)
     }
 
+    /// Stops a diverging run: the one check of every level (level 1's loop, the Accelerator's
+    /// optimizer step, hence the Trainer). Call it after a backward that synchronised the
+    /// gradients, before the optimizer step, with this rank's loss value of the step (already
+    /// read for logging) and `step` (1-based).
+    ///
+    /// Cheap: the loss is a value already computed; the gradients (when `check_grads`; pass
+    /// false under fp16 loss scaling, where inf gradients are the scaler's business) are
+    /// summed in f64, one pass and one read. Only on the rare path is there one more
+    /// collective: under DDP the gradients were averaged over ranks, so every rank sees a
+    /// non-finite gradient at the same step, and a 1-element Min all-reduce names the first
+    /// rank whose loss was non-finite. Elsewhere (a non-finite loss with finite gradients, an
+    /// FSDP shard) the rank that saw it fails alone and the job is ended by its error.
+    ///
+    /// # Errors
+    /// [`Error::NonFinite`] naming the step, the rank and the value; collective errors.
+    pub fn check_finite(&self, pg: &dyn ProcessGroup, step: u64, loss: f64, check_grads: bool) -> Result<()> {
+        let loss_bad = !loss.is_finite();
+        let grads_bad = check_grads && !self.local_grads_finite();
+        if !loss_bad && !grads_bad {
+            return Ok(());
+        }
+        let fmt = |v: f64| if v.is_nan() { "NaN".to_string() } else { format!("{v}") };
+        let (rank, w) = (pg.rank(), pg.world_size());
+        if grads_bad && w > 1 && matches!(self.inner, Inner::Ddp { .. }) {
+            let mut first = Tensor::from_slice(&[if loss_bad { rank as f64 } else { w as f64 }]).to_device(pg.device());
+            pg.all_reduce(&mut first, ReduceOp::Min)?;
+            let first = first.double_value(&[0]) as usize;
+            if first < w {
+                let value = if first == rank { fmt(loss) } else { "NaN or infinite".into() };
+                let others = " (its gradients, averaged over ranks, made every rank's non-finite)".to_string();
+                return Err(Error::NonFinite { what: "loss", value, step, rank: first, others });
+            }
+            return Err(Error::NonFinite {
+                what: "gradient",
+                value: "NaN or infinite".into(),
+                step,
+                rank,
+                others: " and every other rank, after the gradient all-reduce (the loss was finite on every rank)".into(),
+            });
+        }
+        if loss_bad {
+            return Err(Error::NonFinite { what: "loss", value: fmt(loss), step, rank, others: String::new() });
+        }
+        Err(Error::NonFinite { what: "gradient", value: "NaN or infinite".into(), step, rank, others: String::new() })
+    }
+
+    /// True when every gradient this rank holds is finite: their sums in f64, added up, are
+    /// finite (one pass over the gradients, one read; no collective).
+    fn local_grads_finite(&self) -> bool {
+        let grads = self.optimizer_grads();
+        tch::no_grad(|| {
+            let sums: Vec<Tensor> = grads.iter().filter(|g| g.defined()).map(|g| g.sum(tch::Kind::Double)).collect();
+            sums.is_empty() || Tensor::stack(&sums, 0).sum(tch::Kind::Double).double_value(&[]).is_finite()
+        })
+    }
+
     /// The bucket (DDP) or FlatParameter (FSDP) layout as a table.
     pub fn explain(&self) -> String {
         match &self.inner {

@@ -1,0 +1,302 @@
+//! The top launcher: starts the rank workers (through mpirun, or directly), relays their
+//! output, watches for failures and signals, and stops everything when one rank fails.
+
+use super::*;
+
+/// One job to supervise: rank workers `worker_exe worker_args`, with `env` exported to them.
+#[derive(Debug)]
+pub(super) struct Job {
+    /// PROGRAM's name, for the summary.
+    pub(super) label: String,
+    pub(super) worker_exe: PathBuf,
+    pub(super) worker_args: Vec<OsString>,
+    pub(super) env: Vec<(String, String)>,
+    pub(super) nproc_per_node: usize,
+    pub(super) nnodes: usize,
+    pub(super) node_rank: usize,
+    pub(super) hostfile: Option<PathBuf>,
+}
+
+/// A process the launcher waits for: mpirun, or one rank worker.
+#[derive(Debug)]
+pub(super) struct Member {
+    pub(super) child: Child,
+    /// The rank of a directly spawned worker (None for mpirun).
+    pub(super) rank: Option<usize>,
+    pub(super) local_rank: usize,
+    pub(super) status: Option<ExitStatus>,
+    /// When the exit was observed; failures seen before any stop request are root causes.
+    pub(super) failed_on_its_own: bool,
+}
+
+#[derive(Debug)]
+pub(super) struct Outcome {
+    /// Failure records in the order they arrived.
+    pub(super) failures: Vec<FailureRecord>,
+    /// The signal that interrupted the launcher.
+    pub(super) interrupted: Option<i32>,
+    /// mpirun's exit status (mpi mode).
+    pub(super) mpirun_status: Option<ExitStatus>,
+    pub(super) ranks: usize,
+}
+
+impl Outcome {
+    pub(super) fn into_code(self, label: &str) -> Result<i32> {
+        if let Some(first) = self.failures.first() {
+            return Err(Error::RankFailed { rank: first.rank, exitcode: first.exitcode, summary: summary(label, &self.failures) });
+        }
+        if let Some(sig) = self.interrupted {
+            let _ = writeln!(std::io::stderr(), "ladder-run: received {}; stopped all {} ranks", sys::signal_name(sig), self.ranks);
+            return Ok(128 + sig);
+        }
+        if let Some(st) = self.mpirun_status {
+            if !st.success() {
+                return Err(Error::Launch(format!(
+                    "mpirun {}, but no rank reported a failure; see mpirun's messages above",
+                    describe_status(st)
+                )));
+            }
+        }
+        Ok(0)
+    }
+}
+
+pub(super) fn describe_status(st: ExitStatus) -> String {
+    use std::os::unix::process::ExitStatusExt;
+    match (st.code(), st.signal()) {
+        (Some(c), _) => format!("exited with code {c}"),
+        (None, Some(s)) => format!("was killed by {}", sys::signal_name(s)),
+        _ => "ended".to_string(),
+    }
+}
+
+/// torchrun's exit code convention: the code, or minus the signal.
+pub(super) fn exitcode(st: ExitStatus) -> i32 {
+    use std::os::unix::process::ExitStatusExt;
+    st.code().unwrap_or_else(|| -st.signal().unwrap_or(0))
+}
+
+impl Job {
+    pub(super) fn ranks(&self) -> usize {
+        self.nproc_per_node * self.nnodes
+    }
+
+    /// backend mpi: one mpirun starts every rank worker.
+    pub(super) fn run_mpirun(&self) -> Result<Outcome> {
+        let mut cmd = Command::new("mpirun");
+        cmd.arg("-n").arg(self.ranks().to_string());
+        match &self.hostfile {
+            Some(h) => {
+                cmd.arg("--hostfile").arg(h).arg("--map-by").arg(format!("ppr:{}:node", self.nproc_per_node));
+            }
+            None => {
+                // Count slots as hardware threads, and allow more ranks than that.
+                cmd.arg("--use-hwthread-cpus");
+                if self.nproc_per_node > crate::device::cores() {
+                    cmd.arg("--oversubscribe");
+                }
+            }
+        }
+        cmd.args(["--bind-to", "none", "--quiet"]);
+        let mut exported: Vec<(String, String)> = self.env.clone();
+        for name in ["PATH", "LD_LIBRARY_PATH"] {
+            if let Ok(v) = std::env::var(name) {
+                exported.push((name.to_string(), v));
+            }
+        }
+        for (k, v) in &exported {
+            cmd.env(k, v).arg("-x").arg(k);
+        }
+        if sys::is_root() {
+            cmd.env("OMPI_ALLOW_RUN_AS_ROOT", "1").env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1");
+        }
+        for v in VARS.iter().filter(|v| !["MASTER_ADDR", "MASTER_PORT"].contains(v)) {
+            cmd.env_remove(v);
+        }
+        cmd.arg(&self.worker_exe).args(&self.worker_args);
+        cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
+        sys::prepare_child(&mut cmd, sys::SIGTERM, true);
+        let child = cmd.spawn().map_err(|e| {
+            Error::Launch(if e.kind() == std::io::ErrorKind::NotFound {
+                "mpirun not found in PATH: install Open MPI (apt-get install openmpi-bin) or use --backend nccl".to_string()
+            } else {
+                format!("cannot start mpirun: {e}")
+            })
+        })?;
+        self.supervise(vec![Member { child, rank: None, local_rank: 0, status: None, failed_on_its_own: false }], true)
+    }
+
+    /// backend nccl: this launcher spawns the node's rank workers with the torchrun variables.
+    pub(super) fn run_direct(&self) -> Result<Outcome> {
+        let mut members = Vec::new();
+        for local_rank in 0..self.nproc_per_node {
+            let rank = self.node_rank * self.nproc_per_node + local_rank;
+            let mut cmd = Command::new(&self.worker_exe);
+            cmd.args(&self.worker_args);
+            for v in VARS {
+                cmd.env_remove(v);
+            }
+            cmd.envs(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+                .env("RANK", rank.to_string())
+                .env("LOCAL_RANK", local_rank.to_string())
+                .env("WORLD_SIZE", self.ranks().to_string())
+                .env("LOCAL_WORLD_SIZE", self.nproc_per_node.to_string());
+            cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
+            sys::prepare_child(&mut cmd, sys::SIGTERM, true);
+            match cmd.spawn() {
+                Ok(child) => members.push(Member { child, rank: Some(rank), local_rank, status: None, failed_on_its_own: false }),
+                Err(e) => {
+                    for m in &mut members {
+                        sys::kill_group(m.child.id(), sys::SIGKILL);
+                        let _ = m.child.wait();
+                    }
+                    return Err(Error::Launch(format!("cannot start rank {rank} ({}): {e}", self.worker_exe.display())));
+                }
+            }
+        }
+        self.supervise(members, false)
+    }
+
+    /// Relays output, watches for failures and signals, and stops everything when one rank
+    /// fails.
+    fn supervise(&self, mut members: Vec<Member>, mpirun: bool) -> Result<Outcome> {
+        let saved = sys::install_termination_handlers();
+        let (tx, rx) = channel::<FailureRecord>();
+        let mut relays = Vec::new();
+        for m in &mut members {
+            if let Some(out) = m.child.stdout.take() {
+                relays.push(relay(out, false, tx.clone()));
+            }
+            if let Some(err) = m.child.stderr.take() {
+                relays.push(relay(err, true, tx.clone()));
+            }
+        }
+        drop(tx);
+        let mut failures = Vec::new();
+        let mut interrupted = None;
+        let mut first_failure: Option<Instant> = None;
+        let mut term_sent: Option<Instant> = None;
+        let mut kill_sent = false;
+        loop {
+            failures.extend(rx.try_iter());
+            let stop_requested = term_sent.is_some();
+            for m in members.iter_mut().filter(|m| m.status.is_none()) {
+                if let Ok(Some(st)) = m.child.try_wait() {
+                    m.status = Some(st);
+                    m.failed_on_its_own = !st.success() && !stop_requested;
+                }
+            }
+            if members.iter().all(|m| m.status.is_some()) {
+                break;
+            }
+            let now = Instant::now();
+            if interrupted.is_none() {
+                if let Some(sig) = sys::received_signal() {
+                    interrupted = Some(sig);
+                    if term_sent.is_none() {
+                        stop(&members, sys::SIGTERM);
+                        term_sent = Some(now);
+                    }
+                }
+            }
+            let failed = !failures.is_empty() || members.iter().any(|m| m.failed_on_its_own);
+            if failed && first_failure.is_none() {
+                first_failure = Some(now);
+            }
+            if let (Some(t0), None) = (first_failure, term_sent) {
+                // mpirun stops its own job; step in only if it lingers.
+                if !mpirun || now.duration_since(t0) >= MPIRUN_GRACE {
+                    stop(&members, sys::SIGTERM);
+                    term_sent = Some(now);
+                }
+            }
+            if let Some(t) = term_sent {
+                if !kill_sent && now.duration_since(t) >= TERM_GRACE {
+                    stop(&members, sys::SIGKILL);
+                    kill_sent = true;
+                }
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        // The relays end at EOF; a grandchild that kept a pipe open must not hold us up.
+        join_all(relays, Duration::from_secs(2));
+        failures.extend(rx.try_iter());
+        sys::restore_handlers(saved);
+        if !mpirun {
+            // A worker that died without reporting (killed itself): describe it from its status.
+            for m in members.iter().filter(|m| m.failed_on_its_own) {
+                let rank = m.rank.unwrap_or(0);
+                if !failures.iter().any(|f| f.rank == rank) {
+                    let st = m.status.expect("every member has exited");
+                    failures.push(FailureRecord {
+                        rank,
+                        local_rank: m.local_rank,
+                        host: host_name(),
+                        pid: m.child.id(),
+                        exitcode: exitcode(st),
+                        error: Some(format!("the rank worker itself {}", describe_status(st))),
+                        program: self.label.clone(),
+                        last_stderr: Vec::new(),
+                    });
+                }
+            }
+        }
+        Ok(Outcome {
+            failures,
+            interrupted,
+            mpirun_status: if mpirun { members[0].status } else { None },
+            ranks: self.ranks(),
+        })
+    }
+}
+
+/// Sends `signal` to the process group of every member still running.
+pub(super) fn stop(members: &[Member], signal: i32) {
+    for m in members.iter().filter(|m| m.status.is_none()) {
+        sys::kill_group(m.child.id(), signal);
+    }
+}
+
+/// Copies `stream` line by line to this process's stdout or stderr, passing failure records
+/// to `tx` instead.
+pub(super) fn relay(stream: impl Read + Send + 'static, to_stderr: bool, tx: Sender<FailureRecord>) -> JoinHandle<()> {
+    std::thread::spawn(move || {
+        let mut r = BufReader::new(stream);
+        let mut line = Vec::new();
+        loop {
+            line.clear();
+            match r.read_until(b'\n', &mut line) {
+                Ok(0) | Err(_) => break,
+                Ok(_) => {}
+            }
+            if let Some(json) = line.strip_prefix(FAILURE_MARKER.as_bytes()) {
+                if let Ok(rec) = serde_json::from_slice::<FailureRecord>(json) {
+                    let _ = tx.send(rec);
+                    continue;
+                }
+            }
+            if !line.ends_with(b"\n") {
+                line.push(b'\n');
+            }
+            if to_stderr {
+                let _ = std::io::stderr().lock().write_all(&line);
+            } else {
+                let mut out = std::io::stdout().lock();
+                let _ = out.write_all(&line).and_then(|_| out.flush());
+            }
+        }
+    })
+}
+
+/// Joins `handles`, giving up (leaving them detached) after `patience`.
+pub(super) fn join_all(handles: Vec<JoinHandle<()>>, patience: Duration) {
+    let deadline = Instant::now() + patience;
+    for h in handles {
+        while !h.is_finished() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        if h.is_finished() {
+            let _ = h.join();
+        }
+    }
+}

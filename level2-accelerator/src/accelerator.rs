@@ -397,7 +397,7 @@ impl Accelerator {
         if shuffle {
             self.train_loaders.borrow_mut().push(state.clone());
         }
-        let data = if dataset.images.device() == self.device { dataset.shallow_clone() } else { dataset.to_device(self.device) };
+        let data = if dataset.device() == self.device { dataset.shallow_clone() } else { dataset.to_device(self.device) };
         Ok(AcceleratedDataLoader {
             data,
             batch_size: per_process,

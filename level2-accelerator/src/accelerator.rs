@@ -432,7 +432,7 @@ impl Accelerator {
         if shuffle {
             self.train_loaders.borrow_mut().push(state.clone());
         }
-        let data = if dataset.images.device() == self.device { dataset.shallow_clone() } else { dataset.to_device(self.device) };
+        let data = if dataset.device() == self.device { dataset.shallow_clone() } else { dataset.to_device(self.device) };
         if shuffle {
             // Every process must run as many training batches (one tiny collective).
             ladder_core::train::check_batch_counts(self.pg, sampler.num_samples().div_ceil(per_process))?;

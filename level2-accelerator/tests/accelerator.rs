@@ -26,7 +26,7 @@ fn indexed_dataset(n: i64) -> Dataset {
     let images = Tensor::randn([n, 1, 28, 28], (Kind::Float, Device::Cpu));
     let _ = images.select(1, 0).select(1, 0).select(1, 0).copy_(&Tensor::arange(n, (Kind::Float, Device::Cpu)));
     let labels = Tensor::randint(10, [n], (Kind::Int64, Device::Cpu));
-    Dataset { images, labels }
+    Dataset::from_tensors(images, labels).unwrap()
 }
 
 fn config(k: usize, fsdp: bool) -> AcceleratorConfig {

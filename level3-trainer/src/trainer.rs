@@ -307,7 +307,7 @@ impl Trainer {
         let optimizer = accelerator.prepare_optimizer(&model, args.adamw())?;
         let device = accelerator.device();
         let move_to = |d: Dataset| {
-            if d.images.device() == device {
+            if d.device() == device {
                 d
             } else {
                 d.to_device(device)

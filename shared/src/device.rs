@@ -1,5 +1,6 @@
-//! `--device cpu|cuda` for every binary: parsing, the default (cuda if available), and the
-//! intra-op thread count each rank uses.
+//! `--device cpu|cuda` for every binary: parsing, the default (cuda if available, asked without
+//! loading libtorch's CUDA libraries when no NVIDIA driver exists), and the intra-op thread count
+//! each rank uses.
 
 use crate::{Error, Result};
 use tch::Device;
@@ -33,6 +34,9 @@ impl DeviceKind {
         match self {
             DeviceKind::Cpu => Ok(Device::Cpu),
             DeviceKind::Cuda => {
+                if let Err(why) = nvidia_driver() {
+                    return Err(Error::CudaUnavailable { requested: "--device cuda".into(), why: format!("{why}; use --device cpu") });
+                }
                 if let Err(why) = load_cuda() {
                     return Err(Error::CudaUnavailable { requested: "--device cuda".into(), why });
                 }
@@ -67,9 +71,34 @@ pub fn load_cuda() -> std::result::Result<(), String> {
     LOADED.get_or_init(crate::sys::load_torch_cuda).clone()
 }
 
-/// `torch.cuda.is_available()`: loads the CUDA backend, then asks libtorch.
+/// `torch.cuda.is_available()`: when an NVIDIA driver can exist ([`nvidia_driver`]), loads the
+/// CUDA backend and asks libtorch; else `false` without loading anything.
+///
+/// Why the driver check comes first: loading `libtorch_cuda.so` (and the cuDNN, cuBLAS, NCCL
+/// libraries it pulls in) costs ~260 MiB of resident memory per process, even on a machine with
+/// no GPU, only to hear "no". PyTorch's own `is_available()` asks the driver (`cuInit` through
+/// `libcuda.so.1`) and never loads more when there is none; so do we.
 pub fn cuda_available() -> bool {
-    load_cuda().is_ok() && tch::Cuda::is_available()
+    nvidia_driver().is_ok() && load_cuda().is_ok() && tch::Cuda::is_available()
+}
+
+/// Whether an NVIDIA driver can be present: the kernel module's `/proc/driver/nvidia`, or the
+/// driver's user-space library `libcuda.so.1` (as WSL and containers provide it) loads. Cheap:
+/// no CUDA library of libtorch is loaded. Checked once per process.
+///
+/// # Errors
+/// A sentence saying what was looked for, when neither is there.
+pub fn nvidia_driver() -> std::result::Result<(), String> {
+    static FOUND: std::sync::OnceLock<std::result::Result<(), String>> = std::sync::OnceLock::new();
+    FOUND
+        .get_or_init(|| {
+            if std::path::Path::new("/proc/driver/nvidia").exists() || crate::sys::libcuda_loads() {
+                Ok(())
+            } else {
+                Err("no NVIDIA driver on this machine (/proc/driver/nvidia is absent and libcuda.so.1 does not load)".into())
+            }
+        })
+        .clone()
 }
 
 /// Logical cores of this machine (`std::thread::available_parallelism`, 1 if unknown).
@@ -100,10 +129,37 @@ mod tests {
         let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
         assert!(maps.contains("libtorch_cuda.so"), "libtorch_cuda.so is mapped after load_cuda()");
         assert_eq!(DeviceKind::Cpu.resolve(3).unwrap(), Device::Cpu);
-        if !tch::Cuda::is_available() {
+        if nvidia_driver().is_ok() && !tch::Cuda::is_available() {
             let err = DeviceKind::Cuda.resolve(0).unwrap_err().to_string();
             assert_eq!(err, "device --device cuda requested but CUDA is not available (libtorch reports 0 CUDA devices; use --device cpu)");
-            assert_eq!(DeviceKind::default_for_machine(), DeviceKind::Cpu);
         }
+    }
+
+    #[test]
+    fn without_a_driver_nothing_of_cuda_is_loaded_and_cuda_is_a_clear_error() {
+        // Run as its own process, so that no other test of this binary has loaded the backend.
+        if std::env::var_os("LADDER_DEVICE_CHILD").is_none() {
+            let out = std::process::Command::new(std::env::current_exe().unwrap())
+                .args(["--exact", "device::tests::without_a_driver_nothing_of_cuda_is_loaded_and_cuda_is_a_clear_error", "--nocapture"])
+                .env("LADDER_DEVICE_CHILD", "1")
+                .output()
+                .unwrap();
+            assert!(out.status.success(), "child failed: {}", String::from_utf8_lossy(&out.stderr));
+            assert!(String::from_utf8_lossy(&out.stdout).contains("1 passed"));
+            return;
+        }
+        if nvidia_driver().is_ok() {
+            return; // a GPU machine: tests/gpu.rs covers it
+        }
+        assert_eq!(DeviceKind::default_for_machine(), DeviceKind::Cpu);
+        assert!(!cuda_available());
+        let err = DeviceKind::Cuda.resolve(0).unwrap_err().to_string();
+        assert_eq!(
+            err,
+            "device --device cuda requested but CUDA is not available (no NVIDIA driver on this machine \
+             (/proc/driver/nvidia is absent and libcuda.so.1 does not load); use --device cpu)"
+        );
+        let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+        assert!(!maps.contains("libtorch_cuda.so"), "asking about CUDA without a driver loaded libtorch_cuda.so");
     }
 }

@@ -243,3 +243,44 @@ pub(crate) fn process_state(pid: u32) -> Option<char> {
     // The command name is in parentheses and may contain spaces: the state follows the last ')'.
     stat.rsplit_once(')')?.1.trim_start().chars().next()
 }
+
+/// Whether the NVIDIA driver's user-space library `libcuda.so.1` can be loaded (it then stays
+/// loaded: it is small, and CUDA use would load it next). Loads nothing of libtorch.
+pub(crate) fn libcuda_loads() -> bool {
+    let name = c"libcuda.so.1";
+    // SAFETY: dlopen with a NUL-terminated name; the handle is never closed (see above).
+    let handle = unsafe { libc::dlopen(name.as_ptr(), libc::RTLD_LAZY | libc::RTLD_LOCAL) };
+    !handle.is_null()
+}
+
+/// Takes an exclusive `flock` on `file`, waiting for it (released when the file is closed):
+/// what serialises the ranks of one node that build the same data cache.
+///
+/// # Errors
+/// The OS error, e.g. on a file system without locks (callers then proceed unlocked).
+pub(crate) fn lock_exclusive(file: &std::fs::File) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    loop {
+        // SAFETY: flock on a file descriptor this `File` owns; plain integers.
+        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) } == 0 {
+            return Ok(());
+        }
+        let err = std::io::Error::last_os_error();
+        if err.kind() != std::io::ErrorKind::Interrupted {
+            return Err(err);
+        }
+    }
+}
+
+/// Maps `file` read-only into memory (`mmap(PROT_READ, MAP_SHARED)` through memmap2): the pages
+/// are the page cache's, shared with every process mapping the same file.
+///
+/// # Safety (why this safe wrapper is sound for its callers)
+/// A mapping is only sound while nobody changes the file underneath it. The only callers map the
+/// data cache files (`data::cache`), which this crate never writes in place: a cache is written
+/// to a temporary file and renamed over the old name, which leaves every existing mapping on the
+/// old, unchanged inode.
+pub(crate) fn map_read_only(file: &std::fs::File) -> std::io::Result<memmap2::Mmap> {
+    // SAFETY: see above: the mapped files are replaced by rename, never modified in place.
+    unsafe { memmap2::Mmap::map(file) }
+}

@@ -330,7 +330,7 @@ pub fn evaluate_with(
         while start < n {
             let len = batch_size.min(n - start);
             let part = data.slice(start..start + len);
-            let out = forward(&part.images)?;
+            let out = forward(&part.images())?;
             sums.loss_sum += out.nll_loss(&part.labels).double_value(&[]) * len as f64;
             sums.correct += out.argmax(-1, false).eq_tensor(&part.labels).sum(Kind::Int64).int64_value(&[]);
             sums.count += len as i64;

@@ -30,10 +30,10 @@ fn labels_vec(t: &Tensor) -> Vec<i64> {
 fn mnist_facts() {
     let m = mnist();
     assert_eq!((m.train.len(), m.test.len()), (60_000, 10_000));
-    assert_eq!(m.train.images.size(), [60_000, 1, 28, 28]);
-    assert_eq!(m.test.images.size(), [10_000, 1, 28, 28]);
+    assert_eq!(m.train.images().size(), [60_000, 1, 28, 28]);
+    assert_eq!(m.test.images().size(), [10_000, 1, 28, 28]);
     assert_eq!(
-        (m.train.images.kind(), m.train.labels.kind()),
+        (m.train.images().kind(), m.train.labels.kind()),
         (Kind::Float, Kind::Int64)
     );
     assert_eq!(
@@ -53,7 +53,7 @@ fn mnist_facts() {
         counts(&m.test),
         [980, 1135, 1032, 1010, 982, 892, 958, 1028, 974, 1009]
     );
-    let x = m.train.images.to_kind(Kind::Double);
+    let x = m.train.images().to_kind(Kind::Double);
     let (mean, std) = (
         x.mean(Kind::Double).double_value(&[]),
         x.std(true).double_value(&[]),
@@ -62,8 +62,8 @@ fn mnist_facts() {
     assert!((std - 1.0).abs() < 1e-3, "normalised train std {std}");
     // Background pixels map to exactly -0.1307/0.3081 (f32), the brightest to (1-0.1307)/0.3081.
     let (lo, hi) = (
-        m.train.images.min().double_value(&[]),
-        m.train.images.max().double_value(&[]),
+        m.train.images().min().double_value(&[]),
+        m.train.images().max().double_value(&[]),
     );
     assert!(
         (lo + 0.1307 / 0.3081).abs() < 1e-6 && (hi - 0.8693 / 0.3081).abs() < 1e-6,
@@ -86,7 +86,7 @@ fn loads_raw_files_as_well_as_gz() {
     }
     let loaded = Mnist::load(dir.path()).unwrap();
     let m = mnist();
-    assert!(loaded.test.images.equal(&m.test.images) && loaded.test.labels.equal(&m.test.labels));
+    assert!(loaded.test.images().equal(&m.test.images()) && loaded.test.labels.equal(&m.test.labels));
     assert_eq!(loaded.train.len(), 60_000);
 }
 
@@ -122,10 +122,11 @@ fn loader_batches_cover_the_train_set_once() {
 fn shuffled_loader_visits_each_index_once_and_reshuffles_per_epoch() {
     // Labels 0..N make the batches' labels the visited indices.
     let n = 1000usize;
-    let ds = Dataset {
-        images: Tensor::zeros([n as i64, 1, 28, 28], (Kind::Float, tch::Device::Cpu)),
-        labels: Tensor::arange(n as i64, (Kind::Int64, tch::Device::Cpu)),
-    };
+    let ds = Dataset::from_tensors(
+        Tensor::zeros([n as i64, 1, 28, 28], (Kind::Float, tch::Device::Cpu)),
+        Tensor::arange(n as i64, (Kind::Int64, tch::Device::Cpu)),
+    )
+    .unwrap();
     let epoch = |loader: &DataLoader| -> Vec<i64> {
         loader.iter().flat_map(|(_, y)| labels_vec(&y)).collect()
     };
@@ -155,10 +156,11 @@ fn shuffled_loader_visits_each_index_once_and_reshuffles_per_epoch() {
 
 #[test]
 fn loader_rejects_zero_batch_and_foreign_sampler() {
-    let ds = Dataset {
-        images: Tensor::zeros([10, 1, 28, 28], (Kind::Float, tch::Device::Cpu)),
-        labels: Tensor::zeros([10], (Kind::Int64, tch::Device::Cpu)),
-    };
+    let ds = Dataset::from_tensors(
+        Tensor::zeros([10, 1, 28, 28], (Kind::Float, tch::Device::Cpu)),
+        Tensor::zeros([10], (Kind::Int64, tch::Device::Cpu)),
+    )
+    .unwrap();
     assert!(matches!(
         DataLoader::sequential(&ds, 0),
         Err(Error::InvalidValue { .. })

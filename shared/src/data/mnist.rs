@@ -1,6 +1,6 @@
 //! MNIST as `torchvision.datasets.MNIST` with
-//! `transforms.Compose([ToTensor(), Normalize((0.1307,), (0.3081,))])`, computed once for the
-//! whole split.
+//! `transforms.Compose([ToTensor(), Normalize((0.1307,), (0.3081,))])`, applied to each batch as it
+//! is drawn (the pixels stay uint8, shared between the ranks of a node: see [`super::cache`]).
 
 use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 use md5::{Digest, Md5};
 use tch::{Device, Kind, Tensor};
 
+use super::cache::{self, SharedBytes};
 use super::idx;
 use crate::{Error, Result};
 
@@ -53,43 +54,110 @@ pub(crate) const MISSING_HINT: &str =
     "get the MNIST files with --download (mirrors from --mirror or \
 MNIST_MIRRORS, comma-separated), or point --data-dir (or MNIST_DIR) at a directory holding them";
 
-/// One split of MNIST, normalised, in memory.
+/// One split of MNIST: the raw pixel bytes (uint8, 47 MB for the training split, usually a
+/// read-only mapping shared by every rank of the node, see [`super::cache`]) and the labels;
+/// each batch is normalised as it is drawn.
+///
+/// Why not normalise once up front, as before: the normalised f32 images take four times the
+/// bytes (188 MB + 31 MB) in every rank, while normalising a batch of 64 takes tens of
+/// microseconds next to a step of tens of milliseconds. A pixel byte has only 256 values, so
+/// normalising is one lookup in a 256-entry table computed with the very tensor operations the
+/// whole split used to go through ([`normalize_table`]): the values are the same, bit for bit.
 #[derive(Debug)]
 pub struct Dataset {
-    /// `[N, 1, 28, 28]` f32: `(x / 255 - 0.1307) / 0.3081` for pixel bytes `x`.
-    pub images: Tensor,
-    /// `[N]` i64 digit classes in `0..=9`.
+    images: Images,
+    /// `[N]` i64 digit classes in `0..=9`, on the dataset's device.
     pub labels: Tensor,
+    device: Device,
+}
+
+#[derive(Debug)]
+enum Images {
+    /// Raw pixel bytes: sample `i` is `bytes[offset + i * 784..][..784]`.
+    Pixels { bytes: SharedBytes, offset: usize },
+    /// Ready-made f32 images `[N, 1, 28, 28]` (see [`Dataset::from_tensors`]).
+    Tensor(Tensor),
+}
+
+/// Bytes per image (28 × 28).
+const PIXELS: usize = idx::SIDE * idx::SIDE;
+
+/// The 256 values `Normalize(MNIST_MEAN, MNIST_STD)(ToTensor()(x))` for pixel bytes `x = 0..=255`,
+/// computed once with libtorch's f32 operations in `ToTensor` / `Normalize`'s order (`x as f32
+/// / 255`, `- 0.1307`, `/ 0.3081`): looking a byte up here gives exactly what those operations
+/// give over a whole tensor.
+pub fn normalize_table() -> &'static [f32; 256] {
+    static TABLE: std::sync::OnceLock<[f32; 256]> = std::sync::OnceLock::new();
+    TABLE.get_or_init(|| {
+        // Infallible in practice: 256 values on the CPU (a failure here is libtorch's bug).
+        let t = normalize_reference(&Tensor::arange(256, (Kind::Uint8, Device::Cpu))).expect("libtorch normalises 256 bytes");
+        let v = Vec::<f32>::try_from(&t).expect("256 f32 values");
+        let mut table = [0f32; 256];
+        table.copy_from_slice(&v);
+        table
+    })
+}
+
+/// `ToTensor` + `Normalize(MNIST_MEAN, MNIST_STD)` of a uint8 tensor as libtorch operations, in
+/// f32 (any shape; the result has the same shape). The reference [`normalize_table`] is built
+/// from, and what the whole split went through before batches were normalised as drawn.
+///
+/// # Errors
+/// [`Error::Torch`] from libtorch.
+pub fn normalize_reference(pixels: &Tensor) -> Result<Tensor> {
+    let mut x = pixels.f_to_kind(Kind::Float)?;
+    let _ = x.f_div_scalar_(255.0)?;
+    let _ = x.f_sub_scalar_(MNIST_MEAN)?;
+    let _ = x.f_div_scalar_(MNIST_STD)?;
+    Ok(x)
 }
 
 impl Dataset {
     /// Builds a dataset from `n` images' raw pixel bytes (`n * 28 * 28`, row-major) and `n` label
-    /// bytes, applying `ToTensor` and `Normalize(MNIST_MEAN, MNIST_STD)` once, in f32, on the CPU.
+    /// bytes (copied); images are normalised as batches are drawn, on the CPU.
     ///
     /// # Errors
     /// [`Error::InvalidValue`] when the lengths disagree; [`Error::Torch`] from libtorch.
     pub fn from_bytes(pixels: &[u8], labels: &[u8]) -> Result<Dataset> {
-        let side = idx::SIDE;
-        if pixels.len() != labels.len() * side * side {
+        Self::from_shared(SharedBytes::from_vec(pixels.to_vec()), 0, labels)
+    }
+
+    /// A dataset over `pixels[offset..]` (`n * 28 * 28` bytes) and `n` label bytes.
+    ///
+    /// # Errors
+    /// As [`Dataset::from_bytes`].
+    pub fn from_shared(pixels: SharedBytes, offset: usize, labels: &[u8]) -> Result<Dataset> {
+        let have = pixels.as_slice().len().saturating_sub(offset);
+        if have != labels.len() * PIXELS {
             return Err(Error::invalid(
                 "pixels",
-                format!("{} bytes", pixels.len()),
-                format!(
-                    "{} bytes: 28 * 28 per each of the {} labels",
-                    labels.len() * side * side,
-                    labels.len()
-                ),
+                format!("{have} bytes"),
+                format!("{} bytes: 28 * 28 per each of the {} labels", labels.len() * PIXELS, labels.len()),
             ));
         }
-        let n = labels.len() as i64;
-        let mut images = Tensor::from_slice(pixels)
-            .f_view([n, 1, side as i64, side as i64])?
-            .f_to_kind(Kind::Float)?;
-        let _ = images.f_div_scalar_(255.0)?;
-        let _ = images.f_sub_scalar_(MNIST_MEAN)?;
-        let _ = images.f_div_scalar_(MNIST_STD)?;
         let labels = Tensor::from_slice(labels).f_to_kind(Kind::Int64)?;
-        Ok(Dataset { images, labels })
+        Ok(Dataset { images: Images::Pixels { bytes: pixels, offset }, labels, device: Device::Cpu })
+    }
+
+    /// A dataset of ready-made images `[N, 1, 28, 28]` f32 and labels `[N]` i64 on one device
+    /// (e.g. synthetic data in tests); batches are `index_select`s of them.
+    ///
+    /// # Errors
+    /// [`Error::InvalidValue`] when the shapes, kinds or devices disagree.
+    pub fn from_tensors(images: Tensor, labels: Tensor) -> Result<Dataset> {
+        let (is, ls) = (images.size(), labels.size());
+        if is.len() != 4 || is[1..] != [1, 28, 28] || images.kind() != Kind::Float {
+            return Err(Error::invalid("images", format!("{:?} {:?}", images.kind(), is), "[N, 1, 28, 28] f32"));
+        }
+        if ls != [is[0]] || labels.kind() != Kind::Int64 || labels.device() != images.device() {
+            return Err(Error::invalid(
+                "labels",
+                format!("{:?} {ls:?} on {:?}", labels.kind(), labels.device()),
+                format!("[{}] i64 on {:?}, one per image", is[0], images.device()),
+            ));
+        }
+        let device = images.device();
+        Ok(Dataset { images: Images::Tensor(images), labels, device })
     }
 
     /// Number of samples `N`.
@@ -102,21 +170,60 @@ impl Dataset {
         self.len() == 0
     }
 
+    /// The device batches are returned on.
+    pub fn device(&self) -> Device {
+        self.device
+    }
+
+    /// The raw pixel bytes of the samples, `len() * 784` bytes (row-major, 0 = background), and
+    /// the cache file they map when shared; `None` for a dataset built [`Dataset::from_tensors`].
+    pub fn pixels(&self) -> Option<(&[u8], Option<&Path>)> {
+        match &self.images {
+            Images::Pixels { bytes, offset } => {
+                Some((&bytes.as_slice()[*offset..*offset + self.len() * PIXELS], bytes.mapped_path()))
+            }
+            Images::Tensor(_) => None,
+        }
+    }
+
     /// The samples at `indices`, in that order: `(images [b, 1, 28, 28] f32, labels [b] i64)` with
-    /// `b = indices.len()`, on the dataset's device (`index_select`, a copy).
+    /// `b = indices.len()`, on the dataset's device; images normalised as
+    /// `Normalize((0.1307,), (0.3081,))(ToTensor()(x))`.
     ///
     /// # Panics
     /// When an index is outside `0..len()`, like slice indexing (a programming error: the
     /// samplers only yield valid indices, and [`super::DataLoader::new`] checks its sampler).
     pub fn batch(&self, indices: &[i64]) -> (Tensor, Tensor) {
         let idx = Tensor::from_slice(indices).to_device(self.labels.device());
-        (
-            self.images.index_select(0, &idx),
-            self.labels.index_select(0, &idx),
-        )
+        let images = match &self.images {
+            Images::Pixels { bytes, offset } => {
+                let n = self.len();
+                let pixels = bytes.as_slice();
+                let table = normalize_table();
+                let mut out = Vec::with_capacity(indices.len() * PIXELS);
+                for &i in indices {
+                    let i = usize::try_from(i).ok().filter(|&i| i < n);
+                    let i = i.unwrap_or_else(|| panic!("Dataset::batch: index outside 0..{n}"));
+                    let at = offset + i * PIXELS;
+                    out.extend(pixels[at..at + PIXELS].iter().map(|&p| table[p as usize]));
+                }
+                Tensor::from_slice(&out).view([indices.len() as i64, 1, idx::SIDE as i64, idx::SIDE as i64]).to_device(self.device)
+            }
+            Images::Tensor(t) => t.index_select(0, &idx),
+        };
+        (images, self.labels.index_select(0, &idx))
     }
 
-    /// The samples `range` as a dataset that shares storage with this one (`narrow`, no copy).
+    /// Every sample's image, normalised: `[N, 1, 28, 28]` f32 on the dataset's device (a new
+    /// tensor for pixel datasets: take a [`Dataset::slice`] first for part of the set).
+    pub fn images(&self) -> Tensor {
+        match &self.images {
+            Images::Pixels { .. } => self.batch(&(0..self.len() as i64).collect::<Vec<_>>()).0,
+            Images::Tensor(t) => t.shallow_clone(),
+        }
+    }
+
+    /// The samples `range` as a dataset that shares storage with this one (no copy).
     ///
     /// # Panics
     /// When `range` is not within `0..len()`, like slice indexing.
@@ -127,26 +234,31 @@ impl Dataset {
             self.len()
         );
         let (start, len) = (range.start as i64, (range.end - range.start) as i64);
-        Dataset {
-            images: self.images.narrow(0, start, len),
-            labels: self.labels.narrow(0, start, len),
-        }
+        let images = match &self.images {
+            Images::Pixels { bytes, offset } => Images::Pixels { bytes: bytes.clone(), offset: offset + range.start * PIXELS },
+            Images::Tensor(t) => Images::Tensor(t.narrow(0, start, len)),
+        };
+        Dataset { images, labels: self.labels.narrow(0, start, len), device: self.device }
     }
 
-    /// A copy on `device` (or the same storage when it is already there).
+    /// The dataset with its batches on `device`: labels (and ready-made images) are copied
+    /// there; pixel bytes stay on the CPU and each batch is copied after normalising, as a
+    /// PyTorch loop's `data.to(device)`.
     pub fn to_device(&self, device: Device) -> Dataset {
-        Dataset {
-            images: self.images.to_device(device),
-            labels: self.labels.to_device(device),
-        }
+        let images = match &self.images {
+            Images::Pixels { bytes, offset } => Images::Pixels { bytes: bytes.clone(), offset: *offset },
+            Images::Tensor(t) => Images::Tensor(t.to_device(device)),
+        };
+        Dataset { images, labels: self.labels.to_device(device), device }
     }
 
-    /// Another handle on the same storage (`Tensor::shallow_clone`).
+    /// Another handle on the same storage.
     pub fn shallow_clone(&self) -> Dataset {
-        Dataset {
-            images: self.images.shallow_clone(),
-            labels: self.labels.shallow_clone(),
-        }
+        let images = match &self.images {
+            Images::Pixels { bytes, offset } => Images::Pixels { bytes: bytes.clone(), offset: *offset },
+            Images::Tensor(t) => Images::Tensor(t.shallow_clone()),
+        };
+        Dataset { images, labels: self.labels.shallow_clone(), device: self.device }
     }
 }
 
@@ -223,8 +335,9 @@ pub fn locate(dir: &Path, name: &str) -> Result<PathBuf> {
 /// # Errors
 /// As [`Mnist::load`].
 pub fn load_split(images_path: &Path, labels_path: &Path) -> Result<Dataset> {
-    let image_bytes = idx::read_maybe_gz(images_path)?;
-    let (n_images, pixels) = idx::parse_images(&image_bytes, images_path)?;
+    // The images: a verified, shared mapping of the decompressed cache when it can be had.
+    let image_bytes = cache::decompressed(images_path)?;
+    let (n_images, _) = idx::parse_images(image_bytes.as_slice(), images_path)?;
     let label_bytes = idx::read_maybe_gz(labels_path)?;
     let labels = idx::parse_labels(&label_bytes, labels_path)?;
     if n_images != labels.len() {
@@ -236,9 +349,12 @@ pub fn load_split(images_path: &Path, labels_path: &Path) -> Result<Dataset> {
         });
     }
     idx::check_labels(labels, labels_path)?;
-    verify_md5(images_path, &image_bytes)?;
+    if !image_bytes.verified() {
+        verify_md5(images_path, image_bytes.as_slice())?;
+    }
     verify_md5(labels_path, &label_bytes)?;
-    Dataset::from_bytes(pixels, labels)
+    // The labels' decoded bytes are freed on return (the dataset holds them as an i64 tensor).
+    Dataset::from_shared(image_bytes, idx::IMAGES_HEADER, labels)
 }
 
 /// Checks the MD5 of `bytes` (decompressed) when `path` names one of the four MNIST files.
@@ -341,11 +457,12 @@ mod tests {
             .copied()
             .collect::<Vec<_>>();
         let d = Dataset::from_bytes(&pixels, &[3, 7]).unwrap();
-        assert_eq!(d.images.size(), [2, 1, 28, 28]);
-        assert_eq!(d.images.kind(), Kind::Float);
+        let images = d.images();
+        assert_eq!(images.size(), [2, 1, 28, 28]);
+        assert_eq!(images.kind(), Kind::Float);
         assert_eq!(d.labels.kind(), Kind::Int64);
-        let lo = d.images.double_value(&[0, 0, 0, 0]);
-        let hi = d.images.double_value(&[1, 0, 27, 27]);
+        let lo = images.double_value(&[0, 0, 0, 0]);
+        let hi = images.double_value(&[1, 0, 27, 27]);
         assert!((lo - (-0.1307 / 0.3081)).abs() < 1e-6, "{lo}");
         assert!((hi - ((1.0 - 0.1307) / 0.3081)).abs() < 1e-6, "{hi}");
         assert!(Dataset::from_bytes(&pixels, &[3]).is_err());

@@ -1,5 +1,6 @@
 //! The MNIST pipeline: IDX parsing ([`idx`]), download and verification ([`download`]), the
-//! normalised in-memory [`Dataset`] ([`mnist`]), samplers ([`sampler`]) and the [`DataLoader`].
+//! decompressed images shared between ranks ([`cache`]), the [`Dataset`] normalised as batches are
+//! drawn ([`mnist`]), samplers ([`sampler`]) and the [`DataLoader`].
 //!
 //! ```no_run
 //! use ladder_core::data::{resolve_data_dir, DataLoader, Mnist};
@@ -13,6 +14,7 @@
 //! # Ok::<(), ladder_core::Error>(())
 //! ```
 
+pub mod cache;
 pub mod download;
 pub mod idx;
 pub mod loader;

@@ -40,6 +40,7 @@ use ladder_core::memory::ModelStateBytes;
 use ladder_core::metrics::{gather_report, LocalFigures, Report};
 use ladder_core::model::{BasicNet, BasicNetConfig};
 use ladder_core::optim::{AdamW, AdamWConfig};
+use ladder_core::timing::{Comm, Phase, StepTimer, StepTiming};
 use ladder_core::train::{seed_batch, EvalSums};
 use ladder_core::wrapped::{Strategy, WrapConfig, WrappedModel};
 use serde::{Deserialize, Serialize};
@@ -99,6 +100,44 @@ struct Shared {
     step_was_skipped: Cell<bool>,
     /// Gradients of this window were unscaled already (fp16).
     unscaled: Cell<bool>,
+    /// The device (the step timer synchronizes CUDA).
+    device: Device,
+    /// The prepared model, for its communication totals.
+    model: RefCell<Option<Rc<RefCell<WrappedModel<'static>>>>>,
+    /// Step times and phases, started by the first training loader's first `iter()`.
+    timer: RefCell<Option<StepTimer>>,
+}
+
+impl Shared {
+    /// The prepared model's cumulative communication (zero before `prepare_model`).
+    fn comm(&self) -> Comm {
+        self.model.borrow().as_ref().and_then(|m| m.try_borrow().ok().map(|m| m.comm())).unwrap_or_default()
+    }
+
+    /// Ends `phase` of the step in progress, once timing has started.
+    fn lap(&self, phase: Phase) {
+        if self.timer.borrow().is_some() {
+            let comm = self.comm();
+            if let Some(t) = self.timer.borrow_mut().as_mut() {
+                t.lap(phase, comm);
+            }
+        }
+    }
+
+    /// A training loader starts an epoch: the training phase starts (first time) or the clock
+    /// restarts, leaving what passed since the last step (evaluation) out of every step.
+    fn start_or_resume_timer(&self) {
+        let comm = self.comm();
+        let mut timer = self.timer.borrow_mut();
+        match timer.as_mut() {
+            Some(t) => t.resume(comm),
+            None => {
+                let mut t = StepTimer::start(self.device);
+                t.resume(comm);
+                *timer = Some(t);
+            }
+        }
+    }
 }
 
 /// Epoch bookkeeping of one loader.
@@ -232,6 +271,9 @@ impl Accelerator {
             scaler: RefCell::new((config.mixed_precision == MixedPrecision::Fp16).then(GradScaler::default)),
             step_was_skipped: Cell::new(false),
             unscaled: Cell::new(false),
+            device,
+            model: RefCell::new(None),
+            timer: RefCell::new(None),
         });
         let acc = Self {
             pg,
@@ -346,6 +388,7 @@ impl Accelerator {
         }
         let wrapped = Rc::new(RefCell::new(WrappedModel::new(vs, net, self.pg, &self.wrap)?));
         *self.model.borrow_mut() = Some(wrapped.clone());
+        *self.shared.model.borrow_mut() = Some(wrapped.clone());
         Ok(PreparedModel { inner: wrapped })
     }
 
@@ -453,7 +496,9 @@ impl Accelerator {
             scaled = scaled * s.scale;
         }
         self.shared.unscaled.set(false);
+        self.shared.lap(Phase::Forward);
         model.borrow_mut().backward(&scaled)?;
+        self.shared.lap(Phase::Backward);
         Ok(())
     }
 
@@ -788,12 +833,37 @@ impl Accelerator {
         Ok(ckpt.state)
     }
 
+    /// The step figures timed inside the Accelerator (see [`ladder_core::timing`]): the
+    /// training loader marks the data phase, [`backward`](Self::backward) forward and
+    /// backward (communication apart), the prepared optimizer's step the optimizer phase and
+    /// the step's end. `None` before a training loader ran.
+    pub fn step_timing(&self) -> Option<StepTiming> {
+        self.shared.timer.borrow().as_ref().map(StepTimer::finish)
+    }
+
+    /// Restarts the step clock: what passed since the last step ended (evaluation, a
+    /// checkpoint inside the loop) belongs to no step. The Trainer calls it after its
+    /// evaluations and saves.
+    pub fn restart_step_clock(&self) {
+        let comm = self.shared.comm();
+        if let Some(t) = self.shared.timer.borrow_mut().as_mut() {
+            t.resume(comm);
+        }
+    }
+
     /// Gathers every process's figures into the run's report (the same JSON as level 1's,
-    /// plus `mixed_precision`, `gradient_accumulation_steps` and `num_processes`). Collective.
+    /// plus `mixed_precision`, `gradient_accumulation_steps` and `num_processes`); the step
+    /// figures are the Accelerator's own ([`step_timing`](Self::step_timing)) unless `local`
+    /// brings some. Collective.
     ///
     /// # Errors
     /// Collective errors.
     pub fn gather_report(&self, local: &LocalFigures, eval: &EvalSums, wall_s: f64) -> Result<Report> {
+        let mut local = *local;
+        if local.timing.steps == 0 {
+            local.timing = self.step_timing().unwrap_or_default();
+        }
+        let local = &local;
         let mut report = gather_report(self.pg, local, eval, self.global_step(), self.wrap.strategy.name(), wall_s)?;
         report.extra.insert("mixed_precision".into(), self.config.mixed_precision.as_str().into());
         report.extra.insert("gradient_accumulation_steps".into(), self.shared.accumulation_steps.into());
@@ -911,6 +981,10 @@ impl AcceleratedOptimizer {
             self.opt.borrow_mut().step();
         }
         self.shared.global_step.set(self.shared.global_step.get() + 1);
+        let comm = self.shared.comm();
+        if let Some(t) = self.shared.timer.borrow_mut().as_mut() {
+            t.end_step(Phase::Optimizer, comm, 0);
+        }
         Ok(())
     }
 
@@ -1001,6 +1075,7 @@ impl AcceleratedDataLoader<'_> {
         let (bs, n_batches) = (self.batch_size, self.len());
         if self.training {
             self.state.in_progress.set(Some((epoch, skip)));
+            self.shared.start_or_resume_timer();
         }
         (skip..n_batches).map(move |b| {
             let end = ((b + 1) * bs).min(indices.len());
@@ -1012,7 +1087,14 @@ impl AcceleratedDataLoader<'_> {
                 self.shared.batches_seen.set(seen + 1);
                 self.state.in_progress.set((b + 1 < n_batches).then_some((epoch, b + 1)));
             }
-            self.data.batch(&indices[b * bs..end])
+            let batch = self.data.batch(&indices[b * bs..end]);
+            if self.training {
+                self.shared.lap(Phase::Data);
+                if let Some(t) = self.shared.timer.borrow_mut().as_mut() {
+                    t.add_samples((end - b * bs) as u64);
+                }
+            }
+            batch
         })
     }
 }

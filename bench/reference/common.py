@@ -4,9 +4,11 @@ torchvision's MNIST reads the decompressed IDX files from <root>/MNIST/raw; they
 from data/mnist/*.gz into a cache directory (no network).
 """
 import gzip
+import math
 import os
 import pathlib
 import shutil
+import time
 
 import torch
 import torch.nn as nn
@@ -75,3 +77,124 @@ def evaluate(model, loader):
             correct += (out.argmax(1) == y).sum().item()
             n += len(y)
     return correct, loss, n
+
+
+# --- Step timing, as ladder_core::timing::StepTimer (same warm-up, same step boundaries) ---------
+
+WARMUP_STEPS = 2
+PHASES = ("data_s", "forward_s", "backward_s", "comm_s", "optimizer_s")
+
+
+def _status_kib(key):
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(key):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+_PEAK_BEFORE_RESET_KIB = 0
+
+
+def peak_rss_mib():
+    """Whole-process peak RSS since start-up (VmHWM, or what it was before StepTimer reset it),
+    MiB."""
+    return max(_status_kib("VmHWM:"), _PEAK_BEFORE_RESET_KIB) / 1024.0
+
+
+class StepTimer:
+    """Step times and phases of a training loop; the training phase's peak RSS.
+
+    As ddp-ladder's StepTimer: a step runs from the end of the previous one (or start/resume)
+    to the end of its optimizer step; the first WARMUP_STEPS steps are warm-up (time to first
+    step; left out of throughput, percentiles and phases). Starting resets VmHWM through
+    /proc/self/clear_refs. PyTorch runs the DDP all-reduce inside backward (overlapped through
+    hooks), so the peers' comm phase stays 0 and backward includes it.
+    """
+
+    def __init__(self):
+        global _PEAK_BEFORE_RESET_KIB
+        _PEAK_BEFORE_RESET_KIB = max(_PEAK_BEFORE_RESET_KIB, _status_kib("VmHWM:"))
+        try:
+            with open("/proc/self/clear_refs", "w") as f:
+                f.write("5")
+            self.rss_scope = "clear-refs" if _status_kib("VmHWM:") <= _status_kib("VmRSS:") + 1024 else "none"
+        except OSError:
+            self.rss_scope = "none"
+        self.start = self.mark = time.perf_counter()
+        self.current = dict.fromkeys(PHASES, 0.0)
+        self.phases = dict.fromkeys(PHASES, 0.0)
+        self.step_times = []
+        self.samples = self.timed_samples = 0
+        self.first_step_s = 0.0
+
+    def resume(self):
+        self.mark = time.perf_counter()
+
+    def lap(self, phase):
+        now = time.perf_counter()
+        self.current[phase + "_s"] += now - self.mark
+        self.mark = now
+
+    def end_step(self, phase, samples):
+        self.lap(phase)
+        step, self.current = self.current, dict.fromkeys(PHASES, 0.0)
+        if not self.step_times:
+            self.first_step_s = self.mark - self.start
+        if len(self.step_times) >= WARMUP_STEPS:
+            for k in PHASES:
+                self.phases[k] += step[k]
+            self.timed_samples += samples
+        self.step_times.append(sum(step.values()))
+        self.samples += samples
+
+    def finish(self):
+        n = len(self.step_times)
+        warmup = min(n, WARMUP_STEPS)
+        timed = sorted(self.step_times[warmup:])
+        k = len(timed)
+
+        def pick(q):
+            return timed[min(max(math.ceil(q * k), 1), k) - 1] if k else 0.0
+
+        per = 1.0 / k if k else 0.0
+        return {
+            "steps": n, "warmup_steps": warmup, "timed_steps": k, "samples": self.samples,
+            "timed_samples": self.timed_samples, "steps_s": sum(self.step_times), "timed_s": sum(timed),
+            "first_step_s": self.first_step_s, "step_p50_s": pick(0.5), "step_p95_s": pick(0.95),
+            "phases": {p: v * per for p, v in self.phases.items()}, "comm_bytes_per_step": 0.0,
+            "train_peak_rss_mib": _status_kib("VmHWM:") / 1024.0 if self.rss_scope == "clear-refs" else 0.0,
+            "rss_scope": self.rss_scope,
+        }
+
+
+def timing_fields(timings):
+    """The report fields from every rank's StepTimer.finish(): the slowest rank's timing,
+    samples/s over the timed steps (all ranks' samples over the slowest rank's timed interval),
+    peak RSS (whole process and training phase) as the maximum over ranks."""
+    slowest = max(timings, key=lambda t: t["timed_s"])
+    if all(t["timed_steps"] > 0 for t in timings):
+        sps = sum(t["timed_samples"] for t in timings) / max(slowest["timed_s"], 1e-9)
+    else:
+        sps = sum(t["samples"] for t in timings) / max(max(t["steps_s"] for t in timings), 1e-9)
+    return {
+        "samples_per_s": sps, "samples": sum(t["samples"] for t in timings), "timing": slowest,
+        "peak_rss_mib": max(t["peak_rss_mib"] for t in timings),
+        "train_peak_rss_mib": max(t["train_peak_rss_mib"] for t in timings),
+    }
+
+
+def gathered_timing_fields(timer):
+    """timing_fields over every rank (torch.distributed initialised); call it on every rank."""
+    import torch.distributed as dist
+
+    mine = dict(timer.finish(), peak_rss_mib=peak_rss_mib())
+    if dist.is_available() and dist.is_initialized():
+        every = [None] * dist.get_world_size()
+        dist.all_gather_object(every, mine)
+    else:
+        every = [mine]
+    return timing_fields(every)

@@ -3,8 +3,9 @@
     .venv/bin/torchrun --nproc-per-node 2 bench/reference/ddp_gloo.py [--max-steps N]
 
 torchrun sets OMP_NUM_THREADS=1 per rank; this script sets cores // LOCAL_WORLD_SIZE threads, as
-ddp-ladder's ranks do. Rank 0 prints one JSON line (samples_per_s over all ranks, accuracy with
-exact distributed evaluation, comm share unknown to PyTorch and left out).
+ddp-ladder's ranks do. Rank 0 prints one JSON line (samples_per_s over all ranks' timed steps, accuracy with
+exact distributed evaluation, peak RSS and step timing from common.StepTimer; comm share unknown to
+PyTorch and left out).
 """
 import argparse
 import json
@@ -17,7 +18,7 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data.distributed import DistributedSampler
 
-from common import BasicNet, datasets
+from common import BasicNet, StepTimer, datasets, gathered_timing_fields
 
 
 def main():
@@ -40,17 +41,21 @@ def main():
     sampler.set_epoch(0)
     model.train()
     steps, samples = 0, 0
-    t0 = time.perf_counter()
+    timer = StepTimer()
     for x, y in loader:
+        timer.lap("data")
         opt.zero_grad()
         loss = F.nll_loss(model(x), y)
-        loss.backward()
+        timer.lap("forward")
+        loss.backward()  # the gradient all-reduce runs inside, overlapped through DDP's hooks
+        timer.lap("backward")
         opt.step()
+        timer.end_step("optimizer", len(y))
         steps += 1
         samples += len(y)
         if a.max_steps and steps >= a.max_steps:
             break
-    train_s = time.perf_counter() - t0
+    timing = gathered_timing_fields(timer)
     # Exact evaluation: disjoint unpadded slices, sums all-reduced.
     n = len(test)
     lo, hi = rank * n // world, (rank + 1) * n // world
@@ -62,15 +67,13 @@ def main():
             out = model.module(x)
             sums += torch.tensor([(out.argmax(1) == y).sum().item(), F.nll_loss(out, y, reduction="sum").item(), len(y)], dtype=torch.float64)
     dist.all_reduce(sums)
-    t = torch.tensor([train_s], dtype=torch.float64)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
     if rank == 0:
-        print(json.dumps({
+        print(json.dumps(dict(timing, **{
             "impl": "pytorch-ddp-gloo", "world_size": world, "threads": torch.get_num_threads(), "steps": steps,
-            "samples_per_s": samples * world / t.item(), "accuracy": sums[0].item() / sums[2].item(),
+            "accuracy": sums[0].item() / sums[2].item(),
             "eval_samples": int(sums[2].item()), "test_loss": sums[1].item() / sums[2].item(),
             "wall_s": time.perf_counter() - start,
-        }))
+        })))
     dist.destroy_process_group()
 
 

@@ -2,7 +2,8 @@
 
     .venv/bin/python bench/reference/tutorial.py [--max-steps N] [--threads T]
 
-Prints one JSON line: samples_per_s (train loop only), accuracy, eval_samples, wall_s.
+Prints one JSON line: samples_per_s (timed steps, warm-up excluded), accuracy, eval_samples, wall_s,
+peak RSS (whole process and training phase), step timing (common.StepTimer).
 """
 import argparse
 import json
@@ -11,7 +12,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from common import BasicNet, datasets, evaluate
+from common import BasicNet, StepTimer, datasets, evaluate, gathered_timing_fields
 
 
 def main():
@@ -34,14 +35,20 @@ def main():
     opt = torch.optim.AdamW(model.parameters(), lr=a.lr)
     steps, samples, train_s = 0, 0, 0.0
     done = False
+    timer = StepTimer()
     for _ in range(a.epochs):
         model.train()
         t0 = time.perf_counter()
+        timer.resume()
         for x, y in train_loader:
+            timer.lap("data")
             opt.zero_grad()
             loss = F.nll_loss(model(x), y)
+            timer.lap("forward")
             loss.backward()
+            timer.lap("backward")
             opt.step()
+            timer.end_step("optimizer", len(y))
             steps += 1
             samples += len(y)
             if a.max_steps and steps >= a.max_steps:
@@ -50,12 +57,13 @@ def main():
         train_s += time.perf_counter() - t0
         if done:
             break
+    timing = gathered_timing_fields(timer)
     correct, loss_sum, n = evaluate(model, test_loader)
-    print(json.dumps({
+    print(json.dumps(dict(timing, **{
         "impl": "pytorch-tutorial", "world_size": 1, "threads": torch.get_num_threads(),
-        "steps": steps, "samples_per_s": samples / train_s, "accuracy": correct / n,
+        "steps": steps, "accuracy": correct / n,
         "eval_samples": n, "test_loss": loss_sum / n, "wall_s": time.perf_counter() - start,
-    }))
+    })))
 
 
 if __name__ == "__main__":

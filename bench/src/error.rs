@@ -86,6 +86,14 @@ pub enum Error {
         /// Where the report was expected.
         path: PathBuf,
     },
+    /// pip could not install the 🤗 peers' packages.
+    #[error("{python}: `pip install accelerate transformers` failed (bench run --install-peers); pip said:\n{tail}")]
+    PeerInstall {
+        /// The venv's Python.
+        python: std::path::PathBuf,
+        /// pip's last lines.
+        tail: String,
+    },
     /// A PyTorch peer printed no JSON line.
     #[error("{what} printed no JSON result line; its last lines:\n{tail}")]
     NoPeerResult {

@@ -3,6 +3,7 @@
 //! absent fields read as zero/empty, unknown ones are ignored.
 
 use crate::error::{Error, Result};
+pub use ladder_core::timing::{PhaseTimes, RssScope, StepTiming};
 use serde::{Deserialize, Serialize};
 use std::path::Path;
 
@@ -28,9 +29,16 @@ pub struct RunFigures {
     /// Wall seconds the run measured itself (start-up to end of evaluation).
     #[serde(deserialize_with = "nan_if_null")]
     pub wall_s: f64,
-    /// Peak RSS, MiB (max over ranks).
+    /// Peak RSS of the whole process, MiB (max over ranks).
     #[serde(deserialize_with = "nan_if_null")]
     pub peak_rss_mib: f64,
+    /// Peak RSS of the training phase alone, MiB (max over ranks; 0 when not measured).
+    #[serde(deserialize_with = "nan_if_null")]
+    pub train_peak_rss_mib: f64,
+    /// Training samples over all ranks and steps (warm-up included).
+    pub samples: u64,
+    /// Step figures of the slowest rank (`ladder_core::timing::StepTiming`; zero when absent).
+    pub timing: StepTiming,
     /// Optimizer steps per rank.
     pub steps: u64,
     /// Ranks.
@@ -61,6 +69,8 @@ pub struct RankFigures {
     pub train_s: f64,
     /// Persistent model-state bytes on this rank.
     pub model_state: ModelState,
+    /// This rank's step figures.
+    pub timing: StepTiming,
 }
 
 /// Model-state bytes per rank (`ladder_core::memory::ModelStateBytes`, leniently).
@@ -119,6 +129,21 @@ impl RunFigures {
             vec![self.peak_rss_mib]
         } else {
             self.ranks.iter().map(|r| r.peak_rss_mib).collect()
+        }
+    }
+
+    /// Training-phase peak RSS per rank, MiB, in rank order (one entry for a single process;
+    /// empty when the run did not measure it).
+    pub fn train_peak_rss_per_rank(&self) -> Vec<f64> {
+        let v: Vec<f64> = if self.ranks.is_empty() {
+            vec![self.train_peak_rss_mib]
+        } else {
+            self.ranks.iter().map(|r| r.timing.train_peak_rss_mib).collect()
+        };
+        if v.iter().all(|&m| m > 0.0) {
+            v
+        } else {
+            Vec::new()
         }
     }
 }

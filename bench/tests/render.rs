@@ -20,10 +20,20 @@ fn demo_table_from_fixed_json() {
 fn matrix_tables_from_fixed_json() {
     let summary: MatrixSummary = serde_json::from_str(&fixture("bench.json")).unwrap();
     let e = summary.check().unwrap_err().to_string();
-    assert_eq!(e, "1 of 6 runs failed: l3-fsdp-full-shard-w2-4096-bf16");
+    assert_eq!(e, "1 of 8 runs failed: l3-fsdp-full-shard-w2-4096-bf16");
     insta::assert_snapshot!("bench_terminal", render_terminal(&summary));
     insta::assert_snapshot!("bench_markdown", bench_markdown(&summary));
     insta::assert_snapshot!("bench_csv", bench::matrix::render_csv(&summary));
+    insta::assert_snapshot!("targets_csv", bench::matrix::render_targets_csv(&summary));
+    // Every target the rows allow, with its measured value: ours / peer for the 4 rows with a
+    // peer, RSS for the same 4, FSDP / DDP, bf16 / fp32, level 2 / level 1 (for the ddp row).
+    let t = bench::matrix::targets(&summary.rows);
+    let count = |issue: u32, what: &str| t.iter().filter(|g| g.issue == issue && g.what.starts_with(what)).count();
+    assert_eq!((count(11, "ours / "), count(11, "training-phase"), count(11, "FSDP"), count(11, "bf16"), count(10, "level 2")), (4, 4, 1, 1, 1));
+    let fsdp = t.iter().find(|g| g.what.starts_with("FSDP")).unwrap();
+    assert_eq!((fsdp.measured, fsdp.met), (0.85, false));
+    let rss = t.iter().find(|g| g.what.starts_with("training-phase") && g.cell.starts_with("L2")).unwrap();
+    assert!((rss.measured - 655.0 / 842.9).abs() < 1e-12 && !rss.met && rss.what.contains("Accelerate"), "{rss:?}");
 }
 
 #[test]

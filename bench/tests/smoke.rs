@@ -83,9 +83,8 @@ fn demo_reports_level_1_and_a_failing_level_in_one_table() {
         // Rank 0's DDP replica: 1,199,882 f32 parameters; the peak RSS holds at least that.
         assert_eq!(r["model_state"]["parameters"], 1_199_882 * 4);
         assert!(r["peak_rss_mib"].as_f64().unwrap() * 1048576.0 > 4.0 * 1_199_882.0 * 4.0, "{r}");
-        // Samples counted = steps × batch: 5 × 64 per rank.
-        let samples = r["samples_per_s"].as_f64().unwrap() * r["train_s"].as_f64().unwrap();
-        assert!((samples - 320.0).abs() < 1.0, "rank samples {samples}");
+        // Samples counted = steps × batch: 5 × 64 per rank (3 of them timed after 2 warm-up steps).
+        assert_eq!((r["timing"]["samples"].as_u64(), r["timing"]["timed_samples"].as_u64()), (Some(320), Some(192)), "{r}");
     }
     // The line count comes from the level's sources: a count, or an error naming the files.
     match l1["user_code_lines"].as_u64() {
@@ -104,16 +103,49 @@ fn demo_reports_level_1_and_a_failing_level_in_one_table() {
     masked(&[(r"(?m)^(\| \d · [A-Za-z ]+?\s*\|)[^|]*\|", "$1 <lines> |")]).bind(|| insta::assert_snapshot!("demo_table_masked", table));
 }
 
+/// Checks one of our runs' report (`runs/<id>-r1.json`): samples = steps × 64 × W, every rank's
+/// step times add up to its training loop's time within 5% and its phases to its timed
+/// interval, the training-phase peak holds the model state, DDP moves the whole model's f32
+/// gradients per step at W = 2.
+fn check_report(dir: &Path, id: &str, steps: u64, world_size: u64) {
+    let r = json(&dir.join(format!("runs/{id}-r1.json")));
+    assert_eq!((r["steps"].as_u64(), r["samples"].as_u64()), (Some(steps), Some(steps * 64 * world_size)), "{id}: {r}");
+    let state = 4.0 * 1_199_882.0 * 4.0; // parameters + gradients + 2 AdamW states, f32
+    let ranks: Vec<serde_json::Value> = match r["ranks"].as_array() {
+        Some(ranks) => ranks.clone(),
+        None => vec![serde_json::json!({ "timing": r["timing"], "train_s": r["timing"]["steps_s"] })],
+    };
+    assert_eq!(ranks.len() as u64, world_size.max(1), "{id}");
+    for rank in &ranks {
+        let t = &rank["timing"];
+        let f = |k: &str| t[k].as_f64().unwrap_or_else(|| panic!("{id}: timing.{k} missing: {t}"));
+        assert_eq!((t["steps"].as_u64(), t["warmup_steps"].as_u64(), t["timed_steps"].as_u64()), (Some(steps), Some(2), Some(steps - 2)), "{id}");
+        assert_eq!((t["samples"].as_u64(), t["timed_samples"].as_u64()), (Some(steps * 64), Some((steps - 2) * 64)), "{id}");
+        let train_s = rank["train_s"].as_f64().unwrap();
+        assert!((f("steps_s") - train_s).abs() <= 0.05 * train_s, "{id}: step times {} vs training loop {train_s}", f("steps_s"));
+        let phases: f64 = ["data_s", "forward_s", "backward_s", "comm_s", "optimizer_s"].iter().map(|k| t["phases"][k].as_f64().unwrap()).sum();
+        assert!((phases * (steps - 2) as f64 - f("timed_s")).abs() <= 1e-6 * f("timed_s").max(1.0), "{id}: phases {phases} × steps vs {}", f("timed_s"));
+        assert!(f("step_p50_s") > 0.0 && f("step_p50_s") <= f("step_p95_s") && f("first_step_s") > 0.0, "{id}: {t}");
+        assert_eq!(t["rss_scope"], "clear-refs", "{id}: VmHWM resets on Linux");
+        assert!(f("train_peak_rss_mib") * 1048576.0 >= state, "{id}: training-phase peak ≥ model state: {t}");
+        if world_size == 2 && id.contains("-ddp-") {
+            assert_eq!(f("comm_bytes_per_step"), 1_199_882.0 * 4.0, "{id}: one f32 gradient all-reduce per step");
+            assert!(t["phases"]["comm_s"].as_f64().unwrap() > 0.0, "{id}");
+        }
+    }
+    assert!(r["peak_rss_mib"].as_f64().unwrap() >= r["train_peak_rss_mib"].as_f64().unwrap(), "{id}: whole process ≥ training phase");
+}
+
 #[test]
-fn matrix_runs_baseline_and_level_1_next_to_pytorch_and_measures_all_reduce() {
+fn matrix_runs_every_level_next_to_its_peer_and_measures_all_reduce() {
     let rel = release_dir();
-    for name in ["ladder-run", "ladder-baseline", "level1-raw-ddp", "examples/allreduce_bench"] {
+    for name in ["ladder-run", "ladder-baseline", "level1-raw-ddp", "level2-accelerator", "level3-trainer", "examples/allreduce_bench"] {
         need(&rel.join(name));
     }
     let dir = tempfile::tempdir().unwrap();
     let out = Command::new(BENCH)
-        .args(["run", "--levels", "1", "--strategies", "single,ddp", "--world-sizes", "1,2", "--widths", "128"])
-        .args(["--precisions", "fp32", "--steps", "3", "--repeats", "1", "--bin-dir"])
+        .args(["run", "--levels", "1,2,3", "--strategies", "single,ddp", "--world-sizes", "1,2", "--widths", "128"])
+        .args(["--precisions", "fp32", "--steps", "4", "--repeats", "1", "--bin-dir"])
         .arg(&rel)
         .arg("--out-dir")
         .arg(dir.path())
@@ -125,35 +157,56 @@ fn matrix_runs_baseline_and_level_1_next_to_pytorch_and_measures_all_reduce() {
     let summary = json(&dir.path().join("bench.json"));
     let rows = summary["rows"].as_array().unwrap();
     let ids: Vec<&str> = rows.iter().map(|r| r["case"]["id"].as_str().unwrap()).collect();
-    assert_eq!(ids, ["baseline-w1-128-fp32", "l1-ddp-w1-128-fp32", "l1-ddp-w2-128-fp32"]);
+    let expected =
+        ["baseline-w1-128-fp32", "l1-ddp-w1-128-fp32", "l1-ddp-w2-128-fp32", "l2-ddp-w1-128-fp32", "l2-ddp-w2-128-fp32", "l3-ddp-w1-128-fp32", "l3-ddp-w2-128-fp32"];
+    assert_eq!(ids, expected);
+    // The 🤗 peers run when the venv has accelerate and transformers (`--install-peers`);
+    // otherwise their rows say why they have none.
+    let hf = rows[3]["case"]["peer"].is_object();
+    let skipped = summary["skipped"].as_array().unwrap();
+    assert_eq!(skipped.iter().filter(|s| s.as_str().unwrap().contains("--install-peers")).count(), if hf { 0 } else { 4 }, "{skipped:?}");
     for r in rows {
         assert_eq!(r["errors"].as_array().unwrap().len(), 0, "{r}");
         assert_eq!(r["eval_samples"], 10_000, "{r}");
         assert_eq!(r["samples_per_s"]["n"], 1);
-        // Every row here has a PyTorch twin, measured in the same run: a ratio exists.
+        assert!(r["step"]["step_p50_s"].as_f64().unwrap() > 0.0, "{r}");
+        if r["case"]["peer"].is_null() {
+            continue;
+        }
+        // A row with a twin has it measured in the same run: a ratio and its step figures.
         let (ours, theirs) = (r["samples_per_s"]["median"].as_f64().unwrap(), r["peer_samples_per_s"]["median"].as_f64().unwrap());
         let ratio = r["ratio"]["median"].as_f64().unwrap();
         assert!(ours > 0.0 && theirs > 0.0 && (ratio - ours / theirs).abs() < 1e-9, "{r}");
         assert!(r["peer_accuracy"].as_f64().unwrap() > 0.0);
+        assert!(r["peer_step"]["step_p50_s"].as_f64().unwrap() > 0.0 && r["peer_train_peak_rss_mib"].as_f64().unwrap() > 0.0, "{r}");
     }
     for r in &rows[1..] {
         let ms = &r["model_state"];
         assert_eq!((ms["parameters"].as_u64(), ms["optimizer"].as_u64()), (Some(1_199_882 * 4), Some(2 * 1_199_882 * 4)));
         let state = ["parameters", "gradients", "optimizer"].iter().map(|k| ms[k].as_u64().unwrap()).sum::<u64>() as f64;
-        for p in r["peak_rss_per_rank"].as_array().unwrap() {
+        for p in r["train_peak_rss_per_rank"].as_array().unwrap() {
             assert!(p.as_f64().unwrap() * 1048576.0 >= state, "training peak ≥ model state: {r}");
         }
         assert!(r["comm_share"].as_f64().unwrap() > 0.0 && r["comm_share"].as_f64().unwrap() < 1.0);
+        if r["case"]["level"].as_u64() > Some(1) {
+            assert!(r["vs_level1"].as_f64().unwrap() > 0.0, "{r}");
+        }
     }
-    // Each run's own report is kept; samples = steps × batch × world size.
-    let l1 = json(&dir.path().join("runs/l1-ddp-w2-128-fp32-r1.json"));
-    assert_eq!((l1["steps"].as_u64(), l1["world_size"].as_u64()), (Some(3), Some(2)));
-    let samples: f64 =
-        l1["ranks"].as_array().unwrap().iter().map(|r| r["samples_per_s"].as_f64().unwrap() * r["train_s"].as_f64().unwrap()).sum();
-    assert!((samples - 3.0 * 64.0 * 2.0).abs() < 1.0, "{samples}");
-    for peer in ["pytorch-tutorial-r1", "pytorch-ddp-gloo-w1-r1", "pytorch-ddp-gloo-w2-r1"] {
+    // Each run's own report is kept, and its numbers are consistent.
+    check_report(dir.path(), "baseline-w1-128-fp32", 4, 1);
+    for id in &expected[1..] {
+        check_report(dir.path(), id, 4, if id.contains("-w2-") { 2 } else { 1 });
+    }
+    let mut peers = vec!["pytorch-tutorial-r1", "pytorch-ddp-gloo-w1-r1", "pytorch-ddp-gloo-w2-r1"];
+    if hf {
+        peers.extend(["hf-accelerate-w1-r1", "hf-accelerate-w2-r1", "hf-trainer-w1-r1", "hf-trainer-w2-r1"]);
+    }
+    for peer in peers {
         let p = json(&dir.path().join(format!("runs/{peer}.json")));
-        assert_eq!((p["steps"].as_u64(), p["eval_samples"].as_u64()), (Some(3), Some(10_000)), "{peer}");
+        assert_eq!((p["steps"].as_u64(), p["eval_samples"].as_u64()), (Some(4), Some(10_000)), "{peer}");
+        assert_eq!((p["timing"]["steps"].as_u64(), p["timing"]["timed_steps"].as_u64()), (Some(4), Some(2)), "{peer}");
+        let w = p["world_size"].as_u64().unwrap();
+        assert_eq!(p["samples"].as_u64(), Some(4 * 64 * w), "{peer}");
     }
     // All-reduce: 4 KiB … 64 MiB, ×4, both implementations measured.
     let ar = summary["allreduce"]["rows"].as_array().unwrap();
@@ -161,14 +214,30 @@ fn matrix_runs_baseline_and_level_1_next_to_pytorch_and_measures_all_reduce() {
     assert_eq!(bytes, (0..8).map(|i| 4096u64 << (2 * i)).collect::<Vec<_>>());
     assert!(ar.iter().all(|r| r["ours_latency_us"].as_f64().unwrap() > 0.0 && r["raw_latency_us"].as_f64().unwrap() > 0.0));
     assert!(summary["machine"]["torch_version"].as_str().unwrap().starts_with("2."));
+    // The targets: ours / peer and RSS for every row with a peer, level 2 and 3 over level 1.
+    let targets = summary["targets"].as_array().unwrap();
+    let with_peer = rows.iter().filter(|r| r["case"]["peer"].is_object()).count();
+    assert_eq!(targets.len(), 2 * with_peer + 4, "{targets:?}");
 
     let csv = std::fs::read_to_string(dir.path().join("bench.csv")).unwrap();
-    assert_eq!(csv.lines().count(), 1 + 3, "{csv}");
-    assert!(csv.lines().nth(2).unwrap().starts_with("l1-ddp-w1-128-fp32,1,ddp,1,128,fp32,3,1,"), "{csv}");
+    assert_eq!(csv.lines().count(), 1 + 7, "{csv}");
+    assert!(csv.lines().nth(2).unwrap().starts_with("l1-ddp-w1-128-fp32,1,ddp,1,128,fp32,4,1,"), "{csv}");
+    assert_eq!(std::fs::read_to_string(dir.path().join("targets.csv")).unwrap().lines().count(), 1 + targets.len());
     for svg in ["throughput.svg", "memory.svg"] {
         assert!(std::fs::read_to_string(dir.path().join(svg)).unwrap().starts_with("<svg"), "{svg}");
     }
     let md = std::fs::read_to_string(dir.path().join("bench.md")).unwrap();
-    let tables: String = md.lines().filter(|l| l.starts_with('|') || l.starts_with("##")).map(|l| format!("{l}\n")).collect();
-    masked(&[]).bind(|| insta::assert_snapshot!("bench_tables_masked", tables));
+    // The tables' layout (numbers masked; the peer cells and target rows depend on whether the
+    // 🤗 peers ran, so those are left out of the snapshot).
+    let tables: String = md
+        .lines()
+        .take_while(|l| !l.starts_with("## Targets"))
+        .filter(|l| l.starts_with('|') || l.starts_with("##"))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    masked(&[(r"HF (Accelerate|Trainer)", "<peer>")]).bind(|| {
+        if hf {
+            insta::assert_snapshot!("bench_tables_masked", tables)
+        }
+    });
 }

@@ -16,6 +16,7 @@ use ladder_core::dist::{self, Backend, DistEnv, ProcessGroup};
 use ladder_core::metrics::{gather_report, LocalFigures, Report};
 use ladder_core::model::{BasicNet, BasicNetConfig};
 use ladder_core::optim::AdamWConfig;
+use ladder_core::timing::{Phase, StepTimer};
 use ladder_core::train::{end_of_epoch, seed_batch, EvalSums, TrainArgs};
 use ladder_core::wrapped::{check_strategy_flags, WrapConfig, WrappedModel};
 use ladder_core::{Error, Result};
@@ -155,21 +156,28 @@ pub fn run(cfg: &Config) -> Result<Report> {
     //    epoch, test() — exact evaluation: disjoint slices, counts all-reduced.
     let (mut steps, mut samples, mut train_s, mut train_loss) = (0usize, 0usize, 0.0f64, 0.0f64);
     let (mut history, mut eval) = (Vec::new(), EvalSums::default());
+    // Step times and phases (communication apart), training-phase peak RSS: see ladder_core::timing.
+    let mut timer = StepTimer::start(device);
     for epoch in 1..=cfg.train.epochs {
         loader.set_epoch(epoch as u64 - 1);
         let t0 = Instant::now();
+        timer.resume(model.comm());
         let (mut loss_sum, mut n, mut stop) = (0.0, 0usize, false);
         for (batch_idx, (images, labels)) in loader.iter().enumerate() {
+            timer.lap(Phase::Data, model.comm());
             // Dropout masks: a function of (seed, rank, batch), different on every rank.
             seed_batch(cfg.train.seed, rank, steps as u64);
             optimizer.zero_grad();
             let loss = model.forward_t(&images, true)?.nll_loss(&labels);
+            timer.lap(Phase::Forward, model.comm());
             model.backward(&loss)?;
+            timer.lap(Phase::Backward, model.comm());
             let l = loss.double_value(&[]);
             if !cfg.train.allow_non_finite {
                 model.check_finite(&*pg, steps as u64 + 1, l, true)?; // a NaN/inf stops every rank
             }
             optimizer.step();
+            timer.end_step(Phase::Optimizer, model.comm(), images.size()[0] as u64);
             (loss_sum, n, steps, samples) = (loss_sum + l, n + 1, steps + 1, samples + images.size()[0] as usize);
             if rank == 0 && cfg.train.log_interval > 0 && batch_idx % cfg.train.log_interval == 0 {
                 println!(
@@ -211,6 +219,7 @@ pub fn run(cfg: &Config) -> Result<Report> {
         train_loss,
         comm_s: model.comm_seconds(),
         model_state: model.memory(),
+        timing: timer.finish(),
     };
     let mut report = gather_report(&*pg, &local, &eval, steps as u64, cfg.strategy.name(), start.elapsed().as_secs_f64())?;
     report.history = history;

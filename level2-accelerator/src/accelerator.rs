@@ -40,6 +40,7 @@ use ladder_core::memory::ModelStateBytes;
 use ladder_core::metrics::{gather_report, LocalFigures, Report};
 use ladder_core::model::{BasicNet, BasicNetConfig};
 use ladder_core::optim::{AdamW, AdamWConfig};
+use ladder_core::timing::{Comm, Phase, StepTimer, StepTiming};
 use ladder_core::train::{seed_batch, EvalSums};
 use ladder_core::wrapped::{Strategy, WrapConfig, WrappedModel};
 use serde::{Deserialize, Serialize};
@@ -112,6 +113,44 @@ struct Shared {
     check_finite: Cell<bool>,
     /// The window's loss for that check: the first non-finite one, else the last.
     window_loss: Cell<f64>,
+    /// The device (the step timer synchronizes CUDA).
+    device: Device,
+    /// The prepared model, for its communication totals.
+    model: RefCell<Option<Rc<RefCell<WrappedModel<'static>>>>>,
+    /// Step times and phases, started by the first training loader's first `iter()`.
+    timer: RefCell<Option<StepTimer>>,
+}
+
+impl Shared {
+    /// The prepared model's cumulative communication (zero before `prepare_model`).
+    fn comm(&self) -> Comm {
+        self.model.borrow().as_ref().and_then(|m| m.try_borrow().ok().map(|m| m.comm())).unwrap_or_default()
+    }
+
+    /// Ends `phase` of the step in progress, once timing has started.
+    fn lap(&self, phase: Phase) {
+        if self.timer.borrow().is_some() {
+            let comm = self.comm();
+            if let Some(t) = self.timer.borrow_mut().as_mut() {
+                t.lap(phase, comm);
+            }
+        }
+    }
+
+    /// A training loader starts an epoch: the training phase starts (first time) or the clock
+    /// restarts, leaving what passed since the last step (evaluation) out of every step.
+    fn start_or_resume_timer(&self) {
+        let comm = self.comm();
+        let mut timer = self.timer.borrow_mut();
+        match timer.as_mut() {
+            Some(t) => t.resume(comm),
+            None => {
+                let mut t = StepTimer::start(self.device);
+                t.resume(comm);
+                *timer = Some(t);
+            }
+        }
+    }
 }
 
 /// Epoch bookkeeping of one loader.
@@ -267,6 +306,9 @@ impl Accelerator {
             unscaled: Cell::new(false),
             check_finite: Cell::new(true),
             window_loss: Cell::new(0.0),
+            device,
+            model: RefCell::new(None),
+            timer: RefCell::new(None),
         });
         let acc = Self {
             pg,
@@ -381,6 +423,7 @@ impl Accelerator {
         }
         let wrapped = Rc::new(RefCell::new(WrappedModel::new(vs, net, self.pg, &self.wrap)?));
         *self.model.borrow_mut() = Some(wrapped.clone());
+        *self.shared.model.borrow_mut() = Some(wrapped.clone());
         Ok(PreparedModel { inner: wrapped })
     }
 
@@ -496,7 +539,9 @@ impl Accelerator {
             let (l, prev) = (loss.double_value(&[]), self.shared.window_loss.get());
             self.shared.window_loss.set(if prev.is_finite() { l } else { prev });
         }
+        self.shared.lap(Phase::Forward);
         model.borrow_mut().backward(&scaled)?;
+        self.shared.lap(Phase::Backward);
         Ok(())
     }
 
@@ -840,12 +885,37 @@ impl Accelerator {
         Ok(ckpt.state)
     }
 
+    /// The step figures timed inside the Accelerator (see [`ladder_core::timing`]): the
+    /// training loader marks the data phase, [`backward`](Self::backward) forward and
+    /// backward (communication apart), the prepared optimizer's step the optimizer phase and
+    /// the step's end. `None` before a training loader ran.
+    pub fn step_timing(&self) -> Option<StepTiming> {
+        self.shared.timer.borrow().as_ref().map(StepTimer::finish)
+    }
+
+    /// Restarts the step clock: what passed since the last step ended (evaluation, a
+    /// checkpoint inside the loop) belongs to no step. The Trainer calls it after its
+    /// evaluations and saves.
+    pub fn restart_step_clock(&self) {
+        let comm = self.shared.comm();
+        if let Some(t) = self.shared.timer.borrow_mut().as_mut() {
+            t.resume(comm);
+        }
+    }
+
     /// Gathers every process's figures into the run's report (the same JSON as level 1's,
-    /// plus `mixed_precision`, `gradient_accumulation_steps` and `num_processes`). Collective.
+    /// plus `mixed_precision`, `gradient_accumulation_steps` and `num_processes`); the step
+    /// figures are the Accelerator's own ([`step_timing`](Self::step_timing)) unless `local`
+    /// brings some. Collective.
     ///
     /// # Errors
     /// Collective errors.
     pub fn gather_report(&self, local: &LocalFigures, eval: &EvalSums, wall_s: f64) -> Result<Report> {
+        let mut local = *local;
+        if local.timing.steps == 0 {
+            local.timing = self.step_timing().unwrap_or_default();
+        }
+        let local = &local;
         let mut report = gather_report(self.pg, local, eval, self.global_step(), self.wrap.strategy.name(), wall_s)?;
         report.extra.insert("mixed_precision".into(), self.config.mixed_precision.as_str().into());
         report.extra.insert("gradient_accumulation_steps".into(), self.shared.accumulation_steps.into());
@@ -968,6 +1038,10 @@ impl AcceleratedOptimizer {
             self.opt.borrow_mut().step();
         }
         self.shared.global_step.set(self.shared.global_step.get() + 1);
+        let comm = self.shared.comm();
+        if let Some(t) = self.shared.timer.borrow_mut().as_mut() {
+            t.end_step(Phase::Optimizer, comm, 0);
+        }
         Ok(())
     }
 
@@ -1058,6 +1132,7 @@ impl AcceleratedDataLoader<'_> {
         let (bs, n_batches) = (self.batch_size, self.len());
         if self.training {
             self.state.in_progress.set(Some((epoch, skip)));
+            self.shared.start_or_resume_timer();
         }
         (skip..n_batches).map(move |b| {
             let end = ((b + 1) * bs).min(indices.len());
@@ -1069,7 +1144,14 @@ impl AcceleratedDataLoader<'_> {
                 self.shared.batches_seen.set(seen + 1);
                 self.state.in_progress.set((b + 1 < n_batches).then_some((epoch, b + 1)));
             }
-            self.data.batch(&indices[b * bs..end])
+            let batch = self.data.batch(&indices[b * bs..end]);
+            if self.training {
+                self.shared.lap(Phase::Data);
+                if let Some(t) = self.shared.timer.borrow_mut().as_mut() {
+                    t.add_samples((end - b * bs) as u64);
+                }
+            }
+            batch
         })
     }
 }

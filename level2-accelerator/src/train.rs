@@ -195,7 +195,7 @@ pub fn run(cfg: &Config) -> Result<Report> {
         accelerator.print(format!("check-sync: parameters are bit-identical on all {} processes", accelerator.num_processes()));
     }
     let train_loss = history.last().map_or(0.0, |h: &EpochFigures| h.train_loss);
-    let local = LocalFigures { samples: samples as u64, train_s, train_loss, comm_s: model.comm_seconds(), model_state: model.memory() };
+    let local = LocalFigures { samples: samples as u64, train_s, train_loss, comm_s: model.comm_seconds(), model_state: model.memory(), timing: Default::default() };
     let mut report = accelerator.gather_report(&local, &eval, start.elapsed().as_secs_f64())?;
     report.history = history;
     if accelerator.is_main_process() {

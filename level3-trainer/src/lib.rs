@@ -317,6 +317,7 @@ pub fn run(cfg: &Config) -> Result<Report> {
         train_loss: out.training_loss,
         comm_s: out.comm_s,
         model_state: out.model_state,
+        timing: Default::default(), // the Accelerator's step timer fills it
     };
     let wall_s = start.elapsed().as_secs_f64();
     let mut report = trainer.accelerator().gather_report(&local, &eval, wall_s)?;

@@ -566,6 +566,7 @@ impl Trainer {
                 let t = Instant::now();
                 self.log_evaluate_save(&mut control, &mut sums, last_lr, last_grad_norm, &progress, reporter.as_mut())?;
                 paused_s += t.elapsed().as_secs_f64();
+                self.accelerator.restart_step_clock(); // evaluation and saving are no step's time
                 if control.should_training_stop || global_step >= plan.max_steps {
                     stop = true;
                 }

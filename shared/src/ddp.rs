@@ -100,6 +100,8 @@ pub struct DistributedDataParallel<'pg, M: Model> {
     pg: &'pg dyn ProcessGroup,
     require_backward_grad_sync: bool,
     comm: Duration,
+    /// Payload bytes all-reduced since construction.
+    comm_bytes: u64,
 }
 
 impl<M: Model> std::fmt::Debug for DistributedDataParallel<'_, M> {
@@ -129,7 +131,7 @@ impl<'pg, M: Model> DistributedDataParallel<'pg, M> {
         let sizes: Vec<(i64, u64)> =
             params.iter().map(|(_, t)| (t.numel() as i64, (t.numel() * t.kind().elt_size_in_bytes()) as u64)).collect();
         let buckets = compute_bucket_assignment(&sizes, config.bucket_cap_mb);
-        Ok(Self { module, params, buckets, pg, require_backward_grad_sync: true, comm: Duration::ZERO })
+        Ok(Self { module, params, buckets, pg, require_backward_grad_sync: true, comm: Duration::ZERO, comm_bytes: 0 })
     }
 
     /// The wrapped model (PyTorch's `ddp.module`).
@@ -150,6 +152,11 @@ impl<'pg, M: Model> DistributedDataParallel<'pg, M> {
     /// Seconds spent inside collectives since construction (gradient sync only).
     pub fn comm_seconds(&self) -> f64 {
         self.comm.as_secs_f64()
+    }
+
+    /// Payload bytes of the gradient all-reduces since construction (each bucket's flat buffer).
+    pub fn comm_bytes(&self) -> u64 {
+        self.comm_bytes
     }
 
     /// Runs `loss.backward()` and then, unless inside [`no_sync`](Self::no_sync), averages the
@@ -190,6 +197,7 @@ impl<'pg, M: Model> DistributedDataParallel<'pg, M> {
                 let t0 = Instant::now();
                 self.pg.all_reduce(&mut flat, ReduceOp::Avg)?;
                 self.comm += t0.elapsed();
+                self.comm_bytes += (flat.numel() * flat.kind().elt_size_in_bytes()) as u64;
                 let mut offset = 0;
                 for &i in &bucket.params {
                     let p = &self.params[i].1;

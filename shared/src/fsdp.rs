@@ -456,6 +456,8 @@ pub struct FullyShardedDataParallel<'pg, M: Segmented> {
     peak_gathered: u64,
     require_backward_grad_sync: bool,
     comm: Duration,
+    /// Payload bytes of the all-gathers and gradient reductions since construction.
+    comm_bytes: u64,
 }
 
 impl<M: Segmented> std::fmt::Debug for FullyShardedDataParallel<'_, M> {
@@ -560,6 +562,7 @@ impl<'pg, M: Segmented> FullyShardedDataParallel<'pg, M> {
             peak_gathered: 0,
             require_backward_grad_sync: true,
             comm: Duration::ZERO,
+            comm_bytes: 0,
         })
     }
 
@@ -611,6 +614,12 @@ impl<'pg, M: Segmented> FullyShardedDataParallel<'pg, M> {
         self.comm.as_secs_f64()
     }
 
+    /// Payload bytes of the collectives since construction: all-gather outputs and
+    /// reduce-scatter / all-reduce inputs.
+    pub fn comm_bytes(&self) -> u64 {
+        self.comm_bytes
+    }
+
     fn param_kind(&self, u: usize) -> Kind {
         self.config.mixed_precision.map_or(self.shards[u].kind(), |mp| mp.param_dtype.kind())
     }
@@ -641,6 +650,7 @@ impl<'pg, M: Segmented> FullyShardedDataParallel<'pg, M> {
             let t0 = Instant::now();
             self.pg.all_gather(&mut full, &input)?;
             self.comm += t0.elapsed();
+            self.comm_bytes += unit.padded_numel as u64 * pkind.elt_size_in_bytes() as u64;
             Ok((full, unit.padded_numel as u64 * pkind.elt_size_in_bytes() as u64))
         })?;
         for (k, &p) in unit.params.iter().enumerate() {
@@ -821,6 +831,7 @@ impl<'pg, M: Segmented> FullyShardedDataParallel<'pg, M> {
                 let shard = self.shards[u].shallow_clone();
                 let reduced = tch::no_grad(|| -> Result<Tensor> {
                     let mut input = fg.to_kind(rkind).contiguous();
+                    let bytes = (input.numel() * input.kind().elt_size_in_bytes()) as u64;
                     let t0 = Instant::now();
                     let out = if self.config.sharding_strategy.is_sharded() {
                         let mut out = Tensor::zeros([self.units[u].shard_numel], (rkind, input.device()));
@@ -831,6 +842,7 @@ impl<'pg, M: Segmented> FullyShardedDataParallel<'pg, M> {
                         input
                     };
                     self.comm += t0.elapsed();
+                    self.comm_bytes += bytes;
                     Ok(out.to_kind(shard.kind()))
                 })?;
                 // Accumulate into shard.grad (defined or not — zero_grad sets it to None):

@@ -2,10 +2,36 @@
 //! bytes (parameters, gradients, optimizer state, transient gathered parameters).
 
 use serde::{Deserialize, Serialize};
+use std::sync::atomic::{AtomicU64, Ordering};
 
-/// Peak resident set size of this process in bytes (`VmHWM` of `/proc/self/status`);
-/// `None` where `/proc` is not available.
+/// The highest `VmHWM` seen before a [`reset_peak_rss`], bytes.
+static PEAK_BEFORE_RESET: AtomicU64 = AtomicU64::new(0);
+
+/// Peak resident set size of this process in bytes since start-up (`VmHWM` of
+/// `/proc/self/status`, or the high-water mark [`reset_peak_rss`] saw before resetting it, if
+/// higher); `None` where `/proc` is not available.
 pub fn peak_rss_bytes() -> Option<u64> {
+    proc_status_kib("VmHWM:").map(|kib| (kib * 1024).max(PEAK_BEFORE_RESET.load(Ordering::Relaxed)))
+}
+
+/// Resets the kernel's peak RSS (`VmHWM`) to the current RSS by writing `5` to
+/// `/proc/self/clear_refs`, so that a later `VmHWM` is the peak of what came after (a training
+/// phase); [`peak_rss_bytes`] still reports the whole process's peak. Returns `true` when the
+/// reset took effect (right after it, `VmHWM` is within 1 MiB of `VmRSS`).
+pub fn reset_peak_rss() -> bool {
+    let Some(before) = proc_status_kib("VmHWM:") else { return false };
+    PEAK_BEFORE_RESET.fetch_max(before * 1024, Ordering::Relaxed);
+    if std::fs::write("/proc/self/clear_refs", "5").is_err() {
+        return false;
+    }
+    match (proc_status_kib("VmHWM:"), proc_status_kib("VmRSS:")) {
+        (Some(hwm), Some(rss)) => hwm <= rss + 1024,
+        _ => false,
+    }
+}
+
+/// The kernel's `VmHWM` as it stands (since the last [`reset_peak_rss`]), bytes.
+pub fn peak_rss_since_reset_bytes() -> Option<u64> {
     proc_status_kib("VmHWM:").map(|kib| kib * 1024)
 }
 

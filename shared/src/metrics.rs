@@ -1,6 +1,7 @@
 //! The figures a run reports: printed for people, written as JSON (`--metrics-json`) for the
 //! bench and the tests.
 
+use crate::timing::{PhaseTimes, RssScope, StepTiming};
 use crate::Result;
 use serde::{Deserialize, Serialize};
 use std::path::Path;
@@ -17,12 +18,26 @@ pub struct Report {
     /// Mean training loss over the last epoch's steps (rank 0's batches... averaged over ranks
     /// under several ranks).
     pub train_loss: f64,
-    /// Training samples per second over all ranks (train loop only; excludes loading and eval).
+    /// Training samples per second over all ranks: the timed steps' samples (warm-up steps
+    /// excluded, see [`crate::timing`]) over the slowest rank's timed interval; over the whole
+    /// train loop when no step was timed. Excludes loading and evaluation.
     pub samples_per_s: f64,
     /// Wall-clock seconds of the whole run, from start-up to the end of evaluation.
     pub wall_s: f64,
-    /// Peak resident set size in MiB (`VmHWM`); under several ranks, the maximum over ranks.
+    /// Peak resident set size of the whole process in MiB (`VmHWM`, data loading included);
+    /// under several ranks, the maximum over ranks.
     pub peak_rss_mib: f64,
+    /// Peak resident set size of the training phase alone in MiB (reset when training starts,
+    /// see [`crate::timing::StepTiming::train_peak_rss_mib`]); the maximum over ranks.
+    #[serde(default)]
+    pub train_peak_rss_mib: f64,
+    /// Training samples over all ranks and steps (warm-up included).
+    #[serde(default)]
+    pub samples: u64,
+    /// Step figures of the slowest rank (the largest timed interval): step p50/p95, time to
+    /// first step, phases, communication per step. Per-rank ones are in `ranks`.
+    #[serde(default)]
+    pub timing: StepTiming,
     /// Optimizer steps taken (per rank).
     pub steps: u64,
     /// Number of ranks.
@@ -57,6 +72,9 @@ pub struct RankFigures {
     /// Persistent model-state bytes on this rank (parameters, gradients, optimizer state).
     #[serde(default)]
     pub model_state: crate::memory::ModelStateBytes,
+    /// This rank's step figures.
+    #[serde(default)]
+    pub timing: StepTiming,
 }
 
 /// One epoch's figures (the tutorial's per-epoch `test()`), the same on every rank.
@@ -107,6 +125,8 @@ pub struct LocalFigures {
     pub comm_s: f64,
     /// Persistent model-state bytes on this rank.
     pub model_state: crate::memory::ModelStateBytes,
+    /// This rank's step figures ([`crate::timing::StepTimer::finish`]; default when untimed).
+    pub timing: StepTiming,
 }
 
 /// Gathers every rank's [`LocalFigures`] (one all-gather; every rank calls it) into the run's
@@ -139,17 +159,46 @@ pub fn gather_report(
         m.optimizer as f64,
         m.gathered_peak as f64,
     ];
-    const N: usize = 9;
+    let t = &local.timing;
+    let p = &t.phases;
+    let rss_scope = match t.rss_scope {
+        RssScope::None => 0.0,
+        RssScope::ClearRefs => 1.0,
+        RssScope::Sampled => 2.0,
+    };
+    let timing = [
+        t.steps as f64,
+        t.warmup_steps as f64,
+        t.timed_steps as f64,
+        t.samples as f64,
+        t.timed_samples as f64,
+        t.steps_s,
+        t.timed_s,
+        t.first_step_s,
+        t.step_p50_s,
+        t.step_p95_s,
+        p.data_s,
+        p.forward_s,
+        p.backward_s,
+        p.comm_s,
+        p.optimizer_s,
+        t.comm_bytes_per_step,
+        t.train_peak_rss_mib,
+        rss_scope,
+    ];
+    let mine: Vec<f64> = mine.into_iter().chain(timing).collect();
+    const N: usize = 9 + 18;
     let mut all = Tensor::zeros([(world_size * N) as i64], (Kind::Double, pg.device()));
     pg.all_gather(&mut all, &Tensor::from_slice(&mine).to_device(pg.device()))?;
     let all = Vec::<f64>::try_from(all.to_device(Device::Cpu)).map_err(crate::Error::Torch)?;
     let ranks: Vec<RankFigures> = all
         .chunks(N)
         .enumerate()
-        .map(|(r, f)| RankFigures {
+        .map(|(r, f)| (r, f, timing_of(&f[9..])))
+        .map(|(r, f, timing)| RankFigures {
             rank: r,
             peak_rss_mib: f[0],
-            samples_per_s: f[1] / f[3].max(1e-9),
+            samples_per_s: if timing.timed_steps > 0 { timing.samples_per_s() } else { f[1] / f[3].max(1e-9) },
             comm_s: f[2],
             train_s: f[3],
             model_state: crate::memory::ModelStateBytes {
@@ -158,18 +207,30 @@ pub fn gather_report(
                 optimizer: f[7] as u64,
                 gathered_peak: f[8] as u64,
             },
+            timing,
         })
         .collect();
     let slowest = ranks.iter().map(|r| r.train_s).fold(0.0, f64::max);
     let samples: f64 = all.chunks(N).map(|f| f[1]).sum();
+    // Throughput over the timed steps when every rank timed some (warm-up excluded).
+    let timed = ranks.iter().all(|r| r.timing.timed_steps > 0);
+    let slowest_timed = ranks.iter().max_by(|a, b| a.timing.timed_s.total_cmp(&b.timing.timed_s)).map(|r| r.timing).unwrap_or_default();
+    let samples_per_s = if timed {
+        ranks.iter().map(|r| r.timing.timed_samples as f64).sum::<f64>() / slowest_timed.timed_s.max(1e-9)
+    } else {
+        samples / slowest.max(1e-9)
+    };
     Ok(Report {
         accuracy: eval.accuracy(),
         eval_samples: eval.count as u64,
         test_loss: eval.mean_loss(),
         train_loss: all.chunks(N).map(|f| f[4]).sum::<f64>() / world_size as f64,
-        samples_per_s: samples / slowest.max(1e-9),
+        samples_per_s,
         wall_s,
         peak_rss_mib: ranks.iter().map(|r| r.peak_rss_mib).fold(0.0, f64::max),
+        train_peak_rss_mib: ranks.iter().map(|r| r.timing.train_peak_rss_mib).fold(0.0, f64::max),
+        samples: samples as u64,
+        timing: slowest_timed,
         steps,
         world_size,
         strategy: strategy.into(),
@@ -177,6 +238,30 @@ pub fn gather_report(
         history: Vec::new(),
         extra: serde_json::Map::new(),
     })
+}
+
+/// The [`StepTiming`] of one rank's gathered figures (the order `gather_report` packs them in).
+fn timing_of(f: &[f64]) -> StepTiming {
+    StepTiming {
+        steps: f[0] as u64,
+        warmup_steps: f[1] as u64,
+        timed_steps: f[2] as u64,
+        samples: f[3] as u64,
+        timed_samples: f[4] as u64,
+        steps_s: f[5],
+        timed_s: f[6],
+        first_step_s: f[7],
+        step_p50_s: f[8],
+        step_p95_s: f[9],
+        phases: PhaseTimes { data_s: f[10], forward_s: f[11], backward_s: f[12], comm_s: f[13], optimizer_s: f[14] },
+        comm_bytes_per_step: f[15],
+        train_peak_rss_mib: f[16],
+        rss_scope: match f[17] as u8 {
+            1 => RssScope::ClearRefs,
+            2 => RssScope::Sampled,
+            _ => RssScope::None,
+        },
+    }
 }
 
 impl Report {

@@ -10,6 +10,7 @@ use crate::data::{resolve_data_dir, DataLoader, Dataset, Mnist};
 use crate::device::DeviceKind;
 use crate::metrics::Report;
 use crate::model::{BasicNet, BasicNetConfig};
+use crate::timing::Phase;
 use crate::{Error, Result};
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
@@ -387,19 +388,25 @@ pub fn run(args: &TrainArgs) -> Result<Report> {
     let mut train_loss = 0.0;
     let mut history = Vec::new();
     let mut eval = EvalSums::default();
+    let (mut timer, no_comm) = (crate::timing::StepTimer::start(device), crate::timing::Comm::default());
     // ANCHOR: baseline_loop
     for epoch in 1..=args.epochs {
         loader.set_epoch(epoch as u64 - 1);
         let t0 = Instant::now();
+        timer.resume(no_comm);
         let (mut loss_sum, mut n_batches) = (0.0, 0usize);
         let mut stop = false;
         for (batch_idx, (images, labels)) in loader.iter().enumerate() {
             // The same dropout masks as level 1 at world size 1: one computation.
+            timer.lap(Phase::Data, no_comm);
             seed_batch(args.seed, 0, steps as u64);
             opt.zero_grad();
             let loss = batch_loss(&net, &images, &labels);
+            timer.lap(Phase::Forward, no_comm);
             loss.backward();
+            timer.lap(Phase::Backward, no_comm);
             opt.step();
+            timer.end_step(Phase::Optimizer, no_comm, images.size()[0] as u64);
             let l = loss.double_value(&[]);
             loss_sum += l;
             n_batches += 1;
@@ -432,14 +439,18 @@ pub fn run(args: &TrainArgs) -> Result<Report> {
         save_weights(path, &crate::model::Model::named_parameters(&net))?;
     }
     let peak = crate::memory::peak_rss_bytes().map(crate::memory::mib).unwrap_or(0.0);
+    let timing = timer.finish();
     let report = Report {
         accuracy: eval.accuracy(),
         eval_samples: eval.count as u64,
         test_loss: eval.mean_loss(),
         train_loss,
-        samples_per_s: samples as f64 / train_s.max(1e-9),
+        samples_per_s: if timing.timed_steps > 0 { timing.samples_per_s() } else { samples as f64 / train_s.max(1e-9) },
         wall_s: start.elapsed().as_secs_f64(),
         peak_rss_mib: peak,
+        train_peak_rss_mib: timing.train_peak_rss_mib,
+        samples: samples as u64,
+        timing,
         steps: steps as u64,
         world_size: 1,
         strategy: "single".into(),

@@ -391,6 +391,16 @@ impl<'pg> WrappedModel<'pg> {
         }
     }
 
+    /// Cumulative communication since wrapping: collective seconds and payload bytes (what
+    /// [`crate::timing::StepTimer`] takes per lap).
+    pub fn comm(&self) -> crate::timing::Comm {
+        let bytes = match &self.inner {
+            Inner::Ddp { model, .. } => model.comm_bytes(),
+            Inner::Fsdp(m) => m.comm_bytes(),
+        };
+        crate::timing::Comm { seconds: self.comm_seconds(), bytes }
+    }
+
     /// Bytes of model state this rank holds (AdamW: two state tensors per parameter element).
     // ANCHOR: wrapped_memory
     pub fn memory(&self) -> ModelStateBytes {

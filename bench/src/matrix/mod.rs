@@ -24,11 +24,14 @@ mod run;
 
 pub use plots::write_plots;
 
-pub use render::{render_allreduce, render_csv, render_markdown, render_memory, render_terminal, render_throughput};
+pub use render::{
+    render_allreduce, render_csv, render_markdown, render_memory, render_steps, render_targets, render_targets_csv, render_terminal,
+    render_throughput,
+};
 pub use run::run_matrix;
 
 use crate::error::{Error, Result};
-use crate::figures::{ModelState, RunFigures};
+use crate::figures::{ModelState, PhaseTimes, RunFigures, StepTiming};
 use crate::machine::Machine;
 use crate::stats::Spread;
 use serde::{Deserialize, Serialize};
@@ -117,6 +120,11 @@ pub struct RunArgs {
     /// Leave the PyTorch peers out (no ratios).
     #[arg(long)]
     pub no_peers: bool,
+    /// Install 🤗 accelerate and transformers into the peers' venv (pip, from PyPI; nothing
+    /// happens when both import already) so that levels 2 and 3 get their Accelerate and
+    /// Trainer peers. Without it those peers run only if the venv has them.
+    #[arg(long)]
+    pub install_peers: bool,
     /// Leave the all-reduce bandwidth measurement out.
     #[arg(long)]
     pub no_allreduce: bool,
@@ -151,6 +159,18 @@ pub enum Peer {
         /// Ranks.
         world_size: usize,
     },
+    /// `bench/reference/accelerate_loop.py` under `accelerate launch --num_processes W`
+    /// (W processes over gloo on CPU): level 2's twin.
+    Accelerate {
+        /// Processes.
+        world_size: usize,
+    },
+    /// `bench/reference/trainer.py` (🤗 `Trainer`, `TrainingArguments`) under `torchrun
+    /// --standalone --nproc-per-node W`: level 3's twin.
+    Trainer {
+        /// Processes.
+        world_size: usize,
+    },
 }
 
 impl Peer {
@@ -159,6 +179,23 @@ impl Peer {
         match self {
             Peer::Tutorial => "pytorch-tutorial".into(),
             Peer::DdpGloo { world_size } => format!("pytorch-ddp-gloo-w{world_size}"),
+            Peer::Accelerate { world_size } => format!("hf-accelerate-w{world_size}"),
+            Peer::Trainer { world_size } => format!("hf-trainer-w{world_size}"),
+        }
+    }
+
+    /// Whether the peer needs 🤗 accelerate and transformers in the venv.
+    pub fn needs_hf(self) -> bool {
+        matches!(self, Peer::Accelerate { .. } | Peer::Trainer { .. })
+    }
+
+    /// What the peer is, for tables: `PyTorch DDP (gloo)`, `🤗 Accelerate`, …
+    pub fn title(self) -> &'static str {
+        match self {
+            Peer::Tutorial => "PyTorch tutorial",
+            Peer::DdpGloo { .. } => "PyTorch DDP (gloo)",
+            Peer::Accelerate { .. } => "🤗 Accelerate",
+            Peer::Trainer { .. } => "🤗 Trainer",
         }
     }
 }
@@ -254,8 +291,14 @@ pub fn plan(args: &RunArgs) -> Result<(Vec<Case>, Vec<String>)> {
                             }
                             continue;
                         }
-                        let peer = (!args.no_peers && strategy == Strategy::Ddp && width == 128 && precision == Precision::Fp32)
-                            .then_some(Peer::DdpGloo { world_size });
+                        // Each level's twin: PyTorch DDP, 🤗 Accelerate, 🤗 Trainer.
+                        let twin = match level.number {
+                            1 => Peer::DdpGloo { world_size },
+                            2 => Peer::Accelerate { world_size },
+                            _ => Peer::Trainer { world_size },
+                        };
+                        let peer =
+                            (!args.no_peers && strategy == Strategy::Ddp && width == 128 && precision == Precision::Fp32).then_some(twin);
                         cases.push(Case {
                             id: format!("l{}-{}-w{world_size}-{width}-{}", level.number, strategy.name(), precision.name()),
                             level: Some(level.number),
@@ -310,6 +353,69 @@ pub struct Row {
     pub peak_rss_per_rank: Vec<f64>,
     /// Wall seconds per run (launch to exit), per repeat.
     pub wall_s: Option<Spread>,
+    /// Training-phase peak RSS per rank, MiB: per rank, the max over repeats (reset when
+    /// training starts; empty when not measured).
+    #[serde(default)]
+    pub train_peak_rss_per_rank: Vec<f64>,
+    /// The peer's training-phase peak RSS, MiB (max over its ranks and repeats).
+    #[serde(default)]
+    pub peer_train_peak_rss_mib: Option<f64>,
+    /// The peer's whole-process peak RSS, MiB (max over its ranks and repeats).
+    #[serde(default)]
+    pub peer_peak_rss_mib: Option<f64>,
+    /// Step figures (the slowest rank's), medians over repeats.
+    #[serde(default)]
+    pub step: Option<StepFigures>,
+    /// The peer's step figures, medians over repeats.
+    #[serde(default)]
+    pub peer_step: Option<StepFigures>,
+    /// This bf16 cell's median samples/s over the fp32 cell's at the same level, strategy,
+    /// world size and width.
+    #[serde(default)]
+    pub vs_fp32: Option<f64>,
+}
+
+/// A cell's step figures, each the median over repeats of the run's slowest rank's: seconds,
+/// bytes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct StepFigures {
+    /// Median step time over the timed steps, seconds.
+    pub step_p50_s: f64,
+    /// 95th-percentile step time, seconds.
+    pub step_p95_s: f64,
+    /// Time from the start of training to the end of the first step, seconds.
+    pub first_step_s: f64,
+    /// Mean seconds per step by phase (data, forward, backward without communication,
+    /// communication, optimizer).
+    pub phases: PhaseTimes,
+    /// Mean communication payload bytes per step.
+    pub comm_bytes_per_step: f64,
+    /// Timed steps per run (the last repeat's).
+    pub timed_steps: u64,
+}
+
+impl StepFigures {
+    /// Medians over `runs` of their step figures; `None` when no run timed a step.
+    pub fn median_of(runs: &[&RunFigures]) -> Option<StepFigures> {
+        let timed: Vec<&StepTiming> = runs.iter().map(|f| &f.timing).filter(|t| t.timed_steps > 0).collect();
+        let last = timed.last()?;
+        let med = |g: &dyn Fn(&StepTiming) -> f64| Spread::of(&timed.iter().map(|t| g(t)).collect::<Vec<_>>()).map_or(0.0, |s| s.median);
+        Some(StepFigures {
+            step_p50_s: med(&|t| t.step_p50_s),
+            step_p95_s: med(&|t| t.step_p95_s),
+            first_step_s: med(&|t| t.first_step_s),
+            phases: PhaseTimes {
+                data_s: med(&|t| t.phases.data_s),
+                forward_s: med(&|t| t.phases.forward_s),
+                backward_s: med(&|t| t.phases.backward_s),
+                comm_s: med(&|t| t.phases.comm_s),
+                optimizer_s: med(&|t| t.phases.optimizer_s),
+            },
+            comm_bytes_per_step: med(&|t| t.comm_bytes_per_step),
+            timed_steps: last.timed_steps,
+        })
+    }
 }
 
 /// One row of the all-reduce measurement (`allreduce_bench --json`).
@@ -342,6 +448,67 @@ pub struct AllReduce {
     pub rows: Vec<AllReduceRow>,
 }
 
+/// A target of issues #10 and #11, for one cell, with its measured value.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Target {
+    /// The issue that sets it (10 or 11).
+    pub issue: u32,
+    /// What is compared: `ours / PyTorch DDP (gloo) samples/s`.
+    pub what: String,
+    /// The cell ([`label`]).
+    pub cell: String,
+    /// The measured ratio.
+    pub measured: f64,
+    /// The threshold.
+    pub threshold: f64,
+    /// `true`: measured ≥ threshold is met; `false`: measured ≤ threshold is.
+    pub at_least: bool,
+    /// Whether the measured value meets the threshold.
+    pub met: bool,
+}
+
+impl Target {
+    fn new(issue: u32, what: String, cell: &Case, measured: f64, threshold: f64, at_least: bool) -> Self {
+        let met = if at_least { measured >= threshold } else { measured <= threshold };
+        Self { issue, what, cell: label(cell), measured, threshold, at_least, met }
+    }
+
+    /// `≥ 1.30×` / `≤ 0.50×`.
+    pub fn bound(&self) -> String {
+        format!("{} {:.2}×", if self.at_least { "≥" } else { "≤" }, self.threshold)
+    }
+}
+
+/// Every target the rows can be checked against, in row order: ours / peer samples/s ≥ 1.3 and
+/// training-phase peak RSS / peer's ≤ 0.5 (#11), FSDP FULL_SHARD / DDP ≥ 0.9 (#11), bf16 / fp32
+/// ≥ 1.5 (#11), level 2 / level 1 ≥ 0.98 and level 3 / level 1 ≥ 0.97 (#10).
+pub fn targets(rows: &[Row]) -> Vec<Target> {
+    let mut out = Vec::new();
+    for r in rows {
+        let c = &r.case;
+        let peer = c.peer.map_or("PyTorch", Peer::title);
+        if let Some(ratio) = r.ratio {
+            out.push(Target::new(11, format!("ours / {peer} samples/s"), c, ratio.median, 1.3, true));
+        }
+        let ours_train = r.train_peak_rss_per_rank.iter().copied().reduce(f64::max);
+        if let (Some(a), Some(b)) = (ours_train, r.peer_train_peak_rss_mib) {
+            out.push(Target::new(11, format!("training-phase peak RSS per rank, ours / {peer}"), c, a / b, 0.5, false));
+        }
+        if let (Strategy::FsdpFullShard, Some(v)) = (c.strategy, r.vs_ddp) {
+            out.push(Target::new(11, "FSDP FULL_SHARD / DDP samples/s".into(), c, v, 0.9, true));
+        }
+        if let Some(v) = r.vs_fp32 {
+            out.push(Target::new(11, "bf16 / fp32 samples/s".into(), c, v, 1.5, true));
+        }
+        match (c.level, r.vs_level1) {
+            (Some(2), Some(v)) => out.push(Target::new(10, "level 2 / level 1 samples/s".into(), c, v, 0.98, true)),
+            (Some(3), Some(v)) => out.push(Target::new(10, "level 3 / level 1 samples/s".into(), c, v, 0.97, true)),
+            _ => {}
+        }
+    }
+    out
+}
+
 /// What `bench.json` holds.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct MatrixSummary {
@@ -357,6 +524,9 @@ pub struct MatrixSummary {
     pub allreduce: Option<AllReduce>,
     /// Why the all-reduce measurement failed, if it did.
     pub allreduce_error: Option<String>,
+    /// The targets of issues #10 and #11 with their measured values ([`targets`] of `rows`).
+    #[serde(default)]
+    pub targets: Vec<Target>,
 }
 
 impl MatrixSummary {
@@ -413,16 +583,22 @@ pub fn aggregate(cases: &[Case], ours: &Ours, theirs: &Theirs) -> Vec<Row> {
                 .collect();
             let med = |v: Vec<f64>| Spread::of(&v).map(|s| s.median);
             let last = ok.last().map(|(f, _)| f);
-            let mut peak: Vec<f64> = Vec::new();
-            for (f, _) in &ok {
-                for (i, m) in f.peak_rss_per_rank().into_iter().enumerate() {
-                    if i < peak.len() {
-                        peak[i] = peak[i].max(m);
-                    } else {
-                        peak.push(m);
+            let per_rank_max = |get: &dyn Fn(&RunFigures) -> Vec<f64>| {
+                let mut peak: Vec<f64> = Vec::new();
+                for (f, _) in &ok {
+                    for (i, m) in get(f).into_iter().enumerate() {
+                        if i < peak.len() {
+                            peak[i] = peak[i].max(m);
+                        } else {
+                            peak.push(m);
+                        }
                     }
                 }
-            }
+                peak
+            };
+            let peak = per_rank_max(&RunFigures::peak_rss_per_rank);
+            let train_peak = per_rank_max(&RunFigures::train_peak_rss_per_rank);
+            let peer_max = |get: &dyn Fn(&RunFigures) -> f64| peer_ok.iter().map(|f| get(f)).filter(|&m| m > 0.0).reduce(f64::max);
             Row {
                 case: case.clone(),
                 errors,
@@ -439,6 +615,12 @@ pub fn aggregate(cases: &[Case], ours: &Ours, theirs: &Theirs) -> Vec<Row> {
                 model_state: last.and_then(|f| f.ranks.first()).map(|r| r.model_state),
                 peak_rss_per_rank: peak,
                 wall_s: Spread::of(&ok.iter().map(|(_, w)| *w).collect::<Vec<_>>()),
+                train_peak_rss_per_rank: train_peak,
+                peer_train_peak_rss_mib: peer_max(&|f| f.train_peak_rss_mib),
+                peer_peak_rss_mib: peer_max(&|f| f.peak_rss_mib),
+                step: StepFigures::median_of(&ok.iter().map(|(f, _)| f).collect::<Vec<_>>()),
+                peer_step: StepFigures::median_of(&peer_ok),
+                vs_fp32: None,
             }
         })
         .collect();
@@ -453,6 +635,13 @@ pub fn aggregate(cases: &[Case], ours: &Ours, theirs: &Theirs) -> Vec<Row> {
         }
         if c.level.is_some() && !matches!(c.strategy, Strategy::Ddp | Strategy::Single) {
             row.vs_ddp = find(&|o| o.level == c.level && o.strategy == Strategy::Ddp && same(o)).zip(ours).map(|(d, x)| x / d);
+        }
+        if c.precision == Precision::Bf16 {
+            row.vs_fp32 = find(&|o| {
+                o.level == c.level && o.strategy == c.strategy && o.world_size == c.world_size && o.width == c.width && o.precision == Precision::Fp32
+            })
+            .zip(ours)
+            .map(|(f, x)| x / f);
         }
     }
     rows
@@ -531,6 +720,9 @@ mod tests {
         ours.insert(ids[2].into(), vec![Ok((figures(50.0), 1.0))]);
         let mut theirs = Theirs::new();
         theirs.insert("pytorch-ddp-gloo-w2".into(), vec![Ok(figures(50.0)), Ok(figures(100.0)), Ok(figures(45.0))]);
+        // Level 2's twin is 🤗 Accelerate, level 1's PyTorch DDP.
+        assert_eq!((cases[0].peer, cases[1].peer), (Some(Peer::DdpGloo { world_size: 2 }), Some(Peer::Accelerate { world_size: 2 })));
+        theirs.insert("hf-accelerate-w2".into(), vec![Ok(figures(50.0)), Ok(figures(100.0)), Ok(figures(45.0))]);
         let rows = aggregate(&cases, &ours, &theirs);
         // Level 1: ratios 2.0, 1.2, 2.0 → median 2.0; not the ratio of the medians (100 / 50).
         assert_eq!(rows[0].ratio, Some(Spread { median: 2.0, min: 1.2, max: 2.0, n: 3 }));

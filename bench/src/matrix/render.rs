@@ -1,7 +1,7 @@
 //! The matrix's tables: throughput (with the ratios), memory per rank, all-reduce bandwidth; for
 //! the terminal (comfy-table UTF-8) and for `bench.md` (markdown).
 
-use super::{label, MatrixSummary};
+use super::{label, targets, MatrixSummary, Peer, Row, StepFigures};
 use crate::figures::ModelState;
 use crate::stats::Spread;
 use comfy_table::{presets, CellAlignment, Table};
@@ -49,13 +49,15 @@ pub fn render_throughput(summary: &MatrixSummary, markdown: bool) -> String {
             "precision",
             "steps",
             "samples/s (median, min–max)",
-            "PyTorch samples/s",
-            "ours / PyTorch",
+            "peer",
+            "peer samples/s",
+            "ours / peer",
             "vs level 1",
             "vs ddp",
+            "vs fp32",
             "comm share",
             "accuracy",
-            "PyTorch accuracy",
+            "peer accuracy",
             "eval samples",
         ],
     );
@@ -70,10 +72,12 @@ pub fn render_throughput(summary: &MatrixSummary, markdown: bool) -> String {
             c.precision.name().into(),
             c.steps.to_string(),
             if failed { "FAILED".into() } else { spread_cell(r.samples_per_s, 0, "") },
+            c.peer.map_or("—".into(), peer_short),
             spread_cell(r.peer_samples_per_s, 0, ""),
             spread_cell(r.ratio, 2, "×"),
             opt(r.vs_level1, |v| format!("{v:.2}×")),
             opt(r.vs_ddp, |v| format!("{v:.2}×")),
+            opt(r.vs_fp32, |v| format!("{v:.2}×")),
             opt(r.comm_share, |v| format!("{:.1}%", 100.0 * v)),
             opt(r.accuracy, |v| format!("{:.2}%", 100.0 * v)),
             opt(r.peer_accuracy, |v| format!("{:.2}%", 100.0 * v)),
@@ -84,7 +88,98 @@ pub fn render_throughput(summary: &MatrixSummary, markdown: bool) -> String {
     t.to_string()
 }
 
-/// The memory table: model-state bytes of rank 0 and the peak RSS of every rank.
+/// The peer's name in a table cell (plain text: comfy-table aligns emoji poorly).
+fn peer_short(p: Peer) -> String {
+    match p {
+        Peer::Tutorial => "PyTorch tutorial",
+        Peer::DdpGloo { .. } => "PyTorch DDP",
+        Peer::Accelerate { .. } => "HF Accelerate",
+        Peer::Trainer { .. } => "HF Trainer",
+    }
+    .into()
+}
+
+fn ms(v: f64) -> String {
+    format!("{:.2}", v * 1e3)
+}
+
+/// The step table: step time p50/p95, time to first step, the phases per step, communication
+/// per step; the peer's p50 beside ours.
+pub fn render_steps(summary: &MatrixSummary, markdown: bool) -> String {
+    let mut t = new_table(
+        markdown,
+        &[
+            "level",
+            "strategy",
+            "ranks",
+            "fc1",
+            "precision",
+            "step p50 ms",
+            "step p95 ms",
+            "first step ms",
+            "data ms",
+            "forward ms",
+            "backward ms",
+            "comm ms",
+            "optimizer ms",
+            "comm KiB/step",
+            "peer step p50 ms",
+            "peer first step ms",
+        ],
+    );
+    for r in &summary.rows {
+        let c = &r.case;
+        let f = |g: fn(&StepFigures) -> f64| r.step.as_ref().map_or("—".into(), |s| ms(g(s)));
+        t.add_row(vec![
+            c.level.map_or("baseline".into(), |l| l.to_string()),
+            c.strategy.name().into(),
+            c.world_size.to_string(),
+            c.width.to_string(),
+            c.precision.name().into(),
+            f(|s| s.step_p50_s),
+            f(|s| s.step_p95_s),
+            f(|s| s.first_step_s),
+            f(|s| s.phases.data_s),
+            f(|s| s.phases.forward_s),
+            f(|s| s.phases.backward_s),
+            f(|s| s.phases.comm_s),
+            f(|s| s.phases.optimizer_s),
+            r.step.as_ref().map_or("—".into(), |s| format!("{:.0}", s.comm_bytes_per_step / 1024.0)),
+            r.peer_step.as_ref().map_or("—".into(), |s| ms(s.step_p50_s)),
+            r.peer_step.as_ref().map_or("—".into(), |s| ms(s.first_step_s)),
+        ]);
+    }
+    right_align(&mut t, 2);
+    t.to_string()
+}
+
+/// The targets of issues #10 and #11, each with its measured value and whether it is met.
+pub fn render_targets(summary: &MatrixSummary, markdown: bool) -> String {
+    let mut t = new_table(markdown, &["issue", "target", "cell", "measured", "bound", "met"]);
+    for g in targets(&summary.rows) {
+        t.add_row(vec![
+            format!("#{}", g.issue),
+            g.what.replace('🤗', "HF"),
+            g.cell.clone(),
+            format!("{:.2}×", g.measured),
+            g.bound(),
+            if g.met { "met".into() } else { "NOT MET".into() },
+        ]);
+    }
+    right_align(&mut t, 3);
+    t.to_string()
+}
+
+fn per_rank(v: &[f64]) -> String {
+    if v.is_empty() {
+        "—".into()
+    } else {
+        v.iter().map(|m| format!("{m:.0}")).collect::<Vec<_>>().join(" / ")
+    }
+}
+
+/// The memory table: model-state bytes of rank 0, the training-phase peak RSS of every rank
+/// beside its whole-process peak, and the peer's.
 pub fn render_memory(summary: &MatrixSummary, markdown: bool) -> String {
     let mut t = new_table(
         markdown,
@@ -98,7 +193,9 @@ pub fn render_memory(summary: &MatrixSummary, markdown: bool) -> String {
             "gradients MiB",
             "optimizer MiB",
             "gathered peak MiB",
-            "peak RSS per rank MiB",
+            "training-phase peak RSS per rank MiB",
+            "whole-process peak RSS per rank MiB",
+            "peer training-phase / whole-process MiB",
         ],
     );
     for r in &summary.rows {
@@ -114,15 +211,20 @@ pub fn render_memory(summary: &MatrixSummary, markdown: bool) -> String {
             ms(|m| m.gradients),
             ms(|m| m.optimizer),
             ms(|m| m.gathered_peak),
-            if r.peak_rss_per_rank.is_empty() {
-                "—".into()
-            } else {
-                r.peak_rss_per_rank.iter().map(|m| format!("{m:.0}")).collect::<Vec<_>>().join(" / ")
-            },
+            per_rank(&r.train_peak_rss_per_rank),
+            per_rank(&r.peak_rss_per_rank),
+            peer_rss(r),
         ]);
     }
     right_align(&mut t, 2);
     t.to_string()
+}
+
+fn peer_rss(r: &Row) -> String {
+    match (r.peer_train_peak_rss_mib, r.peer_peak_rss_mib) {
+        (None, None) => "—".into(),
+        (a, b) => format!("{} / {}", a.map_or("—".into(), |m| format!("{m:.0}")), b.map_or("—".into(), |m| format!("{m:.0}"))),
+    }
 }
 
 /// The all-reduce table (empty string when not measured).
@@ -160,24 +262,41 @@ fn render_notes(summary: &MatrixSummary) -> String {
     s
 }
 
-const EXPLAIN: &str = "samples/s: training samples over all ranks per second of the training loop (loading and \
-evaluation excluded); ours / PyTorch: the ratio within each repeat (ours and PyTorch's run back to back), median and \
-range over repeats; PyTorch peers: bench/reference/tutorial.py (single) and ddp_gloo.py under torchrun (ddp), same \
-model, AdamW recipe, per-rank batch 64 and threads per rank. comm share: max over ranks of the time in collectives / \
-training time. Model state: rank 0's persistent bytes (AdamW: 2 states per parameter); peak RSS: each rank's \
-whole-process high-water mark, data loading included.";
+const EXPLAIN: &str = "samples/s: training samples over all ranks per second of the timed steps (the first 2 \
+steps are warm-up, reported as time to first step; loading and evaluation excluded); ours / peer: the ratio within \
+each repeat (ours and the peer's run back to back), median and range over repeats; peers: bench/reference/tutorial.py \
+(single), ddp_gloo.py under torchrun (level 1), accelerate_loop.py under accelerate launch (level 2) and trainer.py \
+(HF Trainer) under torchrun (level 3), same model, AdamW recipe, per-rank batch 64 and threads per rank. comm share: \
+max over ranks of the time in collectives / training time.";
+
+const EXPLAIN_STEPS: &str = "Step figures of each run's slowest rank, medians over repeats: a step runs from the end \
+of the previous one to the end of its optimizer step (the clock read after its collectives; on CUDA after a device \
+synchronize), so the timed steps add up to the timed interval; p95 is nearest-rank. Phases are means per timed step: \
+data (batch and loop bookkeeping), forward (zero_grad, forward, loss), backward without communication, comm (time \
+inside collectives, moved out of the phase it happened in), optimizer. comm KiB/step: payload bytes of the \
+collectives per step (all-reduce buffer, all-gather output, reduce-scatter input). The peers report no comm phase \
+(PyTorch DDP overlaps it with backward).";
+
+const EXPLAIN_MEMORY: &str = "Model state: rank 0's persistent bytes (AdamW: 2 states per parameter). \
+Training-phase peak RSS: the high-water mark from the start of training on (VmHWM reset through \
+/proc/self/clear_refs; ours and the peers alike); whole-process: the high-water mark since start-up, data loading \
+included.";
 
 /// What the terminal shows.
 pub fn render_terminal(summary: &MatrixSummary) -> String {
     let mut s = format!(
-        "{}\n\nThroughput (repeats: {})\n{}\n\nMemory\n{}\n",
+        "{}\n\nThroughput (repeats: {})\n{}\n\nSteps (ms)\n{}\n\nMemory\n{}\n",
         summary.machine.line(),
         summary.repeats,
         render_throughput(summary, false),
+        render_steps(summary, false),
         render_memory(summary, false)
     );
     if summary.allreduce.is_some() {
         s.push_str(&format!("\nAll-reduce (f32, sum)\n{}\n", render_allreduce(summary, false)));
+    }
+    if !targets(&summary.rows).is_empty() {
+        s.push_str(&format!("\nTargets (issues #10, #11)\n{}\n", render_targets(summary, false)));
     }
     s.push_str(&render_notes(summary));
     s
@@ -186,12 +305,19 @@ pub fn render_terminal(summary: &MatrixSummary) -> String {
 /// `bench.md`.
 pub fn render_markdown(summary: &MatrixSummary) -> String {
     let mut s = format!(
-        "# ddp-ladder bench\n\n{}\n\n## Throughput (repeats: {})\n\n{}\n\n{EXPLAIN}\n\n## Memory\n\n{}\n",
+        "# ddp-ladder bench\n\n{}\n\n## Throughput (repeats: {})\n\n{}\n\n{EXPLAIN}\n\n## Steps (ms)\n\n{}\n\n{EXPLAIN_STEPS}\n\n## Memory\n\n{}\n\n{EXPLAIN_MEMORY}\n",
         summary.machine.line(),
         summary.repeats,
         render_throughput(summary, true),
+        render_steps(summary, true),
         render_memory(summary, true)
     );
+    if !targets(&summary.rows).is_empty() {
+        s.push_str(&format!(
+            "\n## Targets (issues #10, #11; measured in this run, met or not)\n\n{}\n",
+            render_targets(summary, true)
+        ));
+    }
     if let Some(a) = &summary.allreduce {
         s.push_str(&format!(
             "\n## All-reduce, {} ranks (f32, sum; busbw = algbw × 2(n−1)/n)\n\n{}\n",
@@ -218,7 +344,7 @@ pub fn render_csv(summary: &MatrixSummary) -> String {
         "samples_per_s_median",
         "samples_per_s_min",
         "samples_per_s_max",
-        "pytorch_samples_per_s_median",
+        "peer_samples_per_s_median",
         "ratio_median",
         "ratio_min",
         "ratio_max",
@@ -226,7 +352,7 @@ pub fn render_csv(summary: &MatrixSummary) -> String {
         "vs_ddp",
         "comm_share",
         "accuracy",
-        "pytorch_accuracy",
+        "peer_accuracy",
         "eval_samples",
         "test_loss",
         "parameters_bytes",
@@ -234,6 +360,22 @@ pub fn render_csv(summary: &MatrixSummary) -> String {
         "optimizer_bytes",
         "gathered_peak_bytes",
         "peak_rss_mib_max_rank",
+        "train_peak_rss_mib_max_rank",
+        "peer",
+        "peer_train_peak_rss_mib",
+        "peer_peak_rss_mib",
+        "vs_fp32",
+        "step_p50_s",
+        "step_p95_s",
+        "first_step_s",
+        "data_s",
+        "forward_s",
+        "backward_s",
+        "comm_s",
+        "optimizer_s",
+        "comm_bytes_per_step",
+        "peer_step_p50_s",
+        "peer_first_step_s",
         "errors",
     ];
     let f = |v: Option<f64>| v.map_or(String::new(), |x| format!("{x}"));
@@ -269,10 +411,36 @@ pub fn render_csv(summary: &MatrixSummary) -> String {
             ms.map_or(String::new(), |m| m.optimizer.to_string()),
             ms.map_or(String::new(), |m| m.gathered_peak.to_string()),
             f(r.peak_rss_per_rank.iter().copied().reduce(f64::max)),
+            f(r.train_peak_rss_per_rank.iter().copied().reduce(f64::max)),
+            c.peer.map_or(String::new(), |p| p.id()),
+            f(r.peer_train_peak_rss_mib),
+            f(r.peer_peak_rss_mib),
+            f(r.vs_fp32),
+            f(r.step.map(|s| s.step_p50_s)),
+            f(r.step.map(|s| s.step_p95_s)),
+            f(r.step.map(|s| s.first_step_s)),
+            f(r.step.map(|s| s.phases.data_s)),
+            f(r.step.map(|s| s.phases.forward_s)),
+            f(r.step.map(|s| s.phases.backward_s)),
+            f(r.step.map(|s| s.phases.comm_s)),
+            f(r.step.map(|s| s.phases.optimizer_s)),
+            f(r.step.map(|s| s.comm_bytes_per_step)),
+            f(r.peer_step.map(|s| s.step_p50_s)),
+            f(r.peer_step.map(|s| s.first_step_s)),
             r.errors.len().to_string(),
         ];
         out.push_str(&cells.join(","));
         out.push('\n');
+    }
+    out
+}
+
+/// `targets.csv`: one line per target and cell (issue, what, cell, measured, threshold,
+/// at_least, met).
+pub fn render_targets_csv(summary: &MatrixSummary) -> String {
+    let mut out = String::from("issue,what,cell,measured,threshold,at_least,met\n");
+    for g in targets(&summary.rows) {
+        out.push_str(&format!("{},\"{}\",\"{}\",{},{},{},{}\n", g.issue, g.what, g.cell, g.measured, g.threshold, g.at_least, g.met));
     }
     out
 }

@@ -64,6 +64,25 @@ pub fn run_matrix(args: &RunArgs) -> Result<MatrixSummary> {
     if cases.iter().any(|c| c.peer.is_some()) {
         require_binary(paths.python.clone())?;
     }
+    // 🤗 peers: install accelerate + transformers when asked; without them, those rows run
+    // without a peer and say so.
+    let mut cases = cases;
+    if cases.iter().any(|c| c.peer.is_some_and(Peer::needs_hf)) {
+        if args.install_peers && !hf_available(&paths.python) {
+            install_hf(&paths.python)?;
+        }
+        if !hf_available(&paths.python) {
+            for c in cases.iter_mut().filter(|c| c.peer.is_some_and(Peer::needs_hf)) {
+                let peer = c.peer.take().map(Peer::title).unwrap_or_default();
+                skipped.push(format!(
+                    "{}: no {peer} peer — accelerate and transformers are not in {}; `bench run --install-peers` installs them",
+                    label(c),
+                    paths.python.display()
+                ));
+            }
+        }
+    }
+    let cases = cases;
     if !args.no_allreduce {
         require_binary(allreduce_binary(&paths.bin_dir))?;
     }
@@ -126,20 +145,50 @@ pub fn run_matrix(args: &RunArgs) -> Result<MatrixSummary> {
             }
         }
     };
-    let summary =
-        MatrixSummary { machine, repeats: args.repeats, rows: aggregate(&cases, &ours, &theirs), skipped, allreduce, allreduce_error };
+    let rows = aggregate(&cases, &ours, &theirs);
+    let targets = super::targets(&rows);
+    let summary = MatrixSummary { machine, repeats: args.repeats, rows, skipped, allreduce, allreduce_error, targets };
     println!("\n{}", render_terminal(&summary));
     write_file(&paths.out_dir.join("bench.json"), &serde_json::to_string_pretty(&summary).unwrap_or_default())?;
     write_file(&paths.out_dir.join("bench.md"), &render_markdown(&summary))?;
     write_file(&paths.out_dir.join("bench.csv"), &super::render_csv(&summary))?;
+    write_file(&paths.out_dir.join("targets.csv"), &super::render_targets_csv(&summary))?;
     let plots = super::write_plots(&summary, &paths.out_dir)?;
-    for f in ["bench.md", "bench.json", "bench.csv"] {
+    for f in ["bench.md", "bench.json", "bench.csv", "targets.csv"] {
         println!("written: {}", paths.out_dir.join(f).display());
     }
     for p in plots {
         println!("written: {}", p.display());
     }
     Ok(summary)
+}
+
+/// A TCP port free on this machine now (for `accelerate launch --main_process_port`).
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map_or(29500, |a| a.port())
+}
+
+/// Whether `python` imports accelerate and transformers.
+fn hf_available(python: &Path) -> bool {
+    Command::new(python).args(["-c", "import accelerate, transformers"]).output().is_ok_and(|o| o.status.success())
+}
+
+/// `python -m pip install accelerate transformers` (from PyPI).
+///
+/// # Errors
+/// [`Error::PeerInstall`] with pip's last lines.
+fn install_hf(python: &Path) -> Result<()> {
+    println!("installing accelerate and transformers into {} (pip, PyPI)", python.display());
+    let out = Command::new(python)
+        .args(["-m", "pip", "install", "--disable-pip-version-check", "accelerate", "transformers"])
+        .output()
+        .map_err(Error::io(python))?;
+    if out.status.success() {
+        return Ok(());
+    }
+    let text = String::from_utf8_lossy(&out.stderr);
+    let tail: Vec<&str> = text.lines().rev().take(5).collect();
+    Err(Error::PeerInstall { python: python.to_path_buf(), tail: tail.into_iter().rev().collect::<Vec<_>>().join("\n") })
 }
 
 fn allreduce_binary(bin_dir: &Path) -> PathBuf {
@@ -224,11 +273,26 @@ fn run_peer(peer: Peer, steps: usize, repeat: usize, paths: &Paths, timeout: Dur
             c.arg(reference.join("tutorial.py"));
             c
         }
-        Peer::DdpGloo { world_size } => {
+        Peer::DdpGloo { world_size } | Peer::Trainer { world_size } => {
             // torchrun from the same venv: `python -m torch.distributed.run`.
             let mut c = Command::new(&paths.python);
             c.args(["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", &world_size.to_string()]);
-            c.arg(reference.join("ddp_gloo.py"));
+            c.arg(reference.join(if matches!(peer, Peer::Trainer { .. }) { "trainer.py" } else { "ddp_gloo.py" }));
+            c
+        }
+        Peer::Accelerate { world_size } => {
+            // `accelerate launch` from the same venv. W > 1: its torchrun launcher (`--multi_gpu`),
+            // which the script's Accelerator(cpu=True) turns into W processes over gloo; W = 1:
+            // one plain CPU process.
+            let mut c = Command::new(&paths.python);
+            c.args(["-m", "accelerate.commands.launch", "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]);
+            if world_size > 1 {
+                c.args(["--multi_gpu", "--main_process_port", &free_port().to_string()]);
+            } else {
+                c.arg("--cpu");
+            }
+            c.args(["--num_processes", &world_size.to_string()]);
+            c.arg(reference.join("accelerate_loop.py"));
             c
         }
     };

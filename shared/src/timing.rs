@@ -1,0 +1,424 @@
+//! Per-step timing of a training loop, one helper for every level: step times (p50/p95 over the
+//! timed steps), time to first step, a per-phase breakdown (data, forward, backward without
+//! communication, communication, optimizer), communication bytes per step, and the peak RSS of
+//! the training phase alone.
+//!
+//! ```text
+//! let mut timer = StepTimer::start(device);        // training phase: peak RSS reset, clock on
+//! for (x, y) in loader.iter() {
+//!     timer.lap(Phase::Data, model.comm());       // the batch is here
+//!     let loss = model.forward_t(&x, true)?.nll_loss(&y);
+//!     timer.lap(Phase::Forward, model.comm());
+//!     model.backward(&loss)?;                      // includes the gradient all-reduce
+//!     timer.lap(Phase::Backward, model.comm());    // communication moved to Phase::Comm
+//!     optimizer.step();
+//!     timer.end_step(Phase::Optimizer, model.comm(), 64);
+//! }
+//! let timing = timer.finish();                      // StepTiming, seconds and bytes
+//! ```
+//!
+//! How the clock is read: every lap reads `Instant::now()` once (on CUDA after a device
+//! synchronize, so that queued kernels count in the phase that queued them); a step's time runs
+//! from the end of the previous step (or from [`StepTimer::start`] / [`StepTimer::resume`]) to
+//! its own end, so the step times add up to the timed interval exactly. Time between a
+//! [`StepTimer::resume`] and the previous step's end (evaluation between epochs, checkpoints) is
+//! not any step's. The first [`WARMUP_STEPS`] steps are warm-up: reported as time to first step
+//! and left out of throughput, percentiles and phases.
+//!
+//! Communication: the caller passes the wrapped model's cumulative collective seconds and
+//! bytes ([`Comm`]); what grew since the previous lap is moved out of that lap's phase into
+//! [`Phase::Comm`] (DDP's all-reduce out of backward, FSDP's all-gathers out of forward).
+
+use serde::{Deserialize, Serialize};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tch::Device;
+
+/// Steps at the start of training that are warm-up (left out of throughput and step figures).
+pub const WARMUP_STEPS: u64 = 2;
+
+/// Cumulative communication of a wrapped model since it was built (`WrappedModel::comm`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct Comm {
+    /// Seconds inside collectives.
+    pub seconds: f64,
+    /// Payload bytes of those collectives (the buffer each collective moves, as nccl-tests'
+    /// `size`: all-reduce in/out buffer, all-gather output, reduce-scatter input), bytes.
+    pub bytes: u64,
+}
+
+/// A phase of a training step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Phase {
+    /// Fetching the batch (and the loop's own bookkeeping since the previous step ended).
+    Data,
+    /// zero_grad, forward pass and loss.
+    Forward,
+    /// Backward pass, communication excluded.
+    Backward,
+    /// Time inside collectives (gradient all-reduce / reduce-scatter, FSDP all-gathers).
+    Comm,
+    /// Optimizer step (with gradient clipping and scaling where the loop does them).
+    Optimizer,
+}
+
+/// Mean seconds per timed step spent in each phase; they add up to the mean step time.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct PhaseTimes {
+    /// [`Phase::Data`], seconds per step.
+    pub data_s: f64,
+    /// [`Phase::Forward`], seconds per step.
+    pub forward_s: f64,
+    /// [`Phase::Backward`] (communication excluded), seconds per step.
+    pub backward_s: f64,
+    /// [`Phase::Comm`], seconds per step.
+    pub comm_s: f64,
+    /// [`Phase::Optimizer`], seconds per step.
+    pub optimizer_s: f64,
+}
+
+impl PhaseTimes {
+    /// Sum of the phases, seconds per step.
+    pub fn total(&self) -> f64 {
+        self.data_s + self.forward_s + self.backward_s + self.comm_s + self.optimizer_s
+    }
+
+    fn slot(&mut self, phase: Phase) -> &mut f64 {
+        match phase {
+            Phase::Data => &mut self.data_s,
+            Phase::Forward => &mut self.forward_s,
+            Phase::Backward => &mut self.backward_s,
+            Phase::Comm => &mut self.comm_s,
+            Phase::Optimizer => &mut self.optimizer_s,
+        }
+    }
+
+    fn plus(&self, o: &Self) -> Self {
+        Self {
+            data_s: self.data_s + o.data_s,
+            forward_s: self.forward_s + o.forward_s,
+            backward_s: self.backward_s + o.backward_s,
+            comm_s: self.comm_s + o.comm_s,
+            optimizer_s: self.optimizer_s + o.optimizer_s,
+        }
+    }
+
+    fn scaled(&self, k: f64) -> Self {
+        Self {
+            data_s: self.data_s * k,
+            forward_s: self.forward_s * k,
+            backward_s: self.backward_s * k,
+            comm_s: self.comm_s * k,
+            optimizer_s: self.optimizer_s * k,
+        }
+    }
+}
+
+/// How the training-phase peak RSS was measured.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum RssScope {
+    /// Not measured (no `/proc`).
+    #[default]
+    None,
+    /// `VmHWM` after resetting it at the phase start (`echo 5 > /proc/self/clear_refs`).
+    ClearRefs,
+    /// `VmRSS` sampled every 5 ms on a background thread (clear_refs did not reset `VmHWM`).
+    Sampled,
+}
+
+/// One rank's step figures (what [`StepTimer::finish`] returns). Seconds, bytes, MiB.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct StepTiming {
+    /// Steps taken (warm-up included).
+    pub steps: u64,
+    /// Warm-up steps (the first [`WARMUP_STEPS`], or fewer in a shorter run).
+    pub warmup_steps: u64,
+    /// Steps after warm-up.
+    pub timed_steps: u64,
+    /// Samples this rank processed over all steps.
+    pub samples: u64,
+    /// Samples this rank processed in the timed steps.
+    pub timed_samples: u64,
+    /// Sum of every step's time (warm-up included), seconds: the training loop's time less
+    /// what was excluded by `resume` (evaluation, checkpoints).
+    pub steps_s: f64,
+    /// Sum of the timed steps' times, seconds (the timed interval).
+    pub timed_s: f64,
+    /// From the training phase's start to the end of the first step, seconds.
+    pub first_step_s: f64,
+    /// Median timed step, seconds.
+    pub step_p50_s: f64,
+    /// 95th-percentile timed step (nearest rank), seconds.
+    pub step_p95_s: f64,
+    /// Mean seconds per timed step by phase.
+    pub phases: PhaseTimes,
+    /// Mean communication payload bytes per timed step.
+    pub comm_bytes_per_step: f64,
+    /// Peak RSS of the training phase (from [`StepTimer::start`] to `finish`), MiB.
+    pub train_peak_rss_mib: f64,
+    /// How `train_peak_rss_mib` was measured.
+    pub rss_scope: RssScope,
+}
+
+impl StepTiming {
+    /// Samples per second of this rank over the timed steps (all steps when none was timed).
+    pub fn samples_per_s(&self) -> f64 {
+        if self.timed_steps > 0 {
+            self.timed_samples as f64 / self.timed_s.max(1e-9)
+        } else {
+            self.samples as f64 / self.steps_s.max(1e-9)
+        }
+    }
+}
+
+/// Times the steps of a training loop (see the module docs).
+#[derive(Debug)]
+pub struct StepTimer {
+    cuda: Option<i64>,
+    phase_start: Instant,
+    mark: Instant,
+    comm_mark: Comm,
+    /// The step in progress: phases and samples.
+    current: PhaseTimes,
+    current_bytes: u64,
+    current_samples: u64,
+    step_times: Vec<f64>,
+    phases: PhaseTimes,
+    comm_bytes: u64,
+    samples: u64,
+    timed_samples: u64,
+    first_step_s: f64,
+    rss: RssProbe,
+}
+
+impl StepTimer {
+    /// Starts the training phase: resets the peak RSS, starts the clock. `device` is where the
+    /// model trains (CUDA laps synchronize it).
+    pub fn start(device: Device) -> Self {
+        let rss = RssProbe::start();
+        let now = Instant::now();
+        Self {
+            cuda: match device {
+                Device::Cuda(i) => Some(i as i64),
+                _ => None,
+            },
+            phase_start: now,
+            mark: now,
+            comm_mark: Comm::default(),
+            current: PhaseTimes::default(),
+            current_bytes: 0,
+            current_samples: 0,
+            step_times: Vec::new(),
+            phases: PhaseTimes::default(),
+            comm_bytes: 0,
+            samples: 0,
+            timed_samples: 0,
+            first_step_s: 0.0,
+            rss,
+        }
+    }
+
+    /// Restarts the clock without ending a step: what passed since the last lap (evaluation
+    /// between epochs, a checkpoint) belongs to no step. `comm` is the model's current total,
+    /// so that collectives outside steps are not counted either.
+    pub fn resume(&mut self, comm: Comm) {
+        self.mark = Instant::now();
+        self.comm_mark = comm;
+    }
+
+    /// Ends `phase`: the time since the previous lap goes to it, less the communication that
+    /// `comm` (the model's cumulative totals) grew by, which goes to [`Phase::Comm`].
+    pub fn lap(&mut self, phase: Phase, comm: Comm) {
+        if let Some(i) = self.cuda {
+            tch::Cuda::synchronize(i);
+        }
+        let now = Instant::now();
+        let dt = now.duration_since(self.mark).as_secs_f64();
+        let dc = (comm.seconds - self.comm_mark.seconds).clamp(0.0, dt);
+        *self.current.slot(phase) += dt - dc;
+        self.current.comm_s += dc;
+        self.current_bytes += comm.bytes.saturating_sub(self.comm_mark.bytes);
+        (self.mark, self.comm_mark) = (now, comm);
+    }
+
+    /// Adds samples to the step in progress (a loader handing out a micro-batch).
+    pub fn add_samples(&mut self, samples: u64) {
+        self.current_samples += samples;
+    }
+
+    /// Ends `phase` (as [`lap`](Self::lap)) and the step, which processed `samples` more samples
+    /// on this rank (besides those given to [`add_samples`](Self::add_samples)).
+    pub fn end_step(&mut self, phase: Phase, comm: Comm, samples: u64) {
+        self.lap(phase, comm);
+        let step = std::mem::take(&mut self.current);
+        let bytes = std::mem::take(&mut self.current_bytes);
+        let samples = std::mem::take(&mut self.current_samples) + samples;
+        let n = self.step_times.len() as u64;
+        if n == 0 {
+            self.first_step_s = self.mark.duration_since(self.phase_start).as_secs_f64();
+        }
+        self.step_times.push(step.total());
+        self.samples += samples;
+        if n >= WARMUP_STEPS {
+            self.phases = self.phases.plus(&step);
+            self.comm_bytes += bytes;
+            self.timed_samples += samples;
+        }
+    }
+
+    /// Steps ended so far.
+    pub fn steps(&self) -> u64 {
+        self.step_times.len() as u64
+    }
+
+    /// The figures so far (the training-phase peak RSS read now).
+    pub fn finish(&self) -> StepTiming {
+        let n = self.step_times.len() as u64;
+        let warmup = n.min(WARMUP_STEPS);
+        let mut timed: Vec<f64> = self.step_times[warmup as usize..].to_vec();
+        let timed_s: f64 = timed.iter().sum();
+        timed.sort_by(f64::total_cmp);
+        let k = timed.len();
+        let pick = |q: f64| if k == 0 { 0.0 } else { timed[((q * k as f64).ceil() as usize).clamp(1, k) - 1] };
+        let per = if k == 0 { 0.0 } else { 1.0 / k as f64 };
+        let (peak, scope) = self.rss.peak_mib();
+        StepTiming {
+            steps: n,
+            warmup_steps: warmup,
+            timed_steps: k as u64,
+            samples: self.samples,
+            timed_samples: self.timed_samples,
+            steps_s: self.step_times.iter().sum::<f64>() + 0.0,
+            timed_s: timed_s + 0.0,
+            first_step_s: self.first_step_s,
+            step_p50_s: pick(0.5),
+            step_p95_s: pick(0.95),
+            phases: self.phases.scaled(per),
+            comm_bytes_per_step: self.comm_bytes as f64 * per,
+            train_peak_rss_mib: peak,
+            rss_scope: scope,
+        }
+    }
+}
+
+/// The training phase's peak RSS: `VmHWM` reset through `/proc/self/clear_refs`
+/// ([`crate::memory::reset_peak_rss`], which keeps the whole-process peak for
+/// [`crate::memory::peak_rss_bytes`]) where that works, else a sampling thread.
+#[derive(Debug)]
+enum RssProbe {
+    Unavailable,
+    ClearRefs,
+    Sampled { peak: Arc<AtomicU64>, stop: Arc<AtomicBool> },
+}
+
+impl RssProbe {
+    fn start() -> Self {
+        use crate::memory::{current_rss_bytes, reset_peak_rss};
+        let Some(rss) = current_rss_bytes() else { return Self::Unavailable };
+        if reset_peak_rss() {
+            return Self::ClearRefs;
+        }
+        let (peak, stop) = (Arc::new(AtomicU64::new(rss)), Arc::new(AtomicBool::new(false)));
+        let (p, s) = (peak.clone(), stop.clone());
+        let spawned = std::thread::Builder::new().name("rss-sampler".into()).spawn(move || {
+            while !s.load(Ordering::Relaxed) {
+                if let Some(now) = current_rss_bytes() {
+                    p.fetch_max(now, Ordering::Relaxed);
+                }
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        });
+        if spawned.is_err() {
+            return Self::Unavailable;
+        }
+        Self::Sampled { peak, stop }
+    }
+
+    fn peak_mib(&self) -> (f64, RssScope) {
+        use crate::memory::{current_rss_bytes, mib, peak_rss_since_reset_bytes};
+        match self {
+            Self::Unavailable => (0.0, RssScope::None),
+            Self::ClearRefs => (peak_rss_since_reset_bytes().map(mib).unwrap_or(0.0), RssScope::ClearRefs),
+            Self::Sampled { peak, .. } => {
+                let p = peak.load(Ordering::Relaxed).max(current_rss_bytes().unwrap_or(0));
+                (mib(p), RssScope::Sampled)
+            }
+        }
+    }
+}
+
+impl Drop for RssProbe {
+    fn drop(&mut self) {
+        if let Self::Sampled { stop, .. } = self {
+            stop.store(true, Ordering::Relaxed);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spin(ms: u64) {
+        let t = Instant::now();
+        while t.elapsed() < Duration::from_millis(ms) {
+            std::hint::spin_loop();
+        }
+    }
+
+    #[test]
+    fn step_times_add_up_and_communication_moves_out_of_its_phase() {
+        let mut t = StepTimer::start(Device::Cpu);
+        let mut comm = Comm::default();
+        for step in 0..5u64 {
+            spin(1);
+            t.lap(Phase::Data, comm);
+            t.lap(Phase::Forward, comm);
+            spin(2);
+            // 0.5 ms of "all-reduce", 4 KiB, inside backward.
+            comm = Comm { seconds: comm.seconds + 0.0005, bytes: comm.bytes + 4096 };
+            t.lap(Phase::Backward, comm);
+            t.end_step(Phase::Optimizer, comm, 64);
+            if step == 2 {
+                spin(5);
+                t.resume(comm); // not a step's time
+            }
+        }
+        let f = t.finish();
+        assert_eq!((f.steps, f.warmup_steps, f.timed_steps), (5, 2, 3));
+        assert_eq!((f.samples, f.timed_samples), (320, 192));
+        assert_eq!(f.comm_bytes_per_step, 4096.0);
+        assert!((f.phases.comm_s - 0.0005).abs() < 1e-12, "{:?}", f.phases);
+        assert!((f.phases.total() * 3.0 - f.timed_s).abs() < 1e-9);
+        assert!(f.steps_s >= f.timed_s + f.first_step_s - 1e-12);
+        assert!(f.step_p50_s <= f.step_p95_s && f.step_p95_s <= f.timed_s);
+        assert!(f.step_p50_s >= 0.003, "each step spun ≥ 3 ms: {}", f.step_p50_s);
+        assert!(f.phases.backward_s >= 0.0015 && f.phases.data_s >= 0.001, "{:?}", f.phases);
+        assert_ne!(f.rss_scope, RssScope::None);
+        assert!(f.train_peak_rss_mib > 0.0);
+    }
+
+    #[test]
+    fn training_phase_peak_excludes_what_came_before() {
+        let before = vec![1u8; 160 << 20];
+        std::hint::black_box(&before);
+        drop(before);
+        let t = StepTimer::start(Device::Cpu);
+        let whole = crate::memory::peak_rss_bytes().map(crate::memory::mib).unwrap();
+        let f = t.finish();
+        assert!(f.train_peak_rss_mib + 48.0 < whole || f.rss_scope == RssScope::Sampled, "{f:?} whole {whole}");
+    }
+
+    #[test]
+    fn percentiles_are_nearest_rank() {
+        let mut t = StepTimer::start(Device::Cpu);
+        t.step_times = (1..=22).map(f64::from).collect(); // 2 warm-up + 20 timed: 3..=22
+        let f = t.finish();
+        assert_eq!((f.step_p50_s, f.step_p95_s, f.timed_steps), (12.0, 21.0, 20));
+        assert_eq!(StepTimer::start(Device::Cpu).finish().timed_steps, 0);
+    }
+}

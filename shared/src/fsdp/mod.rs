@@ -14,23 +14,28 @@
 //!    tensors cannot be written).
 //! 3. **Forward.** Before a unit's first segment its shards are all-gathered into a full flat
 //!    buffer and the model's parameter tensors are pointed at views of it (`Tensor::set_data`),
-//!    so the model's own forward code runs unchanged. `FullShard` (ZeRO-3) runs the unit under
-//!    `no_grad`, keeps only the segment inputs and frees the gathered parameters after the unit's
-//!    last segment; `ShardGradOp` (ZeRO-2) keeps the graph and the gathered parameters until
-//!    backward; `NoShard` (DDP) keeps full parameters on every rank.
-//! 4. **Backward.** Segments in reverse: `FullShard` all-gathers again and recomputes the unit's
-//!    segments with grad (activation recomputation stands in for the hooks tch lacks); the
-//!    gradient of each segment comes from `torch.autograd.grad` (`Tensor::run_backward`), which
-//!    does not accumulate into `.grad`, so no full-size gradient persists. Once a unit's
-//!    gradient is complete it is reduce-scattered with `ReduceOp::Avg` into the shard's gradient
-//!    (accumulating) and the gathered parameters are freed; `NoShard` all-reduces (Avg) instead.
+//!    so the model's own forward code runs unchanged, with grad: each segment's graph is kept
+//!    for backward. `FullShard` (ZeRO-3) then *frees the memory* of the gathered flat parameter
+//!    after the unit's last segment while keeping its storage object (PyTorch's
+//!    `_full_param_padded.untyped_storage().resize_(0)`, see [`storage`]): the graph's saved
+//!    views of the parameters stay valid but hold no memory. `ShardGradOp` (ZeRO-2) keeps the
+//!    gathered parameters until backward; `NoShard` (DDP) keeps full parameters on every rank.
+//! 4. **Backward.** Segments in reverse, each running the graph forward saved (no second
+//!    forward): before a `FullShard` unit's last segment, its storage is allocated again and
+//!    all-gathered into (`resize_(n)`, then `all_gather_into_tensor`), so the saved views read
+//!    the parameters again. The gradient of each segment comes from `torch.autograd.grad`
+//!    (`Tensor::run_backward`), which does not accumulate into `.grad` (no full-size gradient
+//!    persists) and releases the segment's saved tensors as it goes. Once a unit's gradient is
+//!    complete its gathered parameters are freed *first*, then the gradient is flattened and
+//!    reduce-scattered with `ReduceOp::Avg` into the shard's gradient (accumulating), so the
+//!    gathered parameters, the fresh per-parameter gradients and the flat gradient are never all
+//!    alive at once; `NoShard` all-reduces (Avg) instead.
 //! 5. **Step.** The optimizer steps only the local shards (its state is 1/W per rank); the next
 //!    forward all-gathers the updated shards.
 //!
 //! Differences from PyTorch: no communication/computation overlap (tch exposes no autograd
 //! hooks); the root unit is resharded after forward like every other unit (PyTorch keeps the
-//! root unsharded as an optimisation); `FullShard` recomputes a unit's forward in backward
-//! instead of keeping its activations.
+//! root unsharded as an optimisation); no prefetching of the next unit's all-gather.
 //!
 //! Mixed precision (`MixedPrecision`): shards stay in the model's dtype (fp32 master weights);
 //! they are cast to `param_dtype` before the all-gather, so forward and backward run in
@@ -40,6 +45,7 @@
 mod config;
 mod plan;
 mod state_dict;
+mod storage;
 
 pub use config::{Dtype, FsdpConfig, MixedPrecision, ShardingStrategy};
 pub use plan::{explain_units, plan_units, FlatParamUnit};
@@ -50,6 +56,7 @@ use crate::memory::ModelStateBytes;
 use crate::model::Segmented;
 use crate::{Error, Result};
 use plan::{flatten_padded, segment_params};
+use storage::FlatStorage;
 use std::time::{Duration, Instant};
 use tch::nn::{self, OptimizerConfig};
 use tch::{Device, Kind, Tensor};
@@ -58,8 +65,36 @@ use tch::{Device, Kind, Tensor};
 struct Saved {
     /// The segment's input: a detached leaf (requires grad for segments after the first).
     x: Tensor,
-    /// The segment's output with its graph; `None` when backward recomputes it (`FullShard`).
-    y: Option<Tensor>,
+    /// The segment's output with its graph (whose saved tensors view the gathered parameters).
+    y: Tensor,
+}
+
+/// A unit's gathered parameters.
+enum Gathered {
+    /// `NoShard`: the shard is the whole flat parameter; this is the shard itself (0 extra
+    /// bytes) or its cast to the compute dtype (mixed precision; those bytes).
+    Local(Tensor, u64),
+    /// Sharded: the all-gathered flat parameter, `[padded_numel]` in the compute dtype. Under
+    /// `FullShard` it is released between forward and backward and refilled in place.
+    Flat(FlatStorage),
+}
+
+impl Gathered {
+    /// The flat parameter while its memory is allocated.
+    fn tensor(&self) -> Option<&Tensor> {
+        match self {
+            Gathered::Local(t, _) => Some(t),
+            Gathered::Flat(s) => s.tensor(),
+        }
+    }
+
+    /// Bytes it adds while allocated.
+    fn bytes(&self) -> u64 {
+        match self {
+            Gathered::Local(_, b) => *b,
+            Gathered::Flat(s) => s.nbytes(),
+        }
+    }
 }
 
 /// A model whose parameters, gradients and optimizer state are sharded over ranks.
@@ -72,7 +107,7 @@ struct Saved {
 /// let mut opt = fsdp.adamw(1e-3)?;          // over this rank's shards only
 /// opt.zero_grad();
 /// let loss = fsdp.forward_t(&x, true)?.nll_loss(&y);
-/// fsdp.backward(&loss)?;                     // recompute, reduce-scatter(Avg) per unit
+/// fsdp.backward(&loss)?;                     // re-gather, backward, reduce-scatter(Avg) per unit
 /// fsdp.clip_grad_norm(1.0)?;                 // optional: global norm over all shards
 /// opt.step();
 /// ```
@@ -90,8 +125,8 @@ pub struct FullyShardedDataParallel<'pg, M: Segmented> {
     units: Vec<FlatParamUnit>,
     shard_vs: nn::VarStore,
     shards: Vec<Tensor>,
-    /// Per unit: the gathered full flat parameter (in the compute dtype) and its bytes.
-    gathered: Vec<Option<(Tensor, u64)>>,
+    /// Per unit: the gathered full flat parameter (in the compute dtype), if any.
+    gathered: Vec<Option<Gathered>>,
     /// Per unit: the unsharded gradient being accumulated during backward (and across
     /// backwards under `no_sync`).
     full_grads: Vec<Option<Tensor>>,
@@ -267,54 +302,101 @@ impl<'pg, M: Segmented> FullyShardedDataParallel<'pg, M> {
         self.config.mixed_precision.map_or(self.shards[u].kind(), |mp| mp.reduce_dtype.kind())
     }
 
-    /// All-gathers unit `u` (in the compute dtype) and points the model's parameters at it.
+    /// All-gathers unit `u` (in the compute dtype) and points the model's parameters at it. A
+    /// unit released after forward (`FullShard`) is refilled *in its own storage*, which the
+    /// views saved by forward's graph share; a unit already gathered is left as it is.
     fn gather(&mut self, u: usize) -> Result<()> {
-        if self.gathered[u].is_some() {
+        if self.gathered[u].as_ref().is_some_and(|g| g.tensor().is_some()) {
             return Ok(());
         }
-        let pkind = self.param_kind(u);
+        let (rank, pkind) = (self.pg.rank(), self.param_kind(u));
         let shard = self.shards[u].detach();
         let unit = &self.units[u];
-        let (full, bytes) = tch::no_grad(|| -> Result<(Tensor, u64)> {
-            if !self.config.sharding_strategy.is_sharded() {
-                // NoShard: the "shard" is the whole flat parameter; only a dtype cast copies.
-                return Ok(if pkind == shard.kind() {
-                    (shard, 0)
+        let gathered = if !self.config.sharding_strategy.is_sharded() {
+            // NoShard: the "shard" is the whole flat parameter; only a dtype cast copies.
+            tch::no_grad(|| {
+                if pkind == shard.kind() {
+                    Gathered::Local(shard, 0)
                 } else {
-                    (shard.to_kind(pkind), unit.numel as u64 * pkind.elt_size_in_bytes() as u64)
-                });
-            }
-            let input = shard.to_kind(pkind).contiguous();
-            let mut full = Tensor::empty([unit.padded_numel], (pkind, shard.device()));
-            let t0 = Instant::now();
-            self.pg.all_gather(&mut full, &input)?;
-            self.comm += t0.elapsed();
-            Ok((full, unit.padded_numel as u64 * pkind.elt_size_in_bytes() as u64))
-        })?;
+                    Gathered::Local(shard.to_kind(pkind), unit.numel as u64 * pkind.elt_size_in_bytes() as u64)
+                }
+            })
+        } else {
+            let mut storage = match self.gathered[u].take() {
+                Some(Gathered::Flat(mut released)) => {
+                    released.refill(rank)?;
+                    released
+                }
+                _ => FlatStorage::new(unit.padded_numel, pkind, shard.device()),
+            };
+            let mut full = storage.refill(rank)?.shallow_clone();
+            tch::no_grad(|| -> Result<()> {
+                let input = shard.to_kind(pkind).contiguous();
+                let t0 = Instant::now();
+                // The collective writes the storage's memory directly; `full` and the saved
+                // views share it.
+                self.pg.all_gather(&mut full, &input)?;
+                self.comm += t0.elapsed();
+                Ok(())
+            })?;
+            Gathered::Flat(storage)
+        };
+        let full = gathered.tensor().expect("just gathered").shallow_clone();
         for (k, &p) in unit.params.iter().enumerate() {
             let n: i64 = unit.shapes[k].iter().product();
             let view = full.narrow(0, unit.offsets[k], n).view(unit.shapes[k].as_slice());
             self.params[p].1.f_set_data(&view)?;
         }
-        self.live_gathered += bytes;
+        self.live_gathered += gathered.bytes();
         self.peak_gathered = self.peak_gathered.max(self.live_gathered);
-        self.gathered[u] = Some((full, bytes));
+        self.gathered[u] = Some(gathered);
         Ok(())
     }
 
-    /// Frees unit `u`'s gathered parameters (the model's tensors go back to 0 elements).
-    fn free(&mut self, u: usize) -> Result<()> {
-        if let Some((full, bytes)) = self.gathered[u].take() {
-            for &p in &self.units[u].params {
-                let empty = Tensor::empty([0], (full.kind(), full.device()));
-                self.params[p].1.f_set_data(&empty)?;
-            }
-            self.live_gathered -= bytes;
+    /// Points unit `u`'s parameters at 0-element tensors, so that nothing outside forward's
+    /// graph views the gathered flat parameter.
+    fn empty_params(&mut self, u: usize, kind: Kind) -> Result<()> {
+        let device = self.pg.device();
+        for &p in &self.units[u].params {
+            self.params[p].1.f_set_data(&Tensor::empty([0], (kind, device)))?;
         }
         Ok(())
     }
 
+    /// Frees unit `u`'s gathered parameters (the model's tensors go back to 0 elements). The
+    /// memory goes when the last view of it does: at once, unless a forward graph that was not
+    /// backpropagated still holds views (it is dropped by the next forward).
+    fn free(&mut self, u: usize) -> Result<()> {
+        if let Some(g) = self.gathered[u].take() {
+            if let Some(t) = g.tensor() {
+                self.live_gathered -= g.bytes();
+                self.empty_params(u, t.kind())?;
+            }
+        }
+        Ok(())
+    }
+
+    /// `FullShard` after a unit's forward: frees the memory of its gathered flat parameter but
+    /// keeps the storage object, which forward's graph views, for [`gather`](Self::gather) to
+    /// refill before the unit's backward (PyTorch's reshard: `storage().resize_(0)`).
+    fn release(&mut self, u: usize) -> Result<()> {
+        let rank = self.pg.rank();
+        let kind = self.param_kind(u);
+        if let Some(Gathered::Flat(storage)) = &mut self.gathered[u] {
+            if storage.is_filled() {
+                self.live_gathered -= storage.nbytes();
+                storage.release(rank)?;
+                self.empty_params(u, kind)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Frees every unit and drops what the last forward kept for backward (a graph whose
+    /// parameters are freed, or about to change, can no longer be backpropagated).
     fn free_all(&mut self) -> Result<()> {
+        self.saved.clear();
+        self.output = None;
         for u in 0..self.units.len() {
             self.free(u)?;
         }
@@ -326,15 +408,17 @@ impl<'pg, M: Segmented> FullyShardedDataParallel<'pg, M> {
     /// → `[batch, 10]` f32 log-probabilities); under mixed precision a floating input is cast
     /// to `param_dtype`.
     ///
-    /// In grad mode the output is a leaf that requires grad: compute the loss from it and pass
-    /// the loss to [`backward`](Self::backward). Under `no_grad` (evaluation) nothing is kept
-    /// for backward and every unit is freed after its last segment.
+    /// In grad mode each segment's graph is kept for [`backward`](Self::backward) (no second
+    /// forward there) and the output is a leaf that requires grad: compute the loss from it and
+    /// pass the loss to `backward`. `FullShard` frees each unit's gathered parameters after its
+    /// last segment (the graph keeps views of them that hold no memory until backward refills
+    /// them). Under `no_grad` (evaluation) nothing is kept for backward and every sharded unit is
+    /// freed after its last segment.
     ///
     /// # Errors
-    /// Collective errors from the all-gathers; [`Error::Torch`] if a shape does not fit.
+    /// Collective errors from the all-gathers; [`Error::Torch`] if a shape does not fit;
+    /// [`Error::Fsdp`] if a storage cannot be freed or allocated.
     pub fn forward_t(&mut self, xs: &Tensor, train: bool) -> Result<Tensor> {
-        self.saved.clear();
-        self.output = None;
         // Shards may have changed since the last gather (an optimizer step): gather afresh.
         self.free_all()?;
         let grad = grad_enabled();
@@ -348,20 +432,18 @@ impl<'pg, M: Segmented> FullyShardedDataParallel<'pg, M> {
             if let Some(u) = unit {
                 self.gather(u)?;
             }
-            let recompute = grad && unit.is_some() && strategy.reshard_after_forward();
             let x_in = if grad && i > 0 { x.detach().set_requires_grad(true) } else { x.detach() };
-            let y = if recompute {
-                tch::no_grad(|| self.module.segment_forward(i, &x_in, train))
-            } else {
-                self.module.segment_forward(i, &x_in, train)
-            };
+            let y = self.module.segment_forward(i, &x_in, train);
             if grad {
-                self.saved.push(Saved { x: x_in, y: (!recompute).then(|| y.shallow_clone()) });
+                self.saved.push(Saved { x: x_in, y: y.shallow_clone() });
             }
             if let Some(u) = unit {
-                let last = self.units[u].segments.last() == Some(&i);
-                if last && (recompute || (!grad && strategy.is_sharded())) {
-                    self.free(u)?;
+                if self.units[u].segments.last() == Some(&i) && strategy.is_sharded() {
+                    if !grad {
+                        self.free(u)?;
+                    } else if strategy.reshard_after_forward() {
+                        self.release(u)?;
+                    }
                 }
             }
             x = y;
@@ -376,11 +458,13 @@ impl<'pg, M: Segmented> FullyShardedDataParallel<'pg, M> {
     }
 
     /// Runs `loss.backward()` (which stops at the output of [`forward_t`](Self::forward_t)),
-    /// then backpropagates segment by segment in reverse, recomputing `FullShard` units, and —
-    /// unless inside [`no_sync`](Self::no_sync) — reduces each unit's gradient as soon as it is
-    /// complete: reduce-scatter(Avg) into the shard's `.grad` (accumulating, as PyTorch), or
-    /// all-reduce(Avg) for `NoShard`. Call it where single-process code calls
-    /// `loss.backward()`: `zero_grad` → `backward` → (`clip_grad_norm`) → `step`.
+    /// then backpropagates the graphs forward kept, segment by segment in reverse — refilling a
+    /// `FullShard` unit's gathered parameters (one all-gather into the storage its graph views)
+    /// before its last segment — and, unless inside [`no_sync`](Self::no_sync), reduces each
+    /// unit's gradient as soon as it is complete: reduce-scatter(Avg) into the shard's `.grad`
+    /// (accumulating, as PyTorch), or all-reduce(Avg) for `NoShard`. Call it where
+    /// single-process code calls `loss.backward()`: `zero_grad` → `backward` →
+    /// (`clip_grad_norm`) → `step`.
     ///
     /// # Errors
     /// [`Error::Fsdp`] when no grad-mode `forward_t` precedes it (or it is called twice for one
@@ -399,34 +483,40 @@ impl<'pg, M: Segmented> FullyShardedDataParallel<'pg, M> {
         if !g.defined() {
             g = out.zeros_like();
         }
-        let saved = std::mem::take(&mut self.saved);
+        let mut saved = std::mem::take(&mut self.saved);
+        let sharded = self.config.sharding_strategy.is_sharded();
         for i in (0..saved.len()).rev() {
+            let Saved { x, y } = saved.pop().expect("one Saved per segment");
             let unit = self.seg_unit[i];
-            let s = &saved[i];
-            let y = match &s.y {
-                Some(y) => y.shallow_clone(),
-                None => {
-                    let u = unit.expect("only segments of a unit are recomputed");
-                    self.gather(u)?;
-                    tch::with_grad(|| self.module.segment_forward(i, &s.x, self.train))
-                }
-            };
-            let want_x = i > 0 && s.x.requires_grad();
+            if let Some(u) = unit {
+                // FullShard: refill the storage forward's graph views (no-op when gathered).
+                self.gather(u)?;
+            }
+            let want_x = i > 0 && x.requires_grad();
             let mut inputs: Vec<Tensor> = Vec::new();
             if want_x {
-                inputs.push(s.x.shallow_clone());
+                inputs.push(x.shallow_clone());
             }
             inputs.extend(self.seg_params[i].iter().map(|&p| self.params[p].1.shallow_clone()));
             let grads: Vec<Tensor> = if inputs.is_empty() || !y.requires_grad() {
                 Vec::new()
             } else {
-                // torch.autograd.grad(y, inputs, grad_outputs=g): nothing accumulates in .grad.
+                // torch.autograd.grad(y, inputs, grad_outputs=g): nothing accumulates in .grad,
+                // and (retain_graph=False) the graph's saved tensors are released as it runs.
                 tch::with_grad(|| {
                     let root = (&y * &g).sum(y.kind());
                     Tensor::f_run_backward(&[root], &inputs, false, false)
                 })?
             };
+            drop((y, inputs));
             let grad_of = |k: usize| grads.get(k).filter(|t| t.defined());
+            let done = unit.filter(|&u| self.units[u].segments.first() == Some(&i));
+            if let Some(u) = done.filter(|_| sharded) {
+                // The unit's backward is over: free its gathered parameters before the gradient
+                // is flattened and reduced (peak: per-parameter gradients + flat gradient, not
+                // those and the gathered parameters too).
+                self.free(u)?;
+            }
             if let Some(u) = unit {
                 let unit_ref = &self.units[u];
                 let pkind = self.param_kind(u);
@@ -448,47 +538,44 @@ impl<'pg, M: Segmented> FullyShardedDataParallel<'pg, M> {
             if want_x {
                 g = match grad_of(0) {
                     Some(gx) => gx.shallow_clone(),
-                    None => s.x.zeros_like(),
+                    None => x.zeros_like(),
                 };
             }
-            if let Some(u) = unit {
-                if self.units[u].segments.first() == Some(&i) {
-                    self.finish_unit(u)?;
-                }
+            drop(grads);
+            if let Some(u) = done {
+                self.reduce_unit(u)?;
             }
         }
         Ok(())
     }
 
-    /// A unit's gradient is complete: reduce it into the shard's gradient (unless under
-    /// `no_sync`) and free the gathered parameters (sharded strategies).
-    fn finish_unit(&mut self, u: usize) -> Result<()> {
-        if self.require_backward_grad_sync {
-            if let Some(fg) = self.full_grads[u].take() {
-                let rkind = self.reduce_kind(u);
-                let shard = self.shards[u].shallow_clone();
-                let reduced = tch::no_grad(|| -> Result<Tensor> {
-                    let mut input = fg.to_kind(rkind).contiguous();
-                    let t0 = Instant::now();
-                    let out = if self.config.sharding_strategy.is_sharded() {
-                        let mut out = Tensor::zeros([self.units[u].shard_numel], (rkind, input.device()));
-                        self.pg.reduce_scatter(&mut out, &input, ReduceOp::Avg)?;
-                        out
-                    } else {
-                        self.pg.all_reduce(&mut input, ReduceOp::Avg)?;
-                        input
-                    };
-                    self.comm += t0.elapsed();
-                    Ok(out.to_kind(shard.kind()))
-                })?;
-                // Accumulate into shard.grad (defined or not — zero_grad sets it to None):
-                // d/dshard of sum(shard * reduced) is exactly `reduced`.
-                tch::with_grad(|| (&shard * &reduced).sum(shard.kind()).f_backward())?;
-            }
+    /// A unit's gradient is complete: reduce it into the shard's gradient, unless under
+    /// `no_sync` (then it stays in `full_grads`, accumulating across backwards).
+    fn reduce_unit(&mut self, u: usize) -> Result<()> {
+        if !self.require_backward_grad_sync {
+            return Ok(());
         }
-        if self.config.sharding_strategy.is_sharded() {
-            self.free(u)?;
-        }
+        let Some(fg) = self.full_grads[u].take() else { return Ok(()) };
+        let rkind = self.reduce_kind(u);
+        let shard = self.shards[u].shallow_clone();
+        let reduced = tch::no_grad(|| -> Result<Tensor> {
+            let mut input = fg.to_kind(rkind).contiguous();
+            drop(fg);
+            let t0 = Instant::now();
+            let out = if self.config.sharding_strategy.is_sharded() {
+                let mut out = Tensor::zeros([self.units[u].shard_numel], (rkind, input.device()));
+                self.pg.reduce_scatter(&mut out, &input, ReduceOp::Avg)?;
+                out
+            } else {
+                self.pg.all_reduce(&mut input, ReduceOp::Avg)?;
+                input
+            };
+            self.comm += t0.elapsed();
+            Ok(out.to_kind(shard.kind()))
+        })?;
+        // Accumulate into shard.grad (defined or not — zero_grad sets it to None):
+        // d/dshard of sum(shard * reduced) is exactly `reduced`.
+        tch::with_grad(|| (&shard * &reduced).sum(shard.kind()).f_backward())?;
         Ok(())
     }
 

@@ -86,6 +86,41 @@ pub enum Error {
     /// A call into MPI or NCCL returned an error code.
     #[error("{backend} {call} failed on rank {rank} with code {code}: {message}")]
     Backend { backend: &'static str, call: &'static str, rank: usize, code: i64, message: String },
+    /// A collective did not complete within the group's timeout (`--timeout`,
+    /// `LADDER_COLLECTIVE_TIMEOUT_S`; as `init_process_group(timeout=...)`). `not_arrived` lists
+    /// the ranks whose progress record shows they never reached it; `detail` says where each
+    /// was last seen.
+    #[error(
+        "rank {rank}: {op} #{seq} at step {step} did not complete within the collective timeout of {timeout_s} s \
+         (waited {waited_s:.1} s; set it with --timeout or LADDER_COLLECTIVE_TIMEOUT_S): {detail}"
+    )]
+    CollectiveTimeout {
+        op: &'static str,
+        seq: u64,
+        step: u64,
+        rank: usize,
+        waited_s: f64,
+        timeout_s: f64,
+        not_arrived: Vec<usize>,
+        detail: String,
+    },
+    /// A collective on a group that already failed (a timeout), refused at once.
+    #[error("rank {rank}: {op} refused: the process group failed earlier ({why})")]
+    GroupAborted { op: &'static str, rank: usize, why: String },
+    /// The loss or a gradient is NaN or infinite: training diverged. `rank` is the first rank
+    /// where it appeared (the lowest, when several saw it at the same step).
+    #[error(
+        "training diverged: the {what} is {value} at step {step} on rank {rank}{others}; \
+         lower --lr, or pass --allow-non-finite to keep training"
+    )]
+    NonFinite { what: &'static str, value: String, step: u64, rank: usize, others: String },
+    /// Ranks would run different numbers of batches: the one with fewer would leave the others
+    /// waiting in an all-reduce it never joins.
+    #[error(
+        "uneven data: rank {rank} has {batches} batches per epoch but rank {other_rank} has {other_batches}; \
+         every rank must run the same number of steps (use DistributedSampler, which pads to equal shares)"
+    )]
+    UnevenBatches { rank: usize, batches: u64, other_rank: usize, other_batches: u64 },
     /// The rendezvous did not complete.
     #[error("rendezvous at {addr}: {problem}")]
     Rendezvous { addr: String, problem: String },

@@ -190,3 +190,56 @@ pub(crate) fn load_torch_cuda() -> Result<(), String> {
     }
     Ok(())
 }
+
+/// A few `u64` words of a file mapped `MAP_SHARED` (a rank's progress record under /dev/shm):
+/// stores are plain memory writes that any process reading the file sees — no system call per
+/// update.
+pub(crate) struct SharedWords {
+    ptr: *mut std::sync::atomic::AtomicU64,
+    len: usize,
+}
+
+impl std::fmt::Debug for SharedWords {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SharedWords").field("len", &self.len).finish()
+    }
+}
+
+impl SharedWords {
+    /// Maps the first `len` words of `file` (which must be at least `len * 8` bytes long).
+    pub(crate) fn map(file: &std::fs::File, len: usize) -> std::io::Result<Self> {
+        use std::os::fd::AsRawFd;
+        // SAFETY: a fresh shared read-write mapping of an open file's first len*8 bytes; the
+        // kernel chooses the address. The mapping outlives the file descriptor (POSIX).
+        let p = unsafe {
+            libc::mmap(std::ptr::null_mut(), len * 8, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, file.as_raw_fd(), 0)
+        };
+        if p == libc::MAP_FAILED {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(Self { ptr: p.cast(), len })
+    }
+
+    /// Stores `value` in word `i` (ignored when out of range).
+    pub(crate) fn store(&self, i: usize, value: u64) {
+        if i < self.len {
+            // SAFETY: in range of a live, page-aligned mapping; AtomicU64 has u64's layout.
+            unsafe { (*self.ptr.add(i)).store(value, Ordering::Release) };
+        }
+    }
+}
+
+impl Drop for SharedWords {
+    fn drop(&mut self) {
+        // SAFETY: unmaps exactly the mapping made in `map`, once.
+        unsafe { libc::munmap(self.ptr.cast(), self.len * 8) };
+    }
+}
+
+/// The one-letter scheduler state of process `pid` (`R`, `S`, `T` for stopped, `Z`, …) from
+/// `/proc/PID/stat`, or `None` when it is gone.
+pub(crate) fn process_state(pid: u32) -> Option<char> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name is in parentheses and may contain spaces: the state follows the last ')'.
+    stat.rsplit_once(')')?.1.trim_start().chars().next()
+}

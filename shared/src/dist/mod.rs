@@ -14,12 +14,16 @@ pub mod local;
 pub mod mpi;
 #[cfg(feature = "nccl")]
 pub mod nccl;
+pub mod progress;
 pub mod rendezvous;
+pub mod work;
 
 use crate::{Error, Result};
+use std::time::Duration;
 use tch::{Device, Kind, Tensor};
 
 pub use env::DistEnv;
+pub use work::{parse_timeout, timeout_from_env, Work, DEFAULT_TIMEOUT, TIMEOUT_VAR};
 
 /// Reduction applied by [`ProcessGroup::all_reduce`] and [`ProcessGroup::reduce_scatter`],
 /// as `torch.distributed.ReduceOp`.
@@ -95,6 +99,47 @@ pub trait ProcessGroup: std::fmt::Debug {
 
     /// Returns once every rank has called it. As `dist.barrier()`.
     fn barrier(&self) -> Result<()>;
+
+    /// How long a collective may wait for the other ranks before it fails with
+    /// [`Error::CollectiveTimeout`] (as `init_process_group(timeout=...)`; default
+    /// [`DEFAULT_TIMEOUT`], 600 s).
+    fn timeout(&self) -> Duration {
+        DEFAULT_TIMEOUT
+    }
+
+    /// Starts [`all_reduce`](Self::all_reduce) and returns at once, as
+    /// `dist.all_reduce(tensor, op, async_op=True)`: the result is in `tensor` once the
+    /// returned [`Work`] completed ([`Work::wait`], [`Work::test`]). Backends without
+    /// host-side asynchrony complete it before returning (default).
+    fn all_reduce_start<'a>(&'a self, tensor: &'a mut Tensor, op: ReduceOp) -> Result<Work<'a>> {
+        self.all_reduce(tensor, op)?;
+        Ok(Work::completed("all_reduce"))
+    }
+
+    /// Starts [`broadcast`](Self::broadcast); see [`all_reduce_start`](Self::all_reduce_start).
+    fn broadcast_start<'a>(&'a self, tensor: &'a mut Tensor, src: usize) -> Result<Work<'a>> {
+        self.broadcast(tensor, src)?;
+        Ok(Work::completed("broadcast"))
+    }
+
+    /// Starts [`all_gather`](Self::all_gather); see [`all_reduce_start`](Self::all_reduce_start).
+    fn all_gather_start<'a>(&'a self, output: &'a mut Tensor, input: &'a Tensor) -> Result<Work<'a>> {
+        self.all_gather(output, input)?;
+        Ok(Work::completed("all_gather"))
+    }
+
+    /// Starts [`reduce_scatter`](Self::reduce_scatter); see
+    /// [`all_reduce_start`](Self::all_reduce_start).
+    fn reduce_scatter_start<'a>(&'a self, output: &'a mut Tensor, input: &'a Tensor, op: ReduceOp) -> Result<Work<'a>> {
+        self.reduce_scatter(output, input, op)?;
+        Ok(Work::completed("reduce_scatter"))
+    }
+
+    /// Starts [`barrier`](Self::barrier); see [`all_reduce_start`](Self::all_reduce_start).
+    fn barrier_start(&self) -> Result<Work<'_>> {
+        self.barrier()?;
+        Ok(Work::completed("barrier"))
+    }
 
     /// All-reduces many tensors with one call: they are packed into one flat buffer (one copy
     /// in, one out), reduced, and unpacked. All must share dtype and device.
@@ -241,15 +286,34 @@ pub(crate) fn check_rank(op: &'static str, src: usize, world_size: usize) -> Res
 /// [`Error::Env`] for a contradictory environment, [`Error::BackendUnavailable`] when the
 /// backend is not compiled in or cannot start (no GPU, no libnccl), and the backend's own
 /// errors.
+///
+/// The collective timeout is `LADDER_COLLECTIVE_TIMEOUT_S`, else 600 s; see
+/// [`init_process_group_with_timeout`].
 pub fn init_process_group(backend: Backend) -> Result<Box<dyn ProcessGroup>> {
+    init_process_group_with_timeout(backend, timeout_from_env()?)
+}
+
+/// [`init_process_group`] with a collective timeout, as `init_process_group(backend,
+/// timeout=timedelta(seconds=...))`: a collective that waits longer for the other ranks fails
+/// with [`Error::CollectiveTimeout`] (naming the operation, its sequence number, the step and
+/// the ranks that did not arrive) and the job is aborted when the group shuts down.
+///
+/// # Errors
+/// As [`init_process_group`].
+pub fn init_process_group_with_timeout(backend: Backend, timeout: Duration) -> Result<Box<dyn ProcessGroup>> {
     let env = DistEnv::from_env()?;
     crate::device::set_threads_per_rank(env.local_world_size);
-    init_with_env(backend, &env)
+    init_with_env_timeout(backend, &env, timeout)
 }
 
 /// [`init_process_group`] with an explicit environment (tests, and launchers that already
-/// parsed it).
+/// parsed it); the timeout comes from `LADDER_COLLECTIVE_TIMEOUT_S`, else 600 s.
 pub fn init_with_env(backend: Backend, env: &DistEnv) -> Result<Box<dyn ProcessGroup>> {
+    init_with_env_timeout(backend, env, timeout_from_env()?)
+}
+
+/// [`init_with_env`] with an explicit collective timeout.
+pub fn init_with_env_timeout(backend: Backend, env: &DistEnv, timeout: Duration) -> Result<Box<dyn ProcessGroup>> {
     if env.world_size == 1 && !env.under_mpirun() {
         let device = match backend {
             Backend::Mpi => Device::Cpu,
@@ -264,18 +328,18 @@ pub fn init_with_env(backend: Backend, env: &DistEnv) -> Result<Box<dyn ProcessG
              `ladder-run --backend nccl` starts ranks for the nccl backend (with --device cuda)",
             env.world_size, env.world_size, env.rank, env.world_size
         ))),
-        Backend::Mpi => init_mpi(env),
-        Backend::Nccl => init_nccl(env),
+        Backend::Mpi => init_mpi(env, timeout),
+        Backend::Nccl => init_nccl(env, timeout),
     }
 }
 
 #[cfg(feature = "mpi")]
-fn init_mpi(env: &DistEnv) -> Result<Box<dyn ProcessGroup>> {
-    Ok(Box::new(mpi::MpiGroup::init(env)?))
+fn init_mpi(env: &DistEnv, timeout: Duration) -> Result<Box<dyn ProcessGroup>> {
+    Ok(Box::new(mpi::MpiGroup::init_with_timeout(env, timeout)?))
 }
 
 #[cfg(not(feature = "mpi"))]
-fn init_mpi(_env: &DistEnv) -> Result<Box<dyn ProcessGroup>> {
+fn init_mpi(_env: &DistEnv, _timeout: Duration) -> Result<Box<dyn ProcessGroup>> {
     Err(Error::BackendUnavailable {
         backend: "mpi".into(),
         why: "this build has no MPI support; rebuild with the cargo feature `mpi`".into(),
@@ -283,12 +347,12 @@ fn init_mpi(_env: &DistEnv) -> Result<Box<dyn ProcessGroup>> {
 }
 
 #[cfg(feature = "nccl")]
-fn init_nccl(env: &DistEnv) -> Result<Box<dyn ProcessGroup>> {
-    Ok(Box::new(nccl::NcclGroup::init(env)?))
+fn init_nccl(env: &DistEnv, timeout: Duration) -> Result<Box<dyn ProcessGroup>> {
+    Ok(Box::new(nccl::NcclGroup::init_with_timeout(env, timeout)?))
 }
 
 #[cfg(not(feature = "nccl"))]
-fn init_nccl(_env: &DistEnv) -> Result<Box<dyn ProcessGroup>> {
+fn init_nccl(_env: &DistEnv, _timeout: Duration) -> Result<Box<dyn ProcessGroup>> {
     Err(Error::BackendUnavailable {
         backend: "nccl".into(),
         why: "this build has no NCCL support; rebuild with `--features nccl`".into(),

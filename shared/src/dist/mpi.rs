@@ -1,14 +1,23 @@
 //! The `mpi` backend: OpenMPI through rsmpi's raw bindings (`mpi::ffi`), in place on CPU
-//! tensors. Each collective is one MPI call on the tensor's own memory — no staging copy —
-//! preceded by one 4-integer `MPI_Allreduce` that checks every rank passed the same numel and
-//! dtype (a mismatch would otherwise be undefined behaviour in MPI).
+//! tensors. Each collective is one non-blocking MPI call on the tensor's own memory — no
+//! staging copy — preceded by one non-blocking 4-integer `MPI_Iallreduce` that checks every
+//! rank passed the same numel and dtype (a mismatch would otherwise be undefined behaviour in
+//! MPI). The `*_start` methods return a [`Work`] that advances this two-stage state machine
+//! with `MPI_Test`; the blocking collectives are start + [`Work::wait`], which fails with
+//! [`Error::CollectiveTimeout`] after the group's timeout instead of waiting forever.
 //!
 //! bf16 and f16 have no MPI datatype: reductions of them go through an f32 copy; broadcast and
 //! all_gather move their bytes as 16-bit integers.
 //!
+//! The blocking collectives keep Open MPI's blocking calls, the fastest for small messages, each
+//! armed in the group's [`Watchdog`]: when one waits longer than the timeout, the watchdog
+//! prints its [`Error::CollectiveTimeout`] and calls `MPI_Abort`.
+//!
 //! The communicator's error handler is `MPI_ERRORS_RETURN`, and every return code is checked
-//! and turned into [`Error::Backend`] with MPI's own error string.
+//! and turned into [`Error::Backend`] with MPI's own error string. After a timeout the group is
+//! failed: shutting it down calls `MPI_Abort`, so mpirun (and `ladder-run`) stop every rank.
 
+use super::work::{Pending, Watch, Watchdog, Work};
 use super::{agreement_probe, check_agreement, check_rank, check_tensor, DistEnv, ProcessGroup, ReduceOp};
 use crate::{Error, Result};
 use mpi::ffi;
@@ -27,6 +36,8 @@ pub struct MpiGroup {
     comm: ffi::MPI_Comm,
     rank: usize,
     world_size: usize,
+    watch: Watch,
+    dog: Watchdog,
 }
 
 impl std::fmt::Debug for MpiGroup {
@@ -41,6 +52,14 @@ impl MpiGroup {
     /// # Errors
     /// [`Error::Env`] when MPI was initialised already or disagrees with `RANK`/`WORLD_SIZE`.
     pub fn init(env: &DistEnv) -> Result<Self> {
+        Self::init_with_timeout(env, super::timeout_from_env()?)
+    }
+
+    /// [`MpiGroup::init`] with a collective timeout (see [`super::init_process_group_with_timeout`]).
+    ///
+    /// # Errors
+    /// As [`MpiGroup::init`].
+    pub fn init_with_timeout(env: &DistEnv, timeout: std::time::Duration) -> Result<Self> {
         let universe = mpi::initialize().ok_or_else(|| {
             Error::Env("MPI is already initialised in this process (one process group per process)".into())
         })?;
@@ -55,7 +74,9 @@ impl MpiGroup {
         let comm = world.as_raw();
         // SAFETY: `comm` is MPI_COMM_WORLD of an initialised MPI; the handler is a predefined one.
         let code = unsafe { ffi::MPI_Comm_set_errhandler(comm, ffi::RSMPI_ERRORS_RETURN) };
-        let group = Self { universe: std::cell::RefCell::new(Some(universe)), comm, rank, world_size };
+        let watch = Watch::new(rank, world_size, timeout);
+        let dog = Watchdog::new(&watch, Box::new(abort_world));
+        let group = Self { universe: std::cell::RefCell::new(Some(universe)), comm, rank, world_size, watch, dog };
         group.check("MPI_Comm_set_errhandler", code)?;
         Ok(group)
     }
@@ -82,25 +103,6 @@ impl MpiGroup {
             code: code as i64,
             message: String::from_utf8_lossy(&buf).into_owned(),
         })
-    }
-
-    /// One small all-reduce that makes every rank agree that each passed `numel` elements of
-    /// `kind`; the error names the smallest and largest value seen.
-    fn agree(&self, op: &'static str, numel: i64, kind: Kind) -> Result<()> {
-        let mut v = agreement_probe(numel, kind);
-        // SAFETY: `v` is 4 contiguous i64 used in place; the communicator is live.
-        let rc = unsafe {
-            ffi::MPI_Allreduce(
-                ladder_mpi_in_place(),
-                v.as_mut_ptr() as *mut c_void,
-                4,
-                ffi::RSMPI_INT64_T,
-                ffi::RSMPI_MAX,
-                self.comm,
-            )
-        };
-        self.check("MPI_Allreduce", rc)?;
-        check_agreement(op, self.rank, numel, kind, &v)
     }
 
     fn count(&self, op: &'static str, t: &Tensor) -> Result<c_int> {
@@ -139,8 +141,16 @@ impl MpiGroup {
     }
 
     fn wait_for_shutdown(&self) {
+        if let Some(why) = self.watch.failure() {
+            eprintln!("rank {}: {why}; aborting the MPI job so that no rank waits forever", self.rank);
+            self.watch.remove_dir_on_abort();
+            // SAFETY: MPI is initialised; MPI_Abort terminates every process of the job.
+            unsafe { ffi::MPI_Abort(self.comm, 1) };
+            return;
+        }
         if std::thread::panicking() {
             eprintln!("rank {}: panicked; aborting the MPI job so that no rank waits forever", self.rank);
+            self.watch.remove_dir_on_abort();
             // SAFETY: MPI is initialised; MPI_Abort terminates every process of the job.
             unsafe { ffi::MPI_Abort(self.comm, 1) };
             return;
@@ -157,6 +167,7 @@ impl MpiGroup {
             // SAFETY: `request` came from MPI_Ibarrier; the status is ignored.
             let rc = unsafe { ffi::MPI_Test(&mut request, &mut done, ffi::RSMPI_STATUS_IGNORE) };
             if rc != ffi::MPI_SUCCESS as c_int || done != 0 {
+                self.watch.remove_record();
                 return;
             }
             if std::time::Instant::now() >= deadline {
@@ -165,6 +176,7 @@ impl MpiGroup {
                     self.rank,
                     shutdown_timeout()
                 );
+                self.watch.remove_dir_on_abort();
                 // SAFETY: as above.
                 unsafe { ffi::MPI_Abort(self.comm, 1) };
                 return;
@@ -214,6 +226,297 @@ impl MpiGroup {
         Ok(())
     }
 
+    /// Starts collective `op`: the non-blocking agreement probe on `numel` and `kind` first;
+    /// once every rank agreed, `main` issues the collective's own non-blocking call, and
+    /// `finish` runs when that completed.
+    fn start<'a>(
+        &'a self,
+        op: &'static str,
+        numel: i64,
+        kind: Kind,
+        main: Box<dyn FnOnce() -> Result<ffi::MPI_Request> + 'a>,
+        finish: Option<Box<dyn FnOnce() + 'a>>,
+    ) -> Result<Work<'a>> {
+        let seq = self.watch.begin(op)?;
+        let mut probe = Box::new(agreement_probe(numel, kind));
+        let mut req = null_request();
+        // SAFETY: `probe` is 4 heap-stable i64 reduced in place and kept alive (in the pending
+        // state) until the request completed; the communicator is live.
+        let rc = unsafe {
+            ffi::MPI_Iallreduce(
+                ladder_mpi_in_place(),
+                probe.as_mut_ptr() as *mut c_void,
+                4,
+                ffi::RSMPI_INT64_T,
+                ffi::RSMPI_MAX,
+                self.comm,
+                &mut req,
+            )
+        };
+        self.check("MPI_Iallreduce", rc)?;
+        let pending = MpiPending { group: self, op, req, stage: Some(Stage { probe, numel, kind, main }), finish };
+        Ok(Work::pending(op, seq, &self.watch, Box::new(pending)))
+    }
+
+    /// `MPI_Iallreduce` in place on `n` elements of `ty` at `p`.
+    fn iallreduce(&self, p: *mut c_void, n: c_int, ty: ffi::MPI_Datatype, op: ReduceOp) -> Result<ffi::MPI_Request> {
+        let mut req = null_request();
+        // SAFETY: the caller's buffer holds `n` elements of `ty` and stays borrowed by the Work
+        // until the request completed.
+        let rc = unsafe { ffi::MPI_Iallreduce(ladder_mpi_in_place(), p, n, ty, mpi_op(op), self.comm, &mut req) };
+        self.check("MPI_Iallreduce", rc)?;
+        Ok(req)
+    }
+
+    /// `MPI_Ireduce_scatter_block` from `input` (world_size·n elements) to `output` (n).
+    fn ireduce_scatter(&self, input: *mut c_void, output: *mut c_void, n: c_int, ty: ffi::MPI_Datatype, op: ReduceOp) -> Result<ffi::MPI_Request> {
+        let mut req = null_request();
+        // SAFETY: as `iallreduce`; input and output do not overlap.
+        let rc = unsafe { ffi::MPI_Ireduce_scatter_block(input, output, n, ty, mpi_op(op), self.comm, &mut req) };
+        self.check("MPI_Ireduce_scatter_block", rc)?;
+        Ok(req)
+    }
+}
+
+fn null_request() -> ffi::MPI_Request {
+    // SAFETY: reading rsmpi's predefined null request handle.
+    unsafe { ffi::RSMPI_REQUEST_NULL }
+}
+
+/// The agreement probe in flight and the collective to issue once it completed.
+struct Stage<'a> {
+    probe: Box<[i64; 4]>,
+    numel: i64,
+    kind: Kind,
+    main: Box<dyn FnOnce() -> Result<ffi::MPI_Request> + 'a>,
+}
+
+/// A started MPI collective: probe → main call → finish.
+struct MpiPending<'a> {
+    group: &'a MpiGroup,
+    op: &'static str,
+    req: ffi::MPI_Request,
+    stage: Option<Stage<'a>>,
+    finish: Option<Box<dyn FnOnce() + 'a>>,
+}
+
+impl Pending for MpiPending<'_> {
+    fn test(&mut self) -> Result<bool> {
+        loop {
+            let mut done: c_int = 0;
+            // SAFETY: `req` is the live request of the current stage; the status is ignored.
+            let rc = unsafe { ffi::MPI_Test(&mut self.req, &mut done, ffi::RSMPI_STATUS_IGNORE) };
+            self.group.check("MPI_Test", rc)?;
+            if done == 0 {
+                return Ok(false);
+            }
+            match self.stage.take() {
+                Some(Stage { probe, numel, kind, main }) => {
+                    check_agreement(self.op, self.group.rank, numel, kind, &probe)?;
+                    self.req = main()?;
+                }
+                None => {
+                    if let Some(f) = self.finish.take() {
+                        f();
+                    }
+                    return Ok(true);
+                }
+            }
+        }
+    }
+}
+
+impl ProcessGroup for MpiGroup {
+    fn shutdown(&self) {
+        self.finalize();
+    }
+
+    fn backend(&self) -> &'static str {
+        "mpi"
+    }
+    fn rank(&self) -> usize {
+        self.rank
+    }
+    fn world_size(&self) -> usize {
+        self.world_size
+    }
+    fn device(&self) -> Device {
+        Device::Cpu
+    }
+    fn timeout(&self) -> std::time::Duration {
+        self.watch.timeout()
+    }
+
+    fn all_reduce(&self, tensor: &mut Tensor, op: ReduceOp) -> Result<()> {
+        check_tensor("all_reduce", self.rank, Device::Cpu, tensor)?;
+        self.check_avg("all_reduce", tensor.kind(), op)?;
+        self.blocking("all_reduce", || self.all_reduce_blocking(tensor, op))
+    }
+
+    fn broadcast(&self, tensor: &mut Tensor, src: usize) -> Result<()> {
+        check_tensor("broadcast", self.rank, Device::Cpu, tensor)?;
+        check_rank("broadcast", src, self.world_size)?;
+        self.blocking("broadcast", || self.broadcast_blocking(tensor, src))
+    }
+
+    fn all_gather(&self, output: &mut Tensor, input: &Tensor) -> Result<()> {
+        check_tensor("all_gather", self.rank, Device::Cpu, input)?;
+        check_tensor("all_gather", self.rank, Device::Cpu, output)?;
+        super::check_blocks("all_gather", self.rank, self.world_size, output, input)?;
+        self.blocking("all_gather", || self.all_gather_blocking(output, input))
+    }
+
+    fn reduce_scatter(&self, output: &mut Tensor, input: &Tensor, op: ReduceOp) -> Result<()> {
+        check_tensor("reduce_scatter", self.rank, Device::Cpu, input)?;
+        check_tensor("reduce_scatter", self.rank, Device::Cpu, output)?;
+        super::check_blocks("reduce_scatter", self.rank, self.world_size, input, output)?;
+        self.check_avg("reduce_scatter", input.kind(), op)?;
+        self.blocking("reduce_scatter", || self.reduce_scatter_blocking(output, input, op))
+    }
+
+    fn barrier(&self) -> Result<()> {
+        self.blocking("barrier", || self.barrier_blocking())
+    }
+
+    fn all_reduce_start<'a>(&'a self, tensor: &'a mut Tensor, op: ReduceOp) -> Result<Work<'a>> {
+        check_tensor("all_reduce", self.rank, Device::Cpu, tensor)?;
+        self.check_avg("all_reduce", tensor.kind(), op)?;
+        let (n, kind, numel, ws) = (self.count("all_reduce", tensor)?, tensor.kind(), tensor.numel() as i64, self.world_size as f64);
+        if is_half(kind) {
+            let wide = tensor.to_kind(Kind::Float);
+            let p = wide.data_ptr();
+            let main = Box::new(move || self.iallreduce(p, n, raw_type(Kind::Float), op));
+            let finish = Box::new(move || {
+                let mut wide = wide;
+                if op == ReduceOp::Avg {
+                    let _ = wide.g_div_scalar_(ws);
+                }
+                tensor.copy_(&wide);
+            });
+            return self.start("all_reduce", numel, kind, main, Some(finish));
+        }
+        let p = tensor.data_ptr();
+        let main = Box::new(move || self.iallreduce(p, n, raw_type(kind), op));
+        let finish: Option<Box<dyn FnOnce() + 'a>> = (op == ReduceOp::Avg).then(|| {
+            Box::new(move || {
+                let _ = tensor.g_div_scalar_(ws);
+            }) as Box<dyn FnOnce() + 'a>
+        });
+        self.start("all_reduce", numel, kind, main, finish)
+    }
+
+    fn broadcast_start<'a>(&'a self, tensor: &'a mut Tensor, src: usize) -> Result<Work<'a>> {
+        check_tensor("broadcast", self.rank, Device::Cpu, tensor)?;
+        check_rank("broadcast", src, self.world_size)?;
+        let (n, kind, numel, p) = (self.count("broadcast", tensor)?, tensor.kind(), tensor.numel() as i64, tensor.data_ptr());
+        let main = Box::new(move || {
+            let mut req = null_request();
+            // SAFETY: contiguous CPU tensor of `n` elements of the datatype's size, borrowed by
+            // the Work until the request completed.
+            let rc = unsafe { ffi::MPI_Ibcast(p, n, raw_type(kind), src as c_int, self.comm, &mut req) };
+            self.check("MPI_Ibcast", rc).map(|_| req)
+        });
+        self.start("broadcast", numel, kind, main, None)
+    }
+
+    fn all_gather_start<'a>(&'a self, output: &'a mut Tensor, input: &'a Tensor) -> Result<Work<'a>> {
+        check_tensor("all_gather", self.rank, Device::Cpu, input)?;
+        check_tensor("all_gather", self.rank, Device::Cpu, output)?;
+        super::check_blocks("all_gather", self.rank, self.world_size, output, input)?;
+        let (n, kind, numel) = (self.count("all_gather", input)?, input.kind(), input.numel() as i64);
+        let (i, o) = (input.data_ptr(), output.data_ptr());
+        let main = Box::new(move || {
+            let ty = raw_type(kind);
+            let mut req = null_request();
+            // SAFETY: input holds n and output world_size·n contiguous CPU elements of one
+            // datatype, both borrowed by the Work until the request completed.
+            let rc = unsafe { ffi::MPI_Iallgather(i, n, ty, o, n, ty, self.comm, &mut req) };
+            self.check("MPI_Iallgather", rc).map(|_| req)
+        });
+        self.start("all_gather", numel, kind, main, None)
+    }
+
+    fn reduce_scatter_start<'a>(&'a self, output: &'a mut Tensor, input: &'a Tensor, op: ReduceOp) -> Result<Work<'a>> {
+        check_tensor("reduce_scatter", self.rank, Device::Cpu, input)?;
+        check_tensor("reduce_scatter", self.rank, Device::Cpu, output)?;
+        super::check_blocks("reduce_scatter", self.rank, self.world_size, input, output)?;
+        self.check_avg("reduce_scatter", input.kind(), op)?;
+        let (n, kind, numel, ws) = (self.count("reduce_scatter", output)?, input.kind(), input.numel() as i64, self.world_size as f64);
+        if is_half(kind) {
+            let wide_in = input.to_kind(Kind::Float);
+            let wide_out = output.to_kind(Kind::Float);
+            let (i, o) = (wide_in.data_ptr(), wide_out.data_ptr());
+            let main = Box::new(move || self.ireduce_scatter(i, o, n, raw_type(Kind::Float), op));
+            let finish = Box::new(move || {
+                let mut wide_out = wide_out;
+                if op == ReduceOp::Avg {
+                    let _ = wide_out.g_div_scalar_(ws);
+                }
+                output.copy_(&wide_out);
+                drop(wide_in);
+            });
+            return self.start("reduce_scatter", numel, kind, main, Some(finish));
+        }
+        let (i, o) = (input.data_ptr(), output.data_ptr());
+        let main = Box::new(move || self.ireduce_scatter(i, o, n, raw_type(kind), op));
+        let finish: Option<Box<dyn FnOnce() + 'a>> = (op == ReduceOp::Avg).then(|| {
+            Box::new(move || {
+                let _ = output.g_div_scalar_(ws);
+            }) as Box<dyn FnOnce() + 'a>
+        });
+        self.start("reduce_scatter", numel, kind, main, finish)
+    }
+
+    fn barrier_start(&self) -> Result<Work<'_>> {
+        let seq = self.watch.begin("barrier")?;
+        let mut req = null_request();
+        // SAFETY: the communicator is live; `req` is a valid out-pointer.
+        let rc = unsafe { ffi::MPI_Ibarrier(self.comm, &mut req) };
+        self.check("MPI_Ibarrier", rc)?;
+        let pending = MpiPending { group: self, op: "barrier", req, stage: None, finish: None };
+        Ok(Work::pending("barrier", seq, &self.watch, Box::new(pending)))
+    }
+}
+
+/// `MPI_Abort` on `MPI_COMM_WORLD`: ends every rank of the job (the watchdog's abort).
+fn abort_world() {
+    // SAFETY: MPI is initialised (the group exists); MPI_Abort terminates the job.
+    unsafe { ffi::MPI_Abort(ffi::RSMPI_COMM_WORLD, 1) };
+}
+
+/// The blocking forms: Open MPI's blocking calls, preceded by the blocking agreement probe,
+/// under the watchdog's deadline.
+impl MpiGroup {
+    /// Runs blocking collective `op` with its sequence number and progress record, armed in
+    /// the watchdog.
+    fn blocking(&self, op: &'static str, f: impl FnOnce() -> Result<()>) -> Result<()> {
+        let seq = self.watch.begin(op)?;
+        let armed = self.dog.arm(op, seq);
+        let r = f();
+        drop(armed);
+        self.watch.end(seq);
+        r
+    }
+
+    /// One small all-reduce that makes every rank agree that each passed `numel` elements of
+    /// `kind`; the error names the smallest and largest value seen.
+    fn agree(&self, op: &'static str, numel: i64, kind: Kind) -> Result<()> {
+        let mut v = agreement_probe(numel, kind);
+        // SAFETY: `v` is 4 contiguous i64 used in place; the communicator is live.
+        let rc = unsafe {
+            ffi::MPI_Allreduce(
+                ladder_mpi_in_place(),
+                v.as_mut_ptr() as *mut c_void,
+                4,
+                ffi::RSMPI_INT64_T,
+                ffi::RSMPI_MAX,
+                self.comm,
+            )
+        };
+        self.check("MPI_Allreduce", rc)?;
+        check_agreement(op, self.rank, numel, kind, &v)
+    }
+
     /// In-place MPI_Allreduce on a contiguous f32/f64/i64 tensor.
     fn all_reduce_raw(&self, t: &mut Tensor, op: ReduceOp) -> Result<()> {
         let n = self.count("all_reduce", t)?;
@@ -241,29 +544,8 @@ impl MpiGroup {
         };
         self.check("MPI_Reduce_scatter_block", rc)
     }
-}
 
-impl ProcessGroup for MpiGroup {
-    fn shutdown(&self) {
-        self.finalize();
-    }
-
-    fn backend(&self) -> &'static str {
-        "mpi"
-    }
-    fn rank(&self) -> usize {
-        self.rank
-    }
-    fn world_size(&self) -> usize {
-        self.world_size
-    }
-    fn device(&self) -> Device {
-        Device::Cpu
-    }
-
-    fn all_reduce(&self, tensor: &mut Tensor, op: ReduceOp) -> Result<()> {
-        check_tensor("all_reduce", self.rank, Device::Cpu, tensor)?;
-        self.check_avg("all_reduce", tensor.kind(), op)?;
+    fn all_reduce_blocking(&self, tensor: &mut Tensor, op: ReduceOp) -> Result<()> {
         self.agree("all_reduce", tensor.numel() as i64, tensor.kind())?;
         if is_half(tensor.kind()) {
             let mut wide = tensor.to_kind(Kind::Float);
@@ -281,9 +563,7 @@ impl ProcessGroup for MpiGroup {
         Ok(())
     }
 
-    fn broadcast(&self, tensor: &mut Tensor, src: usize) -> Result<()> {
-        check_tensor("broadcast", self.rank, Device::Cpu, tensor)?;
-        check_rank("broadcast", src, self.world_size)?;
+    fn broadcast_blocking(&self, tensor: &mut Tensor, src: usize) -> Result<()> {
         self.agree("broadcast", tensor.numel() as i64, tensor.kind())?;
         let n = self.count("broadcast", tensor)?;
         // SAFETY: contiguous CPU tensor of `n` elements of the datatype's size.
@@ -291,10 +571,7 @@ impl ProcessGroup for MpiGroup {
         self.check("MPI_Bcast", rc)
     }
 
-    fn all_gather(&self, output: &mut Tensor, input: &Tensor) -> Result<()> {
-        check_tensor("all_gather", self.rank, Device::Cpu, input)?;
-        check_tensor("all_gather", self.rank, Device::Cpu, output)?;
-        super::check_blocks("all_gather", self.rank, self.world_size, output, input)?;
+    fn all_gather_blocking(&self, output: &mut Tensor, input: &Tensor) -> Result<()> {
         self.agree("all_gather", input.numel() as i64, input.kind())?;
         let n = self.count("all_gather", input)?;
         let ty = raw_type(input.kind());
@@ -303,11 +580,7 @@ impl ProcessGroup for MpiGroup {
         self.check("MPI_Allgather", rc)
     }
 
-    fn reduce_scatter(&self, output: &mut Tensor, input: &Tensor, op: ReduceOp) -> Result<()> {
-        check_tensor("reduce_scatter", self.rank, Device::Cpu, input)?;
-        check_tensor("reduce_scatter", self.rank, Device::Cpu, output)?;
-        super::check_blocks("reduce_scatter", self.rank, self.world_size, input, output)?;
-        self.check_avg("reduce_scatter", input.kind(), op)?;
+    fn reduce_scatter_blocking(&self, output: &mut Tensor, input: &Tensor, op: ReduceOp) -> Result<()> {
         self.agree("reduce_scatter", input.numel() as i64, input.kind())?;
         if is_half(input.kind()) {
             let wide_in = input.to_kind(Kind::Float);
@@ -326,10 +599,9 @@ impl ProcessGroup for MpiGroup {
         Ok(())
     }
 
-    fn barrier(&self) -> Result<()> {
+    fn barrier_blocking(&self) -> Result<()> {
         // SAFETY: the communicator is live.
         let rc = unsafe { ffi::MPI_Barrier(self.comm) };
         self.check("MPI_Barrier", rc)
     }
 }
-

@@ -6,8 +6,15 @@
 //! `MASTER_ADDR:MASTER_PORT` ([`super::rendezvous::TcpStore`]), as torch's `TCPStore` does.
 //! A missing GPU or libnccl is an [`Error::BackendUnavailable`], probed before cudarc would
 //! panic.
+//!
+//! The collective timeout: each collective starts with the agreement probe, whose result the
+//! host reads; that wait polls the stream (`cuStreamQuery`) and NCCL's asynchronous error
+//! against the group's deadline, and on timeout calls `ncclCommAbort` (as PyTorch's NCCL
+//! watchdog does) and returns [`Error::CollectiveTimeout`]. The stream is ordered, so a
+//! collective that never completes is caught by the next one's probe.
 
 use super::rendezvous::TcpStore;
+use super::work::Watch;
 use super::{agreement_probe, check_agreement, check_rank, check_tensor, DistEnv, ProcessGroup, ReduceOp};
 use crate::{Error, Result};
 use cudarc::nccl::{result as nccl, sys};
@@ -28,6 +35,7 @@ pub struct NcclGroup {
     _ctx: std::sync::Arc<cudarc::driver::CudaContext>,
     // Set once the communicator is destroyed (by `shutdown` or drop).
     destroyed: std::cell::Cell<bool>,
+    watch: Watch,
 }
 
 impl std::fmt::Debug for NcclGroup {
@@ -46,6 +54,14 @@ impl NcclGroup {
     /// # Errors
     /// [`Error::BackendUnavailable`] without a GPU or libnccl; rendezvous and NCCL errors.
     pub fn init(env: &DistEnv) -> Result<Self> {
+        Self::init_with_timeout(env, super::timeout_from_env()?)
+    }
+
+    /// [`NcclGroup::init`] with a collective timeout.
+    ///
+    /// # Errors
+    /// As [`NcclGroup::init`].
+    pub fn init_with_timeout(env: &DistEnv, timeout: Duration) -> Result<Self> {
         let device = crate::device::DeviceKind::Cuda.resolve(env.local_rank)?;
         let Device::Cuda(ordinal) = device else { unreachable!("resolve(Cuda) gives a CUDA device") };
         // SAFETY: only tries to dlopen candidate library names.
@@ -79,7 +95,8 @@ impl NcclGroup {
         // SAFETY: `comm` is a valid out-pointer; the id is the one rank 0 created.
         unsafe { nccl::comm_init_rank(&mut comm, env.world_size as c_int, id, env.rank as c_int) }
             .map_err(|e| nccl_error(env.rank, "ncclCommInitRank", e))?;
-        Ok(Self { comm, rank: env.rank, world_size: env.world_size, device, _ctx: ctx, destroyed: std::cell::Cell::new(false) })
+        let watch = Watch::new(env.rank, env.world_size, timeout);
+        Ok(Self { comm, rank: env.rank, world_size: env.world_size, device, _ctx: ctx, destroyed: std::cell::Cell::new(false), watch })
     }
 
     fn stream() -> sys::cudaStream_t {
@@ -87,14 +104,63 @@ impl NcclGroup {
     }
 
     fn agree(&self, op: &'static str, numel: i64, kind: Kind) -> Result<()> {
+        let seq = self.watch.begin(op)?;
         let v = Tensor::from_slice(&agreement_probe(numel, kind)).to_device(self.device);
         self.call("ncclAllReduce", |comm, s| {
             // SAFETY: 4 contiguous i64 on this group's GPU, used in place.
             unsafe { nccl::all_reduce(v.data_ptr(), v.data_ptr(), 4, sys::ncclDataType_t::ncclInt64, sys::ncclRedOp_t::ncclMax, comm, s) }
         })?;
+        self.wait_stream(op, seq)?;
+        self.watch.end(seq);
         let v = Vec::<i64>::try_from(v.to_device(Device::Cpu))?;
         let v: [i64; 4] = v.try_into().map_err(|_| Error::BadTensor { op, rank: self.rank, problem: "agreement probe lost its shape".into() })?;
         check_agreement(op, self.rank, numel, kind, &v)
+    }
+
+    /// Waits until the stream completed what was enqueued, at most the group's timeout; on
+    /// timeout (or an asynchronous NCCL error) aborts the communicator.
+    fn wait_stream(&self, op: &'static str, seq: u64) -> Result<()> {
+        let start = std::time::Instant::now();
+        let step = super::progress::step();
+        loop {
+            // SAFETY: the legacy default stream (null) of the current context.
+            let rc = unsafe { cudarc::driver::sys::cuStreamQuery(std::ptr::null_mut()) };
+            if rc == cudarc::driver::sys::CUresult::CUDA_SUCCESS {
+                return Ok(());
+            }
+            if rc != cudarc::driver::sys::CUresult::CUDA_ERROR_NOT_READY {
+                return Err(Error::Backend { backend: "nccl", call: "cuStreamQuery", rank: self.rank, code: rc as i64, message: format!("{rc:?}") });
+            }
+            let mut async_err = sys::ncclResult_t::ncclSuccess;
+            // SAFETY: a live communicator and a valid out-pointer.
+            unsafe { sys::ncclCommGetAsyncError(self.comm, &mut async_err) };
+            if async_err != sys::ncclResult_t::ncclSuccess && async_err != sys::ncclResult_t::ncclInProgress {
+                self.abort();
+                self.watch.fail(format!("NCCL reported {async_err:?} in {op} #{seq}"));
+                return Err(Error::Backend { backend: "nccl", call: "ncclCommGetAsyncError", rank: self.rank, code: async_err as i64, message: format!("{async_err:?}") });
+            }
+            let waited = start.elapsed();
+            if waited >= self.watch.timeout() {
+                self.abort();
+                return Err(self.watch.timed_out(op, seq, step, waited));
+            }
+            if waited < Duration::from_micros(50) {
+                std::hint::spin_loop();
+            } else if waited < Duration::from_secs(1) {
+                std::thread::yield_now();
+            } else {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
+    }
+
+    /// `ncclCommAbort`: ends the communicator's outstanding work at once (once).
+    fn abort(&self) {
+        if self.destroyed.replace(true) {
+            return;
+        }
+        // SAFETY: a communicator created by ncclCommInitRank, aborted once (the flag above).
+        let _ = unsafe { nccl::comm_abort(self.comm) };
     }
 
     fn call(
@@ -153,6 +219,9 @@ impl ProcessGroup for NcclGroup {
     }
     fn device(&self) -> Device {
         self.device
+    }
+    fn timeout(&self) -> Duration {
+        self.watch.timeout()
     }
 
     fn all_reduce(&self, t: &mut Tensor, op: ReduceOp) -> Result<()> {

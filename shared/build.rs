@@ -2,6 +2,7 @@ include!("build_support.rs");
 
 fn main() {
     link_libtorch();
+    storage_shim();
     // MPI_IN_PLACE, read from the MPI implementation's own header (see src/dist/mpi_shim.c).
     #[cfg(feature = "mpi")]
     {
@@ -12,4 +13,26 @@ fn main() {
     let manifest = std::env::var("CARGO_MANIFEST_DIR").unwrap_or_default();
     let data = std::path::Path::new(&manifest).join("..").join("data").join("mnist");
     println!("cargo:rustc-env=LADDER_WORKSPACE_MNIST={}", data.display());
+}
+
+/// FSDP's storage shim (src/fsdp/storage_shim.cpp): frees and re-allocates a storage in place,
+/// which tch cannot (see src/fsdp/storage.rs). Compiled against the headers of the libtorch that
+/// tch links (`LIBTORCH`, set by .cargo/config.toml), with its C++ ABI (`LIBTORCH_CXX11_ABI`,
+/// default 1, as torch-sys).
+fn storage_shim() {
+    println!("cargo:rerun-if-changed=src/fsdp/storage_shim.cpp");
+    println!("cargo:rerun-if-env-changed=LIBTORCH_CXX11_ABI");
+    let libtorch = std::env::var("LIBTORCH")
+        .expect("LIBTORCH must name the libtorch tch links (scripts/bootstrap.sh and .cargo/config.toml set it)");
+    let include = std::path::Path::new(&libtorch).join("include");
+    let abi = std::env::var("LIBTORCH_CXX11_ABI").unwrap_or_else(|_| "1".to_owned());
+    cc::Build::new()
+        .cpp(true)
+        .std("c++17")
+        .define("_GLIBCXX_USE_CXX11_ABI", abi.as_str())
+        .include(&include)
+        .warnings(false)
+        .flag_if_supported("-w")
+        .file("src/fsdp/storage_shim.cpp")
+        .compile("ladder_storage_shim");
 }

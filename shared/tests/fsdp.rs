@@ -14,7 +14,9 @@ use ladder_core::fsdp::{
     explain_units, plan_units, FlatParamUnit, FsdpConfig, FullyShardedDataParallel, MixedPrecision, ShardingStrategy,
 };
 use common::{assert_close, global_batches, no_dropout};
-use ladder_core::model::{BasicNet, Model};
+use ladder_core::model::{BasicNet, Model, Segmented};
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use ladder_core::Error;
 use tch::nn::{self, ModuleT, OptimizerConfig};
 use tch::{Device, Kind, Tensor};
@@ -188,6 +190,10 @@ fn equivalence(pg: &dyn ProcessGroup, kind: Kind, steps: usize, configs: &[(Shar
     for (s, (d, r)) in ddp.iter().zip(&reference).enumerate() {
         assert_sd_close(&format!("{kind:?} rank {rank} step {s}: DDP vs single process"), d, r);
     }
+    // Per wrapping, each sharded strategy's shard gradients of every step: FullShard frees its
+    // gathered parameters after forward and refills them before backward, ShardGradOp keeps
+    // them; the same graph runs either way, so the gradients must be equal bit for bit.
+    let mut sharded_grads: BTreeMap<(usize, String), Vec<Tensor>> = BTreeMap::new();
     for &(strategy, min_num_params) in configs {
         {
             let what = format!("{kind:?} {strategy} min_num_params {min_num_params}");
@@ -202,11 +208,23 @@ fn equivalence(pg: &dyn ProcessGroup, kind: Kind, steps: usize, configs: &[(Shar
                 opt.zero_grad();
                 let loss = fsdp.forward_t(&xr, true).unwrap().nll_loss(&yr);
                 fsdp.backward(&loss).unwrap();
+                if strategy.is_sharded() {
+                    let g = fsdp.shards().iter().map(|s| s.grad().copy()).collect::<Vec<_>>();
+                    sharded_grads.entry((min_num_params, strategy.to_string())).or_default().extend(g);
+                }
                 opt.step();
                 check_against(&fsdp, &reference[step + 1], &format!("{what} step {step} vs single process"));
             }
             // DDP agrees with the reference at every step (checked above), and with FSDP at the end.
             check_against(&fsdp, &ddp[steps], &format!("{what} after {steps} steps vs DDP"));
+        }
+    }
+    for ((min_num_params, _), full) in sharded_grads.iter().filter(|((_, s), _)| s == "full-shard") {
+        if let Some(sgo) = sharded_grads.get(&(*min_num_params, "shard-grad-op".to_string())) {
+            assert_eq!(full.len(), sgo.len());
+            for (k, (a, b)) in full.iter().zip(sgo).enumerate() {
+                assert!(a.equal(b), "{kind:?} rank {rank} min_num_params {min_num_params}: full-shard gradient {k} differs from shard-grad-op's");
+            }
         }
     }
 }
@@ -563,6 +581,65 @@ fn single_rank_training_moves_the_loss_and_the_optimizer_holds_only_shards() {
         opt.step();
     }
     assert!(losses[4] < losses[0] - 0.1, "the loss must move: {losses:?}");
+}
+
+/// BasicNet counting its segment forwards.
+#[derive(Debug)]
+struct Counting {
+    net: BasicNet,
+    calls: std::sync::Arc<AtomicUsize>,
+}
+
+impl ModuleT for Counting {
+    fn forward_t(&self, xs: &Tensor, train: bool) -> Tensor {
+        self.net.forward_t(xs, train)
+    }
+}
+
+impl Model for Counting {
+    fn named_parameters(&self) -> Vec<(String, Tensor)> {
+        self.net.named_parameters()
+    }
+}
+
+impl Segmented for Counting {
+    fn num_segments(&self) -> usize {
+        self.net.num_segments()
+    }
+    fn segment_forward(&self, i: usize, xs: &Tensor, train: bool) -> Tensor {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        self.net.segment_forward(i, xs, train)
+    }
+    fn segment_params(&self, i: usize) -> Vec<usize> {
+        self.net.segment_params(i)
+    }
+}
+
+#[test]
+fn full_shard_backward_runs_no_second_forward_and_frees_parameters_in_between() {
+    let pg = LocalGroup::new(Backend::Mpi, Device::Cpu);
+    let (x, y) = &global_batches(1, B, 1)[0];
+    let mut grads = Vec::new();
+    for strategy in [ShardingStrategy::FullShard, ShardingStrategy::ShardGradOp] {
+        for min_num_params in [0, WHOLE] {
+            let (vs, net) = build(Kind::Float, 3);
+            let calls = std::sync::Arc::new(AtomicUsize::new(0));
+            let model = Counting { net, calls: calls.clone() };
+            let mut fsdp =
+                FullyShardedDataParallel::new(vs, model, &pg, fsdp_config(strategy, min_num_params)).unwrap();
+            let loss = fsdp.forward_t(x, true).unwrap().nll_loss(y);
+            assert_eq!(calls.load(Ordering::SeqCst), 6, "one forward: six segments");
+            let emptied = fsdp.module().named_parameters().iter().all(|(_, p)| p.numel() == 0);
+            assert_eq!(emptied, strategy == ShardingStrategy::FullShard, "{strategy}: parameters freed after forward");
+            fsdp.backward(&loss).unwrap();
+            assert_eq!(calls.load(Ordering::SeqCst), 6, "{strategy}: backward ran no segment forward");
+            grads.push(fsdp.shards().iter().map(|s| s.grad().copy()).collect::<Vec<_>>());
+        }
+    }
+    // FullShard (freed, refilled) and ShardGradOp (kept) give the same gradients, bit for bit.
+    for (a, b) in grads[..2].iter().zip(&grads[2..]) {
+        assert!(a.iter().zip(b).all(|(a, b)| a.equal(b)));
+    }
 }
 
 #[test]

@@ -1,0 +1,749 @@
+//! `FullyShardedDataParallel`: each rank keeps 1/W of the model state — as
+//! `torch.distributed.fsdp.FullyShardedDataParallel` (FSDP1, `use_orig_params=False`).
+//!
+//! What it does, in PyTorch's order:
+//! 1. **Wrapping.** PyTorch's `size_based_auto_wrap_policy`: each layer (a segment of a
+//!    [`Segmented`] model that has parameters) holding at least `min_num_params` parameters becomes
+//!    its own unit; the remaining parameters go to the root unit. `min_num_params = 0` gives one
+//!    unit per layer, the default `100_000_000` one unit for the whole model.
+//! 2. **Flattening.** Each unit's parameters are flattened in definition order into one
+//!    `FlatParameter`, zero-padded to a multiple of the world size W (`padded_numel`), and rank r
+//!    keeps elements `[r·padded_numel/W, (r+1)·padded_numel/W)`. The shards live in this wrapper's
+//!    own [`nn::VarStore`]; the model's own VarStore is taken by value, so an optimizer can only
+//!    be built over the shards (the classic bug of an optimizer still holding the unsharded
+//!    tensors cannot be written).
+//! 3. **Forward.** Before a unit's first segment its shards are all-gathered into a full flat
+//!    buffer and the model's parameter tensors are pointed at views of it (`Tensor::set_data`),
+//!    so the model's own forward code runs unchanged, with grad: each segment's graph is kept
+//!    for backward. `FullShard` (ZeRO-3) then *frees the memory* of the gathered flat parameter
+//!    after the unit's last segment while keeping its storage object (PyTorch's
+//!    `_full_param_padded.untyped_storage().resize_(0)`, see [`storage`]): the graph's saved
+//!    views of the parameters stay valid but hold no memory. `ShardGradOp` (ZeRO-2) keeps the
+//!    gathered parameters until backward; `NoShard` (DDP) keeps full parameters on every rank.
+//! 4. **Backward.** Segments in reverse, each running the graph forward saved (no second
+//!    forward): before a `FullShard` unit's last segment, its storage is allocated again and
+//!    all-gathered into (`resize_(n)`, then `all_gather_into_tensor`), so the saved views read
+//!    the parameters again. The gradient of each segment comes from `torch.autograd.grad`
+//!    (`Tensor::run_backward`), which does not accumulate into `.grad` (no full-size gradient
+//!    persists) and releases the segment's saved tensors as it goes. Once a unit's gradient is
+//!    complete its gathered parameters are freed *first*, then the gradient is flattened and
+//!    reduce-scattered with `ReduceOp::Avg` into the shard's gradient (accumulating), so the
+//!    gathered parameters, the fresh per-parameter gradients and the flat gradient are never all
+//!    alive at once; `NoShard` all-reduces (Avg) instead.
+//! 5. **Step.** The optimizer steps only the local shards (its state is 1/W per rank); the next
+//!    forward all-gathers the updated shards.
+//!
+//! Differences from PyTorch: no communication/computation overlap (tch exposes no autograd
+//! hooks); the root unit is resharded after forward like every other unit (PyTorch keeps the
+//! root unsharded as an optimisation); no prefetching of the next unit's all-gather.
+//!
+//! Mixed precision (`MixedPrecision`): shards stay in the model's dtype (fp32 master weights);
+//! they are cast to `param_dtype` before the all-gather, so forward and backward run in
+//! `param_dtype` (the root input is cast too, as FSDP's `cast_root_forward_inputs`); gradients
+//! are reduced in `reduce_dtype` and cast back to the shard's dtype.
+
+mod config;
+mod plan;
+mod state_dict;
+mod storage;
+
+pub use config::{Dtype, FsdpConfig, MixedPrecision, ShardingStrategy};
+pub use plan::{explain_units, plan_units, FlatParamUnit};
+
+use crate::ddp::check_in_sync;
+use crate::dist::{ProcessGroup, ReduceOp};
+use crate::memory::ModelStateBytes;
+use crate::model::Segmented;
+use crate::{Error, Result};
+use plan::{flatten_padded, segment_params};
+use storage::FlatStorage;
+use std::time::{Duration, Instant};
+use tch::nn::{self, OptimizerConfig};
+use tch::{Device, Kind, Tensor};
+
+/// What forward keeps for backward, per segment.
+struct Saved {
+    /// The segment's input: a detached leaf (requires grad for segments after the first).
+    x: Tensor,
+    /// The segment's output with its graph (whose saved tensors view the gathered parameters).
+    y: Tensor,
+}
+
+/// A unit's gathered parameters.
+enum Gathered {
+    /// `NoShard`: the shard is the whole flat parameter; this is the shard itself (0 extra
+    /// bytes) or its cast to the compute dtype (mixed precision; those bytes).
+    Local(Tensor, u64),
+    /// Sharded: the all-gathered flat parameter, `[padded_numel]` in the compute dtype. Under
+    /// `FullShard` it is released between forward and backward and refilled in place.
+    Flat(FlatStorage),
+}
+
+impl Gathered {
+    /// The flat parameter while its memory is allocated.
+    fn tensor(&self) -> Option<&Tensor> {
+        match self {
+            Gathered::Local(t, _) => Some(t),
+            Gathered::Flat(s) => s.tensor(),
+        }
+    }
+
+    /// Bytes it adds while allocated.
+    fn bytes(&self) -> u64 {
+        match self {
+            Gathered::Local(_, b) => *b,
+            Gathered::Flat(s) => s.nbytes(),
+        }
+    }
+}
+
+/// A model whose parameters, gradients and optimizer state are sharded over ranks.
+///
+/// Usage (the model's VarStore is given up; the optimizer is built from the wrapper):
+/// ```ignore
+/// let vs = nn::VarStore::new(Device::Cpu);
+/// let net = BasicNet::new(&vs.root(), BasicNetConfig::default());
+/// let mut fsdp = FullyShardedDataParallel::new(vs, net, &*pg, FsdpConfig::default())?;
+/// let mut opt = fsdp.adamw(1e-3)?;          // over this rank's shards only
+/// opt.zero_grad();
+/// let loss = fsdp.forward_t(&x, true)?.nll_loss(&y);
+/// fsdp.backward(&loss)?;                     // re-gather, backward, reduce-scatter(Avg) per unit
+/// fsdp.clip_grad_norm(1.0)?;                 // optional: global norm over all shards
+/// opt.step();
+/// ```
+///
+/// Every method that communicates (`new`, `forward_t`, `backward`, `clip_grad_norm`,
+/// `full_state_dict`, `check_parameters_in_sync`) must be called by every rank in the same
+/// order, as with any collective.
+pub struct FullyShardedDataParallel<'pg, M: Segmented> {
+    module: M,
+    /// The model's own VarStore, owned so that no optimizer can be built over it.
+    _module_vs: nn::VarStore,
+    params: Vec<(String, Tensor)>,
+    seg_params: Vec<Vec<usize>>,
+    seg_unit: Vec<Option<usize>>,
+    units: Vec<FlatParamUnit>,
+    shard_vs: nn::VarStore,
+    shards: Vec<Tensor>,
+    /// Per unit: the gathered full flat parameter (in the compute dtype), if any.
+    gathered: Vec<Option<Gathered>>,
+    /// Per unit: the unsharded gradient being accumulated during backward (and across
+    /// backwards under `no_sync`).
+    full_grads: Vec<Option<Tensor>>,
+    saved: Vec<Saved>,
+    output: Option<Tensor>,
+    train: bool,
+    pg: &'pg dyn ProcessGroup,
+    config: FsdpConfig,
+    live_gathered: u64,
+    peak_gathered: u64,
+    require_backward_grad_sync: bool,
+    comm: Duration,
+    /// Payload bytes of the all-gathers and gradient reductions since construction.
+    comm_bytes: u64,
+}
+
+impl<M: Segmented> std::fmt::Debug for FullyShardedDataParallel<'_, M> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FullyShardedDataParallel")
+            .field("rank", &self.pg.rank())
+            .field("world_size", &self.pg.world_size())
+            .field("sharding_strategy", &self.config.sharding_strategy)
+            .field("units", &self.units.len())
+            .finish()
+    }
+}
+
+/// True when autograd records operations here (not inside `no_grad`).
+fn grad_enabled() -> bool {
+    let probe = Tensor::zeros([1], (Kind::Float, Device::Cpu)).set_requires_grad(true);
+    (&probe * 1.0).requires_grad()
+}
+
+impl<'pg, M: Segmented> FullyShardedDataParallel<'pg, M> {
+    /// Wraps `module`, built in `vs`: broadcasts rank 0's parameters (`sync_module_states`),
+    /// plans the units, keeps this rank's shard of each FlatParameter and frees the model's full
+    /// parameters (they hold 0 elements until forward gathers them).
+    ///
+    /// `vs` is taken by value so that no optimizer can be built over the unsharded tensors;
+    /// build it with [`adamw`](Self::adamw) or over [`var_store`](Self::var_store).
+    ///
+    /// # Errors
+    /// [`Error::Fsdp`] when `vs` is not the VarStore holding exactly the module's parameters,
+    /// lives on another device than the group, or the segments are inconsistent (see
+    /// [`plan_units`]); collective errors ([`Error::CollectiveMismatch`] when ranks' models
+    /// differ in shape).
+    pub fn new(vs: nn::VarStore, module: M, pg: &'pg dyn ProcessGroup, config: FsdpConfig) -> Result<Self> {
+        let (rank, w) = (pg.rank(), pg.world_size());
+        let bad = |problem: String| Error::Fsdp { rank, problem };
+        if vs.device() != pg.device() {
+            return Err(bad(format!(
+                "the model's VarStore is on {:?}, but the process group works on {:?}; build the model on the group's device",
+                vs.device(),
+                pg.device()
+            )));
+        }
+        let mut params = module.named_parameters();
+        check_var_store(&vs, &params, rank)?;
+        let seg_params = segment_params(&module, &params, rank)?;
+        let units = plan_units(&module, config.min_num_params, config.sharding_strategy, w)?;
+        if config.sync_module_states && w > 1 {
+            let mut ts: Vec<Tensor> = params.iter().map(|(_, t)| t.detach()).collect();
+            tch::no_grad(|| pg.broadcast_coalesced(&mut ts, 0))?;
+        }
+        let sharded = config.sharding_strategy.is_sharded();
+        let shard_vs = nn::VarStore::new(pg.device());
+        let mut shards = Vec::with_capacity(units.len());
+        for unit in &units {
+            let flat = tch::no_grad(|| {
+                let pieces: Vec<Tensor> = unit.params.iter().map(|&p| params[p].1.detach().reshape([-1])).collect();
+                flatten_padded(&pieces, unit)
+            });
+            let (start, len) = unit.shard_range(rank, sharded);
+            let shard = tch::no_grad(|| flat.narrow(0, start, len).copy());
+            let key = unit.key();
+            let mut path = shard_vs.root();
+            let mut comps: Vec<&str> = key.split('.').collect();
+            let leaf = comps.pop().unwrap_or("_flat_param");
+            for c in comps {
+                path = path.sub(c);
+            }
+            shards.push(path.add(leaf, shard, true));
+        }
+        // The model keeps no full parameters between uses.
+        for (_, p) in params.iter_mut() {
+            let empty = Tensor::empty([0], (p.kind(), p.device()));
+            p.f_set_data(&empty)?;
+        }
+        let seg_unit = {
+            let mut s = vec![None; seg_params.len()];
+            for (u, unit) in units.iter().enumerate() {
+                for &i in &unit.segments {
+                    s[i] = Some(u);
+                }
+            }
+            s
+        };
+        let n_units = units.len();
+        Ok(Self {
+            module,
+            _module_vs: vs,
+            params,
+            seg_params,
+            seg_unit,
+            units,
+            shard_vs,
+            shards,
+            gathered: (0..n_units).map(|_| None).collect(),
+            full_grads: (0..n_units).map(|_| None).collect(),
+            saved: Vec::new(),
+            output: None,
+            train: false,
+            pg,
+            config,
+            live_gathered: 0,
+            peak_gathered: 0,
+            require_backward_grad_sync: true,
+            comm: Duration::ZERO,
+            comm_bytes: 0,
+        })
+    }
+
+    /// The wrapped model (PyTorch's `fsdp.module`). Its parameter tensors hold 0 elements
+    /// except while a unit is gathered; use [`full_state_dict`](Self::full_state_dict) to read
+    /// the weights.
+    pub fn module(&self) -> &M {
+        &self.module
+    }
+
+    /// This process's rank in the group.
+    pub fn rank(&self) -> usize {
+        self.pg.rank()
+    }
+
+    /// Number of ranks the model is sharded over.
+    pub fn world_size(&self) -> usize {
+        self.pg.world_size()
+    }
+
+    /// The configuration it was built with.
+    pub fn config(&self) -> &FsdpConfig {
+        &self.config
+    }
+
+    /// The unit layout (children in segment order, then the root unit).
+    pub fn units(&self) -> &[FlatParamUnit] {
+        &self.units
+    }
+
+    /// This rank's shards, one trainable variable per unit (`fc1._flat_param`, …, shape
+    /// `[shard_numel]`, the model's dtype). Build optimizers over this VarStore only.
+    pub fn var_store(&self) -> &nn::VarStore {
+        &self.shard_vs
+    }
+
+    /// AdamW with PyTorch's defaults (betas 0.9/0.999, eps 1e-8, weight decay 0.01) and
+    /// learning rate `lr`, over this rank's shards: its `exp_avg`/`exp_avg_sq` are 1/W of the
+    /// model per rank.
+    ///
+    /// # Errors
+    /// [`Error::Torch`] if libtorch cannot build the optimizer.
+    pub fn adamw(&self, lr: f64) -> Result<nn::Optimizer> {
+        Ok(nn::AdamW::default().build(&self.shard_vs, lr)?)
+    }
+
+    /// Seconds spent inside collectives since construction (gathers and gradient reduction).
+    pub fn comm_seconds(&self) -> f64 {
+        self.comm.as_secs_f64()
+    }
+
+    /// Payload bytes of the collectives since construction: all-gather outputs and
+    /// reduce-scatter / all-reduce inputs.
+    pub fn comm_bytes(&self) -> u64 {
+        self.comm_bytes
+    }
+
+    fn param_kind(&self, u: usize) -> Kind {
+        self.config.mixed_precision.map_or(self.shards[u].kind(), |mp| mp.param_dtype.kind())
+    }
+
+    fn reduce_kind(&self, u: usize) -> Kind {
+        self.config.mixed_precision.map_or(self.shards[u].kind(), |mp| mp.reduce_dtype.kind())
+    }
+
+    /// All-gathers unit `u` (in the compute dtype) and points the model's parameters at it. A
+    /// unit released after forward (`FullShard`) is refilled *in its own storage*, which the
+    /// views saved by forward's graph share; a unit already gathered is left as it is.
+    fn gather(&mut self, u: usize) -> Result<()> {
+        if self.gathered[u].as_ref().is_some_and(|g| g.tensor().is_some()) {
+            return Ok(());
+        }
+        let (rank, pkind) = (self.pg.rank(), self.param_kind(u));
+        let shard = self.shards[u].detach();
+        let unit = &self.units[u];
+        let gathered = if !self.config.sharding_strategy.is_sharded() {
+            // NoShard: the "shard" is the whole flat parameter; only a dtype cast copies.
+            tch::no_grad(|| {
+                if pkind == shard.kind() {
+                    Gathered::Local(shard, 0)
+                } else {
+                    Gathered::Local(shard.to_kind(pkind), unit.numel as u64 * pkind.elt_size_in_bytes() as u64)
+                }
+            })
+        } else {
+            let mut storage = match self.gathered[u].take() {
+                Some(Gathered::Flat(mut released)) => {
+                    released.refill(rank)?;
+                    released
+                }
+                _ => FlatStorage::new(unit.padded_numel, pkind, shard.device()),
+            };
+            let mut full = storage.refill(rank)?.shallow_clone();
+            tch::no_grad(|| -> Result<()> {
+                let input = shard.to_kind(pkind).contiguous();
+                let t0 = Instant::now();
+                // The collective writes the storage's memory directly; `full` and the saved
+                // views share it.
+                self.pg.all_gather(&mut full, &input)?;
+                self.comm += t0.elapsed();
+                self.comm_bytes += unit.padded_numel as u64 * pkind.elt_size_in_bytes() as u64;
+                Ok(())
+            })?;
+            Gathered::Flat(storage)
+        };
+        let full = gathered.tensor().expect("just gathered").shallow_clone();
+        for (k, &p) in unit.params.iter().enumerate() {
+            let n: i64 = unit.shapes[k].iter().product();
+            let view = full.narrow(0, unit.offsets[k], n).view(unit.shapes[k].as_slice());
+            self.params[p].1.f_set_data(&view)?;
+        }
+        self.live_gathered += gathered.bytes();
+        self.peak_gathered = self.peak_gathered.max(self.live_gathered);
+        self.gathered[u] = Some(gathered);
+        Ok(())
+    }
+
+    /// Points unit `u`'s parameters at 0-element tensors, so that nothing outside forward's
+    /// graph views the gathered flat parameter.
+    fn empty_params(&mut self, u: usize, kind: Kind) -> Result<()> {
+        let device = self.pg.device();
+        for &p in &self.units[u].params {
+            self.params[p].1.f_set_data(&Tensor::empty([0], (kind, device)))?;
+        }
+        Ok(())
+    }
+
+    /// Frees unit `u`'s gathered parameters (the model's tensors go back to 0 elements). The
+    /// memory goes when the last view of it does: at once, unless a forward graph that was not
+    /// backpropagated still holds views (it is dropped by the next forward).
+    fn free(&mut self, u: usize) -> Result<()> {
+        if let Some(g) = self.gathered[u].take() {
+            if let Some(t) = g.tensor() {
+                self.live_gathered -= g.bytes();
+                self.empty_params(u, t.kind())?;
+            }
+        }
+        Ok(())
+    }
+
+    /// `FullShard` after a unit's forward: frees the memory of its gathered flat parameter but
+    /// keeps the storage object, which forward's graph views, for [`gather`](Self::gather) to
+    /// refill before the unit's backward (PyTorch's reshard: `storage().resize_(0)`).
+    fn release(&mut self, u: usize) -> Result<()> {
+        let rank = self.pg.rank();
+        let kind = self.param_kind(u);
+        if let Some(Gathered::Flat(storage)) = &mut self.gathered[u] {
+            if storage.is_filled() {
+                self.live_gathered -= storage.nbytes();
+                storage.release(rank)?;
+                self.empty_params(u, kind)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Frees every unit and drops what the last forward kept for backward (a graph whose
+    /// parameters are freed, or about to change, can no longer be backpropagated).
+    fn free_all(&mut self) -> Result<()> {
+        self.saved.clear();
+        self.output = None;
+        for u in 0..self.units.len() {
+            self.free(u)?;
+        }
+        Ok(())
+    }
+
+    /// The wrapped model's forward pass (`fsdp(x)`), segment by segment, gathering each unit
+    /// before its first segment. Input and output as the model's (BasicNet: `[batch, 1, 28, 28]`
+    /// → `[batch, 10]` f32 log-probabilities); under mixed precision a floating input is cast
+    /// to `param_dtype`.
+    ///
+    /// In grad mode each segment's graph is kept for [`backward`](Self::backward) (no second
+    /// forward there) and the output is a leaf that requires grad: compute the loss from it and
+    /// pass the loss to `backward`. `FullShard` frees each unit's gathered parameters after its
+    /// last segment (the graph keeps views of them that hold no memory until backward refills
+    /// them). Under `no_grad` (evaluation) nothing is kept for backward and every sharded unit is
+    /// freed after its last segment.
+    ///
+    /// # Errors
+    /// Collective errors from the all-gathers; [`Error::Torch`] if a shape does not fit;
+    /// [`Error::Fsdp`] if a storage cannot be freed or allocated.
+    pub fn forward_t(&mut self, xs: &Tensor, train: bool) -> Result<Tensor> {
+        // Shards may have changed since the last gather (an optimizer step): gather afresh.
+        self.free_all()?;
+        let grad = grad_enabled();
+        let strategy = self.config.sharding_strategy;
+        let mut x = match self.config.mixed_precision {
+            Some(mp) if xs.is_floating_point() => xs.to_kind(mp.param_dtype.kind()),
+            _ => xs.shallow_clone(),
+        };
+        for i in 0..self.seg_params.len() {
+            let unit = self.seg_unit[i];
+            if let Some(u) = unit {
+                self.gather(u)?;
+            }
+            let x_in = if grad && i > 0 { x.detach().set_requires_grad(true) } else { x.detach() };
+            let y = self.module.segment_forward(i, &x_in, train);
+            if grad {
+                self.saved.push(Saved { x: x_in, y: y.shallow_clone() });
+            }
+            if let Some(u) = unit {
+                if self.units[u].segments.last() == Some(&i) && strategy.is_sharded() {
+                    if !grad {
+                        self.free(u)?;
+                    } else if strategy.reshard_after_forward() {
+                        self.release(u)?;
+                    }
+                }
+            }
+            x = y;
+        }
+        if !grad {
+            return Ok(x);
+        }
+        let out = x.detach().set_requires_grad(true);
+        self.output = Some(out.shallow_clone());
+        self.train = train;
+        Ok(out)
+    }
+
+    /// Runs `loss.backward()` (which stops at the output of [`forward_t`](Self::forward_t)),
+    /// then backpropagates the graphs forward kept, segment by segment in reverse — refilling a
+    /// `FullShard` unit's gathered parameters (one all-gather into the storage its graph views)
+    /// before its last segment — and, unless inside [`no_sync`](Self::no_sync), reduces each
+    /// unit's gradient as soon as it is complete: reduce-scatter(Avg) into the shard's `.grad`
+    /// (accumulating, as PyTorch), or all-reduce(Avg) for `NoShard`. Call it where
+    /// single-process code calls `loss.backward()`: `zero_grad` → `backward` →
+    /// (`clip_grad_norm`) → `step`.
+    ///
+    /// # Errors
+    /// [`Error::Fsdp`] when no grad-mode `forward_t` precedes it (or it is called twice for one
+    /// forward); collective errors; [`Error::Torch`] from autograd.
+    pub fn backward(&mut self, loss: &Tensor) -> Result<()> {
+        let Some(out) = self.output.take() else {
+            return Err(Error::Fsdp {
+                rank: self.pg.rank(),
+                problem: "backward called without a preceding forward_t in grad mode (or twice for one forward); \
+                          expected forward_t(x, train) → loss → backward(&loss)"
+                    .into(),
+            });
+        };
+        tch::with_grad(|| loss.f_backward())?;
+        let mut g = out.grad();
+        if !g.defined() {
+            g = out.zeros_like();
+        }
+        let mut saved = std::mem::take(&mut self.saved);
+        let sharded = self.config.sharding_strategy.is_sharded();
+        for i in (0..saved.len()).rev() {
+            let Saved { x, y } = saved.pop().expect("one Saved per segment");
+            let unit = self.seg_unit[i];
+            if let Some(u) = unit {
+                // FullShard: refill the storage forward's graph views (no-op when gathered).
+                self.gather(u)?;
+            }
+            let want_x = i > 0 && x.requires_grad();
+            let mut inputs: Vec<Tensor> = Vec::new();
+            if want_x {
+                inputs.push(x.shallow_clone());
+            }
+            inputs.extend(self.seg_params[i].iter().map(|&p| self.params[p].1.shallow_clone()));
+            let grads: Vec<Tensor> = if inputs.is_empty() || !y.requires_grad() {
+                Vec::new()
+            } else {
+                // torch.autograd.grad(y, inputs, grad_outputs=g): nothing accumulates in .grad,
+                // and (retain_graph=False) the graph's saved tensors are released as it runs.
+                tch::with_grad(|| {
+                    let root = (&y * &g).sum(y.kind());
+                    Tensor::f_run_backward(&[root], &inputs, false, false)
+                })?
+            };
+            drop((y, inputs));
+            let grad_of = |k: usize| grads.get(k).filter(|t| t.defined());
+            let done = unit.filter(|&u| self.units[u].segments.first() == Some(&i));
+            if let Some(u) = done.filter(|_| sharded) {
+                // The unit's backward is over: free its gathered parameters before the gradient
+                // is flattened and reduced (peak: per-parameter gradients + flat gradient, not
+                // those and the gathered parameters too).
+                self.free(u)?;
+            }
+            if let Some(u) = unit {
+                let unit_ref = &self.units[u];
+                let pkind = self.param_kind(u);
+                let fg = self.full_grads[u]
+                    .get_or_insert_with(|| Tensor::zeros([unit_ref.padded_numel], (pkind, self.shards[u].device())));
+                tch::no_grad(|| {
+                    for (k, &p) in self.seg_params[i].iter().enumerate() {
+                        if let Some(gp) = grad_of(usize::from(want_x) + k) {
+                            let j =
+                                unit_ref.params.iter().position(|&q| q == p).expect("segment params are in the unit");
+                            let n: i64 = unit_ref.shapes[j].iter().product();
+                            let _ =
+                                fg.narrow(0, unit_ref.offsets[j], n).view(unit_ref.shapes[j].as_slice()).f_add_(gp)?;
+                        }
+                    }
+                    Ok::<(), tch::TchError>(())
+                })?;
+            }
+            if want_x {
+                g = match grad_of(0) {
+                    Some(gx) => gx.shallow_clone(),
+                    None => x.zeros_like(),
+                };
+            }
+            drop(grads);
+            if let Some(u) = done {
+                self.reduce_unit(u)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// A unit's gradient is complete: reduce it into the shard's gradient, unless under
+    /// `no_sync` (then it stays in `full_grads`, accumulating across backwards).
+    fn reduce_unit(&mut self, u: usize) -> Result<()> {
+        if !self.require_backward_grad_sync {
+            return Ok(());
+        }
+        let Some(fg) = self.full_grads[u].take() else { return Ok(()) };
+        let rkind = self.reduce_kind(u);
+        let shard = self.shards[u].shallow_clone();
+        let reduced = tch::no_grad(|| -> Result<Tensor> {
+            let mut input = fg.to_kind(rkind).contiguous();
+            drop(fg);
+            let bytes = (input.numel() * input.kind().elt_size_in_bytes()) as u64;
+            let t0 = Instant::now();
+            let out = if self.config.sharding_strategy.is_sharded() {
+                let mut out = Tensor::zeros([self.units[u].shard_numel], (rkind, input.device()));
+                self.pg.reduce_scatter(&mut out, &input, ReduceOp::Avg)?;
+                out
+            } else {
+                self.pg.all_reduce(&mut input, ReduceOp::Avg)?;
+                input
+            };
+            self.comm += t0.elapsed();
+            self.comm_bytes += bytes;
+            Ok(out.to_kind(shard.kind()))
+        })?;
+        // Accumulate into shard.grad (defined or not — zero_grad sets it to None):
+        // d/dshard of sum(shard * reduced) is exactly `reduced`.
+        tch::with_grad(|| (&shard * &reduced).sum(shard.kind()).f_backward())?;
+        Ok(())
+    }
+
+    /// Runs `f` with gradient reduction off, as `with fsdp.no_sync():` — unsharded gradients
+    /// accumulate locally (full size per unit, as PyTorch); the next `backward` outside reduces
+    /// the accumulated sum.
+    pub fn no_sync<R>(&mut self, f: impl FnOnce(&mut Self) -> R) -> R {
+        let before = self.require_backward_grad_sync;
+        self.require_backward_grad_sync = false;
+        let out = f(self);
+        self.require_backward_grad_sync = before;
+        out
+    }
+
+    /// Clips the gradients of all shards by their global L2 norm, as
+    /// `FullyShardedDataParallel.clip_grad_norm_(max_norm)`: the squared norms of the local
+    /// shards are summed over ranks with one all-reduce (none for `NoShard`, whose ranks each
+    /// hold the whole gradient), then every gradient is scaled by
+    /// `min(1, max_norm / (total_norm + 1e-6))`. Returns the total norm (before clipping).
+    /// Padding holds zero gradients and does not change the norm.
+    ///
+    /// # Errors
+    /// [`Error::InvalidValue`] for a `max_norm` that is not positive and finite; collective
+    /// errors.
+    pub fn clip_grad_norm(&self, max_norm: f64) -> Result<f64> {
+        if !(max_norm.is_finite() && max_norm > 0.0) {
+            return Err(Error::invalid("max_norm", max_norm, "a positive, finite gradient norm"));
+        }
+        tch::no_grad(|| {
+            let mut local_sq = 0.0;
+            for s in &self.shards {
+                let g = s.grad();
+                if g.defined() {
+                    local_sq += g.to_kind(Kind::Double).square().sum(Kind::Double).double_value(&[]);
+                }
+            }
+            let total_sq = if self.config.sharding_strategy.is_sharded() && self.pg.world_size() > 1 {
+                let mut t = Tensor::from_slice(&[local_sq]).to_device(self.pg.device());
+                self.pg.all_reduce(&mut t, ReduceOp::Sum)?;
+                t.double_value(&[0])
+            } else {
+                local_sq
+            };
+            let total = total_sq.sqrt();
+            let coef = (max_norm / (total + 1e-6)).min(1.0);
+            if coef < 1.0 {
+                for s in &self.shards {
+                    let mut g = s.grad();
+                    if g.defined() {
+                        let _ = g.f_mul_scalar_(coef)?;
+                    }
+                }
+            }
+            Ok(total)
+        })
+    }
+
+    /// This rank's shards (one trainable `[shard_numel]` tensor per unit, unit order): what an
+    /// optimizer updates. Shallow clones sharing storage and gradients.
+    pub fn shards(&self) -> Vec<Tensor> {
+        self.shards.iter().map(|s| s.shallow_clone()).collect()
+    }
+
+    /// The unwrapped model's parameter names, in definition order.
+    pub fn param_names(&self) -> Vec<String> {
+        self.params.iter().map(|(n, _)| n.clone()).collect()
+    }
+
+    /// Turns the gradient reduction of the next backwards on or off (what
+    /// [`no_sync`](Self::no_sync) toggles for the duration of a closure).
+    pub fn set_require_backward_grad_sync(&mut self, sync: bool) {
+        self.require_backward_grad_sync = sync;
+    }
+
+    /// Debug check that the ranks agree: for `NoShard` every rank's full parameters must be
+    /// bit-identical; for the sharded strategies the unit layouts must match (the shards
+    /// themselves differ by design). Uses [`crate::ddp::check_in_sync`].
+    ///
+    /// # Errors
+    /// [`Error::CollectiveMismatch`] naming what differs.
+    pub fn check_parameters_in_sync(&self) -> Result<()> {
+        if self.config.sharding_strategy.is_sharded() {
+            let layout: Vec<(String, Tensor)> = self
+                .units
+                .iter()
+                .map(|u| {
+                    let v = [u.numel as f64, u.padded_numel as f64, u.shard_numel as f64];
+                    (format!("layout of unit {}", u.display_name()), Tensor::from_slice(&v).to_device(self.pg.device()))
+                })
+                .collect();
+            check_in_sync(self.pg, &layout)
+        } else {
+            let named: Vec<(String, Tensor)> =
+                self.units.iter().zip(&self.shards).map(|(u, s)| (u.key(), s.detach())).collect();
+            check_in_sync(self.pg, &named)
+        }
+    }
+
+    /// The unit layout as a table, for `--explain`.
+    pub fn explain(&self) -> String {
+        explain_units(&self.units, self.config.sharding_strategy, self.pg.world_size(), self.config.min_num_params)
+    }
+
+    /// Model-state bytes this rank holds, from the tensors themselves (numel × element size):
+    /// `parameters` = the shards; `gradients` = the shards' `.grad` where defined, plus any
+    /// unsharded gradient held under `no_sync`; `optimizer` = AdamW's `exp_avg` and
+    /// `exp_avg_sq`, one of each per shard element in the shard's dtype (libtorch's optimizer
+    /// state is not reachable through tch; this is what it allocates at the first step);
+    /// `gathered_peak` = the most bytes of gathered parameters alive at once since construction
+    /// (0 for `NoShard` without mixed precision, whose parameters are views of the shards).
+    // ANCHOR: fsdp_memory
+    pub fn memory(&self) -> ModelStateBytes {
+        let bytes = |t: &Tensor| (t.numel() * t.kind().elt_size_in_bytes()) as u64;
+        let parameters: u64 = self.shards.iter().map(bytes).sum();
+        let gradients: u64 = self
+            .shards
+            .iter()
+            .map(|s| {
+                let g = s.grad();
+                if g.defined() {
+                    bytes(&g)
+                } else {
+                    0
+                }
+            })
+            .sum::<u64>()
+            + self.full_grads.iter().flatten().map(bytes).sum::<u64>();
+        ModelStateBytes { parameters, gradients, optimizer: 2 * parameters, gathered_peak: self.peak_gathered }
+    }
+    // ANCHOR_END: fsdp_memory
+}
+
+/// Checks `vs` holds exactly the module's parameters (same tensors, not just the same names).
+fn check_var_store(vs: &nn::VarStore, params: &[(String, Tensor)], rank: usize) -> Result<()> {
+    let vars = vs.trainable_variables();
+    let in_vs: std::collections::HashSet<usize> = vars.iter().map(|t| t.data_ptr() as usize).collect();
+    for (name, t) in params {
+        if t.numel() > 0 && !in_vs.contains(&(t.data_ptr() as usize)) {
+            return Err(Error::Fsdp {
+                rank,
+                problem: format!(
+                    "parameter {name} is not a variable of the VarStore passed in; expected the VarStore the model was built in"
+                ),
+            });
+        }
+    }
+    if vars.len() != params.len() {
+        return Err(Error::Fsdp {
+            rank,
+            problem: format!(
+                "the VarStore passed in holds {} trainable variables but the model has {} parameters; \
+                 expected the VarStore of this model alone",
+                vars.len(),
+                params.len()
+            ),
+        });
+    }
+    Ok(())
+}

@@ -82,7 +82,7 @@ pub struct LaunchConfig {
     #[arg(long = "master-port", alias = "master_port", value_name = "PORT", value_parser = clap::value_parser!(u16).range(1..))]
     pub master_port: Option<u16>,
     /// How the ranks are started: mpi (through mpirun) or nccl (spawned directly).
-    #[arg(long, value_enum, default_value_t = LaunchBackend::Mpi)]
+    #[arg(long, value_enum, value_parser = crate::cli::choice::<LaunchBackend>(), default_value_t = LaunchBackend::Mpi)]
     pub backend: LaunchBackend,
     /// Open MPI hostfile (lines `host slots=N`) listing the nodes; backend mpi with --nnodes > 1.
     #[arg(long, value_name = "FILE")]
@@ -140,6 +140,10 @@ fn at_least_one(s: &str) -> std::result::Result<usize, String> {
 
 /// The marker that starts a rank worker's machine-readable failure line on stderr.
 const FAILURE_MARKER: &str = "@@ladder-run-failure@@ ";
+/// The marker of a rank worker's last line on stderr, `@@ladder-run-exit@@ RANK`: the rank's
+/// word that it has ended (how is in its failure line, if any). Over several hosts, ranks
+/// whose word never arrives are named: their host may be unreachable.
+const EXIT_MARKER: &str = "@@ladder-run-exit@@ ";
 /// The environment variable that tells a binary re-executed by [`launch`] its role.
 const ROLE_VAR: &str = "LADDER_LAUNCH_ROLE";
 /// Environment variable naming the `ladder-run` binary to use as rank worker.
@@ -185,7 +189,9 @@ struct FailureRecord {
 pub fn run(cfg: &LaunchConfig) -> Result<i32> {
     if cfg.rank_worker {
         let args: Vec<OsString> = cfg.args().iter().map(OsString::from).collect();
-        return Ok(worker(OsStr::new(cfg.program()), &args, &[], !cfg.no_prefix));
+        let code = worker(OsStr::new(cfg.program()), &args, &[], !cfg.no_prefix);
+        report_exit();
+        return Ok(code);
     }
     validate(cfg)?;
     find_program(cfg.program())?;
@@ -210,6 +216,10 @@ pub fn run(cfg: &LaunchConfig) -> Result<i32> {
         nnodes: cfg.nnodes,
         node_rank: cfg.node_rank,
         hostfile: cfg.hostfile.clone(),
+        hosts: match (&cfg.hostfile, cfg.backend) {
+            (Some(h), LaunchBackend::Mpi) => check_hostfile(h, cfg.nnodes, cfg.nproc_per_node)?.into_iter().map(|e| e.host).collect(),
+            _ => Vec::new(),
+        },
     };
     let outcome = match cfg.backend {
         LaunchBackend::Mpi => job.run_mpirun()?,
@@ -289,6 +299,7 @@ pub fn launch<F: FnOnce() -> Result<()>>(num_processes: usize, f: F) -> Result<(
                 nnodes: 1,
                 node_rank: 0,
                 hostfile: None,
+                hosts: Vec::new(),
             };
             match job.run_mpirun()?.into_code(&job.label)? {
                 0 => Ok(()),
@@ -334,6 +345,7 @@ fn validate(cfg: &LaunchConfig) -> Result<()> {
                 if !h.is_file() {
                     return Err(Error::invalid("--hostfile", h.display(), "an existing Open MPI hostfile (lines `host slots=N`)"));
                 }
+                check_hostfile(h, cfg.nnodes, cfg.nproc_per_node)?;
             }
         }
         LaunchBackend::Nccl => {
@@ -354,6 +366,73 @@ fn validate(cfg: &LaunchConfig) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// One node of an Open MPI hostfile: `host [slots=N] [max_slots=N]`, `#` comments.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HostfileEntry {
+    /// The host name or address, as written.
+    pub host: String,
+    /// `slots=N`, when given (Open MPI then defaults to the host's core count).
+    pub slots: Option<usize>,
+    /// The line it is on (1-based).
+    pub line: usize,
+}
+
+/// Reads an Open MPI hostfile and checks it against the job, as mpirun would place it
+/// (`--map-by ppr:NPROC:node`: `nproc_per_node` ranks on each of the first `nnodes` hosts).
+///
+/// # Errors
+/// [`Error::InvalidValue`] for `--hostfile`, naming the file, line and host: unreadable, a
+/// line that is not `host [slots=N] [max_slots=N]`, fewer hosts than `--nnodes`, a host
+/// listed twice, a host with fewer slots than `--nproc-per-node`, or a host name that does
+/// not resolve to an address.
+pub fn check_hostfile(path: &Path, nnodes: usize, nproc_per_node: usize) -> Result<Vec<HostfileEntry>> {
+    let shown = path.display().to_string();
+    let bad = |what: String| Error::invalid("--hostfile", &shown, what);
+    let text = std::fs::read_to_string(path).map_err(|e| bad(format!("a readable Open MPI hostfile ({e})")))?;
+    let mut hosts: Vec<HostfileEntry> = Vec::new();
+    for (i, raw) in text.lines().enumerate() {
+        let line = raw.split('#').next().unwrap_or("").trim();
+        let mut words = line.split_whitespace();
+        let Some(host) = words.next() else { continue };
+        let mut slots = None;
+        for w in words {
+            let count = |v: &str| v.parse::<usize>().ok().filter(|n| *n >= 1);
+            match w.split_once('=') {
+                Some(("slots", v)) => slots = Some(count(v).ok_or_else(|| bad(format!("line {}: `{w}`: slots must be a whole number of at least 1", i + 1)))?),
+                Some(("max_slots" | "max-slots", v)) if count(v).is_some() => {}
+                _ => return Err(bad(format!("line {}: `{line}`: expected `host [slots=N] [max_slots=N]`", i + 1))),
+            }
+        }
+        if let Some(prev) = hosts.iter().find(|h| h.host == host) {
+            return Err(bad(format!("line {}: host {host} is listed twice (also line {}); expected one line per node", i + 1, prev.line)));
+        }
+        hosts.push(HostfileEntry { host: host.to_string(), slots, line: i + 1 });
+    }
+    if hosts.len() < nnodes {
+        return Err(bad(format!(
+            "{nnodes} hosts (--nnodes {nnodes}), one per line as `host slots=N`; it lists {}{}",
+            hosts.len(),
+            if hosts.is_empty() { String::new() } else { format!(": {}", hosts.iter().map(|h| h.host.as_str()).collect::<Vec<_>>().join(", ")) }
+        )));
+    }
+    hosts.truncate(nnodes);
+    for h in &hosts {
+        if let Some(slots) = h.slots.filter(|s| *s < nproc_per_node) {
+            return Err(bad(format!(
+                "at least {nproc_per_node} slots on every host (--nproc-per-node {nproc_per_node}); line {}: host {} has slots={slots}: raise slots= or lower --nproc-per-node",
+                h.line, h.host
+            )));
+        }
+        if std::net::ToSocketAddrs::to_socket_addrs(&(h.host.as_str(), 0)).map(|mut a| a.next().is_none()).unwrap_or(true) {
+            return Err(bad(format!(
+                "host names that resolve to an address; line {}: host {} does not resolve (check /etc/hosts or DNS on this node)",
+                h.line, h.host
+            )));
+        }
+    }
+    Ok(hosts)
 }
 
 /// Checks that `program` names an executable file (a path, or a name found in `PATH`).
@@ -440,6 +519,8 @@ struct Job {
     nnodes: usize,
     node_rank: usize,
     hostfile: Option<PathBuf>,
+    /// The hostfile's first `nnodes` hosts, in order (mpi over several nodes; else empty).
+    hosts: Vec<String>,
 }
 
 /// A process the launcher waits for: mpirun, or one rank worker.
@@ -454,8 +535,19 @@ struct Member {
     failed_on_its_own: bool,
 }
 
+/// What a rank worker's hidden stderr lines tell the top launcher.
+#[derive(Debug)]
+enum Note {
+    Failed(FailureRecord),
+    Exited(usize),
+}
+
 #[derive(Debug)]
 struct Outcome {
+    /// Hosts (with their ranks) from which no rank gave word that it ended.
+    silent_hosts: Vec<(String, Vec<usize>)>,
+    /// How many hosts the job spans (0: one node without a hostfile).
+    hosts: usize,
     /// Failure records in the order they arrived.
     failures: Vec<FailureRecord>,
     /// The signal that interrupted the launcher.
@@ -467,8 +559,23 @@ struct Outcome {
 
 impl Outcome {
     fn into_code(self, label: &str) -> Result<i32> {
+        let silent = self
+            .silent_hosts
+            .iter()
+            .map(|(host, ranks)| {
+                let ranks: Vec<String> = ranks.iter().map(usize::to_string).collect();
+                format!("host {host} (rank{} {})", if ranks.len() == 1 { "" } else { "s" }, ranks.join(", "))
+            })
+            .collect::<Vec<_>>();
         if let Some(first) = self.failures.first() {
-            return Err(Error::RankFailed { rank: first.rank, exitcode: first.exitcode, summary: summary(label, &self.failures) });
+            let mut summary = summary(label, &self.failures);
+            if !silent.is_empty() {
+                summary.push_str(&format!(
+                    "\nNo word from {}: unreachable, or its Open MPI daemon was lost; its ranks were not confirmed stopped",
+                    silent.join(", ")
+                ));
+            }
+            return Err(Error::RankFailed { rank: first.rank, exitcode: first.exitcode, summary });
         }
         if let Some(sig) = self.interrupted {
             let _ = writeln!(std::io::stderr(), "ladder-run: received {}; stopped all {} ranks", sys::signal_name(sig), self.ranks);
@@ -476,6 +583,17 @@ impl Outcome {
         }
         if let Some(st) = self.mpirun_status {
             if !st.success() {
+                if !silent.is_empty() {
+                    let whom = if self.silent_hosts.len() == self.hosts {
+                        format!("before any rank started on the {} hosts of the hostfile", self.hosts)
+                    } else {
+                        format!("and no rank reported back from {}", silent.join(", "))
+                    };
+                    return Err(Error::Launch(format!(
+                        "mpirun {} {whom}: check that this node reaches every host (ssh HOST, or Open MPI's plm_rsh_agent) and that each has Open MPI and PROGRAM at the same path; mpirun's messages above say which host failed",
+                        describe_status(st),
+                    )));
+                }
                 return Err(Error::Launch(format!(
                     "mpirun {}, but no rank reported a failure; see mpirun's messages above",
                     describe_status(st)
@@ -586,7 +704,16 @@ impl Job {
     /// fails.
     fn supervise(&self, mut members: Vec<Member>, mpirun: bool) -> Result<Outcome> {
         let saved = sys::install_termination_handlers();
-        let (tx, rx) = channel::<FailureRecord>();
+        let (tx, rx) = channel::<Note>();
+        let mut exited = Vec::new();
+        let mut take_notes = |failures: &mut Vec<FailureRecord>| {
+            for note in rx.try_iter() {
+                match note {
+                    Note::Failed(f) => failures.push(f),
+                    Note::Exited(rank) => exited.push(rank),
+                }
+            }
+        };
         let mut relays = Vec::new();
         for m in &mut members {
             if let Some(out) = m.child.stdout.take() {
@@ -603,7 +730,7 @@ impl Job {
         let mut term_sent: Option<Instant> = None;
         let mut kill_sent = false;
         loop {
-            failures.extend(rx.try_iter());
+            take_notes(&mut failures);
             let stop_requested = term_sent.is_some();
             for m in members.iter_mut().filter(|m| m.status.is_none()) {
                 if let Ok(Some(st)) = m.child.try_wait() {
@@ -645,7 +772,7 @@ impl Job {
         }
         // The relays end at EOF; a grandchild that kept a pipe open must not hold us up.
         join_all(relays, Duration::from_secs(2));
-        failures.extend(rx.try_iter());
+        take_notes(&mut failures);
         sys::restore_handlers(saved);
         if !mpirun {
             // A worker that died without reporting (killed itself): describe it from its status.
@@ -666,7 +793,19 @@ impl Job {
                 }
             }
         }
+        // Over several hosts: the hosts none of whose ranks gave word that it ended.
+        let mut silent_hosts = Vec::new();
+        if mpirun && !self.hosts.is_empty() {
+            for (node, host) in self.hosts.iter().enumerate() {
+                let ranks: Vec<usize> = (node * self.nproc_per_node..(node + 1) * self.nproc_per_node).collect();
+                if ranks.iter().all(|r| !exited.contains(r) && !failures.iter().any(|f| f.rank == *r)) {
+                    silent_hosts.push((host.clone(), ranks));
+                }
+            }
+        }
         Ok(Outcome {
+            hosts: self.hosts.len(),
+            silent_hosts,
             failures,
             interrupted,
             mpirun_status: if mpirun { members[0].status } else { None },
@@ -684,7 +823,7 @@ fn stop(members: &[Member], signal: i32) {
 
 /// Copies `stream` line by line to this process's stdout or stderr, passing failure records
 /// to `tx` instead.
-fn relay(stream: impl Read + Send + 'static, to_stderr: bool, tx: Sender<FailureRecord>) -> JoinHandle<()> {
+fn relay(stream: impl Read + Send + 'static, to_stderr: bool, tx: Sender<Note>) -> JoinHandle<()> {
     std::thread::spawn(move || {
         let mut r = BufReader::new(stream);
         let mut line = Vec::new();
@@ -696,7 +835,13 @@ fn relay(stream: impl Read + Send + 'static, to_stderr: bool, tx: Sender<Failure
             }
             if let Some(json) = line.strip_prefix(FAILURE_MARKER.as_bytes()) {
                 if let Ok(rec) = serde_json::from_slice::<FailureRecord>(json) {
-                    let _ = tx.send(rec);
+                    let _ = tx.send(Note::Failed(rec));
+                    continue;
+                }
+            }
+            if let Some(rank) = line.strip_prefix(EXIT_MARKER.as_bytes()) {
+                if let Ok(rank) = String::from_utf8_lossy(rank).trim().parse() {
+                    let _ = tx.send(Note::Exited(rank));
                     continue;
                 }
             }
@@ -822,6 +967,8 @@ fn worker(program: &OsStr, args: &[OsString], extra_env: &[(&str, String)], pref
     let tag = if prefix { format!("[rank{}]: ", env.rank) } else { String::new() };
     let mut cmd = Command::new(program);
     cmd.args(args).envs(env.to_vars()).envs(extra_env.iter().map(|(k, v)| (*k, v.as_str())));
+    // torchrun's GROUP_RANK, the node's index (ranks are placed node by node).
+    cmd.env("GROUP_RANK", (env.rank / env.local_world_size).to_string());
     cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
     sys::prepare_child(&mut cmd, sys::SIGKILL, false);
     let mut child = match cmd.spawn() {
@@ -898,6 +1045,14 @@ fn worker(program: &OsStr, args: &[OsString], extra_env: &[(&str, String)], pref
         128 - code
     } else {
         code
+    }
+}
+
+/// Writes the rank worker's exit marker (see [`EXIT_MARKER`]); the rank comes from mpirun's or
+/// torchrun's variables (nothing is written without them).
+fn report_exit() {
+    if let Some(rank) = ["OMPI_COMM_WORLD_RANK", "RANK"].iter().find_map(|v| std::env::var(v).ok()?.parse::<usize>().ok()) {
+        let _ = std::io::stderr().lock().write_all(format!("{EXIT_MARKER}{rank}\n").as_bytes());
     }
 }
 

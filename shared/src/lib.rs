@@ -17,6 +17,7 @@ pub mod metrics;
 pub mod model;
 pub mod optim;
 pub mod checkpoint;
+pub mod cli;
 pub mod wrapped;
 pub(crate) mod sys;
 pub mod train;

@@ -62,7 +62,7 @@ pub enum LaunchBackend {
     version,
     override_usage = "ladder-run [OPTIONS] PROGRAM [ARGS]...",
     about = "Start PROGRAM as several ranks with the torchrun environment (RANK, WORLD_SIZE, ...), as torchrun does",
-    after_help = "Examples:\n  ladder-run --nproc-per-node 2 target/release/level1-raw-ddp --epochs 1\n  ladder-run --nproc-per-node 4 --backend nccl target/release/level1-raw-ddp --device cuda\n  ladder-run --nproc-per-node 2 --nnodes 2 --hostfile hosts.txt PROGRAM    (mpi, run once)\n\nIf a rank fails, the others are stopped and ladder-run exits 1 with a summary naming the rank."
+    after_help = "Examples:\n  ladder-run --nproc-per-node 2 target/release/level1-raw-ddp --epochs 1\n  ladder-run --nproc-per-node 4 --backend nccl target/release/level1-raw-ddp --device cuda\n  ladder-run --nproc-per-node 2 --nnodes 2 --hostfile hosts.txt PROGRAM    (mpi, run once)\n  ladder-run --nproc-per-node 4 --nnodes 2 --node-rank R --master-addr node0 --backend nccl PROGRAM    (on every node)\n\nEvery rank gets RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK (its node's index), MASTER_ADDR and MASTER_PORT; over mpirun, PATH and LD_LIBRARY_PATH are forwarded to the other nodes. If a rank fails, the others are stopped and ladder-run exits 1 with a summary naming the rank and its host.\n\nEnvironment:\n  PATH\n      where PROGRAM and mpirun are looked up\n  OMPI_MCA_*\n      Open MPI's settings, read by mpirun (e.g. OMPI_MCA_plm_rsh_agent,\n      OMPI_MCA_btl_tcp_if_include)"
 )]
 pub struct LaunchConfig {
     /// Number of ranks to start on each node.

@@ -2,7 +2,7 @@
 # A multi-node cluster on one machine: N "hosts" made of Linux namespaces, for trying
 # `ladder-run --nnodes N --hostfile ...` (Open MPI over TCP) without N machines.
 #
-#   scripts/cluster.sh up [N]            create N hosts (default 2); idempotent
+#   scripts/cluster.sh up [N] [--cpus-per-node K]  create N hosts (default 2); idempotent
 #   scripts/cluster.sh exec NODE CMD...  run CMD on NODE (an index 0..N-1 or a host name)
 #   scripts/cluster.sh hostfile          print the path of the Open MPI hostfile
 #   scripts/cluster.sh status            list the hosts, addresses, links and processes
@@ -40,7 +40,7 @@ SUBNET=10.213.0
 STATE_ROOT=/run/ddp-ladder-cluster
 
 die() { echo "cluster.sh: error: $*" >&2; exit 1; }
-usage() { sed -n '2,13p' "$SELF" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,14p' "$SELF" | sed 's/^# \{0,1\}//'; }
 
 while [[ $# -gt 0 ]]; do
     case $1 in

@@ -152,6 +152,61 @@ impl Drop for Cluster {
     }
 }
 
+/// `cluster.sh` itself: `up` twice is one cluster, `down` after a run that left processes behind
+/// removes them with the namespaces, the network and the files, and `down` twice is fine; not
+/// being root is a clear error.
+#[test]
+fn cluster_sh_is_idempotent_and_down_removes_everything() {
+    need_cluster!();
+    let _s = serial();
+    let c = Cluster::up("idem", 2);
+    let again = c.script(&["up", "2"]).output().unwrap();
+    assert!(again.status.success() && String::from_utf8_lossy(&again.stdout).contains("2 hosts already up"), "{again:?}");
+    // A "failed run": a process left on each host.
+    let mut left = Vec::new();
+    for node in 0..2 {
+        let mut cmd = c.script(&["exec", &node.to_string(), "sleep", "1000"]);
+        left.push(cmd.stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap());
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while c.processes().iter().filter(|(_, _, cmd)| cmd == "sleep 1000").count() < 2 {
+        assert!(Instant::now() < deadline, "the sleeps never started: {:#?}", c.processes());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let inodes = c.netns_inodes();
+    for _ in 0..2 {
+        let down = c.script(&["down"]).output().unwrap();
+        assert!(down.status.success(), "{down:?}");
+    }
+    for mut child in left {
+        assert!(!child.wait().unwrap().success(), "the process left on a host was killed");
+    }
+    let mut in_cluster = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        use std::os::unix::fs::MetadataExt;
+        if let Ok(ns) = std::fs::metadata(entry.path().join("ns/net")) {
+            if inodes.contains(&ns.ino()) {
+                in_cluster.push(entry.file_name());
+            }
+        }
+    }
+    assert!(in_cluster.is_empty(), "processes still in the cluster's namespaces: {in_cluster:?}");
+    let netns = std::fs::read_dir("/run/netns").map(|d| d.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect::<Vec<_>>());
+    assert!(netns.unwrap_or_default().iter().all(|n| !n.starts_with(&c.name)), "a namespace of {} is left", c.name);
+    let links = Command::new("ip").args(["-o", "link"]).output().unwrap();
+    assert!(!String::from_utf8_lossy(&links.stdout).contains(&c.name), "a link of {} in the machine's namespace", c.name);
+    assert!(!Path::new(&format!("/run/ddp-ladder-cluster/{}", c.name)).exists());
+    assert!(!Path::new(&format!("/etc/netns/{}-node0", c.name)).exists());
+
+    // Not root: refused before anything is touched.
+    let out = Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "bash", SCRIPT, "--name", &c.name, "up", "2"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).starts_with("cluster.sh: error: must run as root"), "{out:?}");
+}
+
 #[derive(Debug)]
 struct Output {
     code: Option<i32>,

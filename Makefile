@@ -7,11 +7,22 @@ export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
 CARGO ?= cargo
 RELEASE := target/release
 
-.PHONY: demo test bench setup build book book-data
+.PHONY: help demo test bench setup build book book-data cluster-up cluster-down
 
+## make help: this list (also what `make` alone prints).
+help:
+	@echo "ddp-ladder: make TARGET  (targets that build or run start with scripts/bootstrap.sh)"
+	@echo
+	@awk '/^## make [a-z-]+:/ { sub(/^## make /, ""); split($$0, a, ":"); name = a[1]; \
+	        text = substr($$0, length(name) + 3); printf "  %-12s %s\n", name, text; next } \
+	      /^## / && name != "" { sub(/^## /, ""); printf "  %-12s %s\n", "", $$0; next } \
+	      { name = "" }' $(MAKEFILE_LIST)
+
+## make setup: install what is missing (Open MPI, libclang, the torch venv); < 5 s when all is there.
 setup:
 	@bash scripts/bootstrap.sh
 
+## make build: build every binary and example in release mode (target/release/).
 build: setup
 	$(CARGO) build --release --workspace --bins --examples
 
@@ -52,3 +63,13 @@ book: setup
 ## Several minutes; run it on an idle machine. BOOK_BENCH_ARGS overrides the matrix.
 book-data: build
 	bash scripts/book-data.sh
+
+## make cluster-up: two namespace hosts on this machine (root), to try multi-node runs; see
+## scripts/cluster.sh and the book's "Scaling out". CLUSTER_NODES=N for more hosts.
+CLUSTER_NODES ?= 2
+cluster-up:
+	bash scripts/cluster.sh up $(CLUSTER_NODES)
+
+## make cluster-down: remove the namespace hosts, their network and any process left on them.
+cluster-down:
+	bash scripts/cluster.sh down

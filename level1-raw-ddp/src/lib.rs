@@ -32,7 +32,7 @@ pub use ladder_core::wrapped::Strategy;
     name = "level1-raw-ddp",
     version,
     about = "Level 1: BasicNet on MNIST with a raw process group, a DistributedSampler and DistributedDataParallel",
-    after_help = "Launch: `target/release/level1-raw-ddp` (1 process), `target/release/ladder-run --nproc-per-node 2 target/release/level1-raw-ddp`, or `mpirun -n 2 target/release/level1-raw-ddp`.",
+    after_help = concat!("Launch: `target/release/level1-raw-ddp` (1 process), `target/release/ladder-run --nproc-per-node 2 target/release/level1-raw-ddp`, or `mpirun -n 2 target/release/level1-raw-ddp`.\n\n", "Environment:\n  RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT\n      this process's place in the job, as torchrun (and ladder-run) set them\n  OMPI_COMM_WORLD_RANK, OMPI_COMM_WORLD_SIZE, OMPI_COMM_WORLD_LOCAL_[RANK|SIZE]\n      the same under mpirun (they win; torchrun's must agree)\n  LADDER_SHUTDOWN_TIMEOUT_S\n      seconds a rank waits for the others at shutdown, then aborts the job [default: 30]\n  MNIST_DIR, MNIST_MIRRORS\n      see --data-dir and --mirror"),
     allow_negative_numbers = true
 )]
 pub struct Config {
@@ -40,10 +40,10 @@ pub struct Config {
     pub train: TrainArgs,
     /// Communication backend. Default: nccl when training on cuda, else mpi (as
     /// torch.distributed picks nccl for GPUs and gloo for CPUs).
-    #[arg(long, value_enum)]
+    #[arg(long, value_enum, value_parser = ladder_core::cli::choice::<Backend>())]
     pub backend: Option<Backend>,
     /// How the model is replicated across ranks.
-    #[arg(long, value_enum, default_value_t = Strategy::Ddp)]
+    #[arg(long, value_enum, value_parser = ladder_core::cli::choice::<Strategy>(), default_value_t = Strategy::Ddp)]
     pub strategy: Strategy,
     /// DDP gradient bucket size cap in MiB (PyTorch's bucket_cap_mb; the first bucket is 1 MiB)
     /// [default: 25; --strategy ddp only].

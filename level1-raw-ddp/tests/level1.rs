@@ -131,9 +131,29 @@ fn rank_exact_eval() {
 
 #[test]
 fn help_snapshot() {
-    let out = Command::new(BIN).arg("--help").output().unwrap();
+    // No terminal here: clap wraps at $COLUMNS, pinned so the snapshot does not follow the shell.
+    let out = Command::new(BIN).arg("--help").env("COLUMNS", "100").output().unwrap();
     assert!(out.status.success());
     insta::assert_snapshot!(String::from_utf8_lossy(&out.stdout));
+}
+
+/// Help wraps at the terminal's width (clap's `wrap_help`; without a terminal, `$COLUMNS`), for
+/// every binary a user starts.
+#[test]
+fn help_wraps_at_the_terminal_width() {
+    let dir = std::path::Path::new(BIN).parent().unwrap();
+    for bin in ["ladder-run", "ladder-baseline", "level1-raw-ddp"] {
+        let path = dir.join(bin);
+        assert!(path.is_file(), "{} is not built: cargo build --release --workspace --bins", path.display());
+        for (flag, width) in [("-h", 60), ("--help", 60), ("--help", 80)] {
+            let out = Command::new(&path).arg(flag).env("COLUMNS", width.to_string()).output().unwrap();
+            let text = String::from_utf8_lossy(&out.stdout);
+            // Only a word longer than the width (a path, a URL) may stick out.
+            let long: Vec<&str> =
+                text.lines().filter(|l| l.chars().count() > width && l.trim().contains(' ')).collect();
+            assert!(long.is_empty(), "{bin} {flag} at {width} columns has longer lines: {long:#?}");
+        }
+    }
 }
 
 #[test]

@@ -24,7 +24,7 @@ use tch::{nn, Kind};
     name = "level2-accelerator",
     version,
     about = "Level 2: BasicNet on MNIST with an Accelerator — one single-device-looking loop on 1..N processes",
-    after_help = "Launch: `target/release/level2-accelerator` (1 process), `target/release/ladder-accelerate launch --num-processes 2 target/release/level2-accelerator`, `target/release/ladder-run --nproc-per-node 2 target/release/level2-accelerator`, or `mpirun -n 2 target/release/level2-accelerator`.",
+    after_help = concat!("Launch: `target/release/level2-accelerator` (1 process), `target/release/ladder-accelerate launch --num-processes 2 target/release/level2-accelerator`, `target/release/ladder-run --nproc-per-node 2 target/release/level2-accelerator`, or `mpirun -n 2 target/release/level2-accelerator`.\n\n", "Environment:\n  RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT\n      this process's place in the job, as torchrun (and ladder-run) set them\n  OMPI_COMM_WORLD_RANK, OMPI_COMM_WORLD_SIZE, OMPI_COMM_WORLD_LOCAL_[RANK|SIZE]\n      the same under mpirun (they win; torchrun's must agree)\n  LADDER_SHUTDOWN_TIMEOUT_S\n      seconds a rank waits for the others at shutdown, then aborts the job [default: 30]\n  MNIST_DIR, MNIST_MIRRORS\n      see --data-dir and --mirror\n", "  ACCELERATE_MIXED_PRECISION, ACCELERATE_GRADIENT_ACCUMULATION_STEPS, ACCELERATE_USE_CPU,\n  ACCELERATE_USE_FSDP, FSDP_SHARDING_STRATEGY, FSDP_MIN_NUM_PARAMS, ACCELERATE_SPLIT_BATCHES,\n  ACCELERATE_EVEN_BATCHES, ACCELERATE_SEED\n      the Accelerator's settings as `ladder-accelerate launch` exports them (below the\n      flags, above the config file)\n", "  ACCELERATE_CONFIG_FILE\n      the config file [default: the default config, if it exists]"),
     allow_negative_numbers = true
 )]
 pub struct Config {
@@ -32,11 +32,11 @@ pub struct Config {
     pub train: TrainArgs,
     /// How the model is replicated (sets use_fsdp and fsdp_sharding_strategy). Default: the
     /// launcher's or config file's setting, else ddp.
-    #[arg(long, value_enum)]
+    #[arg(long, value_enum, value_parser = ladder_core::cli::choice::<Strategy>())]
     pub strategy: Option<Strategy>,
-    /// Mixed precision (no | bf16 | fp16; fp16 needs CUDA). Default: the launcher's or config
-    /// file's setting, else no.
-    #[arg(long, value_enum)]
+    /// Mixed precision (fp16 needs CUDA). Default: the launcher's or config file's setting,
+    /// else no.
+    #[arg(long, value_enum, value_parser = ladder_core::cli::choice::<MixedPrecision>())]
     pub mixed_precision: Option<MixedPrecision>,
     /// Micro-batches per optimizer step. Default: the launcher's or config file's, else 1.
     #[arg(long, value_name = "K")]

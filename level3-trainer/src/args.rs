@@ -121,7 +121,7 @@ pub struct TrainingArguments {
     #[arg(long, default_value_t = 1.0)]
     pub max_grad_norm: f64,
     /// The learning-rate schedule.
-    #[arg(long, value_enum, default_value_t = SchedulerType::Linear)]
+    #[arg(long, value_enum, value_parser = ladder_core::cli::choice::<SchedulerType>(), default_value_t = SchedulerType::Linear)]
     pub lr_scheduler_type: SchedulerType,
     /// Warm-up steps (takes precedence over warmup_ratio when > 0).
     #[arg(long, default_value_t = 0)]
@@ -133,13 +133,13 @@ pub struct TrainingArguments {
     #[arg(long, default_value_t = 1)]
     pub gradient_accumulation_steps: usize,
     /// When to evaluate on the eval dataset.
-    #[arg(long, value_enum, default_value_t = IntervalStrategy::No)]
+    #[arg(long, value_enum, value_parser = ladder_core::cli::choice::<IntervalStrategy>(), default_value_t = IntervalStrategy::No)]
     pub eval_strategy: IntervalStrategy,
     /// Optimization steps between evaluations with eval_strategy=steps (default: logging_steps).
     #[arg(long)]
     pub eval_steps: Option<usize>,
     /// When to log the training loss and learning rate.
-    #[arg(long, value_enum, default_value_t = IntervalStrategy::Steps)]
+    #[arg(long, value_enum, value_parser = ladder_core::cli::choice::<IntervalStrategy>(), default_value_t = IntervalStrategy::Steps)]
     pub logging_strategy: IntervalStrategy,
     /// Optimization steps between logs with logging_strategy=steps.
     #[arg(long, default_value_t = 500)]
@@ -148,7 +148,7 @@ pub struct TrainingArguments {
     #[arg(long)]
     pub logging_first_step: bool,
     /// When to write a checkpoint.
-    #[arg(long, value_enum, default_value_t = IntervalStrategy::Steps)]
+    #[arg(long, value_enum, value_parser = ladder_core::cli::choice::<IntervalStrategy>(), default_value_t = IntervalStrategy::Steps)]
     pub save_strategy: IntervalStrategy,
     /// Optimization steps between checkpoints with save_strategy=steps.
     #[arg(long, default_value_t = 500)]
@@ -185,10 +185,10 @@ pub struct TrainingArguments {
     #[arg(long)]
     pub disable_tqdm: bool,
     /// Where to report the log history besides trainer_state.json.
-    #[arg(long, value_enum, default_value_t = ReportTo::None)]
+    #[arg(long, value_enum, value_parser = ladder_core::cli::choice::<ReportTo>(), default_value_t = ReportTo::None)]
     pub report_to: ReportTo,
     /// Shard the model with FSDP instead of replicating it with DDP.
-    #[arg(long, value_enum)]
+    #[arg(long, value_enum, value_parser = ladder_core::cli::choice::<FsdpOption>())]
     pub fsdp: Option<FsdpOption>,
     /// FSDP auto-wrap: a layer with at least this many parameters becomes its own unit
     /// (Transformers' `fsdp_min_num_params` / `fsdp_config.min_num_params`; default: the

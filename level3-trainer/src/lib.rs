@@ -54,7 +54,7 @@ pub enum MixedPrecisionFlag {
     name = "level3-trainer",
     version,
     about = "Level 3: BasicNet on MNIST with a Trainer and TrainingArguments (as 🤗 Transformers) — no training loop in user code",
-    after_help = "Launch: `target/release/level3-trainer` (1 process), `target/release/ladder-run --nproc-per-node 2 target/release/level3-trainer`, or `mpirun -n 2 target/release/level3-trainer`.\n\nBy default the recipe shared by the three levels is passed explicitly (learning_rate 1e-3, weight_decay 0.01, constant schedule, no warmup, no clipping, batch 64, 1 epoch, evaluation each epoch); --transformers-defaults uses Transformers' own defaults instead (learning_rate 5e-5 with linear decay, max_grad_norm 1.0, weight_decay 0). Precedence: recipe or Transformers defaults < --args-file < flags given.",
+    after_help = concat!("Launch: `target/release/level3-trainer` (1 process), `target/release/ladder-run --nproc-per-node 2 target/release/level3-trainer`, or `mpirun -n 2 target/release/level3-trainer`.\n\nBy default the recipe shared by the three levels is passed explicitly: the defaults above, plus weight_decay 0.01, a constant schedule, no warmup, no clipping and evaluation each epoch; --transformers-defaults uses Transformers' own instead. Precedence: recipe or Transformers defaults < --args-file < flags given.\n\n", "Environment:\n  RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT\n      this process's place in the job, as torchrun (and ladder-run) set them\n  OMPI_COMM_WORLD_RANK, OMPI_COMM_WORLD_SIZE, OMPI_COMM_WORLD_LOCAL_[RANK|SIZE]\n      the same under mpirun (they win; torchrun's must agree)\n  LADDER_SHUTDOWN_TIMEOUT_S\n      seconds a rank waits for the others at shutdown, then aborts the job [default: 30]\n  MNIST_DIR, MNIST_MIRRORS\n      see --data-dir and --mirror\n", "  ACCELERATE_*\n      ignored: TrainingArguments set every Accelerator setting explicitly"),
     allow_negative_numbers = true
 )]
 pub struct Config {
@@ -63,7 +63,7 @@ pub struct Config {
     #[command(flatten)]
     pub train: TrainArgs,
     /// How the model is replicated across ranks (TrainingArguments.fsdp).
-    #[arg(long, value_enum, default_value_t = Strategy::Ddp)]
+    #[arg(long, value_enum, value_parser = ladder_core::cli::choice::<Strategy>(), default_value_t = Strategy::Ddp)]
     pub strategy: Strategy,
     /// FSDP auto-wrap threshold in parameters (TrainingArguments.fsdp_min_num_params; default
     /// the Accelerator's, 1e8: one unit). 0 wraps every layer.
@@ -74,7 +74,7 @@ pub struct Config {
     #[arg(long, default_value_t = 128)]
     pub width: i64,
     /// Mixed precision (TrainingArguments.bf16): `no` or `bf16`.
-    #[arg(long, value_enum, default_value_t = MixedPrecisionFlag::No)]
+    #[arg(long, value_enum, value_parser = ladder_core::cli::choice::<MixedPrecisionFlag>(), default_value_t = MixedPrecisionFlag::No)]
     pub mixed_precision: MixedPrecisionFlag,
     /// TrainingArguments.output_dir: checkpoints, trainer_state.json, training_args.json, the
     /// loss plot, model.safetensors.

@@ -18,6 +18,7 @@ pub mod model;
 pub mod optim;
 pub mod checkpoint;
 pub mod timing;
+pub mod cli;
 pub mod wrapped;
 pub(crate) mod sys;
 pub mod train;

@@ -48,7 +48,7 @@ pub struct TrainArgs {
     #[arg(long = "mirror", value_name = "URL")]
     pub mirrors: Vec<String>,
     /// Device to train on. Default: cuda if available, else cpu.
-    #[arg(long, value_enum)]
+    #[arg(long, value_enum, value_parser = crate::cli::choice::<DeviceKind>())]
     pub device: Option<DeviceKind>,
     /// Write the run's figures as JSON to this file.
     #[arg(long, value_name = "PATH")]

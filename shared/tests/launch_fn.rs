@@ -12,8 +12,25 @@ use ladder_core::Error;
 const DIR_VAR: &str = "LADDER_TEST_LAUNCH_DIR";
 const CASE_VAR: &str = "LADDER_TEST_LAUNCH_CASE";
 
+/// Set in the child process that runs the test's body (see below).
+const INNER_VAR: &str = "LADDER_TEST_LAUNCH_INNER";
+
 #[test]
 fn launch_runs_f_in_every_rank_and_names_a_failed_rank() {
+    if std::env::var_os(INNER_VAR).is_none() && std::env::var_os("LADDER_LAUNCH_ROLE").is_none() {
+        // The body runs in a child process: `launch` relays the ranks' output (rank 1's panic
+        // message among it) straight to file descriptors 1 and 2, past the test harness's
+        // capture, and it belongs to this test's output, not to `cargo test`'s.
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", "launch_runs_f_in_every_rank_and_names_a_failed_rank", "--nocapture", "--test-threads", "1"])
+            .env(INNER_VAR, "1")
+            .output()
+            .unwrap();
+        let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        assert!(out.status.success(), "the test body failed:\n{text}");
+        assert!(text.contains("[rank1]: panicked: rank 1 gives up"), "rank 1's panic is relayed:\n{text}");
+        return;
+    }
     // Parent: make the shared directory; ranks: find it in the environment.
     let keep;
     let dir = match std::env::var(DIR_VAR) {

@@ -94,7 +94,7 @@ pub struct RunArgs {
     #[arg(long, value_delimiter = ',', default_values_t = [1u8, 2, 3])]
     pub levels: Vec<u8>,
     /// Strategies (`single` is ladder-baseline, one process).
-    #[arg(long, value_enum, value_delimiter = ',', default_values_t = [Strategy::Single, Strategy::Ddp, Strategy::FsdpFullShard, Strategy::FsdpShardGradOp])]
+    #[arg(long, value_enum, value_parser = ladder_core::cli::choice::<Strategy>(), value_delimiter = ',', default_values_t = [Strategy::Single, Strategy::Ddp, Strategy::FsdpFullShard, Strategy::FsdpShardGradOp])]
     pub strategies: Vec<Strategy>,
     /// World sizes (ranks; more ranks than cores are oversubscribed).
     #[arg(long, value_delimiter = ',', default_values_t = [1usize, 2, 4])]
@@ -103,7 +103,7 @@ pub struct RunArgs {
     #[arg(long, value_delimiter = ',', default_values_t = [128i64, 4096])]
     pub widths: Vec<i64>,
     /// Precisions (bf16 where a level takes --mixed-precision; not level 1).
-    #[arg(long, value_enum, value_delimiter = ',', default_values_t = [Precision::Fp32, Precision::Bf16])]
+    #[arg(long, value_enum, value_parser = ladder_core::cli::choice::<Precision>(), value_delimiter = ',', default_values_t = [Precision::Fp32, Precision::Bf16])]
     pub precisions: Vec<Precision>,
     /// Optimizer steps per rank for width-128 runs (938 is one epoch at one process).
     #[arg(long, default_value_t = 300)]

@@ -26,7 +26,7 @@ pub struct LaunchArgs {
     /// How the ranks are started: mpi (through mpirun, the CPU backend) or nccl (spawned directly
     /// with the torchrun variables, the GPU backend) [default: nccl for multi-gpu, and for fsdp
     /// with CUDA and without --cpu; else mpi].
-    #[arg(long, value_enum, hide_possible_values = true)]
+    #[arg(long, value_enum, value_parser = ladder_core::cli::choice::<LaunchBackend>(), hide_possible_values = true)]
     pub backend: Option<LaunchBackend>,
     /// Open MPI hostfile listing the machines (backend mpi with --num-machines > 1).
     #[arg(long, value_name = "FILE")]

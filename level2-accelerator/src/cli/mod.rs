@@ -48,7 +48,7 @@ enum Command {
 #[derive(Debug, Clone, Default, Args)]
 pub struct SettingsArgs {
     /// How the job is distributed: no, multi-cpu (mpi), multi-gpu (nccl), fsdp.
-    #[arg(long = "distributed-type", alias = "distributed_type", value_enum, value_name = "TYPE", ignore_case = true)]
+    #[arg(long = "distributed-type", alias = "distributed_type", value_enum, value_parser = ladder_core::cli::choice::<DistributedType>(), value_name = "TYPE", ignore_case = true)]
     pub distributed_type: Option<DistributedType>,
     /// Total number of processes over all machines [default: 1].
     #[arg(long = "num-processes", alias = "num_processes", value_name = "N", value_parser = at_least_one)]
@@ -66,7 +66,7 @@ pub struct SettingsArgs {
     #[arg(long = "main-process-port", alias = "main_process_port", value_name = "PORT", value_parser = clap::value_parser!(u16).range(1..))]
     pub main_process_port: Option<u16>,
     /// Mixed precision: no, bf16, fp16 (fp16 needs CUDA) [default: no].
-    #[arg(long = "mixed-precision", alias = "mixed_precision", value_enum, value_name = "MODE", ignore_case = true)]
+    #[arg(long = "mixed-precision", alias = "mixed_precision", value_enum, value_parser = ladder_core::cli::choice::<MixedPrecision>(), value_name = "MODE", ignore_case = true)]
     pub mixed_precision: Option<MixedPrecision>,
     /// Micro-batches per optimizer step [default: 1].
     #[arg(long = "gradient-accumulation-steps", alias = "gradient_accumulation_steps", value_name = "K", value_parser = at_least_one)]
@@ -78,7 +78,7 @@ pub struct SettingsArgs {
     #[arg(long = "use-fsdp", alias = "use_fsdp", value_name = "BOOL", num_args = 0..=1, require_equals = true, default_missing_value = "true", value_parser = bool_value)]
     pub use_fsdp: Option<bool>,
     /// FSDP sharding strategy: full-shard, shard-grad-op, no-shard [default: full-shard].
-    #[arg(long = "fsdp-sharding-strategy", alias = "fsdp_sharding_strategy", value_enum, value_name = "STRATEGY", ignore_case = true)]
+    #[arg(long = "fsdp-sharding-strategy", alias = "fsdp_sharding_strategy", value_enum, value_parser = ladder_core::cli::choice::<FsdpShardingStrategy>(), value_name = "STRATEGY", ignore_case = true)]
     pub fsdp_sharding_strategy: Option<FsdpShardingStrategy>,
     /// FSDP auto-wrap threshold: layers with at least this many parameters get their own unit [default: 100000000].
     #[arg(long = "fsdp-min-num-params", alias = "fsdp_min_num_params", value_name = "N")]

@@ -39,7 +39,7 @@ mod worker;
 use crate::dist::env::{DistEnv, DEFAULT_MASTER_ADDR, VARS};
 use summary::summary;
 use supervise::{exitcode, join_all, Job};
-use worker::worker;
+use worker::{report_exit, worker};
 use crate::{sys, Error, Result};
 use serde::{Deserialize, Serialize};
 use std::collections::VecDeque;
@@ -73,7 +73,7 @@ pub enum LaunchBackend {
     version,
     override_usage = "ladder-run [OPTIONS] PROGRAM [ARGS]...",
     about = "Start PROGRAM as several ranks with the torchrun environment (RANK, WORLD_SIZE, ...), as torchrun does",
-    after_help = "Examples:\n  ladder-run --nproc-per-node 2 target/release/level1-raw-ddp --epochs 1\n  ladder-run --nproc-per-node 4 --backend nccl target/release/level1-raw-ddp --device cuda\n  ladder-run --nproc-per-node 2 --nnodes 2 --hostfile hosts.txt PROGRAM    (mpi, run once)\n\nIf a rank fails, the others are stopped and ladder-run exits 1 with a summary naming the rank."
+    after_help = "Examples:\n  ladder-run --nproc-per-node 2 target/release/level1-raw-ddp --epochs 1\n  ladder-run --nproc-per-node 4 --backend nccl target/release/level1-raw-ddp --device cuda\n  ladder-run --nproc-per-node 2 --nnodes 2 --hostfile hosts.txt PROGRAM    (mpi, run once)\n  ladder-run --nproc-per-node 4 --nnodes 2 --node-rank R --master-addr node0 --backend nccl PROGRAM    (on every node)\n\nEvery rank gets RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK (its node's index), MASTER_ADDR and MASTER_PORT; over mpirun, PATH and LD_LIBRARY_PATH are forwarded to the other nodes. If a rank fails, the others are stopped and ladder-run exits 1 with a summary naming the rank and its host.\n\nEnvironment:\n  PATH\n      where PROGRAM and mpirun are looked up\n  OMPI_MCA_*\n      Open MPI's settings, read by mpirun (e.g. OMPI_MCA_plm_rsh_agent,\n      OMPI_MCA_btl_tcp_if_include)"
 )]
 pub struct LaunchConfig {
     /// Number of ranks to start on each node.
@@ -93,7 +93,7 @@ pub struct LaunchConfig {
     #[arg(long = "master-port", alias = "master_port", value_name = "PORT", value_parser = clap::value_parser!(u16).range(1..))]
     pub master_port: Option<u16>,
     /// How the ranks are started: mpi (through mpirun) or nccl (spawned directly).
-    #[arg(long, value_enum, default_value_t = LaunchBackend::Mpi)]
+    #[arg(long, value_enum, value_parser = crate::cli::choice::<LaunchBackend>(), default_value_t = LaunchBackend::Mpi)]
     pub backend: LaunchBackend,
     /// Open MPI hostfile (lines `host slots=N`) listing the nodes; backend mpi with --nnodes > 1.
     #[arg(long, value_name = "FILE")]
@@ -151,6 +151,10 @@ fn at_least_one(s: &str) -> std::result::Result<usize, String> {
 
 /// The marker that starts a rank worker's machine-readable failure line on stderr.
 const FAILURE_MARKER: &str = "@@ladder-run-failure@@ ";
+/// The marker of a rank worker's last line on stderr, `@@ladder-run-exit@@ RANK`: the rank's
+/// word that it has ended (how is in its failure line, if any). Over several hosts, ranks
+/// whose word never arrives are named: their host may be unreachable.
+const EXIT_MARKER: &str = "@@ladder-run-exit@@ ";
 /// The environment variable that tells a binary re-executed by [`launch`] its role.
 const ROLE_VAR: &str = "LADDER_LAUNCH_ROLE";
 /// Environment variable naming the `ladder-run` binary to use as rank worker.
@@ -196,7 +200,9 @@ struct FailureRecord {
 pub fn run(cfg: &LaunchConfig) -> Result<i32> {
     if cfg.rank_worker {
         let args: Vec<OsString> = cfg.args().iter().map(OsString::from).collect();
-        return Ok(worker(OsStr::new(cfg.program()), &args, &[], !cfg.no_prefix));
+        let code = worker(OsStr::new(cfg.program()), &args, &[], !cfg.no_prefix);
+        report_exit();
+        return Ok(code);
     }
     validate(cfg)?;
     find_program(cfg.program())?;
@@ -221,6 +227,10 @@ pub fn run(cfg: &LaunchConfig) -> Result<i32> {
         nnodes: cfg.nnodes,
         node_rank: cfg.node_rank,
         hostfile: cfg.hostfile.clone(),
+        hosts: match (&cfg.hostfile, cfg.backend) {
+            (Some(h), LaunchBackend::Mpi) => check_hostfile(h, cfg.nnodes, cfg.nproc_per_node)?.into_iter().map(|e| e.host).collect(),
+            _ => Vec::new(),
+        },
     };
     let outcome = match cfg.backend {
         LaunchBackend::Mpi => job.run_mpirun()?,
@@ -300,6 +310,7 @@ pub fn launch<F: FnOnce() -> Result<()>>(num_processes: usize, f: F) -> Result<(
                 nnodes: 1,
                 node_rank: 0,
                 hostfile: None,
+                hosts: Vec::new(),
             };
             match job.run_mpirun()?.into_code(&job.label)? {
                 0 => Ok(()),
@@ -345,6 +356,7 @@ fn validate(cfg: &LaunchConfig) -> Result<()> {
                 if !h.is_file() {
                     return Err(Error::invalid("--hostfile", h.display(), "an existing Open MPI hostfile (lines `host slots=N`)"));
                 }
+                check_hostfile(h, cfg.nnodes, cfg.nproc_per_node)?;
             }
         }
         LaunchBackend::Nccl => {
@@ -365,6 +377,73 @@ fn validate(cfg: &LaunchConfig) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// One node of an Open MPI hostfile: `host [slots=N] [max_slots=N]`, `#` comments.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HostfileEntry {
+    /// The host name or address, as written.
+    pub host: String,
+    /// `slots=N`, when given (Open MPI then defaults to the host's core count).
+    pub slots: Option<usize>,
+    /// The line it is on (1-based).
+    pub line: usize,
+}
+
+/// Reads an Open MPI hostfile and checks it against the job, as mpirun would place it
+/// (`--map-by ppr:NPROC:node`: `nproc_per_node` ranks on each of the first `nnodes` hosts).
+///
+/// # Errors
+/// [`Error::InvalidValue`] for `--hostfile`, naming the file, line and host: unreadable, a
+/// line that is not `host [slots=N] [max_slots=N]`, fewer hosts than `--nnodes`, a host
+/// listed twice, a host with fewer slots than `--nproc-per-node`, or a host name that does
+/// not resolve to an address.
+pub fn check_hostfile(path: &Path, nnodes: usize, nproc_per_node: usize) -> Result<Vec<HostfileEntry>> {
+    let shown = path.display().to_string();
+    let bad = |what: String| Error::invalid("--hostfile", &shown, what);
+    let text = std::fs::read_to_string(path).map_err(|e| bad(format!("a readable Open MPI hostfile ({e})")))?;
+    let mut hosts: Vec<HostfileEntry> = Vec::new();
+    for (i, raw) in text.lines().enumerate() {
+        let line = raw.split('#').next().unwrap_or("").trim();
+        let mut words = line.split_whitespace();
+        let Some(host) = words.next() else { continue };
+        let mut slots = None;
+        for w in words {
+            let count = |v: &str| v.parse::<usize>().ok().filter(|n| *n >= 1);
+            match w.split_once('=') {
+                Some(("slots", v)) => slots = Some(count(v).ok_or_else(|| bad(format!("line {}: `{w}`: slots must be a whole number of at least 1", i + 1)))?),
+                Some(("max_slots" | "max-slots", v)) if count(v).is_some() => {}
+                _ => return Err(bad(format!("line {}: `{line}`: expected `host [slots=N] [max_slots=N]`", i + 1))),
+            }
+        }
+        if let Some(prev) = hosts.iter().find(|h| h.host == host) {
+            return Err(bad(format!("line {}: host {host} is listed twice (also line {}); expected one line per node", i + 1, prev.line)));
+        }
+        hosts.push(HostfileEntry { host: host.to_string(), slots, line: i + 1 });
+    }
+    if hosts.len() < nnodes {
+        return Err(bad(format!(
+            "{nnodes} hosts (--nnodes {nnodes}), one per line as `host slots=N`; it lists {}{}",
+            hosts.len(),
+            if hosts.is_empty() { String::new() } else { format!(": {}", hosts.iter().map(|h| h.host.as_str()).collect::<Vec<_>>().join(", ")) }
+        )));
+    }
+    hosts.truncate(nnodes);
+    for h in &hosts {
+        if let Some(slots) = h.slots.filter(|s| *s < nproc_per_node) {
+            return Err(bad(format!(
+                "at least {nproc_per_node} slots on every host (--nproc-per-node {nproc_per_node}); line {}: host {} has slots={slots}: raise slots= or lower --nproc-per-node",
+                h.line, h.host
+            )));
+        }
+        if std::net::ToSocketAddrs::to_socket_addrs(&(h.host.as_str(), 0)).map(|mut a| a.next().is_none()).unwrap_or(true) {
+            return Err(bad(format!(
+                "host names that resolve to an address; line {}: host {} does not resolve (check /etc/hosts or DNS on this node)",
+                h.line, h.host
+            )));
+        }
+    }
+    Ok(hosts)
 }
 
 /// Checks that `program` names an executable file (a path, or a name found in `PATH`).

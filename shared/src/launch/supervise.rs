@@ -15,6 +15,15 @@ pub(super) struct Job {
     pub(super) nnodes: usize,
     pub(super) node_rank: usize,
     pub(super) hostfile: Option<PathBuf>,
+    /// The hostfile's first `nnodes` hosts, in order (mpi over several nodes; else empty).
+    pub(super) hosts: Vec<String>,
+}
+
+/// What a rank worker's hidden stderr lines tell the top launcher.
+#[derive(Debug)]
+pub(super) enum Note {
+    Failed(FailureRecord),
+    Exited(usize),
 }
 
 /// A process the launcher waits for: mpirun, or one rank worker.
@@ -31,6 +40,10 @@ pub(super) struct Member {
 
 #[derive(Debug)]
 pub(super) struct Outcome {
+    /// Hosts (with their ranks) from which no rank gave word that it ended.
+    pub(super) silent_hosts: Vec<(String, Vec<usize>)>,
+    /// How many hosts the job spans (0: one node without a hostfile).
+    pub(super) hosts: usize,
     /// Failure records in the order they arrived.
     pub(super) failures: Vec<FailureRecord>,
     /// The signal that interrupted the launcher.
@@ -42,8 +55,23 @@ pub(super) struct Outcome {
 
 impl Outcome {
     pub(super) fn into_code(self, label: &str) -> Result<i32> {
+        let silent = self
+            .silent_hosts
+            .iter()
+            .map(|(host, ranks)| {
+                let ranks: Vec<String> = ranks.iter().map(usize::to_string).collect();
+                format!("host {host} (rank{} {})", if ranks.len() == 1 { "" } else { "s" }, ranks.join(", "))
+            })
+            .collect::<Vec<_>>();
         if let Some(first) = self.failures.first() {
-            return Err(Error::RankFailed { rank: first.rank, exitcode: first.exitcode, summary: summary(label, &self.failures) });
+            let mut summary = summary(label, &self.failures);
+            if !silent.is_empty() {
+                summary.push_str(&format!(
+                    "\nNo word from {}: unreachable, or its Open MPI daemon was lost; its ranks were not confirmed stopped",
+                    silent.join(", ")
+                ));
+            }
+            return Err(Error::RankFailed { rank: first.rank, exitcode: first.exitcode, summary });
         }
         if let Some(sig) = self.interrupted {
             let _ = writeln!(std::io::stderr(), "ladder-run: received {}; stopped all {} ranks", sys::signal_name(sig), self.ranks);
@@ -51,6 +79,17 @@ impl Outcome {
         }
         if let Some(st) = self.mpirun_status {
             if !st.success() {
+                if !silent.is_empty() {
+                    let whom = if self.silent_hosts.len() == self.hosts {
+                        format!("before any rank started on the {} hosts of the hostfile", self.hosts)
+                    } else {
+                        format!("and no rank reported back from {}", silent.join(", "))
+                    };
+                    return Err(Error::Launch(format!(
+                        "mpirun {} {whom}: check that this node reaches every host (ssh HOST, or Open MPI's plm_rsh_agent) and that each has Open MPI and PROGRAM at the same path; mpirun's messages above say which host failed",
+                        describe_status(st),
+                    )));
+                }
                 return Err(Error::Launch(format!(
                     "mpirun {}, but no rank reported a failure; see mpirun's messages above",
                     describe_status(st)
@@ -161,7 +200,16 @@ impl Job {
     /// fails.
     fn supervise(&self, mut members: Vec<Member>, mpirun: bool) -> Result<Outcome> {
         let saved = sys::install_termination_handlers();
-        let (tx, rx) = channel::<FailureRecord>();
+        let (tx, rx) = channel::<Note>();
+        let mut exited = Vec::new();
+        let mut take_notes = |failures: &mut Vec<FailureRecord>| {
+            for note in rx.try_iter() {
+                match note {
+                    Note::Failed(f) => failures.push(f),
+                    Note::Exited(rank) => exited.push(rank),
+                }
+            }
+        };
         let mut relays = Vec::new();
         for m in &mut members {
             if let Some(out) = m.child.stdout.take() {
@@ -178,7 +226,7 @@ impl Job {
         let mut term_sent: Option<Instant> = None;
         let mut kill_sent = false;
         loop {
-            failures.extend(rx.try_iter());
+            take_notes(&mut failures);
             let stop_requested = term_sent.is_some();
             for m in members.iter_mut().filter(|m| m.status.is_none()) {
                 if let Ok(Some(st)) = m.child.try_wait() {
@@ -220,7 +268,7 @@ impl Job {
         }
         // The relays end at EOF; a grandchild that kept a pipe open must not hold us up.
         join_all(relays, Duration::from_secs(2));
-        failures.extend(rx.try_iter());
+        take_notes(&mut failures);
         sys::restore_handlers(saved);
         if !mpirun {
             // A worker that died without reporting (killed itself): describe it from its status.
@@ -241,7 +289,19 @@ impl Job {
                 }
             }
         }
+        // Over several hosts: the hosts none of whose ranks gave word that it ended.
+        let mut silent_hosts = Vec::new();
+        if mpirun && !self.hosts.is_empty() {
+            for (node, host) in self.hosts.iter().enumerate() {
+                let ranks: Vec<usize> = (node * self.nproc_per_node..(node + 1) * self.nproc_per_node).collect();
+                if ranks.iter().all(|r| !exited.contains(r) && !failures.iter().any(|f| f.rank == *r)) {
+                    silent_hosts.push((host.clone(), ranks));
+                }
+            }
+        }
         Ok(Outcome {
+            hosts: self.hosts.len(),
+            silent_hosts,
             failures,
             interrupted,
             mpirun_status: if mpirun { members[0].status } else { None },
@@ -259,7 +319,7 @@ pub(super) fn stop(members: &[Member], signal: i32) {
 
 /// Copies `stream` line by line to this process's stdout or stderr, passing failure records
 /// to `tx` instead.
-pub(super) fn relay(stream: impl Read + Send + 'static, to_stderr: bool, tx: Sender<FailureRecord>) -> JoinHandle<()> {
+pub(super) fn relay(stream: impl Read + Send + 'static, to_stderr: bool, tx: Sender<Note>) -> JoinHandle<()> {
     std::thread::spawn(move || {
         let mut r = BufReader::new(stream);
         let mut line = Vec::new();
@@ -271,7 +331,13 @@ pub(super) fn relay(stream: impl Read + Send + 'static, to_stderr: bool, tx: Sen
             }
             if let Some(json) = line.strip_prefix(FAILURE_MARKER.as_bytes()) {
                 if let Ok(rec) = serde_json::from_slice::<FailureRecord>(json) {
-                    let _ = tx.send(rec);
+                    let _ = tx.send(Note::Failed(rec));
+                    continue;
+                }
+            }
+            if let Some(rank) = line.strip_prefix(EXIT_MARKER.as_bytes()) {
+                if let Ok(rank) = String::from_utf8_lossy(rank).trim().parse() {
+                    let _ = tx.send(Note::Exited(rank));
                     continue;
                 }
             }

@@ -41,6 +41,8 @@ pub(super) fn worker(program: &OsStr, args: &[OsString], extra_env: &[(&str, Str
     let tag = if prefix { format!("[rank{}]: ", env.rank) } else { String::new() };
     let mut cmd = Command::new(program);
     cmd.args(args).envs(env.to_vars()).envs(extra_env.iter().map(|(k, v)| (*k, v.as_str())));
+    // torchrun's GROUP_RANK, the node's index (ranks are placed node by node).
+    cmd.env("GROUP_RANK", (env.rank / env.local_world_size).to_string());
     cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
     sys::prepare_child(&mut cmd, sys::SIGKILL, false);
     let mut child = match cmd.spawn() {
@@ -167,4 +169,12 @@ pub(super) fn prefix_lines(
             }
         }
     })
+}
+
+/// Writes the rank worker's exit marker (see [`EXIT_MARKER`]); the rank comes from mpirun's or
+/// torchrun's variables (nothing is written without them).
+pub(super) fn report_exit() {
+    if let Some(rank) = ["OMPI_COMM_WORLD_RANK", "RANK"].iter().find_map(|v| std::env::var(v).ok()?.parse::<usize>().ok()) {
+        let _ = std::io::stderr().lock().write_all(format!("{EXIT_MARKER}{rank}\n").as_bytes());
+    }
 }

@@ -44,10 +44,10 @@ pub enum Error {
     #[error("{file}: label {label} at index {index} is outside 0..=9")]
     BadLabel { file: PathBuf, index: usize, label: u8 },
     /// The MD5 of the decompressed bytes is not the canonical one.
-    #[error("{file}: checksum mismatch: MD5 of the decompressed bytes is {actual}, expected {expected}")]
+    #[error("{file}: checksum mismatch: MD5 of the decompressed bytes is {actual}, expected {expected}; delete the file, or pass --download to fetch it again")]
     ChecksumMismatch { file: PathBuf, expected: String, actual: String },
     /// A `.gz` file that cannot be decompressed (not gzip, corrupt, cut short, or too large).
-    #[error("{file}: not a readable gzip file: {problem}; expected a gzip-compressed MNIST IDX file")]
+    #[error("{file}: not a readable gzip file: {problem}; expected a gzip-compressed MNIST IDX file (delete the file, or pass --download to fetch it again)")]
     BadGzip { file: PathBuf, problem: String },
     /// The file holds more bytes than its IDX header announces.
     #[error("{file}: trailing data: the IDX header announces {expected} bytes, the file holds {found}")]

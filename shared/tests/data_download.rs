@@ -249,3 +249,65 @@ fn mirror_lists() {
         ["http://a/m/", "file:///srv/mnist"]
     );
 }
+
+/// A loopback server that accepts every connection and never answers (keeps it open).
+fn silent_mirror() -> String {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let base = format!("http://{}/silent/", listener.local_addr().unwrap());
+    std::thread::spawn(move || {
+        let mut open = Vec::new();
+        for stream in listener.incoming().flatten() {
+            open.push(stream); // held, never written to
+        }
+    });
+    base
+}
+
+#[test]
+fn a_silent_mirror_is_abandoned_after_the_stall_timeout_for_the_next() {
+    use ladder_core::data::download::download_file_with;
+    let (good, good_log) = serve(vec![("/t10k-labels-idx1-ubyte.gz", Reply::Ok(real_gz(NAME)))]);
+    let dir = tempfile::tempdir().unwrap();
+    let stall = std::time::Duration::from_millis(500);
+    let path = download_file_with(dir.path(), NAME, &[silent_mirror(), format!("{good}/")], stall).unwrap();
+    assert_eq!(std::fs::read(path).unwrap(), real_gz(NAME));
+    assert_eq!(good_log.lock().unwrap().len(), 1);
+    // Alone, the silent mirror gives an error that says what happened and after how long.
+    let err = download_file_with(dir.path(), NAME, &[silent_mirror()], stall).unwrap_err();
+    snap("silent_mirror", &err, dir.path());
+    assert_eq!(ladder_core::data::download::STALL_TIMEOUT, std::time::Duration::from_secs(10));
+}
+
+#[test]
+fn a_present_but_corrupt_file_is_fetched_again_with_download() {
+    let dir = tempfile::tempdir().unwrap();
+    for name in ["train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte"] {
+        std::fs::copy(workspace_data_dir().join(format!("{name}.gz")), dir.path().join(format!("{name}.gz"))).unwrap();
+    }
+    // A .gz cut short: load alone fails and says what to do.
+    let mut cut = real_gz(NAME);
+    cut.truncate(cut.len() / 2);
+    std::fs::write(dir.path().join("t10k-labels-idx1-ubyte.gz"), &cut).unwrap();
+    let err = Mnist::load(dir.path()).unwrap_err().to_string();
+    assert!(err.ends_with("(delete the file, or pass --download to fetch it again)"), "{err}");
+    // With download: fetched again from the mirror, then loads.
+    let (base, log) = serve(vec![("/t10k-labels-idx1-ubyte.gz", Reply::Ok(real_gz(NAME)))]);
+    let mnist = Mnist::load_or_download(dir.path(), std::slice::from_ref(&base)).unwrap();
+    assert_eq!(*log.lock().unwrap(), ["/t10k-labels-idx1-ubyte.gz"]);
+    assert_eq!(mnist.test.len(), 10_000);
+    assert_eq!(std::fs::read(dir.path().join("t10k-labels-idx1-ubyte.gz")).unwrap(), real_gz(NAME));
+
+    // A raw file with the wrong bytes: replaced by the .gz, and deleted (it would be read first).
+    let raw = dir.path().join(NAME);
+    let mut bytes = ladder_core::data::idx::gunzip(&real_gz(NAME)).unwrap();
+    bytes[100] = (bytes[100] + 1) % 10; // another digit: well-formed, but not MNIST's
+    std::fs::write(&raw, bytes).unwrap();
+    let err = Mnist::load(dir.path()).unwrap_err().to_string();
+    assert!(err.ends_with("; delete the file, or pass --download to fetch it again"), "{err}");
+    let written = download_missing(dir.path(), &[base]).unwrap();
+    assert_eq!(written, [dir.path().join("t10k-labels-idx1-ubyte.gz")]);
+    assert!(!raw.exists());
+    assert_eq!(log.lock().unwrap().len(), 2);
+    // Everything valid now: nothing is fetched.
+    assert!(download_missing(dir.path(), &[]).unwrap().is_empty());
+}

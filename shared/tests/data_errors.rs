@@ -59,7 +59,9 @@ fn snap(name: &str, dir: &Path, err: &Error) {
             }
         })
         .collect();
-    insta::with_settings!({ filters => vec![(escaped.as_str(), "[TMP]")] }, {
+    let ws = ladder_core::data::mnist::workspace_data_dir().display().to_string();
+    let ws = ws.replace('.', r"\.").replace('-', r"\-");
+    insta::with_settings!({ filters => vec![(escaped.as_str(), "[TMP]"), (ws.as_str(), "[BUNDLED]")] }, {
         insta::assert_snapshot!(name, err.to_string());
     });
 }
@@ -339,5 +341,31 @@ fn no_byte_sequence_panics() {
             std::fs::write(&lp, &bytes).unwrap();
             let _ = load_split(&ip, &lp);
         }
+    }
+}
+
+#[test]
+fn an_empty_local_data_dir_names_every_place_and_the_bundled_copy() {
+    // `./data/mnist` exists in the working directory but is empty: it is used (it comes before
+    // the bundled copy), and the error says so and how to use the bundled copy.
+    let cwd = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(cwd.path().join("data/mnist")).unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_ladder-baseline"))
+        .args(["--device", "cpu", "--max-steps", "1"])
+        .current_dir(cwd.path())
+        .env_remove("MNIST_DIR")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let local = cwd.path().join("data/mnist");
+    let bundled = ladder_core::data::mnist::workspace_data_dir();
+    for part in [
+        format!("looked for data/mnist/{TI} and data/mnist/{TI}.gz"),
+        "the data directory is --data-dir, else $MNIST_DIR, else ./data/mnist when that directory exists, else the bundled copy".to_string(),
+        format!("({} exists in the working directory, so it was used instead of the bundled copy)", local.display()),
+        format!("the bundled copy is {b}: use it with --data-dir {b} (or MNIST_DIR={b})", b = bundled.display()),
+    ] {
+        assert!(stderr.contains(&part), "missing {part:?} in:\n{stderr}");
     }
 }

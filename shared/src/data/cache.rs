@@ -179,7 +179,7 @@ fn map_if_valid(cache: &Path, md5: &str) -> std::io::Result<Option<SharedBytes>>
 /// Streams the gzip file `src` decompressed into `dst` through a 64 KiB buffer and returns the
 /// hex MD5 of the decompressed bytes; `Ok(None)` when `src` is not a whole gzip stream or
 /// decompresses to more than [`idx::MAX_DECOMPRESSED`] bytes; `Err` when `dst` cannot be written.
-fn gunzip_into(src: &mut File, dst: &mut File) -> std::io::Result<Option<String>> {
+fn gunzip_into(src: &mut File, dst: &mut impl Write) -> std::io::Result<Option<String>> {
     let mut decoder = flate2::read::GzDecoder::new(std::io::BufReader::with_capacity(64 << 10, src));
     let mut out = std::io::BufWriter::with_capacity(64 << 10, dst);
     let mut hasher = Md5::new();
@@ -201,4 +201,31 @@ fn gunzip_into(src: &mut File, dst: &mut File) -> std::io::Result<Option<String>
     }
     out.flush()?;
     Ok(Some(hasher.finalize().iter().map(|b| format!("{b:02x}")).collect()))
+}
+
+/// Hex MD5 of the decompressed bytes of the gzip file `src`, streamed (nothing kept); `Ok(None)`
+/// when `src` is not a whole gzip stream (corrupt, cut short, or too large).
+///
+/// # Errors
+/// Never from the sink; kept `io::Result` for [`gunzip_into`]'s signature.
+pub(crate) fn md5_of_gunzipped(src: &mut File) -> std::io::Result<Option<String>> {
+    gunzip_into(src, &mut std::io::sink())
+}
+
+/// Hex MD5 of everything `src` yields, streamed through a 64 KiB buffer.
+///
+/// # Errors
+/// The read error.
+pub(crate) fn md5_of_reader(src: &mut impl Read) -> std::io::Result<String> {
+    let mut hasher = Md5::new();
+    let mut buf = vec![0u8; 64 << 10];
+    loop {
+        match src.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => hasher.update(&buf[..n]),
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(hasher.finalize().iter().map(|b| format!("{b:02x}")).collect())
 }

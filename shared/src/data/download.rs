@@ -5,8 +5,9 @@
 //! `<name>.gz`. Schemes: `https://`, `http://`, and `file://` (a local directory, e.g.
 //! `file:///srv/mnist/`). The next mirror is tried on an HTTP error status, a connection error or
 //! timeout, or a body that is not the expected file (an HTML error page served with 200, a cut
-//! short body: the MD5 of the decompressed bytes decides). The file is written atomically: a
-//! temporary file in the target directory, renamed into place.
+//! short body: the MD5 of the decompressed bytes decides), or a mirror that stays silent for
+//! [`STALL_TIMEOUT`]. The file is written atomically: a temporary file in the target directory,
+//! renamed into place. A file present but corrupt is fetched again, as torchvision does.
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -50,33 +51,85 @@ pub fn parse_mirrors(list: &str) -> Vec<String> {
 /// The most bytes one download may hold (64 MiB; the largest MNIST `.gz` is 9.9 MB).
 const MAX_BODY: u64 = 64 << 20;
 
-/// Downloads every MNIST file of which neither `dir/<name>` nor `dir/<name>.gz` exists, creating
-/// `dir` if needed; returns the paths written, in the order train images, train labels, test
-/// images, test labels. Present files are left alone (not verified here; [`super::Mnist::load`]
-/// verifies them).
+/// How long a mirror may stay silent (no response after connecting, or no byte while the body
+/// comes) before it is abandoned for the next mirror: 10 s.
+pub const STALL_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Downloads every MNIST file of which neither `dir/<name>` nor `dir/<name>.gz` exists, and
+/// every file that exists but fails its integrity check (the MD5 of its decompressed bytes), as
+/// torchvision's `download=True` fetches a file again when its check fails; creates `dir` if
+/// needed. Returns the paths written, in the order train images, train labels, test images, test
+/// labels. Prints each file fetched and from where (and why a present file is fetched again) on
+/// stdout.
+///
+/// A corrupt raw file (`dir/<name>`) that a `.gz` download replaces is deleted, since it would
+/// otherwise be read before the new `.gz`.
 ///
 /// # Errors
-/// [`Error::Io`] when `dir` cannot be created or written; [`Error::DownloadFailed`] (listing each
-/// mirror and why it failed) for the first file that no mirror could provide.
+/// [`Error::Io`] when `dir` cannot be created or written, or a corrupt raw file cannot be
+/// deleted; [`Error::DownloadFailed`] (listing each mirror and why it failed) for the first file
+/// that no mirror could provide.
 pub fn download_missing(dir: &Path, mirrors: &[String]) -> Result<Vec<PathBuf>> {
     let mut written = Vec::new();
-    for (name, _) in FILES {
-        if dir.join(name).is_file() || dir.join(format!("{name}.gz")).is_file() {
-            continue;
+    for (name, md5) in FILES {
+        let raw = dir.join(name);
+        let present = if raw.is_file() { Some(raw) } else { Some(dir.join(format!("{name}.gz"))).filter(|p| p.is_file()) };
+        let corrupt = match &present {
+            Some(path) => match check_present(path, md5) {
+                Ok(()) => continue,
+                Err(why) => {
+                    println!("{}: {why}; downloading it again", path.display());
+                    Some(path.clone())
+                }
+            },
+            None => None,
+        };
+        let new = download_file(dir, name, mirrors)?;
+        if let Some(old) = corrupt.filter(|old| *old != new) {
+            std::fs::remove_file(&old).map_err(|e| Error::io(&old, e))?;
+            println!("{}: deleted (corrupt; replaced by {})", old.display(), new.display());
         }
-        written.push(download_file(dir, name, mirrors)?);
+        written.push(new);
     }
     Ok(written)
 }
 
+/// Whether the MNIST file at `path` (raw, or `.gz` by its name) decompresses to bytes with MD5
+/// `md5`, streamed (no copy of the file is held); else why not.
+fn check_present(path: &Path, md5: &str) -> std::result::Result<(), String> {
+    let mut file = std::fs::File::open(path).map_err(|e| format!("cannot be read ({e})"))?;
+    let actual = if path.extension().is_some_and(|e| e == "gz") {
+        super::cache::md5_of_gunzipped(&mut file).map_err(|e| format!("cannot be read ({e})"))?.ok_or_else(|| {
+            "fails its integrity check: not a whole gzip stream (corrupt or cut short)".to_string()
+        })?
+    } else {
+        super::cache::md5_of_reader(&mut file).map_err(|e| format!("cannot be read ({e})"))?
+    };
+    if actual == md5 {
+        Ok(())
+    } else {
+        Err(format!("fails its integrity check: MD5 of the decompressed bytes is {actual}, expected {md5}"))
+    }
+}
+
 /// Downloads the MNIST file `name` (one of the four, without `.gz`) into `dir` from the first
 /// mirror that serves it with the canonical MD5, and returns the path written: `dir/<name>.gz`,
-/// or `dir/<name>` when the mirror served the file already decompressed.
+/// or `dir/<name>` when the mirror served the file already decompressed. A mirror silent for
+/// [`STALL_TIMEOUT`] is abandoned. Prints the file fetched and its URL on stdout, and each
+/// mirror that failed on stderr.
 ///
 /// # Errors
 /// [`Error::InvalidValue`] when `name` is not an MNIST file name; [`Error::Io`] when `dir` cannot
 /// be created or written; [`Error::DownloadFailed`] when every mirror failed (or none was given).
 pub fn download_file(dir: &Path, name: &str, mirrors: &[String]) -> Result<PathBuf> {
+    download_file_with(dir, name, mirrors, STALL_TIMEOUT)
+}
+
+/// [`download_file`] with another stall timeout than [`STALL_TIMEOUT`].
+///
+/// # Errors
+/// As [`download_file`].
+pub fn download_file_with(dir: &Path, name: &str, mirrors: &[String], stall: Duration) -> Result<PathBuf> {
     let stem = name.strip_suffix(".gz").unwrap_or(name);
     let Some(md5) = known_md5(stem) else {
         let names: Vec<&str> = FILES.iter().map(|(n, _)| *n).collect();
@@ -91,16 +144,22 @@ pub fn download_file(dir: &Path, name: &str, mirrors: &[String]) -> Result<PathB
     if mirrors.is_empty() {
         attempts.push("  - (no mirrors given: set --mirror or MNIST_MIRRORS)".to_string());
     }
-    for mirror in mirrors {
+    for (i, mirror) in mirrors.iter().enumerate() {
         let url = join_url(mirror, &file_name);
-        match fetch(&url).and_then(|body| check_body(body, md5)) {
+        match fetch(&url, stall).and_then(|body| check_body(body, md5)) {
             Ok((bytes, compressed)) => {
                 std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
                 let target = dir.join(if compressed { file_name.as_str() } else { stem });
                 crate::atomic::write_atomic(&target, &bytes)?;
+                println!("Downloaded {url} to {} ({} bytes, MD5 verified)", target.display(), bytes.len());
                 return Ok(target);
             }
-            Err(why) => attempts.push(format!("  - {url}: {why}")),
+            Err(why) => {
+                if i + 1 < mirrors.len() {
+                    eprintln!("Failed to download {url}: {why}; trying the next mirror");
+                }
+                attempts.push(format!("  - {url}: {why}"));
+            }
         }
     }
     Err(Error::DownloadFailed {
@@ -118,10 +177,11 @@ fn join_url(mirror: &str, file: &str) -> String {
     }
 }
 
-/// The body at `url`, or why it could not be had.
-fn fetch(url: &str) -> std::result::Result<Vec<u8>, String> {
+/// The body at `url`, or why it could not be had; abandoned after `stall` without a byte.
+fn fetch(url: &str, stall: Duration) -> std::result::Result<Vec<u8>, String> {
     if let Some(path) = url.strip_prefix("file://") {
         let file = std::fs::File::open(path).map_err(|e| format!("cannot open {path}: {e}"))?;
+        let _ = stall; // a local file does not stall
         let mut bytes = Vec::new();
         file.take(MAX_BODY + 1)
             .read_to_end(&mut bytes)
@@ -137,20 +197,25 @@ fn fetch(url: &str) -> std::result::Result<Vec<u8>, String> {
     }
     let agent: ureq::Agent = ureq::Agent::config_builder()
         .timeout_connect(Some(Duration::from_secs(15)))
-        .timeout_per_read(Some(Duration::from_secs(30)))
+        .timeout_recv_response(Some(stall))
+        .timeout_per_read(Some(stall))
         .timeout_global(Some(Duration::from_secs(300)))
         .build()
         .into();
+    let silent = |what: &str| format!("abandoned: {what} for {} s", stall.as_secs_f64());
     let mut response = agent.get(url).call().map_err(|e| match e {
         ureq::Error::StatusCode(code) => format!("HTTP status {code}"),
+        ureq::Error::Timeout(ureq::Timeout::RecvResponse | ureq::Timeout::PerRead) => {
+            silent("the server accepted the connection but sent nothing")
+        }
         e => format!("request failed: {e}"),
     })?;
-    response
-        .body_mut()
-        .with_config()
-        .limit(MAX_BODY)
-        .read_to_vec()
-        .map_err(|e| format!("reading the body failed: {e}"))
+    response.body_mut().with_config().limit(MAX_BODY).read_to_vec().map_err(|e| match e {
+        ureq::Error::Timeout(ureq::Timeout::PerRead | ureq::Timeout::RecvBody) => {
+            silent("the body stopped coming")
+        }
+        e => format!("reading the body failed: {e}"),
+    })
 }
 
 /// Accepts `body` when it is the gzip file whose decompressed bytes have MD5 `md5` (returns it
@@ -211,6 +276,6 @@ mod tests {
         ));
         let err = download_file(dir.path(), "t10k-labels-idx1-ubyte", &[]).unwrap_err();
         assert!(err.to_string().contains("no mirrors given"), "{err}");
-        assert!(matches!(fetch("ftp://x/y"), Err(e) if e.contains("unsupported")));
+        assert!(matches!(fetch("ftp://x/y", STALL_TIMEOUT), Err(e) if e.contains("unsupported")));
     }
 }

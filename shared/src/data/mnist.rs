@@ -296,9 +296,8 @@ impl Mnist {
     }
 
     /// As `torchvision.datasets.MNIST(dir, download=True)`: downloads the files missing from
-    /// `dir` (see [`super::download_missing`]; `mirrors` as [`super::mirrors_from_env`]), then
-    /// [`Mnist::load`]s. Files already present are not fetched again, even if they are bad: their
-    /// error says which one to delete.
+    /// `dir` or failing their integrity check (see [`super::download_missing`]; `mirrors` as
+    /// [`super::mirrors_from_env`]), then [`Mnist::load`]s.
     ///
     /// # Errors
     /// Those of [`super::download_missing`] and [`Mnist::load`].
@@ -319,12 +318,36 @@ pub fn locate(dir: &Path, name: &str) -> Result<PathBuf> {
         return Ok(gz);
     }
     Err(Error::MissingFile {
-        file: gz,
         hint: format!(
-            "neither {name} nor {name}.gz is in {}; {MISSING_HINT}",
-            dir.display()
+            "looked for {} and {}; {}{MISSING_HINT}",
+            raw.display(),
+            gz.display(),
+            bundled_hint(dir, name)
         ),
+        file: gz,
     })
+}
+
+/// Where the data directory came from, and how to use the bundled copy when `dir` is not it:
+/// the part of a missing-file error that lists every place searched.
+fn bundled_hint(dir: &Path, name: &str) -> String {
+    let ws = workspace_data_dir();
+    let order = "the data directory is --data-dir, else $MNIST_DIR, else ./data/mnist when that \
+                 directory exists, else the bundled copy";
+    let same = dir.canonicalize().ok().is_some_and(|d| d == ws);
+    if same || !ws.join(format!("{name}.gz")).is_file() {
+        return format!("{order}; ");
+    }
+    let shadow = if dir == Path::new("data").join("mnist") {
+        let cwd = std::env::current_dir().map(|d| d.join(dir).display().to_string()).unwrap_or_else(|_| dir.display().to_string());
+        format!(" ({cwd} exists in the working directory, so it was used instead of the bundled copy)")
+    } else {
+        String::new()
+    };
+    format!(
+        "{order}{shadow}; the bundled copy is {ws}: use it with --data-dir {ws} (or MNIST_DIR={ws}); or ",
+        ws = ws.display()
+    )
 }
 
 /// Reads one split from an images and a labels IDX file (raw, or gzip when the name ends in `.gz`).

@@ -116,6 +116,25 @@ pub trait ProcessGroup: std::fmt::Debug {
         Ok(Work::completed("all_reduce"))
     }
 
+    /// [`all_reduce`](Self::all_reduce) without the per-call cross-rank agreement check (the
+    /// 4-integer all-reduce on numel and dtype that precedes every collective, doubling the
+    /// latency of small messages). For callers that verified their layout across ranks once —
+    /// DDP's buckets, checked when it is built — and then issue the same tensors every step.
+    /// Ranks that pass different numels or dtypes get an MPI error or wrong results instead of
+    /// [`Error::CollectiveMismatch`] (never memory unsafety: each rank's MPI writes only its
+    /// own buffer). Default: the checked call.
+    fn all_reduce_prechecked(&self, tensor: &mut Tensor, op: ReduceOp) -> Result<()> {
+        self.all_reduce(tensor, op)
+    }
+
+    /// [`all_reduce_start`](Self::all_reduce_start) without the agreement check, as
+    /// [`all_reduce_prechecked`](Self::all_reduce_prechecked). It also issues the collective at
+    /// once (the checked start issues it only once its probe completed), so several started
+    /// ones are issued in call order on every rank. Default: the checked start.
+    fn all_reduce_start_prechecked<'a>(&'a self, tensor: &'a mut Tensor, op: ReduceOp) -> Result<Work<'a>> {
+        self.all_reduce_start(tensor, op)
+    }
+
     /// Starts [`broadcast`](Self::broadcast); see [`all_reduce_start`](Self::all_reduce_start).
     fn broadcast_start<'a>(&'a self, tensor: &'a mut Tensor, src: usize) -> Result<Work<'a>> {
         self.broadcast(tensor, src)?;

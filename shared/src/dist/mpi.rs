@@ -353,6 +353,31 @@ impl ProcessGroup for MpiGroup {
         self.blocking("all_reduce", || self.all_reduce_blocking(tensor, op))
     }
 
+    fn all_reduce_prechecked(&self, tensor: &mut Tensor, op: ReduceOp) -> Result<()> {
+        check_tensor("all_reduce", self.rank, Device::Cpu, tensor)?;
+        self.check_avg("all_reduce", tensor.kind(), op)?;
+        self.blocking("all_reduce", || self.all_reduce_unchecked(tensor, op))
+    }
+
+    fn all_reduce_start_prechecked<'a>(&'a self, tensor: &'a mut Tensor, op: ReduceOp) -> Result<Work<'a>> {
+        check_tensor("all_reduce", self.rank, Device::Cpu, tensor)?;
+        self.check_avg("all_reduce", tensor.kind(), op)?;
+        if is_half(tensor.kind()) {
+            // Rare (DDP reduces in the gradients' dtype): the checked path's f32 detour.
+            return self.all_reduce_start(tensor, op);
+        }
+        let (n, kind, ws) = (self.count("all_reduce", tensor)?, tensor.kind(), self.world_size as f64);
+        let seq = self.watch.begin("all_reduce")?;
+        let req = self.iallreduce(tensor.data_ptr(), n, raw_type(kind), op)?;
+        let finish: Option<Box<dyn FnOnce() + 'a>> = (op == ReduceOp::Avg).then(|| {
+            Box::new(move || {
+                let _ = tensor.g_div_scalar_(ws);
+            }) as Box<dyn FnOnce() + 'a>
+        });
+        let pending = MpiPending { group: self, op: "all_reduce", req, stage: None, finish };
+        Ok(Work::pending("all_reduce", seq, &self.watch, Box::new(pending)))
+    }
+
     fn broadcast(&self, tensor: &mut Tensor, src: usize) -> Result<()> {
         check_tensor("broadcast", self.rank, Device::Cpu, tensor)?;
         check_rank("broadcast", src, self.world_size)?;
@@ -547,6 +572,11 @@ impl MpiGroup {
 
     fn all_reduce_blocking(&self, tensor: &mut Tensor, op: ReduceOp) -> Result<()> {
         self.agree("all_reduce", tensor.numel() as i64, tensor.kind())?;
+        self.all_reduce_unchecked(tensor, op)
+    }
+
+    /// The all-reduce itself (f32 through a copy for 16-bit floats; Avg divides after).
+    fn all_reduce_unchecked(&self, tensor: &mut Tensor, op: ReduceOp) -> Result<()> {
         if is_half(tensor.kind()) {
             let mut wide = tensor.to_kind(Kind::Float);
             self.all_reduce_raw(&mut wide, op)?;

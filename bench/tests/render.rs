@@ -20,7 +20,7 @@ fn demo_table_from_fixed_json() {
 fn matrix_tables_from_fixed_json() {
     let summary: MatrixSummary = serde_json::from_str(&fixture("bench.json")).unwrap();
     let e = summary.check().unwrap_err().to_string();
-    assert_eq!(e, "1 of 8 runs failed: l3-fsdp-full-shard-w2-4096-bf16");
+    assert_eq!(e, "1 of 9 runs failed: l3-fsdp-full-shard-w2-4096-bf16");
     insta::assert_snapshot!("bench_terminal", render_terminal(&summary));
     insta::assert_snapshot!("bench_markdown", bench_markdown(&summary));
     insta::assert_snapshot!("bench_csv", bench::matrix::render_csv(&summary));

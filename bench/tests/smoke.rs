@@ -139,13 +139,15 @@ fn check_report(dir: &Path, id: &str, steps: u64, world_size: u64) {
 #[test]
 fn matrix_runs_every_level_next_to_its_peer_and_measures_all_reduce() {
     let rel = release_dir();
-    for name in ["ladder-run", "ladder-baseline", "level1-raw-ddp", "level2-accelerator", "level3-trainer", "examples/allreduce_bench"] {
+    for name in
+        ["ladder-run", "ladder-baseline", "level1-raw-ddp", "level2-accelerator", "level3-trainer", "examples/allreduce_bench", "examples/ddp_buckets"]
+    {
         need(&rel.join(name));
     }
     let dir = tempfile::tempdir().unwrap();
     let out = Command::new(BENCH)
         .args(["run", "--levels", "1,2,3", "--strategies", "single,ddp", "--world-sizes", "1,2", "--widths", "128"])
-        .args(["--precisions", "fp32", "--steps", "4", "--repeats", "1", "--bin-dir"])
+        .args(["--precisions", "fp32", "--steps", "4", "--repeats", "1", "--bucket-iters", "5", "--bin-dir"])
         .arg(&rel)
         .arg("--out-dir")
         .arg(dir.path())
@@ -214,6 +216,17 @@ fn matrix_runs_every_level_next_to_its_peer_and_measures_all_reduce() {
     assert_eq!(bytes, (0..8).map(|i| 4096u64 << (2 * i)).collect::<Vec<_>>());
     assert!(ar.iter().all(|r| r["ours_latency_us"].as_f64().unwrap() > 0.0 && r["raw_latency_us"].as_f64().unwrap() > 0.0));
     assert!(summary["machine"]["torch_version"].as_str().unwrap().starts_with("2."));
+    // DDP's gradient all-reduce vs bucket_cap_mb: BasicNet's 4.58 MiB of f32 gradients in 2
+    // buckets at every cap (the first bucket closes at 1 MiB with fc1.weight's 4.5 MiB in it;
+    // the convolutions' 75 KB make the second), and the one-buffer reference.
+    let b = &summary["buckets"];
+    let caps: Vec<f64> = b["rows"].as_array().unwrap().iter().map(|r| r["bucket_cap_mb"].as_f64().unwrap()).collect();
+    assert_eq!(caps, [1.0, 5.0, 25.0, 100.0]);
+    for r in b["rows"].as_array().unwrap().iter().chain([&b["flat"]]) {
+        assert_eq!((r["bytes"].as_u64(), r["iters"].as_u64()), (Some(1_199_882 * 4), Some(5)), "{r}");
+        assert!(r["median_ms"].as_f64().unwrap() > 0.0 && r["p95_ms"].as_f64() >= r["median_ms"].as_f64(), "{r}");
+    }
+    assert!(b["rows"].as_array().unwrap().iter().all(|r| r["buckets"] == 2), "{b}");
     // The targets: ours / peer and RSS for every row with a peer, level 2 and 3 over level 1.
     let targets = summary["targets"].as_array().unwrap();
     let with_peer = rows.iter().filter(|r| r["case"]["peer"].is_object()).count();

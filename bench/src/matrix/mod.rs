@@ -25,7 +25,7 @@ mod run;
 pub use plots::write_plots;
 
 pub use render::{
-    render_allreduce, render_csv, render_markdown, render_memory, render_steps, render_targets, render_targets_csv, render_terminal,
+    render_allreduce, render_buckets, render_csv, render_markdown, render_memory, render_steps, render_targets, render_targets_csv, render_terminal,
     render_throughput,
 };
 pub use run::run_matrix;
@@ -125,10 +125,13 @@ pub struct RunArgs {
     /// Trainer peers. Without it those peers run only if the venv has them.
     #[arg(long)]
     pub install_peers: bool,
-    /// Leave the all-reduce bandwidth measurement out.
+    /// Leave the all-reduce bandwidth and DDP bucket measurements out.
     #[arg(long)]
     pub no_allreduce: bool,
-    /// Ranks of the all-reduce measurement.
+    /// Timed rounds per bucket_cap_mb in the DDP bucket measurement.
+    #[arg(long, default_value_t = 30)]
+    pub bucket_iters: usize,
+    /// Ranks of the all-reduce and DDP bucket measurements.
     #[arg(long, default_value_t = 2)]
     pub allreduce_ranks: usize,
     /// Output directory. Default: `<root>/bench/results`.
@@ -448,6 +451,38 @@ pub struct AllReduce {
     pub rows: Vec<AllReduceRow>,
 }
 
+/// One row of the DDP bucket measurement (`examples/ddp_buckets --json`).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct BucketRow {
+    /// `bucket_cap_mb` (MiB); `None` for the one flat all-reduce.
+    pub bucket_cap_mb: Option<f64>,
+    /// Buckets (all-reduce calls) per sync.
+    pub buckets: usize,
+    /// Gradient bytes per sync.
+    pub bytes: u64,
+    /// Timed rounds.
+    pub iters: usize,
+    /// Median seconds of one sync, in ms.
+    pub median_ms: f64,
+    /// 95th percentile, ms.
+    pub p95_ms: f64,
+    /// Bus bandwidth, GB/s (bytes / median × 2(n−1)/n).
+    pub busbw_gbps: f64,
+}
+
+/// DDP's bucketed gradient all-reduce of BasicNet vs `bucket_cap_mb`, and one flat all-reduce.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Buckets {
+    /// Ranks.
+    pub world_size: usize,
+    /// One row per cap (1, 5, 25, 100 MiB).
+    pub rows: Vec<BucketRow>,
+    /// Every gradient in one buffer, one all-reduce (no packing).
+    pub flat: BucketRow,
+}
+
 /// A target of issues #10 and #11, for one cell, with its measured value.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Target {
@@ -527,6 +562,12 @@ pub struct MatrixSummary {
     /// The targets of issues #10 and #11 with their measured values ([`targets`] of `rows`).
     #[serde(default)]
     pub targets: Vec<Target>,
+    /// DDP's bucketed all-reduce vs bucket_cap_mb, when measured.
+    #[serde(default)]
+    pub buckets: Option<Buckets>,
+    /// Why the bucket measurement failed, if it did.
+    #[serde(default)]
+    pub buckets_error: Option<String>,
 }
 
 impl MatrixSummary {
@@ -539,12 +580,17 @@ impl MatrixSummary {
         if self.allreduce_error.is_some() {
             names.push("allreduce".into());
         }
+        if self.buckets_error.is_some() {
+            names.push("ddp-buckets".into());
+        }
         if names.is_empty() {
             Ok(())
         } else {
             Err(Error::RunsFailed {
                 failed: names.len(),
-                total: self.rows.len() + usize::from(self.allreduce.is_some() || self.allreduce_error.is_some()),
+                total: self.rows.len()
+                    + usize::from(self.allreduce.is_some() || self.allreduce_error.is_some())
+                    + usize::from(self.buckets.is_some() || self.buckets_error.is_some()),
                 names: names.join(", "),
             })
         }

@@ -245,6 +245,26 @@ pub fn render_allreduce(summary: &MatrixSummary, markdown: bool) -> String {
     t.to_string()
 }
 
+/// The DDP bucket table (empty string when not measured): one row per bucket_cap_mb and the
+/// one-flat-buffer reference.
+pub fn render_buckets(summary: &MatrixSummary, markdown: bool) -> String {
+    let Some(b) = &summary.buckets else { return String::new() };
+    let mut t = new_table(markdown, &["bucket_cap_mb", "buckets", "bytes", "median ms", "p95 ms", "busbw GB/s", "vs one flat all-reduce"]);
+    for r in b.rows.iter().chain(std::iter::once(&b.flat)) {
+        t.add_row(vec![
+            r.bucket_cap_mb.map_or("one flat all-reduce".into(), |c| format!("{c}")),
+            r.buckets.to_string(),
+            r.bytes.to_string(),
+            format!("{:.3}", r.median_ms),
+            format!("{:.3}", r.p95_ms),
+            format!("{:.2}", r.busbw_gbps),
+            if b.flat.median_ms > 0.0 { format!("{:.2}×", r.median_ms / b.flat.median_ms) } else { "—".into() },
+        ]);
+    }
+    right_align(&mut t, 1);
+    t.to_string()
+}
+
 fn render_notes(summary: &MatrixSummary) -> String {
     let mut s = String::new();
     for r in summary.rows.iter().filter(|r| !r.errors.is_empty()) {
@@ -252,6 +272,9 @@ fn render_notes(summary: &MatrixSummary) -> String {
     }
     if let Some(e) = &summary.allreduce_error {
         s.push_str(&format!("\nall-reduce FAILED: {e}\n"));
+    }
+    if let Some(e) = &summary.buckets_error {
+        s.push_str(&format!("\nDDP bucket measurement FAILED: {e}\n"));
     }
     if !summary.skipped.is_empty() {
         s.push_str("\nNot run:\n");
@@ -295,6 +318,9 @@ pub fn render_terminal(summary: &MatrixSummary) -> String {
     if summary.allreduce.is_some() {
         s.push_str(&format!("\nAll-reduce (f32, sum)\n{}\n", render_allreduce(summary, false)));
     }
+    if let Some(b) = &summary.buckets {
+        s.push_str(&format!("\nDDP gradient all-reduce of BasicNet vs bucket_cap_mb ({} ranks; time of one sync)\n{}\n", b.world_size, render_buckets(summary, false)));
+    }
     if !targets(&summary.rows).is_empty() {
         s.push_str(&format!("\nTargets (issues #10, #11)\n{}\n", render_targets(summary, false)));
     }
@@ -323,6 +349,13 @@ pub fn render_markdown(summary: &MatrixSummary) -> String {
             "\n## All-reduce, {} ranks (f32, sum; busbw = algbw × 2(n−1)/n)\n\n{}\n",
             a.world_size,
             render_allreduce(summary, true)
+        ));
+    }
+    if let Some(b) = &summary.buckets {
+        s.push_str(&format!(
+            "\n## DDP gradient all-reduce of BasicNet vs bucket_cap_mb, {} ranks\n\nOne `sync_gradients()` (pack each bucket, all-reduce(Avg), unpack), median over rounds, next to one all-reduce of every gradient in one flat buffer (`examples/ddp_buckets`).\n\n{}\n",
+            b.world_size,
+            render_buckets(summary, true)
         ));
     }
     s.push_str(&render_notes(summary));

@@ -85,6 +85,7 @@ pub fn run_matrix(args: &RunArgs) -> Result<MatrixSummary> {
     let cases = cases;
     if !args.no_allreduce {
         require_binary(allreduce_binary(&paths.bin_dir))?;
+        require_binary(paths.bin_dir.join("examples").join("ddp_buckets"))?;
     }
     for sub in ["runs", "logs"] {
         let dir = paths.out_dir.join(sub);
@@ -145,9 +146,22 @@ pub fn run_matrix(args: &RunArgs) -> Result<MatrixSummary> {
             }
         }
     };
+    let (buckets, buckets_error) = if args.no_allreduce {
+        (None, None)
+    } else {
+        println!("DDP gradient all-reduce of BasicNet vs bucket_cap_mb, {} ranks", args.allreduce_ranks);
+        match run_buckets(args.allreduce_ranks, args.bucket_iters, &paths, timeout) {
+            Ok(b) => (Some(b), None),
+            Err(e) => {
+                println!("      FAILED: {}", e.to_string().lines().next().unwrap_or(""));
+                (None, Some(e.to_string()))
+            }
+        }
+    };
     let rows = aggregate(&cases, &ours, &theirs);
     let targets = super::targets(&rows);
-    let summary = MatrixSummary { machine, repeats: args.repeats, rows, skipped, allreduce, allreduce_error, targets };
+    let summary =
+        MatrixSummary { machine, repeats: args.repeats, rows, skipped, allreduce, allreduce_error, targets, buckets, buckets_error };
     println!("\n{}", render_terminal(&summary));
     write_file(&paths.out_dir.join("bench.json"), &serde_json::to_string_pretty(&summary).unwrap_or_default())?;
     write_file(&paths.out_dir.join("bench.md"), &render_markdown(&summary))?;
@@ -312,21 +326,39 @@ fn run_peer(peer: Peer, steps: usize, repeat: usize, paths: &Paths, timeout: Dur
     RunFigures::parse(line, &path)
 }
 
-/// `mpirun -n N --bind-to none [--oversubscribe] target/release/examples/allreduce_bench --json …`.
-fn run_allreduce(ranks: usize, paths: &Paths, timeout: Duration) -> Result<AllReduce> {
-    let json = paths.out_dir.join(format!("allreduce-{ranks}.json"));
+/// `mpirun -n N … target/release/examples/ddp_buckets --iters I --json …`.
+fn run_buckets(ranks: usize, iters: usize, paths: &Paths, timeout: Duration) -> Result<super::Buckets> {
+    let json = paths.out_dir.join(format!("ddp-buckets-{ranks}.json"));
     let _ = std::fs::remove_file(&json);
+    let mut cmd = mpirun(ranks);
+    cmd.arg(paths.bin_dir.join("examples").join("ddp_buckets")).args(["--iters", &iters.to_string(), "--json"]).arg(&json);
+    cmd.current_dir(&paths.root);
+    let log = paths.out_dir.join("logs").join(format!("ddp-buckets-{ranks}.log"));
+    process::run_logged("DDP buckets", &mut cmd, &log, timeout)?;
+    let text = std::fs::read_to_string(&json).map_err(Error::io(&json))?;
+    serde_json::from_str(&text).map_err(|source| Error::Json { path: json, source })
+}
+
+/// `mpirun -n N --bind-to none [--oversubscribe]`, allowed to run as root.
+fn mpirun(ranks: usize) -> Command {
     let mut cmd = Command::new("mpirun");
     cmd.args(["-n", &ranks.to_string(), "--bind-to", "none"]);
     // Oversubscribing makes idle ranks yield, which distorts small-message latency: only when needed.
     if ranks > std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1) {
         cmd.arg("--oversubscribe");
     }
+    cmd.env("OMPI_ALLOW_RUN_AS_ROOT", "1").env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1");
+    cmd
+}
+
+/// `mpirun -n N --bind-to none [--oversubscribe] target/release/examples/allreduce_bench --json …`.
+fn run_allreduce(ranks: usize, paths: &Paths, timeout: Duration) -> Result<AllReduce> {
+    let json = paths.out_dir.join(format!("allreduce-{ranks}.json"));
+    let _ = std::fs::remove_file(&json);
+    let mut cmd = mpirun(ranks);
     cmd.arg(allreduce_binary(&paths.bin_dir))
         .arg("--json")
         .arg(&json)
-        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
-        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
         .current_dir(&paths.root);
     let log = paths.out_dir.join("logs").join(format!("allreduce-{ranks}.log"));
     process::run_logged("all-reduce", &mut cmd, &log, timeout)?;

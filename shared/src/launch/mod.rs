@@ -212,21 +212,38 @@ pub fn run(cfg: &LaunchConfig) -> Result<i32> {
     }
     worker_args.push("--".into());
     worker_args.extend(cfg.command.iter().map(OsString::from));
+    let progress_dir = new_progress_dir();
+    let mut env = vec![("MASTER_ADDR".into(), master_addr.clone()), ("MASTER_PORT".into(), master_port.to_string())];
+    if let Some(d) = &progress_dir {
+        env.push((crate::dist::progress::PROGRESS_DIR_VAR.into(), d.display().to_string()));
+    }
     let job = Job {
         label: program_label(cfg.program()),
         worker_exe: ladder_run_exe()?,
         worker_args,
-        env: vec![("MASTER_ADDR".into(), master_addr.clone()), ("MASTER_PORT".into(), master_port.to_string())],
+        env,
         nproc_per_node: cfg.nproc_per_node,
         nnodes: cfg.nnodes,
         node_rank: cfg.node_rank,
         hostfile: cfg.hostfile.clone(),
+        progress_dir,
     };
     let outcome = match cfg.backend {
-        LaunchBackend::Mpi => job.run_mpirun()?,
-        LaunchBackend::Nccl => job.run_direct()?,
+        LaunchBackend::Mpi => job.run_mpirun(),
+        LaunchBackend::Nccl => job.run_direct(),
     };
-    outcome.into_code(&job.label)
+    if let Some(d) = &job.progress_dir {
+        let _ = std::fs::remove_dir_all(d);
+    }
+    outcome?.into_code(&job.label)
+}
+
+/// A fresh per-job progress directory under /dev/shm (else the temporary directory), or
+/// `None` when none can be made (progress is then not recorded).
+fn new_progress_dir() -> Option<PathBuf> {
+    let dir = crate::dist::progress::shm_base().join(format!("ladder-progress-run-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).ok().map(|_| dir)
 }
 
 /// Runs `f` in `num_processes` ranks, as Accelerate's `notebook_launcher`.
@@ -300,6 +317,7 @@ pub fn launch<F: FnOnce() -> Result<()>>(num_processes: usize, f: F) -> Result<(
                 nnodes: 1,
                 node_rank: 0,
                 hostfile: None,
+                progress_dir: None,
             };
             match job.run_mpirun()?.into_code(&job.label)? {
                 0 => Ok(()),

@@ -52,15 +52,17 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-/// How `ladder-run` starts the ranks.
+/// The process-group backend the ranks will use — the same values, and the same meaning, as
+/// the level binaries' `--backend` — which decides how `ladder-run` starts them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
 pub enum LaunchBackend {
-    /// Through Open MPI's `mpirun` (for the `mpi` process group; several nodes via --hostfile).
+    /// The `mpi` process group: ranks started through Open MPI's `mpirun` (MPI_Init needs it;
+    /// several nodes via --hostfile).
     #[default]
     Mpi,
-    /// Spawned directly with the torchrun variables, as torchrun does (for the `nccl` process
-    /// group; several nodes by running ladder-run on each with --node-rank).
+    /// The `nccl` process group: ranks spawned directly with the torchrun variables, as
+    /// torchrun does (several nodes by running ladder-run on each with --node-rank).
     Nccl,
 }
 
@@ -73,7 +75,7 @@ pub enum LaunchBackend {
     version,
     override_usage = "ladder-run [OPTIONS] PROGRAM [ARGS]...",
     about = "Start PROGRAM as several ranks with the torchrun environment (RANK, WORLD_SIZE, ...), as torchrun does",
-    after_help = "Examples:\n  ladder-run --nproc-per-node 2 target/release/level1-raw-ddp --epochs 1\n  ladder-run --nproc-per-node 4 --backend nccl target/release/level1-raw-ddp --device cuda\n  ladder-run --nproc-per-node 2 --nnodes 2 --hostfile hosts.txt PROGRAM    (mpi, run once)\n\nIf a rank fails, the others are stopped and ladder-run exits 1 with a summary naming the rank."
+    after_help = "Examples:\n  ladder-run --nproc-per-node 2 target/release/level1-raw-ddp --epochs 1\n  ladder-run --nproc-per-node 4 --backend nccl target/release/level1-raw-ddp --device cuda\n  ladder-run --nproc-per-node 2 --nnodes 2 --hostfile hosts.txt PROGRAM    (mpi, run once)\n\nIf a rank fails, the others are stopped and ladder-run exits 1 with a summary naming the rank and, when ranks were left waiting, where each was last seen (step, collective). Closing ladder-run's stdout (| head) stops the job (exit 141). Ranks see LADDER_PROGRESS_DIR (their progress records); the collective timeout is the program's (--timeout, LADDER_COLLECTIVE_TIMEOUT_S, default 600 s)."
 )]
 pub struct LaunchConfig {
     /// Number of ranks to start on each node.
@@ -92,7 +94,8 @@ pub struct LaunchConfig {
     /// Port of the rendezvous (MASTER_PORT) [default: a free port on one node, 29500 on several].
     #[arg(long = "master-port", alias = "master_port", value_name = "PORT", value_parser = clap::value_parser!(u16).range(1..))]
     pub master_port: Option<u16>,
-    /// How the ranks are started: mpi (through mpirun) or nccl (spawned directly).
+    /// The process-group backend the ranks use, as PROGRAM's own --backend (pass the same
+    /// value to both): mpi starts them through mpirun, nccl spawns them directly.
     #[arg(long, value_enum, default_value_t = LaunchBackend::Mpi)]
     pub backend: LaunchBackend,
     /// Open MPI hostfile (lines `host slots=N`) listing the nodes; backend mpi with --nnodes > 1.

@@ -38,8 +38,9 @@ pub use ladder_core::wrapped::Strategy;
 pub struct Config {
     #[command(flatten)]
     pub train: TrainArgs,
-    /// Communication backend. Default: nccl when training on cuda, else mpi (as
-    /// torch.distributed picks nccl for GPUs and gloo for CPUs).
+    /// Communication backend (the process group). Default: nccl when training on cuda, else
+    /// mpi (as torch.distributed picks nccl for GPUs and gloo for CPUs). Under ladder-run, pass
+    /// ladder-run the same --backend: it starts the ranks the way this backend needs.
     #[arg(long, value_enum, value_parser = ladder_core::cli::choice::<Backend>())]
     pub backend: Option<Backend>,
     /// How the model is replicated across ranks.

@@ -284,3 +284,29 @@ pub(crate) fn map_read_only(file: &std::fs::File) -> std::io::Result<memmap2::Mm
     // SAFETY: see above: the mapped files are replaced by rename, never modified in place.
     unsafe { memmap2::Mmap::map(file) }
 }
+
+static AT_EXIT_FILES: std::sync::Mutex<Vec<std::path::PathBuf>> = std::sync::Mutex::new(Vec::new());
+
+extern "C" fn remove_files_at_exit() {
+    if let Ok(files) = AT_EXIT_FILES.lock() {
+        for f in files.iter() {
+            let _ = std::fs::remove_file(f);
+            if let Some(d) = f.parent() {
+                let _ = std::fs::remove_dir(d); // only when empty
+            }
+        }
+    }
+}
+
+/// Removes `file` (and its directory, once empty) when the process exits normally — also
+/// after an error returned from `main` — through `atexit`.
+pub(crate) fn remove_at_exit(file: std::path::PathBuf) {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    // SAFETY: registers a plain extern "C" function with no arguments, once.
+    ONCE.call_once(|| unsafe {
+        libc::atexit(remove_files_at_exit);
+    });
+    if let Ok(mut files) = AT_EXIT_FILES.lock() {
+        files.push(file);
+    }
+}

@@ -361,3 +361,44 @@ fn configuration_errors_snapshot() {
     }
     insta::assert_snapshot!(report);
 }
+
+/// `ladder-run … | head -3`: once the reader closes ladder-run's stdout, the job ends (exit
+/// 141, as a program killed by SIGPIPE) and no process of it is left.
+#[test]
+fn closed_stdout_ends_the_job() {
+    let _g = serial();
+    let m = marker();
+    let script = format!("while true; do echo line; sleep 0.01; done; sleep {m}");
+    let start = Instant::now();
+    let mut child = Command::new(BIN)
+        .args(["--nproc-per-node", "2", "sh", "-c", &script])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    for _ in 0..3 {
+        line.clear();
+        std::io::BufRead::read_line(&mut out, &mut line).unwrap();
+        assert!(line.contains("line"), "{line:?}");
+    }
+    drop(out); // as `head -3` does
+    let status = loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            break st;
+        }
+        if start.elapsed() > Duration::from_secs(30) {
+            let _ = child.kill();
+            panic!("ladder-run still runs 30 s after its stdout was closed");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let mut err = String::new();
+    child.stderr.take().unwrap().read_to_string(&mut err).unwrap();
+    assert_eq!(status.code(), Some(141), "{err}");
+    assert!(err.contains("ladder-run: its standard output was closed (SIGPIPE); stopped all 2 ranks"), "{err}");
+    assert!(start.elapsed() < Duration::from_secs(10), "took {:?}", start.elapsed());
+    assert_no_leftovers(&m);
+}

@@ -152,3 +152,36 @@ fn timeout_error_snapshot() {
     let refused = Error::GroupAborted { op: "barrier", rank: 0, why: "all_reduce #112 timed out on rank 0".into() };
     insta::assert_snapshot!("group_aborted", refused.to_string());
 }
+
+/// Ranks given different batch counts (as a custom sampler or `drop_last` on an uneven split
+/// would): every rank gets the error naming the rank and both counts before the first step.
+#[test]
+fn uneven_batch_counts_are_an_error_at_world_size_3() {
+    common::mpirun(3, "rank_uneven_batches", &[]);
+}
+
+#[test]
+#[ignore = "rank body: run under mpirun by uneven_batch_counts_are_an_error_at_world_size_3"]
+fn rank_uneven_batches() {
+    let pg = init_process_group(Backend::Mpi).unwrap();
+    ladder_core::train::check_batch_counts(&*pg, 7).unwrap();
+    let mine = if pg.rank() == 2 { 6 } else { 7 };
+    let err = ladder_core::train::check_batch_counts(&*pg, mine).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "uneven data: rank 2 has 6 batches per epoch but rank 0 has 7; every rank must run the same number of steps \
+         (use DistributedSampler, which pads to equal shares)"
+    );
+}
+
+/// A batch larger than one rank's share of the data: the typed error, at world sizes 1 and 3.
+#[test]
+fn batch_size_larger_than_a_ranks_share_snapshot() {
+    use ladder_core::train::check_batch_size;
+    assert!(check_batch_size("--batch-size", 20_000, 60_000, 3).is_ok());
+    let texts: Vec<String> = [(60_001, 1), (20_001, 3), (100_000, 2)]
+        .iter()
+        .map(|&(b, w)| check_batch_size("--batch-size", b, 60_000, w).unwrap_err().to_string())
+        .collect();
+    insta::assert_snapshot!("batch_size_too_large", texts.join("\n"));
+}

@@ -43,6 +43,14 @@ fn op_code(op: &str) -> u64 {
     OPS.iter().position(|o| *o == base).unwrap_or(0) as u64
 }
 
+impl Seen {
+    /// True when the kernel says the rank's process is stopped (SIGSTOP, a debugger): it is
+    /// stuck wherever its record says it is, even inside the collective the others wait in.
+    pub fn is_stopped(&self) -> bool {
+        matches!(sys::process_state(self.pid), Some('T') | Some('t'))
+    }
+}
+
 /// What a rank's record says.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Seen {
@@ -61,8 +69,8 @@ pub struct Seen {
 }
 
 impl Seen {
-    /// `last seen at step S, in all_reduce #N` (or `after …`), plus `(process stopped)` when
-    /// the kernel says it is stopped (SIGSTOP, a debugger) and `(process gone)` when it exited.
+    /// `last seen at step S, waiting in all_reduce #N` (or `after …`), plus `(process … is
+    /// stopped …)` when the kernel says it is stopped (SIGSTOP, a debugger).
     pub fn describe(&self) -> String {
         let at = if self.seq == 0 {
             format!("last seen at step {}, before its first collective", self.step)
@@ -73,7 +81,6 @@ impl Seen {
         };
         match sys::process_state(self.pid) {
             Some('T') | Some('t') => format!("{at} (process {} is stopped: SIGSTOP or a debugger)", self.pid),
-            None | Some('Z') | Some('X') => format!("{at} (process {} has exited)", self.pid),
             _ => at,
         }
     }
@@ -122,6 +129,10 @@ impl Recorder {
         words.store(1, u64::from(std::process::id()));
         words.store(3, step());
         words.store(0, MAGIC);
+        if std::env::var_os(PROGRESS_DIR_VAR).is_none() {
+            // A directory derived under bare mpirun: nobody else removes this record.
+            sys::remove_at_exit(path.clone());
+        }
         Some(Self { words, path })
     }
 
@@ -174,7 +185,7 @@ pub fn behind(dir: Option<&Path>, world_size: usize, me: usize, seq: u64, op: &s
     let mut out = Vec::new();
     for r in (0..world_size).filter(|&r| r != me) {
         match dir.and_then(|d| read(d, r)) {
-            Some(s) if s.seq >= seq => {}
+            Some(s) if s.seq >= seq && !s.is_stopped() => {}
             Some(s) if s.seq + 1 == seq && !s.waiting => out.push((r, before(&s, seq, op))),
             Some(s) => out.push((r, s.describe())),
             None => out.push((r, "no progress record (where it is is unknown)".into())),
@@ -193,13 +204,19 @@ fn before(s: &Seen, seq: u64, op: &str) -> String {
 /// Everyone's record, for the launcher's summary: the ranks that are behind the furthest rank
 /// still waiting in a collective, each as `rank R last seen at …`. Empty when no rank waits or
 /// nothing was recorded.
-pub fn stuck_summary(dir: &Path, world_size: usize) -> Vec<String> {
+/// `stopped` lists ranks the launcher saw stopped (SIGSTOP) while the job ran: they are named
+/// even when their record shows them inside the collective the others wait in.
+pub fn stuck_summary(dir: &Path, world_size: usize, stopped: &[usize]) -> Vec<String> {
     let seen: Vec<Seen> = (0..world_size).filter_map(|r| read(dir, r)).collect();
     let Some(front) = seen.iter().filter(|s| s.waiting).max_by_key(|s| s.seq) else { return Vec::new() };
     let mut lines = Vec::new();
     for r in 0..world_size {
+        let was_stopped = stopped.contains(&r);
         match seen.iter().find(|s| s.rank == r) {
-            Some(s) if s.seq >= front.seq => {}
+            Some(s) if was_stopped && !s.is_stopped() => {
+                lines.push(format!("rank {r} {} (it was stopped: SIGSTOP or a debugger)", s.describe()))
+            }
+            Some(s) if s.seq >= front.seq && !s.is_stopped() => {}
             Some(s) if s.seq + 1 == front.seq && !s.waiting => {
                 lines.push(format!("rank {r} {}", before(s, front.seq, front.op)))
             }
@@ -208,7 +225,11 @@ pub fn stuck_summary(dir: &Path, world_size: usize) -> Vec<String> {
         }
     }
     if !lines.is_empty() {
-        let waiting: Vec<String> = seen.iter().filter(|s| s.waiting && s.seq == front.seq).map(|s| s.rank.to_string()).collect();
+        let waiting: Vec<String> = seen
+            .iter()
+            .filter(|s| s.waiting && s.seq == front.seq && !stopped.contains(&s.rank) && !s.is_stopped())
+            .map(|s| s.rank.to_string())
+            .collect();
         lines.push(format!(
             "rank(s) {} waited for it in {} #{} (step {})",
             waiting.join(", "),
@@ -239,7 +260,7 @@ mod tests {
         assert_eq!(behind.len(), 1);
         assert_eq!(behind[0].0, 1);
         assert!(behind[0].1.starts_with("last seen at step 37, before all_reduce #112"), "{}", behind[0].1);
-        let lines = stuck_summary(dir.path(), 2);
+        let lines = stuck_summary(dir.path(), 2, &[]);
         assert!(lines[0].starts_with("rank 1 last seen at step 37, before all_reduce #112"), "{lines:?}");
         assert_eq!(lines[1], "rank(s) 0 waited for it in all_reduce #112 (step 37)");
         // Once rank 1 arrives, nobody is behind.

@@ -52,15 +52,17 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-/// How `ladder-run` starts the ranks.
+/// The process-group backend the ranks will use — the same values, and the same meaning, as
+/// the level binaries' `--backend` — which decides how `ladder-run` starts them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
 pub enum LaunchBackend {
-    /// Through Open MPI's `mpirun` (for the `mpi` process group; several nodes via --hostfile).
+    /// The `mpi` process group: ranks started through Open MPI's `mpirun` (MPI_Init needs it;
+    /// several nodes via --hostfile).
     #[default]
     Mpi,
-    /// Spawned directly with the torchrun variables, as torchrun does (for the `nccl` process
-    /// group; several nodes by running ladder-run on each with --node-rank).
+    /// The `nccl` process group: ranks spawned directly with the torchrun variables, as
+    /// torchrun does (several nodes by running ladder-run on each with --node-rank).
     Nccl,
 }
 
@@ -73,7 +75,7 @@ pub enum LaunchBackend {
     version,
     override_usage = "ladder-run [OPTIONS] PROGRAM [ARGS]...",
     about = "Start PROGRAM as several ranks with the torchrun environment (RANK, WORLD_SIZE, ...), as torchrun does",
-    after_help = "Examples:\n  ladder-run --nproc-per-node 2 target/release/level1-raw-ddp --epochs 1\n  ladder-run --nproc-per-node 4 --backend nccl target/release/level1-raw-ddp --device cuda\n  ladder-run --nproc-per-node 2 --nnodes 2 --hostfile hosts.txt PROGRAM    (mpi, run once)\n  ladder-run --nproc-per-node 4 --nnodes 2 --node-rank R --master-addr node0 --backend nccl PROGRAM    (on every node)\n\nEvery rank gets RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK (its node's index), MASTER_ADDR and MASTER_PORT; over mpirun, PATH and LD_LIBRARY_PATH are forwarded to the other nodes. If a rank fails, the others are stopped and ladder-run exits 1 with a summary naming the rank and its host.\n\nEnvironment:\n  PATH\n      where PROGRAM and mpirun are looked up\n  OMPI_MCA_*\n      Open MPI's settings, read by mpirun (e.g. OMPI_MCA_plm_rsh_agent,\n      OMPI_MCA_btl_tcp_if_include)"
+    after_help = "Examples:\n  ladder-run --nproc-per-node 2 target/release/level1-raw-ddp --epochs 1\n  ladder-run --nproc-per-node 4 --backend nccl target/release/level1-raw-ddp --device cuda\n  ladder-run --nproc-per-node 2 --nnodes 2 --hostfile hosts.txt PROGRAM    (mpi, run once)\n  ladder-run --nproc-per-node 4 --nnodes 2 --node-rank R --master-addr node0 --backend nccl PROGRAM    (on every node)\n\nEvery rank gets RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK (its node's index), MASTER_ADDR and MASTER_PORT; over mpirun, PATH and LD_LIBRARY_PATH are forwarded to the other nodes. If a rank fails, the others are stopped and ladder-run exits 1 with a summary naming the rank, its host and, when ranks were left waiting, where each was last seen (step, collective). Closing ladder-run's stdout (| head) stops the job (exit 141). Ranks see LADDER_PROGRESS_DIR (their progress records); the collective timeout is the program's (--timeout, LADDER_COLLECTIVE_TIMEOUT_S, default 600 s).\n\nEnvironment:\n  PATH\n      where PROGRAM and mpirun are looked up\n  OMPI_MCA_*\n      Open MPI's settings, read by mpirun (e.g. OMPI_MCA_plm_rsh_agent,\n      OMPI_MCA_btl_tcp_if_include)"
 )]
 pub struct LaunchConfig {
     /// Number of ranks to start on each node.
@@ -92,7 +94,8 @@ pub struct LaunchConfig {
     /// Port of the rendezvous (MASTER_PORT) [default: a free port on one node, 29500 on several].
     #[arg(long = "master-port", alias = "master_port", value_name = "PORT", value_parser = clap::value_parser!(u16).range(1..))]
     pub master_port: Option<u16>,
-    /// How the ranks are started: mpi (through mpirun) or nccl (spawned directly).
+    /// The process-group backend the ranks use, as PROGRAM's own --backend (pass the same
+    /// value to both): mpi starts them through mpirun, nccl spawns them directly.
     #[arg(long, value_enum, value_parser = crate::cli::choice::<LaunchBackend>(), default_value_t = LaunchBackend::Mpi)]
     pub backend: LaunchBackend,
     /// Open MPI hostfile (lines `host slots=N`) listing the nodes; backend mpi with --nnodes > 1.
@@ -218,11 +221,16 @@ pub fn run(cfg: &LaunchConfig) -> Result<i32> {
     }
     worker_args.push("--".into());
     worker_args.extend(cfg.command.iter().map(OsString::from));
+    let progress_dir = new_progress_dir();
+    let mut env = vec![("MASTER_ADDR".into(), master_addr.clone()), ("MASTER_PORT".into(), master_port.to_string())];
+    if let Some(d) = &progress_dir {
+        env.push((crate::dist::progress::PROGRESS_DIR_VAR.into(), d.display().to_string()));
+    }
     let job = Job {
         label: program_label(cfg.program()),
         worker_exe: ladder_run_exe()?,
         worker_args,
-        env: vec![("MASTER_ADDR".into(), master_addr.clone()), ("MASTER_PORT".into(), master_port.to_string())],
+        env,
         nproc_per_node: cfg.nproc_per_node,
         nnodes: cfg.nnodes,
         node_rank: cfg.node_rank,
@@ -231,12 +239,24 @@ pub fn run(cfg: &LaunchConfig) -> Result<i32> {
             (Some(h), LaunchBackend::Mpi) => check_hostfile(h, cfg.nnodes, cfg.nproc_per_node)?.into_iter().map(|e| e.host).collect(),
             _ => Vec::new(),
         },
+        progress_dir,
     };
     let outcome = match cfg.backend {
-        LaunchBackend::Mpi => job.run_mpirun()?,
-        LaunchBackend::Nccl => job.run_direct()?,
+        LaunchBackend::Mpi => job.run_mpirun(),
+        LaunchBackend::Nccl => job.run_direct(),
     };
-    outcome.into_code(&job.label)
+    if let Some(d) = &job.progress_dir {
+        let _ = std::fs::remove_dir_all(d);
+    }
+    outcome?.into_code(&job.label)
+}
+
+/// A fresh per-job progress directory under /dev/shm (else the temporary directory), or
+/// `None` when none can be made (progress is then not recorded).
+fn new_progress_dir() -> Option<PathBuf> {
+    let dir = crate::dist::progress::shm_base().join(format!("ladder-progress-run-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).ok().map(|_| dir)
 }
 
 /// Runs `f` in `num_processes` ranks, as Accelerate's `notebook_launcher`.
@@ -311,6 +331,7 @@ pub fn launch<F: FnOnce() -> Result<()>>(num_processes: usize, f: F) -> Result<(
                 node_rank: 0,
                 hostfile: None,
                 hosts: Vec::new(),
+                progress_dir: None,
             };
             match job.run_mpirun()?.into_code(&job.label)? {
                 0 => Ok(()),

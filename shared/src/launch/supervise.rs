@@ -17,6 +17,8 @@ pub(super) struct Job {
     pub(super) hostfile: Option<PathBuf>,
     /// The hostfile's first `nnodes` hosts, in order (mpi over several nodes; else empty).
     pub(super) hosts: Vec<String>,
+    /// The per-job progress directory (`LADDER_PROGRESS_DIR`), read to name a stuck rank.
+    pub(super) progress_dir: Option<PathBuf>,
 }
 
 /// What a rank worker's hidden stderr lines tell the top launcher.
@@ -51,6 +53,8 @@ pub(super) struct Outcome {
     /// mpirun's exit status (mpi mode).
     pub(super) mpirun_status: Option<ExitStatus>,
     pub(super) ranks: usize,
+    /// Where the ranks were last seen, read when the first failure was observed.
+    pub(super) stuck: Vec<String>,
 }
 
 impl Outcome {
@@ -64,7 +68,7 @@ impl Outcome {
             })
             .collect::<Vec<_>>();
         if let Some(first) = self.failures.first() {
-            let mut summary = summary(label, &self.failures);
+            let mut summary = summary(label, &self.failures, &self.stuck);
             if !silent.is_empty() {
                 summary.push_str(&format!(
                     "\nNo word from {}: unreachable, or its Open MPI daemon was lost; its ranks were not confirmed stopped",
@@ -74,7 +78,8 @@ impl Outcome {
             return Err(Error::RankFailed { rank: first.rank, exitcode: first.exitcode, summary });
         }
         if let Some(sig) = self.interrupted {
-            let _ = writeln!(std::io::stderr(), "ladder-run: received {}; stopped all {} ranks", sys::signal_name(sig), self.ranks);
+            let why = if sig == libc::SIGPIPE { "its standard output was closed (SIGPIPE)".to_string() } else { format!("received {}", sys::signal_name(sig)) };
+            let _ = writeln!(std::io::stderr(), "ladder-run: {why}; stopped all {} ranks", self.ranks);
             return Ok(128 + sig);
         }
         if let Some(st) = self.mpirun_status {
@@ -210,13 +215,18 @@ impl Job {
                 }
             }
         };
+        let stdout_closed = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let mut stuck = Vec::new();
+        // Ranks seen stopped (SIGSTOP, a debugger) while the job ran, checked twice a second.
+        let mut stopped: Vec<usize> = Vec::new();
+        let mut last_look = Instant::now();
         let mut relays = Vec::new();
         for m in &mut members {
             if let Some(out) = m.child.stdout.take() {
-                relays.push(relay(out, false, tx.clone()));
+                relays.push(relay(out, false, tx.clone(), Some(stdout_closed.clone())));
             }
             if let Some(err) = m.child.stderr.take() {
-                relays.push(relay(err, true, tx.clone()));
+                relays.push(relay(err, true, tx.clone(), None));
             }
         }
         drop(tx);
@@ -247,9 +257,29 @@ impl Job {
                     }
                 }
             }
+            if interrupted.is_none() && stdout_closed.load(std::sync::atomic::Ordering::Relaxed) {
+                // `ladder-run … | head`: the reader is gone; end the job as SIGPIPE ends a program.
+                interrupted = Some(libc::SIGPIPE);
+                if term_sent.is_none() {
+                    stop(&members, sys::SIGTERM);
+                    term_sent = Some(now);
+                }
+            }
+            if let (Some(d), true) = (&self.progress_dir, now.duration_since(last_look) >= Duration::from_millis(500)) {
+                last_look = now;
+                for r in 0..self.ranks() {
+                    if !stopped.contains(&r) && crate::dist::progress::read(d, r).is_some_and(|s| s.is_stopped()) {
+                        stopped.push(r);
+                    }
+                }
+            }
             let failed = !failures.is_empty() || members.iter().any(|m| m.failed_on_its_own);
             if failed && first_failure.is_none() {
                 first_failure = Some(now);
+                // Before anything is stopped: where was every rank?
+                if let Some(d) = &self.progress_dir {
+                    stuck = crate::dist::progress::stuck_summary(d, self.ranks(), &stopped);
+                }
             }
             if let (Some(t0), None) = (first_failure, term_sent) {
                 // mpirun stops its own job; step in only if it lingers.
@@ -269,6 +299,11 @@ impl Job {
         // The relays end at EOF; a grandchild that kept a pipe open must not hold us up.
         join_all(relays, Duration::from_secs(2));
         take_notes(&mut failures);
+        let failed = !failures.is_empty() || members.iter().any(|m| m.failed_on_its_own);
+        if let (true, true, Some(d)) = (failed, stuck.is_empty(), &self.progress_dir) {
+            // mpirun ended before the failure was seen: the records are still there.
+            stuck = crate::dist::progress::stuck_summary(d, self.ranks(), &stopped);
+        }
         sys::restore_handlers(saved);
         if !mpirun {
             // A worker that died without reporting (killed itself): describe it from its status.
@@ -306,6 +341,7 @@ impl Job {
             interrupted,
             mpirun_status: if mpirun { members[0].status } else { None },
             ranks: self.ranks(),
+            stuck,
         })
     }
 }
@@ -319,7 +355,14 @@ pub(super) fn stop(members: &[Member], signal: i32) {
 
 /// Copies `stream` line by line to this process's stdout or stderr, passing failure records
 /// to `tx` instead.
-pub(super) fn relay(stream: impl Read + Send + 'static, to_stderr: bool, tx: Sender<Note>) -> JoinHandle<()> {
+/// Copies `stream` line by line; a write to stdout that fails (the reader closed the pipe)
+/// sets `closed` and drops the rest.
+pub(super) fn relay(
+    stream: impl Read + Send + 'static,
+    to_stderr: bool,
+    tx: Sender<Note>,
+    closed: Option<Arc<std::sync::atomic::AtomicBool>>,
+) -> JoinHandle<()> {
     std::thread::spawn(move || {
         let mut r = BufReader::new(stream);
         let mut line = Vec::new();
@@ -346,9 +389,13 @@ pub(super) fn relay(stream: impl Read + Send + 'static, to_stderr: bool, tx: Sen
             }
             if to_stderr {
                 let _ = std::io::stderr().lock().write_all(&line);
-            } else {
+            } else if closed.as_ref().is_none_or(|c| !c.load(std::sync::atomic::Ordering::Relaxed)) {
                 let mut out = std::io::stdout().lock();
-                let _ = out.write_all(&line).and_then(|_| out.flush());
+                if out.write_all(&line).and_then(|_| out.flush()).is_err() {
+                    if let Some(c) = &closed {
+                        c.store(true, std::sync::atomic::Ordering::Relaxed);
+                    }
+                }
             }
         }
     })

@@ -1,0 +1,160 @@
+//! No job hangs, no error is swallowed — level 1 under `ladder-run` as a user runs it: a rank
+//! frozen with SIGSTOP mid-epoch ends the whole job within the collective timeout + 10 s with
+//! the frozen rank named and no process left; a diverging run stops naming step and rank; a
+//! batch larger than a rank's share is refused.
+
+use std::io::{BufRead, BufReader, Read};
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+const BIN: &str = env!("CARGO_BIN_EXE_level1-raw-ddp");
+
+/// `ladder-run`, built next to the level binaries by `cargo build --workspace --bins` (and by
+/// `cargo test --workspace`).
+fn ladder_run() -> PathBuf {
+    let p = PathBuf::from(BIN).with_file_name("ladder-run");
+    assert!(p.is_file(), "{} is missing: build it with `cargo build --release -p ladder-core --bin ladder-run`", p.display());
+    p
+}
+
+/// Live, non-zombie processes whose command line contains `marker`: (pid, cmdline).
+fn processes_with(marker: &str) -> Vec<(u32, String)> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else { continue };
+        let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else { continue };
+        let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+        let stat = std::fs::read_to_string(entry.path().join("stat")).unwrap_or_default();
+        let zombie = stat.rsplit_once(") ").is_some_and(|(_, rest)| rest.starts_with('Z'));
+        if cmdline.contains(marker) && !zombie {
+            found.push((pid, cmdline));
+        }
+    }
+    found
+}
+
+/// The pid of the level-1 process of rank `rank` in the job marked `marker`.
+fn rank_pid(marker: &str, rank: usize) -> Option<u32> {
+    processes_with(marker).into_iter().find_map(|(pid, cmd)| {
+        let environ = std::fs::read(format!("/proc/{pid}/environ")).ok()?;
+        let environ = String::from_utf8_lossy(&environ);
+        let is_rank = environ.split('\0').any(|v| v == format!("RANK={rank}"));
+        (cmd.starts_with(BIN) && is_rank).then_some(pid)
+    })
+}
+
+fn assert_no_leftovers(marker: &str) {
+    let deadline = Instant::now() + Duration::from_secs(3);
+    while !processes_with(marker).is_empty() {
+        assert!(Instant::now() < deadline, "processes of the job are still alive: {:#?}", processes_with(marker));
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Freezes rank `victim` (SIGSTOP) after a few logged steps of a W-rank job with a 4 s
+/// collective timeout; the job must end within timeout + 10 s, naming the frozen rank.
+fn sigstop_drill(w: usize, victim: usize) {
+    let dir = tempfile::tempdir().unwrap();
+    let marker = dir.path().join(format!("sigstop-{w}-{}.json", std::process::id()));
+    let marker = marker.to_str().unwrap().to_string();
+    let mut child = Command::new(ladder_run())
+        .args(["--nproc-per-node", &w.to_string()])
+        .arg(BIN)
+        .args(["--device", "cpu", "--timeout", "4", "--log-interval", "1", "--metrics-json", &marker])
+        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut err = child.stderr.take().unwrap();
+    let t_err = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = err.read_to_string(&mut s);
+        s
+    });
+    // Wait for rank 0 to log its 4th step, then freeze the victim.
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let (mut line, mut steps) = (String::new(), 0);
+    while steps < 4 {
+        line.clear();
+        assert!(out.read_line(&mut line).unwrap() > 0, "the job ended before training: {}", t_err.join().unwrap());
+        steps += usize::from(line.contains("Train Epoch"));
+    }
+    let pid = rank_pid(&marker, victim).expect("the victim's process");
+    assert_eq!(unsafe_free_kill(pid, "STOP"), 0);
+    let frozen = Instant::now();
+    std::thread::spawn(move || std::io::copy(&mut out, &mut std::io::sink()));
+    let status = loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            break st;
+        }
+        if frozen.elapsed() > Duration::from_secs(60) {
+            let _ = child.kill();
+            let _ = unsafe_free_kill(pid, "KILL");
+            panic!("the job still runs 60 s after rank {victim} was frozen");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let took = frozen.elapsed();
+    let stderr = t_err.join().unwrap();
+    eprintln!("W={w}: the job ended {took:?} after rank {victim} was frozen");
+    assert!(!status.success(), "{stderr}");
+    assert!(took < Duration::from_secs(4 + 10), "took {took:?}:\n{stderr}");
+    assert!(stderr.contains("did not complete within the collective timeout of 4 s"), "{stderr}");
+    assert!(stderr.contains(&format!("rank {victim} last seen at step ")), "{stderr}");
+    assert!(stderr.contains("is stopped: SIGSTOP or a debugger"), "{stderr}");
+    assert!(stderr.contains("Where the ranks were (progress records):"), "the summary names the stuck rank:\n{stderr}");
+    assert_no_leftovers(&marker);
+}
+
+/// `kill -SIG pid` through the kill(1) command (no unsafe in tests).
+fn unsafe_free_kill(pid: u32, sig: &str) -> i32 {
+    Command::new("kill").arg(format!("-{sig}")).arg(pid.to_string()).status().map(|s| s.code().unwrap_or(1)).unwrap_or(1)
+}
+
+#[test]
+fn a_frozen_rank_ends_the_job_at_two_ranks() {
+    sigstop_drill(2, 1);
+}
+
+#[test]
+fn a_frozen_rank_ends_the_job_at_three_ranks() {
+    sigstop_drill(3, 2);
+}
+
+fn mpirun(n: usize) -> Command {
+    let mut cmd = Command::new("mpirun");
+    cmd.args(["-n", &n.to_string(), "--oversubscribe", "--bind-to", "none"])
+        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1");
+    cmd
+}
+
+#[test]
+fn a_diverging_run_stops_naming_step_and_rank() {
+    let start = Instant::now();
+    let out = mpirun(2).arg(BIN).args(["--device", "cpu", "--lr", "1e9", "--log-interval", "0", "--max-steps", "50"]).output().unwrap();
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(!out.status.success(), "{text}");
+    assert!(text.contains("training diverged: the loss is ") && text.contains(" at step "), "{text}");
+    assert!(text.contains(" on rank 0 ") || text.contains(" on rank 1 "), "{text}");
+    assert!(!text.contains("Test set"), "no evaluation of a diverged model:\n{text}");
+    assert!(start.elapsed() < Duration::from_secs(30), "{text}");
+    // Turned off, the same run trains on (to a NaN loss) and ends normally.
+    let out = mpirun(2).arg(BIN).args(["--device", "cpu", "--lr", "1e9", "--log-interval", "0", "--max-steps", "5", "--allow-non-finite"]).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+}
+
+#[test]
+fn a_batch_larger_than_a_ranks_share_is_refused() {
+    let out = mpirun(2).arg(BIN).args(["--device", "cpu", "--batch-size", "30001"]).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{text}");
+    assert!(
+        text.contains("invalid value \"30001\" for --batch-size: at most 30000, one rank's share of the 60000 training images at world size 2 (60000 / 2)"),
+        "{text}"
+    );
+}

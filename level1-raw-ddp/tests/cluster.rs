@@ -480,7 +480,6 @@ fn a_host_that_drops_off_is_named_and_its_processes_do_not_outlive_the_job() {
 /// The link of host 1 goes down mid-epoch: the ranks' collective timeout (issue #12) ends the job
 /// within that timeout + 10 s, naming host 1 and its rank, with nothing left on either host.
 #[test]
-#[ignore = "needs the collective timeout of issue #12 (branch hang)"]
 fn link_down_mid_epoch_ends_the_job_within_the_collective_timeout() {
     need_cluster!();
     let _s = serial();

@@ -311,6 +311,7 @@ impl<'pg, M: Model> DistributedDataParallel<'pg, M> {
         let mut works: Vec<(usize, Work<'_>, Instant, Option<Instant>)> = Vec::new();
         let mut issue = Duration::ZERO;
         let mut next = 0;
+        let mut bytes = 0u64;
         let this = &*self;
         for i in (0..saved.len()).rev() {
             let (x, y) = saved.pop().expect("one saved pair per segment");
@@ -337,7 +338,7 @@ impl<'pg, M: Model> DistributedDataParallel<'pg, M> {
             while next < this.buckets.len() && bucket_ready_after[next] >= i {
                 let slot = slots.next().expect("one slot per bucket");
                 *slot = this.pack_bucket(next);
-                this.comm_bytes += (slot.numel() * slot.kind().elt_size_in_bytes()) as u64;
+                bytes += (slot.numel() * slot.kind().elt_size_in_bytes()) as u64;
                 let started = Instant::now();
                 works.push((next, this.pg.all_reduce_start_prechecked(slot, ReduceOp::Avg)?, started, None));
                 next += 1;
@@ -366,6 +367,7 @@ impl<'pg, M: Model> DistributedDataParallel<'pg, M> {
             this.unpack_bucket(b, flat);
         }
         self.comm += issue + waited;
+        self.comm_bytes += bytes;
         self.overlap.backwards += 1;
         self.overlap.hidden_s += hidden.as_secs_f64();
         self.overlap.waited_s += waited.as_secs_f64();

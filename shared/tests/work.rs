@@ -34,7 +34,14 @@ fn rank_nonblocking() {
         // Two all-reduces in flight at once, completed in reverse order.
         let mut a = Tensor::full([1000], r, (kind, Device::Cpu));
         let mut b = Tensor::full([3], r + 1.0, (kind, Device::Cpu));
-        let wa = pg.all_reduce_start(&mut a, ReduceOp::Sum).unwrap();
+        let mut wa = pg.all_reduce_start(&mut a, ReduceOp::Sum).unwrap();
+        if pg.rank() == 0 {
+            // Rank 0 makes progress on the first before starting the second, the others do
+            // not: both must still be issued in one order on every rank (MPI's rule), which
+            // holds because a start issues its collective before returning.
+            std::thread::sleep(std::time::Duration::from_millis(20));
+            let _ = wa.test().unwrap();
+        }
         let mut wb = pg.all_reduce_start(&mut b, ReduceOp::Avg).unwrap();
         assert!(wb.seq() == wa.seq() + 1, "sequence numbers count collectives: {wa:?} {wb:?}");
         while !wb.test().unwrap() {}
@@ -59,7 +66,8 @@ fn rank_nonblocking() {
     pg.barrier_start().unwrap().wait().unwrap();
     // Ranks disagreeing on numel: the typed mismatch error on every rank, from the probe.
     let mut bad = Tensor::zeros([2 + pg.rank() as i64], (Kind::Float, Device::Cpu));
-    let err = pg.all_reduce_start(&mut bad, ReduceOp::Sum).unwrap().wait().unwrap_err();
+    // (The probe completes inside the start, so the start itself returns the error.)
+    let err = pg.all_reduce_start(&mut bad, ReduceOp::Sum).and_then(|w| w.wait()).unwrap_err();
     assert!(matches!(err, Error::CollectiveMismatch { .. }), "{err}");
     // The blocking form still agrees with the non-blocking one, bit for bit.
     let mut x = Tensor::full([7], r + 0.1, (Kind::Float, Device::Cpu));

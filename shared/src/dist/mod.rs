@@ -374,7 +374,7 @@ fn init_nccl(env: &DistEnv, timeout: Duration) -> Result<Box<dyn ProcessGroup>> 
 fn init_nccl(_env: &DistEnv, _timeout: Duration) -> Result<Box<dyn ProcessGroup>> {
     Err(Error::BackendUnavailable {
         backend: "nccl".into(),
-        why: "this build has no NCCL support; rebuild with `--features nccl`".into(),
+        why: "this build has no NCCL support; rebuild with `cargo build --release --workspace --bins --features ladder-core/nccl`".into(),
     })
 }
 

@@ -255,7 +255,12 @@ impl MpiGroup {
         };
         self.check("MPI_Iallreduce", rc)?;
         let pending = MpiPending { group: self, op, req, stage: Some(Stage { probe, numel, kind, main }), finish };
-        Ok(Work::pending(op, seq, &self.watch, Box::new(pending)))
+        let mut work = Work::pending(op, seq, &self.watch, Box::new(pending));
+        // Issue the collective itself before returning: were it issued later, from a `test`,
+        // a collective started meanwhile could be issued before it on one rank and after it
+        // on another. The probe is 4 integers; only its latency is waited for here.
+        work.wait_issued()?;
+        Ok(work)
     }
 
     /// `MPI_Iallreduce` in place on `n` elements of `ty` at `p`.
@@ -301,6 +306,10 @@ struct MpiPending<'a> {
 }
 
 impl Pending for MpiPending<'_> {
+    fn issued(&self) -> bool {
+        self.stage.is_none()
+    }
+
     fn test(&mut self) -> Result<bool> {
         loop {
             let mut done: c_int = 0;

@@ -53,6 +53,14 @@ pub(crate) trait Pending {
     /// Advances the operation without blocking; `Ok(true)` once it (and any finishing step,
     /// such as the division of `ReduceOp::Avg`) completed.
     fn test(&mut self) -> Result<bool>;
+
+    /// Whether the operation's main collective has been issued to the backend. A backend that
+    /// first runs a cross-rank agreement probe issues the collective only once the probe
+    /// completed; until then a later collective must not be issued, or ranks could issue the
+    /// two in different orders (MPI requires one order on every rank). Default: issued at start.
+    fn issued(&self) -> bool {
+        true
+    }
 }
 
 /// The bookkeeping every real group shares: rank, timeout, the sequence counter, the progress
@@ -224,13 +232,33 @@ impl<'a> Work<'a> {
     }
 
     fn wait_mut(&mut self) -> Result<()> {
-        let Some(p) = self.pending.as_mut() else { return Ok(()) };
+        if self.poll_until(|_| false)? {
+            self.finish();
+        }
+        Ok(())
+    }
+
+    /// Waits (within the timeout, as [`wait`](Self::wait)) until the backend has issued the
+    /// collective itself — past any agreement probe — so that collectives started after this
+    /// one are issued after it on every rank. Called by backends when a collective starts.
+    pub(crate) fn wait_issued(&mut self) -> Result<()> {
+        if self.poll_until(|p| p.issued())? {
+            self.finish();
+        }
+        Ok(())
+    }
+
+    /// Polls until the operation completed (`Ok(true)`) or `enough` holds (`Ok(false)`),
+    /// at most the timeout.
+    fn poll_until(&mut self, enough: impl Fn(&(dyn Pending + 'a)) -> bool) -> Result<bool> {
+        let Some(p) = self.pending.as_mut() else { return Ok(false) };
         let timeout = self.watch.map_or(Duration::MAX, |w| w.timeout);
         let mut last = self.started;
         let mut paused = Duration::ZERO;
         loop {
             match p.test() {
-                Ok(true) => break,
+                Ok(true) => return Ok(true),
+                Ok(false) if enough(&**p) => return Ok(false),
                 Ok(false) => {}
                 Err(e) => {
                     self.pending = None;
@@ -256,8 +284,6 @@ impl<'a> Work<'a> {
                 std::thread::sleep(Duration::from_millis(1));
             }
         }
-        self.finish();
-        Ok(())
     }
 
     fn finish(&mut self) {

@@ -99,7 +99,8 @@ fn rank_work_times_out() {
     if pg.rank() == 1 {
         std::thread::sleep(Duration::from_secs(60)); // stuck: ended by rank 0's abort
     }
-    match pg.all_reduce_start(&mut t, ReduceOp::Sum).unwrap().wait() {
+    // The agreement probe is waited for inside the start, so the timeout can come from it.
+    match pg.all_reduce_start(&mut t, ReduceOp::Sum).and_then(|w| w.wait()) {
         Err(e @ Error::CollectiveTimeout { .. }) => {
             let Error::CollectiveTimeout { op, seq, rank, not_arrived, .. } = &e else { unreachable!() };
             eprintln!("CollectiveTimeout: {op} #{seq} rank {rank} not_arrived {not_arrived:?}");

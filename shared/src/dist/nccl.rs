@@ -144,13 +144,7 @@ impl NcclGroup {
                 self.abort();
                 return Err(self.watch.timed_out(op, seq, step, waited));
             }
-            if waited < Duration::from_micros(50) {
-                std::hint::spin_loop();
-            } else if waited < Duration::from_secs(1) {
-                std::thread::yield_now();
-            } else {
-                std::thread::sleep(Duration::from_millis(1));
-            }
+            super::work::backoff(waited);
         }
     }
 

@@ -48,6 +48,19 @@ pub fn timeout_from_env() -> Result<Duration> {
     }
 }
 
+/// How a waiting rank spends the time between two polls of a collective that has waited
+/// `waited` so far: a tight spin for the first 50 µs (small messages complete within it, so
+/// their latency does not grow), then yielding the core, and after 1 s sleeping 1 ms.
+pub(crate) fn backoff(waited: Duration) {
+    if waited < Duration::from_micros(50) {
+        std::hint::spin_loop();
+    } else if waited < Duration::from_secs(1) {
+        std::thread::yield_now();
+    } else {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
 /// What a backend's pending operation must provide: a non-blocking completion test.
 pub(crate) trait Pending {
     /// Advances the operation without blocking; `Ok(true)` once it (and any finishing step,
@@ -276,13 +289,7 @@ impl<'a> Work<'a> {
             if waited >= timeout {
                 return Err(self.time_out(waited));
             }
-            if waited < Duration::from_micros(50) {
-                std::hint::spin_loop();
-            } else if waited < Duration::from_secs(1) {
-                std::thread::yield_now();
-            } else {
-                std::thread::sleep(Duration::from_millis(1));
-            }
+            backoff(waited);
         }
     }
 

@@ -16,6 +16,9 @@ use std::process::ExitCode;
     // The shared flags' texts mention ranks; the baseline has none.
     mut_arg("batch_size", |a| a.help("Samples per optimizer step")),
     mut_arg("device", |a| a.help("Device to train on: cpu, or cuda (the first GPU). Default: cuda if available, else cpu").hide_possible_values(true)),
+    // One process: no collective to time out; the tutorial's loop has no divergence check.
+    mut_arg("timeout", |a| a.hide(true)),
+    mut_arg("allow_non_finite", |a| a.hide(true)),
     mut_arg("save_model", |a| a.help("Save the trained weights to this file as safetensors (keys `conv1.weight`, …), as the tutorial's `--save-model`")),
     after_help = "Environment:\n  MNIST_DIR, MNIST_MIRRORS\n      see --data-dir and --mirror\n  WORLD_SIZE\n      above 1 (set by a launcher), refused: the baseline is one process;\n      level1-raw-ddp trains with several"
 )]

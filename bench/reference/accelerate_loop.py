@@ -13,7 +13,6 @@ cores // local processes, as ddp-ladder's ranks. Rank 0 prints one JSON line: sa
 all processes' timed steps, accuracy, peak RSS (whole process and training phase), step timing
 (common.StepTimer, in this script: Accelerate does not time steps itself).
 """
-import argparse
 import json
 import os
 import time
@@ -23,16 +22,11 @@ import torch.nn.functional as F
 from accelerate import Accelerator
 from accelerate.utils import set_seed
 
-from common import BasicNet, StepTimer, datasets, gathered_timing_fields
+from common import peer_arguments, BasicNet, StepTimer, datasets, gathered_timing_fields
 
 
 def main():
-    p = argparse.ArgumentParser()
-    p.add_argument("--batch-size", type=int, default=64)
-    p.add_argument("--lr", type=float, default=1e-3)
-    p.add_argument("--seed", type=int, default=1)
-    p.add_argument("--max-steps", type=int, default=None)
-    a = p.parse_args()
+    a = peer_arguments()
     start = time.perf_counter()
     accelerator = Accelerator(cpu=True)
     local = int(os.environ.get("LOCAL_WORLD_SIZE", accelerator.num_processes))

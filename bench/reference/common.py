@@ -3,6 +3,7 @@
 torchvision's MNIST reads the decompressed IDX files from <root>/MNIST/raw; they are unpacked once
 from data/mnist/*.gz into a cache directory (no network).
 """
+import argparse
 import gzip
 import math
 import os
@@ -39,6 +40,20 @@ class BasicNet(nn.Module):
         x = F.relu(self.fc1(x))
         x = self.dropout2(x)
         return F.log_softmax(self.fc2(x), dim=1)
+
+
+def peer_arguments(*extra):
+    """The flags every peer takes, as our levels name them: --batch-size (64, per process),
+    --lr (AdamW, 1e-3), --seed (1), --max-steps (all of one epoch when absent). `extra` are
+    (flag, kwargs) pairs a peer adds. Returns the parsed namespace."""
+    p = argparse.ArgumentParser()
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--max-steps", type=int, default=None)
+    for flag, kwargs in extra:
+        p.add_argument(flag, **kwargs)
+    return p.parse_args()
 
 
 def mnist_root():

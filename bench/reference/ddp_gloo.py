@@ -7,7 +7,6 @@ ddp-ladder's ranks do. Rank 0 prints one JSON line (samples_per_s over all ranks
 exact distributed evaluation, peak RSS and step timing from common.StepTimer; comm share unknown to
 PyTorch and left out).
 """
-import argparse
 import json
 import os
 import time
@@ -18,16 +17,11 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data.distributed import DistributedSampler
 
-from common import BasicNet, StepTimer, datasets, gathered_timing_fields
+from common import peer_arguments, BasicNet, StepTimer, datasets, gathered_timing_fields
 
 
 def main():
-    p = argparse.ArgumentParser()
-    p.add_argument("--batch-size", type=int, default=64)
-    p.add_argument("--lr", type=float, default=1e-3)
-    p.add_argument("--seed", type=int, default=1)
-    p.add_argument("--max-steps", type=int, default=None)
-    a = p.parse_args()
+    a = peer_arguments()
     start = time.perf_counter()
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()

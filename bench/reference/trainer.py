@@ -11,7 +11,6 @@ timed steps), no logging during training, and one `trainer.evaluate()` after tra
 eval_strategy "epoch" (the same evaluation for a one-epoch or --max-steps run). Step timing comes
 from a TrainerCallback plus laps in compute_loss (common.StepTimer); rank 0 prints one JSON line.
 """
-import argparse
 import json
 import os
 import tempfile
@@ -21,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from transformers import Trainer, TrainerCallback, TrainingArguments
 
-from common import BasicNet, StepTimer, datasets, gathered_timing_fields
+from common import peer_arguments, BasicNet, StepTimer, datasets, gathered_timing_fields
 
 TIMER = {}
 
@@ -65,12 +64,7 @@ def compute_metrics(p):
 
 
 def main():
-    p = argparse.ArgumentParser()
-    p.add_argument("--batch-size", type=int, default=64)
-    p.add_argument("--lr", type=float, default=1e-3)
-    p.add_argument("--seed", type=int, default=1)
-    p.add_argument("--max-steps", type=int, default=None)
-    a = p.parse_args()
+    a = peer_arguments()
     start = time.perf_counter()
     out = tempfile.mkdtemp(prefix="hf-trainer-peer-")
     args = TrainingArguments(

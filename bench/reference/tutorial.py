@@ -5,25 +5,20 @@
 Prints one JSON line: samples_per_s (timed steps, warm-up excluded), accuracy, eval_samples, wall_s,
 peak RSS (whole process and training phase), step timing (common.StepTimer).
 """
-import argparse
 import json
 import time
 
 import torch
 import torch.nn.functional as F
 
-from common import BasicNet, StepTimer, datasets, evaluate, gathered_timing_fields
+from common import peer_arguments, BasicNet, StepTimer, datasets, evaluate, gathered_timing_fields
 
 
 def main():
-    p = argparse.ArgumentParser()
-    p.add_argument("--batch-size", type=int, default=64)
-    p.add_argument("--epochs", type=int, default=1)
-    p.add_argument("--lr", type=float, default=1e-3)
-    p.add_argument("--seed", type=int, default=1)
-    p.add_argument("--max-steps", type=int, default=None)
-    p.add_argument("--threads", type=int, default=None, help="intra-op threads (default: all cores)")
-    a = p.parse_args()
+    a = peer_arguments(
+        ("--epochs", dict(type=int, default=1)),
+        ("--threads", dict(type=int, default=None, help="intra-op threads (default: all cores)")),
+    )
     start = time.perf_counter()
     if a.threads:
         torch.set_num_threads(a.threads)

@@ -6,6 +6,17 @@ use crate::figures::ModelState;
 use crate::stats::Spread;
 use comfy_table::{presets, CellAlignment, Table};
 
+/// The cells that name a case: level, strategy, world size, width, precision.
+fn case_cells(c: &super::Case) -> [String; 5] {
+    [
+        c.level.map_or("baseline".into(), |l| l.to_string()),
+        c.strategy.name().into(),
+        c.world_size.to_string(),
+        c.width.to_string(),
+        c.precision.name().into(),
+    ]
+}
+
 fn spread_cell(s: Option<Spread>, digits: usize, suffix: &str) -> String {
     match s {
         None => "—".into(),
@@ -64,12 +75,7 @@ pub fn render_throughput(summary: &MatrixSummary, markdown: bool) -> String {
     for r in &summary.rows {
         let c = &r.case;
         let failed = r.samples_per_s.is_none();
-        t.add_row(vec![
-            c.level.map_or("baseline".into(), |l| l.to_string()),
-            c.strategy.name().into(),
-            c.world_size.to_string(),
-            c.width.to_string(),
-            c.precision.name().into(),
+        t.add_row(case_cells(c).into_iter().chain([
             c.steps.to_string(),
             if failed { "FAILED".into() } else { spread_cell(r.samples_per_s, 0, "") },
             c.peer.map_or("—".into(), peer_short),
@@ -82,7 +88,7 @@ pub fn render_throughput(summary: &MatrixSummary, markdown: bool) -> String {
             opt(r.accuracy, |v| format!("{:.2}%", 100.0 * v)),
             opt(r.peer_accuracy, |v| format!("{:.2}%", 100.0 * v)),
             r.eval_samples.map_or("—".into(), |n| n.to_string()),
-        ]);
+        ]).collect::<Vec<String>>());
     }
     right_align(&mut t, 2);
     t.to_string()
@@ -130,12 +136,7 @@ pub fn render_steps(summary: &MatrixSummary, markdown: bool) -> String {
     for r in &summary.rows {
         let c = &r.case;
         let f = |g: fn(&StepFigures) -> f64| r.step.as_ref().map_or("—".into(), |s| ms(g(s)));
-        t.add_row(vec![
-            c.level.map_or("baseline".into(), |l| l.to_string()),
-            c.strategy.name().into(),
-            c.world_size.to_string(),
-            c.width.to_string(),
-            c.precision.name().into(),
+        t.add_row(case_cells(c).into_iter().chain([
             f(|s| s.step_p50_s),
             f(|s| s.step_p95_s),
             f(|s| s.first_step_s),
@@ -147,7 +148,7 @@ pub fn render_steps(summary: &MatrixSummary, markdown: bool) -> String {
             r.step.as_ref().map_or("—".into(), |s| format!("{:.0}", s.comm_bytes_per_step / 1024.0)),
             r.peer_step.as_ref().map_or("—".into(), |s| ms(s.step_p50_s)),
             r.peer_step.as_ref().map_or("—".into(), |s| ms(s.first_step_s)),
-        ]);
+        ]).collect::<Vec<String>>());
     }
     right_align(&mut t, 2);
     t.to_string()
@@ -201,12 +202,7 @@ pub fn render_memory(summary: &MatrixSummary, markdown: bool) -> String {
     for r in &summary.rows {
         let c = &r.case;
         let ms = |f: fn(&ModelState) -> u64| r.model_state.map_or("—".into(), |m| format!("{:.1}", f(&m) as f64 / MIB));
-        t.add_row(vec![
-            c.level.map_or("baseline".into(), |l| l.to_string()),
-            c.strategy.name().into(),
-            c.world_size.to_string(),
-            c.width.to_string(),
-            c.precision.name().into(),
+        t.add_row(case_cells(c).into_iter().chain([
             ms(|m| m.parameters),
             ms(|m| m.gradients),
             ms(|m| m.optimizer),
@@ -214,7 +210,7 @@ pub fn render_memory(summary: &MatrixSummary, markdown: bool) -> String {
             per_rank(&r.train_peak_rss_per_rank),
             per_rank(&r.peak_rss_per_rank),
             peer_rss(r),
-        ]);
+        ]).collect::<Vec<String>>());
     }
     right_align(&mut t, 2);
     t.to_string()

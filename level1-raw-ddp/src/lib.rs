@@ -59,6 +59,13 @@ pub struct Config {
     /// memory comparisons).
     #[arg(long, default_value_t = 128)]
     pub width: i64,
+    /// Mixed precision: no (fp32), or bf16 — forward and backward in bf16 with fp32 master
+    /// weights, fp32 AdamW state and fp32 gradient reduction (FSDP's
+    /// `MixedPrecision(param_dtype=bfloat16, reduce_dtype=float32)`; with --strategy ddp it runs
+    /// on FSDP's NO_SHARD path). The same policy as the Accelerator's and the Trainer's bf16.
+    #[arg(long, value_enum, value_parser = ladder_core::cli::choice::<Precision>(), default_value_t = Precision::No)]
+    #[serde(default)]
+    pub mixed_precision: Precision,
     /// Print the gradient bucket layout (DDP) or the FlatParameter shard layout (FSDP) at
     /// start-up (rank 0).
     #[arg(long)]
@@ -67,6 +74,29 @@ pub struct Config {
     /// Min all-reduce of all parameters).
     #[arg(long)]
     pub check_sync: bool,
+}
+
+/// Level 1's `--mixed-precision` values (Accelerate's names; fp16 needs a GPU's loss scaling,
+/// which is the Accelerator's business at level 2).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Precision {
+    /// fp32 throughout, as the tutorial.
+    #[default]
+    No,
+    /// bf16 compute, fp32 master weights, optimizer state and gradient reduction.
+    Bf16,
+}
+
+impl Precision {
+    /// The core's mixed-precision policy for this value (`None`: fp32).
+    pub fn policy(self) -> Option<ladder_core::fsdp::MixedPrecision> {
+        use ladder_core::fsdp::{Dtype, MixedPrecision};
+        match self {
+            Precision::No => None,
+            Precision::Bf16 => Some(MixedPrecision { param_dtype: Dtype::Bf16, reduce_dtype: Dtype::F32 }),
+        }
+    }
 }
 
 /// `setup(rank, world_size)` of the tutorial: initialise the process group from the launcher's
@@ -139,7 +169,7 @@ pub fn run(cfg: &Config) -> Result<Report> {
         strategy: cfg.strategy,
         bucket_cap_mb: cfg.bucket_cap_mb.unwrap_or(25.0),
         fsdp_min_num_params: cfg.fsdp_min_num_params.unwrap_or(100_000_000),
-        mixed_precision: None,
+        mixed_precision: cfg.mixed_precision.policy(),
     };
     let mut model = WrappedModel::new(vs, net, &*pg, &wrap)?;
     if cfg.explain && rank == 0 {

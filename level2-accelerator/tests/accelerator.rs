@@ -225,8 +225,10 @@ fn assert_bit_identical(a: &Path, b: &Path) {
 fn level1_body() {
     let out = std::env::var("LADDER_TEST_OUT").unwrap();
     let strategy = std::env::var("LADDER_TEST_STRATEGY").unwrap();
+    let precision = std::env::var("LADDER_TEST_PRECISION").unwrap();
     let cfg = level1_raw_ddp::Config::try_parse_from([
         "level1-raw-ddp", "--device", "cpu", "--max-steps", "12", "--log-interval", "0", "--strategy", &strategy, "--save-model", &out,
+        "--mixed-precision", &precision,
     ])
     .unwrap();
     level1_raw_ddp::run(&cfg).unwrap();
@@ -237,8 +239,10 @@ fn level1_body() {
 fn level2_body() {
     let out = std::env::var("LADDER_TEST_OUT").unwrap();
     let strategy = std::env::var("LADDER_TEST_STRATEGY").unwrap();
+    let precision = std::env::var("LADDER_TEST_PRECISION").unwrap();
     let cfg = level2_accelerator::Config::try_parse_from([
         "level2-accelerator", "--device", "cpu", "--max-steps", "12", "--log-interval", "0", "--strategy", &strategy, "--save-model", &out,
+        "--mixed-precision", &precision,
     ])
     .unwrap();
     level2_accelerator::run(&cfg).unwrap();
@@ -249,12 +253,19 @@ use clap::Parser;
 #[test]
 fn same_weights_as_level_1() {
     let dir = tempfile::tempdir().unwrap();
-    for (w, strategy) in [(1, "ddp"), (2, "ddp"), (2, "fsdp-full-shard")] {
-        let (a, b) = (dir.path().join(format!("l1-{w}-{strategy}.st")), dir.path().join(format!("l2-{w}-{strategy}.st")));
+    // bf16: level 1's --mixed-precision and the Accelerator's are one core policy, so the
+    // weights agree bit for bit too, and the saved (master) weights stay f32.
+    for (w, strategy, precision) in [(1, "ddp", "no"), (2, "ddp", "no"), (2, "fsdp-full-shard", "no"), (2, "ddp", "bf16")] {
+        let (a, b) = (dir.path().join(format!("l1-{w}-{strategy}-{precision}.st")), dir.path().join(format!("l2-{w}-{strategy}-{precision}.st")));
         let (sa, sb) = (a.display().to_string(), b.display().to_string());
-        common::mpirun(w, "level1_body", &[("LADDER_TEST_OUT", &sa), ("LADDER_TEST_STRATEGY", strategy)]);
-        common::mpirun(w, "level2_body", &[("LADDER_TEST_OUT", &sb), ("LADDER_TEST_STRATEGY", strategy)]);
+        let vars = |out: &'static str, path: &str| {
+            [(out, path.to_string()), ("LADDER_TEST_STRATEGY", strategy.to_string()), ("LADDER_TEST_PRECISION", precision.to_string())]
+        };
+        let (va, vb) = (vars("LADDER_TEST_OUT", &sa), vars("LADDER_TEST_OUT", &sb));
+        common::mpirun(w, "level1_body", &va.iter().map(|(k, v)| (*k, v.as_str())).collect::<Vec<_>>());
+        common::mpirun(w, "level2_body", &vb.iter().map(|(k, v)| (*k, v.as_str())).collect::<Vec<_>>());
         assert_bit_identical(&a, &b);
+        assert!(load_weights(&a).iter().all(|(_, t)| t.kind() == tch::Kind::Float), "master weights stay f32 ({precision})");
     }
 }
 
@@ -353,19 +364,33 @@ fn help_is_stable() {
     insta::assert_snapshot!(String::from_utf8_lossy(&out.stdout));
 }
 
-/// An error one process meets after set-up reaches the user at once, and the job ends without
-/// the shutdown wait (the Accelerator leaves the group to the launcher when training did not
-/// end).
+/// An error one process meets after set-up (its MNIST_DIR, set for it alone through mpirun's
+/// MPMD form, is empty) reaches the user at once, prefixed with its rank, and the job ends
+/// without the shutdown wait (the Accelerator leaves the group to the launcher when training
+/// did not end) — for process 0 and process 1 alike.
 #[test]
 fn one_processs_error_is_printed_and_ends_the_job_quickly() {
-    let dir = tempfile::tempdir().unwrap();
-    let start = Instant::now();
-    let mut cmd = mpirun_cmd(2);
-    cmd.arg(BIN).args(["--device", "cpu", "--max-steps", "1", "--log-interval", "0", "--metrics-json"]).arg(dir.path());
-    let out = cmd.output().unwrap();
-    let took = start.elapsed();
-    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    assert!(!out.status.success(), "{text}");
-    assert!(text.contains("for --metrics-json: a writable file") && text.contains("Is a directory"), "{text}");
-    assert!(took < Duration::from_secs(25), "took {took:?} (the shutdown wait is 30 s)");
+    let empty = tempfile::tempdir().unwrap();
+    for victim in [0, 1] {
+        // mpirun [-n 1 -x MNIST_DIR=empty BIN …] : [-n 1 BIN …]: ranks follow the segments.
+        let segment = |bad: bool| {
+            let mut v: Vec<String> = vec!["-n".into(), "1".into()];
+            if bad {
+                v.extend(["-x".into(), format!("MNIST_DIR={}", empty.path().display())]);
+            }
+            v.push(BIN.into());
+            v.extend(["--device", "cpu", "--max-steps", "1", "--log-interval", "0"].map(String::from));
+            v
+        };
+        let mut cmd = Command::new("mpirun");
+        cmd.args(["--oversubscribe", "--bind-to", "none"]).args(segment(victim == 0)).arg(":").args(segment(victim == 1));
+        cmd.env("OMPI_ALLOW_RUN_AS_ROOT", "1").env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1").env("OMP_NUM_THREADS", "1");
+        let start = Instant::now();
+        let out = cmd.output().unwrap();
+        let took = start.elapsed();
+        let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        assert!(!out.status.success(), "{text}");
+        assert!(text.contains(&format!("rank {victim} of 2")) && text.contains("file not found"), "victim {victim}:\n{text}");
+        assert!(took < Duration::from_secs(25), "victim {victim}: took {took:?} (the shutdown wait is 30 s)");
+    }
 }

@@ -73,7 +73,8 @@ impl Strategy {
 pub enum Precision {
     /// f32 throughout.
     Fp32,
-    /// bf16 autocast (levels 2 and 3: `--mixed-precision bf16`, as Accelerate's).
+    /// bf16 compute with fp32 master weights (every level's `--mixed-precision bf16`, as
+    /// Accelerate's).
     Bf16,
 }
 
@@ -102,7 +103,7 @@ pub struct RunArgs {
     /// fc1 widths (128 is the tutorial's BasicNet; 4096 gives ~38M parameters).
     #[arg(long, value_delimiter = ',', default_values_t = [128i64, 4096])]
     pub widths: Vec<i64>,
-    /// Precisions (bf16 where a level takes --mixed-precision; not level 1).
+    /// Precisions (bf16: every level's `--mixed-precision bf16`; the baseline is fp32 only).
     #[arg(long, value_enum, value_parser = ladder_core::cli::choice::<Precision>(), value_delimiter = ',', default_values_t = [Precision::Fp32, Precision::Bf16])]
     pub precisions: Vec<Precision>,
     /// Optimizer steps per rank for width-128 runs (938 is one epoch at one process).
@@ -285,15 +286,6 @@ pub fn plan(args: &RunArgs) -> Result<(Vec<Case>, Vec<String>)> {
             for &world_size in &args.world_sizes {
                 for &width in &args.widths {
                     for &precision in &args.precisions {
-                        if level.number == 1 && precision == Precision::Bf16 {
-                            if world_size == args.world_sizes[0] && width == args.widths[0] {
-                                skipped.push(format!(
-                                    "level 1 {} bf16: level 1 is the fp32 tutorial (bf16 is the --mixed-precision of the levels above)",
-                                    strategy.name()
-                                ));
-                            }
-                            continue;
-                        }
                         // Each level's twin: PyTorch DDP, 🤗 Accelerate, 🤗 Trainer.
                         let twin = match level.number {
                             1 => Peer::DdpGloo { world_size },
@@ -711,9 +703,8 @@ mod tests {
     #[test]
     fn the_default_matrix_and_what_it_leaves_out() {
         let (cases, skipped) = plan(&args(&[])).unwrap();
-        // baseline 1 + level 1: 3 strategies × 3 world sizes × 2 widths (fp32 only)
-        // + levels 2 and 3: 3 × 3 × 2 × 2 precisions each.
-        assert_eq!(cases.len(), 1 + 18 + 2 * 36);
+        // baseline 1 + levels 1, 2 and 3: 3 strategies × 3 world sizes × 2 widths × 2 precisions.
+        assert_eq!(cases.len(), 1 + 3 * 36);
         assert_eq!(cases[0].id, "baseline-w1-128-fp32");
         assert_eq!(cases[0].peer, Some(Peer::Tutorial));
         // Peers: ddp at width 128 in fp32, per level and world size.
@@ -721,16 +712,13 @@ mod tests {
         assert_eq!(with_peer.len(), 9);
         assert!(with_peer.contains(&"l3-ddp-w4-128-fp32"));
         assert!(cases.iter().all(|c| c.steps == if c.width == 128 { 300 } else { 20 }));
-        assert!(!cases.iter().any(|c| c.level == Some(1) && c.precision == Precision::Bf16));
+        assert_eq!(cases.iter().filter(|c| c.level == Some(1) && c.precision == Precision::Bf16).count(), 18);
         assert_eq!(
             skipped,
             [
                 "single at width 128 bf16: ladder-baseline is the tutorial's BasicNet in fp32 only",
                 "single at width 4096 fp32: ladder-baseline is the tutorial's BasicNet in fp32 only",
                 "single at width 4096 bf16: ladder-baseline is the tutorial's BasicNet in fp32 only",
-                "level 1 ddp bf16: level 1 is the fp32 tutorial (bf16 is the --mixed-precision of the levels above)",
-                "level 1 fsdp-full-shard bf16: level 1 is the fp32 tutorial (bf16 is the --mixed-precision of the levels above)",
-                "level 1 fsdp-shard-grad-op bf16: level 1 is the fp32 tutorial (bf16 is the --mixed-precision of the levels above)",
             ]
         );
         let (cases, _) =

@@ -158,3 +158,33 @@ fn a_batch_larger_than_a_ranks_share_is_refused() {
         "{text}"
     );
 }
+
+/// An error only rank `victim` meets after set-up (its MNIST_DIR, set for it alone through
+/// mpirun's MPMD form, is empty) is printed at once with that rank, and the job ends without
+/// the shutdown wait: at W = 2 and 3, for rank 0 and for rank 1.
+#[test]
+fn one_ranks_error_after_setup_is_printed_with_its_rank_and_ends_the_job() {
+    let empty = tempfile::tempdir().unwrap();
+    for (w, victim) in [(2, 0), (2, 1), (3, 0), (3, 1)] {
+        let mut cmd = Command::new("mpirun");
+        cmd.args(["--oversubscribe", "--bind-to", "none"]);
+        for r in 0..w {
+            if r > 0 {
+                cmd.arg(":");
+            }
+            cmd.args(["-n", "1"]);
+            if r == victim {
+                cmd.arg("-x").arg(format!("MNIST_DIR={}", empty.path().display()));
+            }
+            cmd.arg(BIN).args(["--device", "cpu", "--max-steps", "2", "--log-interval", "0"]);
+        }
+        cmd.env("OMPI_ALLOW_RUN_AS_ROOT", "1").env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1").env("OMP_NUM_THREADS", "1");
+        let start = Instant::now();
+        let out = cmd.output().unwrap();
+        let took = start.elapsed();
+        let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        assert!(!out.status.success(), "W={w} victim {victim}:\n{text}");
+        assert!(text.contains(&format!("error on rank {victim} of {w}")) && text.contains("file not found"), "W={w} victim {victim}:\n{text}");
+        assert!(took < Duration::from_secs(25), "W={w} victim {victim}: took {took:?} (the shutdown wait is 30 s)");
+    }
+}

@@ -128,6 +128,13 @@ impl TrainArgs {
         if !(self.timeout.is_finite() && self.timeout > 0.0) {
             return Err(Error::invalid("--timeout", self.timeout, "a positive number of seconds (e.g. 600)"));
         }
+        // Files written after training are checked before it, so a typo costs seconds, not an
+        // epoch (nothing is created here).
+        for (flag, path) in [("--metrics-json", &self.metrics_json), ("--save-model", &self.save_model)] {
+            if let Some(path) = path {
+                check_output_file(flag, path)?;
+            }
+        }
         Ok(())
     }
 
@@ -462,6 +469,26 @@ pub fn run(args: &TrainArgs) -> Result<Report> {
         report.write_json(path).map_err(|e| Error::invalid("--metrics-json", path.display(), format!("a writable file ({e})")))?;
     }
     Ok(report)
+}
+
+/// Checks that `path` can be written as a file later: it is not a directory, and its parent
+/// directory exists.
+///
+/// # Errors
+/// [`Error::InvalidValue`] naming `flag`, the path and what is wrong.
+pub fn check_output_file(flag: &str, path: &std::path::Path) -> Result<()> {
+    let bad = |why: String| Err(Error::invalid(flag, path.display(), format!("a writable file ({why})")));
+    if path.is_dir() {
+        return bad("Is a directory".into());
+    }
+    let parent = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(std::path::Path::new("."));
+    if parent.exists() && !parent.is_dir() {
+        return bad(format!("{} is not a directory", parent.display()));
+    }
+    if !parent.is_dir() {
+        return bad(format!("its directory {} does not exist", parent.display()));
+    }
+    Ok(())
 }
 
 /// Exact distributed evaluation: rank r evaluates the contiguous, unpadded slice

@@ -106,9 +106,10 @@ impl Model for BasicNet {
     }
 }
 
-/// A model as a chain of segments, so FSDP can gather, free and recompute per wrapped unit
-/// (tch has no module hooks; the chain is what makes ZeRO-3's "free after forward, gather again
-/// for backward" possible).
+/// A model as a chain of segments, so FSDP can gather and free per wrapped unit and DDP can
+/// start a bucket's all-reduce as soon as backward has passed its segments (tch has no module
+/// or autograd hooks; the chain is what makes ZeRO-3's "free after forward, gather again for
+/// backward" and the overlap possible).
 ///
 /// Contract: composing `segment_forward(0..num_segments())` in order equals
 /// [`ModuleT::forward_t`] exactly, and every parameter of [`Model::named_parameters`] is used by
@@ -118,7 +119,8 @@ pub trait Segmented: Model {
     fn num_segments(&self) -> usize;
     /// Forward of segment `i` (`i < num_segments()`; panics otherwise — the index is the
     /// caller's, never user input). Segments with parameters must be deterministic: dropout gets
-    /// its own parameter-free segment, so FSDP's FullShard recompute never re-samples a mask.
+    /// its own parameter-free segment, so a segment can be run again (as the Segmented tests
+    /// do) without re-sampling a mask.
     fn segment_forward(&self, i: usize, xs: &Tensor, train: bool) -> Tensor;
     /// Indices into [`Model::named_parameters`] used by segment `i` (empty for a
     /// parameter-free segment).

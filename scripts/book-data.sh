@@ -10,7 +10,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RELEASE="${RELEASE:-target/release}"
-BOOK_BENCH_ARGS="${BOOK_BENCH_ARGS:---levels 1,2,3 --strategies ddp,fsdp-full-shard,fsdp-shard-grad-op --world-sizes 2 --widths 128,4096 --precisions fp32 --steps 200 --wide-steps 20 --repeats 1}"
+BOOK_BENCH_ARGS="${BOOK_BENCH_ARGS:---levels 1,2,3 --strategies ddp,fsdp-full-shard,fsdp-shard-grad-op --world-sizes 2 --widths 128,4096 --precisions fp32,bf16 --steps 200 --wide-steps 20 --repeats 1}"
 BOOK_DEMO_ARGS="${BOOK_DEMO_ARGS:-}"
 # BOOK_REUSE_DEMO=1 keeps the demo of the previous run (target/book-data/demo) and reruns only the
 # bench matrix.
@@ -68,6 +68,34 @@ done
     echo "| bench | \`$bench_cmd\` (exit $bench_status) |"
 } > "$OUT/provenance.md"
 echo "book-data: wrote $OUT/demo.md, $OUT/bench.md, the plots and $OUT/provenance.md"
+
+# The README's measured tables are this run's, not typed: the demo table and the bench's
+# throughput and targets sections replace what stands between the README's generated markers.
+python3 - "$OUT" README.md <<'PY'
+import pathlib, re, sys
+out, readme = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2])
+prov = (out / "provenance.md").read_text()
+rows = dict(l.strip("| ").split(" | ", 1) for l in prov.splitlines() if l.startswith("| ") and " | " in l.strip("| "))
+f = lambda k: rows.get(k, "unknown")
+source = (f"Measured by `make book-data` on {f('date (UTC)')}, {f('CPU')}, {f('cores')} cores (commit {f('commit')}); "
+          "figures vary by machine: compare rows of one run only.")
+def section(md, title):
+    m = re.search(rf"^## {title}.*?$(.*?)(?=^## |\Z)", md, re.M | re.S)
+    return m.group(0).strip().replace("## ", "#### ", 1) if m else ""
+bench = (out / "bench.md").read_text()
+blocks = {
+    "demo": source + "\n\n" + re.sub(r"^# .*\n+", "", (out / "demo.md").read_text().strip(), count=1),
+    "bench": "\n\n".join(x for x in [source, section(bench, "Throughput"), section(bench, "Targets")] if x),
+}
+text = readme.read_text()
+for name, body in blocks.items():
+    begin, end = f"<!-- generated:{name}:begin (scripts/book-data.sh) -->", f"<!-- generated:{name}:end -->"
+    if begin in text and end in text:
+        head, rest = text.split(begin, 1)
+        text = head + begin + "\n" + body + "\n" + end + rest.split(end, 1)[1]
+readme.write_text(text)
+print("book-data: README.md's demo and bench tables rewritten from this run")
+PY
 if [[ "$demo_status" != 0 || "$bench_status" != 0 ]]; then
     echo "book-data: a run failed (demo exit $demo_status, bench exit $bench_status); its rows say FAILED" >&2
     exit 1

@@ -130,9 +130,10 @@ impl TrainArgs {
         }
         // Files written after training are checked before it, so a typo costs seconds, not an
         // epoch (nothing is created here).
-        for (flag, path) in [("--metrics-json", &self.metrics_json), ("--save-model", &self.save_model)] {
+        // (The metrics JSON creates missing directories; the weights file does not.)
+        for (flag, path, creates_dirs) in [("--metrics-json", &self.metrics_json, true), ("--save-model", &self.save_model, false)] {
             if let Some(path) = path {
-                check_output_file(flag, path)?;
+                check_output_file(flag, path, creates_dirs)?;
             }
         }
         Ok(())
@@ -471,24 +472,28 @@ pub fn run(args: &TrainArgs) -> Result<Report> {
     Ok(report)
 }
 
-/// Checks that `path` can be written as a file later: it is not a directory, and its parent
-/// directory exists.
+/// Checks that `path` can be written as a file later: it is not a directory, and its parent is
+/// a directory — or, when the writer creates missing directories (`creates_dirs`), its nearest
+/// existing ancestor is.
 ///
 /// # Errors
 /// [`Error::InvalidValue`] naming `flag`, the path and what is wrong.
-pub fn check_output_file(flag: &str, path: &std::path::Path) -> Result<()> {
+pub fn check_output_file(flag: &str, path: &std::path::Path, creates_dirs: bool) -> Result<()> {
     let bad = |why: String| Err(Error::invalid(flag, path.display(), format!("a writable file ({why})")));
     if path.is_dir() {
         return bad("Is a directory".into());
     }
-    let parent = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(std::path::Path::new("."));
-    if parent.exists() && !parent.is_dir() {
-        return bad(format!("{} is not a directory", parent.display()));
+    let mut dir = path.parent();
+    while let Some(d) = dir.filter(|d| !d.as_os_str().is_empty()) {
+        if d.exists() {
+            return if d.is_dir() { Ok(()) } else { bad(format!("{} is not a directory", d.display())) };
+        }
+        if !creates_dirs {
+            return bad(format!("its directory {} does not exist", d.display()));
+        }
+        dir = d.parent();
     }
-    if !parent.is_dir() {
-        return bad(format!("its directory {} does not exist", parent.display()));
-    }
-    Ok(())
+    Ok(()) // relative to the working directory, which exists
 }
 
 /// Exact distributed evaluation: rank r evaluates the contiguous, unpadded slice
@@ -527,3 +532,21 @@ pub fn evaluate_distributed_with(
     Ok(EvalSums { correct: v[0].round() as i64, loss_sum: v[1], count: v[2].round() as i64 })
 }
 // ANCHOR_END: exact_eval
+
+#[cfg(test)]
+mod tests {
+    use super::check_output_file;
+
+    #[test]
+    fn output_files_are_checked_before_training() {
+        let dir = tempfile::tempdir().unwrap();
+        let msg = |p: &std::path::Path, creates: bool| check_output_file("--x", p, creates).map_err(|e| e.to_string());
+        assert!(msg(dir.path(), true).unwrap_err().ends_with("a writable file (Is a directory)"));
+        let nested = dir.path().join("a/b/m.json");
+        assert!(msg(&nested, true).is_ok(), "missing directories are created by such a writer");
+        assert!(msg(&nested, false).unwrap_err().ends_with(&format!("its directory {} does not exist)", dir.path().join("a/b").display())));
+        assert!(msg(&dir.path().join("m.json"), false).is_ok());
+        assert!(msg(std::path::Path::new("m.json"), false).is_ok(), "the working directory");
+        assert!(msg(std::path::Path::new("/dev/null/m.json"), true).unwrap_err().ends_with("(/dev/null is not a directory)"));
+    }
+}

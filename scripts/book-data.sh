@@ -16,6 +16,8 @@ BOOK_DEMO_ARGS="${BOOK_DEMO_ARGS:-}"
 # bench matrix.
 BOOK_REUSE_DEMO="${BOOK_REUSE_DEMO:-0}"
 OUT=book/src/generated
+# The commit, read before this run rewrites its own outputs (which would look like local changes).
+commit_line="\`$(git rev-parse --short HEAD 2>/dev/null || echo unknown)\`$(git diff --quiet HEAD -- 2>/dev/null || echo ' (with uncommitted changes)')"
 WORK=target/book-data
 mkdir -p "$OUT" "$WORK"
 rm -rf "$WORK/bench"
@@ -58,7 +60,7 @@ done
     echo "| | |"
     echo "|---|---|"
     echo "| date (UTC) | $(date -u +%Y-%m-%dT%H:%M:%SZ) |"
-    echo "| commit | \`$(git rev-parse --short HEAD 2>/dev/null || echo unknown)\`$(git diff --quiet HEAD -- 2>/dev/null || echo ' (with uncommitted changes)') |"
+    echo "| commit | $commit_line |"
     echo "| CPU | $(grep -m1 'model name' /proc/cpuinfo 2>/dev/null | cut -d: -f2- | sed 's/^ *//' || echo unknown) |"
     echo "| cores | $(nproc) |"
     echo "| memory | $(awk '/MemTotal/ {printf "%.1f GiB", $2/1048576}' /proc/meminfo 2>/dev/null) |"

@@ -298,10 +298,7 @@ impl<'pg> WrappedModel<'pg> {
     /// # Errors
     /// Collective errors.
     pub fn grads_finite(&self, pg: &dyn ProcessGroup) -> Result<bool> {
-        let grads = self.optimizer_grads();
-        let bad = tch::no_grad(|| {
-            grads.iter().filter(|g| g.defined()).any(|g| g.isfinite().logical_not().any().int64_value(&[]) != 0)
-        });
+        let bad = !self.local_grads_finite();
         let mut flag = Tensor::from_slice(&[f64::from(u8::from(bad))]).to_device(pg.device());
         pg.all_reduce(&mut flag, ReduceOp::Max)?;
         Ok(flag.double_value(&[0]) == 0.0)

@@ -6,6 +6,12 @@ use crate::figures::ModelState;
 use crate::stats::Spread;
 use comfy_table::{presets, CellAlignment, Table};
 
+/// A table whose first columns name the case (see [`case_cells`]), then `rest`.
+fn case_table(markdown: bool, rest: &[&str]) -> Table {
+    let header: Vec<&str> = ["level", "strategy", "ranks", "fc1", "precision"].into_iter().chain(rest.iter().copied()).collect();
+    new_table(markdown, &header)
+}
+
 /// The cells that name a case: level, strategy, world size, width, precision.
 fn case_cells(c: &super::Case) -> [String; 5] {
     [
@@ -50,14 +56,9 @@ const MIB: f64 = 1024.0 * 1024.0;
 /// The throughput table: every cell with its samples/s, PyTorch's, the ratio, the level ratio,
 /// communication share, accuracy and evaluated images.
 pub fn render_throughput(summary: &MatrixSummary, markdown: bool) -> String {
-    let mut t = new_table(
+    let mut t = case_table(
         markdown,
         &[
-            "level",
-            "strategy",
-            "ranks",
-            "fc1",
-            "precision",
             "steps",
             "samples/s (median, min–max)",
             "peer",
@@ -112,14 +113,9 @@ fn ms(v: f64) -> String {
 /// The step table: step time p50/p95, time to first step, the phases per step, communication
 /// per step; the peer's p50 beside ours.
 pub fn render_steps(summary: &MatrixSummary, markdown: bool) -> String {
-    let mut t = new_table(
+    let mut t = case_table(
         markdown,
         &[
-            "level",
-            "strategy",
-            "ranks",
-            "fc1",
-            "precision",
             "step p50 ms",
             "step p95 ms",
             "first step ms",
@@ -182,14 +178,9 @@ fn per_rank(v: &[f64]) -> String {
 /// The memory table: model-state bytes of rank 0, the training-phase peak RSS of every rank
 /// beside its whole-process peak, and the peer's.
 pub fn render_memory(summary: &MatrixSummary, markdown: bool) -> String {
-    let mut t = new_table(
+    let mut t = case_table(
         markdown,
         &[
-            "level",
-            "strategy",
-            "ranks",
-            "fc1",
-            "precision",
             "parameters MiB",
             "gradients MiB",
             "optimizer MiB",

@@ -65,7 +65,9 @@ def mnist_root():
     for name in FILES:
         dst = raw / name
         if not dst.exists():
-            tmp = dst.with_suffix(".tmp")
+            # Per-process temporary name: every rank of a first run decompresses at once, and
+            # each renames its own complete copy into place (the same bytes).
+            tmp = dst.with_suffix(f".tmp{os.getpid()}")
             with gzip.open(src / (name + ".gz"), "rb") as f, open(tmp, "wb") as g:
                 shutil.copyfileobj(f, g)
             os.replace(tmp, dst)

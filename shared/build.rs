@@ -2,7 +2,7 @@ include!("build_support.rs");
 
 fn main() {
     link_libtorch();
-    storage_shim();
+    libtorch_shims();
     // MPI_IN_PLACE, read from the MPI implementation's own header (see src/dist/mpi_shim.c).
     #[cfg(feature = "mpi")]
     {
@@ -15,12 +15,14 @@ fn main() {
     println!("cargo:rustc-env=LADDER_WORKSPACE_MNIST={}", data.display());
 }
 
-/// FSDP's storage shim (src/fsdp/storage_shim.cpp): frees and re-allocates a storage in place,
-/// which tch cannot (see src/fsdp/storage.rs). Compiled against the headers of the libtorch that
+/// The C++ shims over libtorch for what tch has no binding for: FSDP's storage shim
+/// (src/fsdp/storage_shim.cpp: frees and re-allocates a storage in place, see
+/// src/fsdp/storage.rs) and AdamW's fused step (src/optim_shim.cpp, see src/optim.rs). Compiled against the headers of the libtorch that
 /// tch links (`LIBTORCH`, set by .cargo/config.toml), with its C++ ABI (`LIBTORCH_CXX11_ABI`,
 /// default 1, as torch-sys).
-fn storage_shim() {
+fn libtorch_shims() {
     println!("cargo:rerun-if-changed=src/fsdp/storage_shim.cpp");
+    println!("cargo:rerun-if-changed=src/optim_shim.cpp");
     println!("cargo:rerun-if-env-changed=LIBTORCH_CXX11_ABI");
     let libtorch = std::env::var("LIBTORCH")
         .expect("LIBTORCH must name the libtorch tch links (scripts/bootstrap.sh and .cargo/config.toml set it)");
@@ -34,5 +36,6 @@ fn storage_shim() {
         .warnings(false)
         .flag_if_supported("-w")
         .file("src/fsdp/storage_shim.cpp")
-        .compile("ladder_storage_shim");
+        .file("src/optim_shim.cpp")
+        .compile("ladder_libtorch_shims");
 }

@@ -15,7 +15,7 @@ use crate::{Error, Result};
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 use std::time::Instant;
-use tch::nn::{self, ModuleT, OptimizerConfig};
+use tch::nn::{self, ModuleT};
 use tch::{Kind, Tensor};
 
 /// The training flags every level's binary shares (the tutorial's, plus `--metrics-json`).
@@ -354,12 +354,15 @@ pub fn batch_loss(model: &impl ModuleT, images: &Tensor, labels: &Tensor) -> Ten
     model.forward_t(images, true).nll_loss(labels)
 }
 
-/// Builds AdamW over every trainable variable of `vs` with the tutorial's hyper-parameters.
+/// Builds the core's AdamW ([`crate::optim::AdamW`], libtorch's fused kernel) over every
+/// trainable variable of `vs` with the recipe's hyper-parameters (`torch.optim.AdamW`'s
+/// defaults, learning rate `lr`) — the optimizer every level builds, so that the baseline and
+/// level 1 at world size 1 stay one computation.
 ///
 /// # Errors
-/// libtorch's error if the optimizer cannot be created.
-pub fn adamw(vs: &nn::VarStore, lr: f64) -> Result<nn::Optimizer> {
-    Ok(nn::AdamW::default().build(vs, lr)?)
+/// [`Error::InvalidValue`] for a negative or non-finite `lr`.
+pub fn adamw(vs: &nn::VarStore, lr: f64) -> Result<crate::optim::AdamW> {
+    crate::optim::AdamW::new(vs.trainable_variables(), crate::optim::AdamWConfig { lr, ..Default::default() })
 }
 
 /// Runs the single-process baseline: BasicNet on MNIST, the tutorial's loop, then evaluation
@@ -380,6 +383,7 @@ pub fn run(args: &TrainArgs) -> Result<Report> {
     }
     let device = args.device_kind().resolve(0)?;
     crate::device::set_threads_per_rank(1);
+    crate::device::tune_malloc_for_training();
     tch::manual_seed(args.seed as i64);
     let mnist = args.load_mnist()?;
     args.check_batch_size(mnist.train.len(), 1)?;

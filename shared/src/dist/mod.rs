@@ -298,7 +298,8 @@ pub(crate) fn check_rank(op: &'static str, src: usize, world_size: usize) -> Res
 /// Initialises the process group for this process, as `dist.init_process_group(backend)`.
 ///
 /// Reads the launcher's environment ([`DistEnv::from_env`]); sets libtorch's intra-op threads
-/// to `cores / LOCAL_WORLD_SIZE`. With world size 1 and no launcher, returns the one-rank
+/// to `cores / LOCAL_WORLD_SIZE` and glibc's `malloc` for training
+/// ([`tune_malloc_for_training`](crate::device::tune_malloc_for_training)). With world size 1 and no launcher, returns the one-rank
 /// [`local::LocalGroup`] whatever the backend, so every binary also runs plainly.
 ///
 /// # Errors
@@ -322,6 +323,7 @@ pub fn init_process_group(backend: Backend) -> Result<Box<dyn ProcessGroup>> {
 pub fn init_process_group_with_timeout(backend: Backend, timeout: Duration) -> Result<Box<dyn ProcessGroup>> {
     let env = DistEnv::from_env()?;
     crate::device::set_threads_per_rank(env.local_world_size);
+    crate::device::tune_malloc_for_training();
     init_with_env_timeout(backend, &env, timeout)
 }
 

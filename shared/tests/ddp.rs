@@ -32,7 +32,7 @@ fn overlapped_backward_gives_bit_identical_gradients_at_world_size_2() {
 }
 
 #[test]
-fn overlapped_backward_gives_bit_identical_gradients_at_world_size_3() {
+fn overlapped_backward_matches_the_plain_path_at_world_size_3() {
     common::mpirun(3, "rank_overlap_bitwise", &[]);
 }
 
@@ -162,7 +162,7 @@ fn ddp_run(pg: &dyn ProcessGroup, kind: Kind, overlap: bool, bucket_cap_mb: f64,
 }
 
 #[test]
-#[ignore = "rank body: run under mpirun by overlapped_backward_gives_bit_identical_gradients_at_world_size_{2,3}"]
+#[ignore = "rank body: run under mpirun by overlapped_backward_gives_bit_identical_gradients_at_world_size_2 and overlapped_backward_matches_the_plain_path_at_world_size_3"]
 fn rank_overlap_bitwise() {
     let pg = init_process_group(Backend::Mpi).unwrap();
     // The default buckets (fc2+fc1 start after fc1's segment, overlapping the convolutions'
@@ -174,7 +174,15 @@ fn rank_overlap_bitwise() {
         assert!((0.0..=1.0).contains(&hidden), "overlapped backwards report a hidden fraction: {hidden}");
         assert_eq!(plain.len(), overlapped.len());
         for (k, (a, b)) in plain.iter().zip(&overlapped).enumerate() {
-            assert!(a.equal(b), "{kind:?} cap {cap} rank {}: tensor {k} (gradients, then parameters, per step) differs", pg.rank());
+            if pg.world_size() == 2 {
+                // Both all-reduce algorithms add the same two values: the same bits.
+                assert!(a.equal(b), "{kind:?} cap {cap} rank {}: tensor {k} (gradients, then parameters, per step) differs", pg.rank());
+            } else {
+                // The blocking and the non-blocking all-reduce sum 3 ranks in different orders.
+                let diff = (a - b).abs().max().double_value(&[]);
+                let tol = if kind == Kind::Double { 1e-12 } else { 1e-5 };
+                assert!(diff <= tol, "{kind:?} cap {cap} rank {}: tensor {k} differs by {diff} (> {tol})", pg.rank());
+            }
         }
     }
 }

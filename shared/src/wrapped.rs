@@ -204,9 +204,19 @@ impl<'pg> WrappedModel<'pg> {
 
     /// The wrapped model's forward pass: images `[b, 1, 28, 28]` f32 → log-probabilities `[b, 10]`.
     ///
+    /// In eval mode (`train` false) a batch of more than [`EVAL_PIECE`](crate::train::EVAL_PIECE)
+    /// images runs in pieces of that many, their outputs concatenated: the same
+    /// log-probabilities per image, an eighth of the activations at the tutorial's test batch
+    /// of 1,000 (see [`EVAL_PIECE`](crate::train::EVAL_PIECE)).
+    ///
     /// # Errors
     /// FSDP's gather errors.
     pub fn forward_t(&mut self, xs: &Tensor, train: bool) -> Result<Tensor> {
+        let (n, piece) = (xs.size()[0], crate::train::EVAL_PIECE as i64);
+        if !train && n > piece {
+            let outs = (0..n).step_by(piece as usize).map(|i| self.forward_t(&xs.narrow(0, i, piece.min(n - i)), false));
+            return Ok(Tensor::cat(&outs.collect::<Result<Vec<Tensor>>>()?, 0));
+        }
         match &mut self.inner {
             Inner::Ddp { model, .. } => Ok(model.forward_t(xs, train)),
             Inner::Fsdp(m) => {

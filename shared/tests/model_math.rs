@@ -1,6 +1,7 @@
 //! "Same math, less work": BasicNet's forward (max-pool before ReLU) gives bit-identical outputs
 //! and gradients to the tutorial's op chain (ReLU before max-pool), on random input, with and
-//! without dropout.
+//! without dropout; and evaluation in pieces of `EVAL_PIECE` images gives the whole batch's
+//! log-probabilities, loss and count.
 
 use ladder_core::model::{BasicNet, BasicNetConfig, Model};
 use tch::nn::{self, ModuleT};
@@ -55,4 +56,32 @@ fn pool_before_relu_gives_bit_identical_outputs_and_gradients() {
             assert!(ours[1..].iter().all(|g| g.iter().any(|&v| v != 0)));
         }
     }
+}
+
+/// The tutorial's test batch of 1,000 images, evaluated in pieces of `EVAL_PIECE` (128): every
+/// image's log-probabilities are the bits of one whole-batch forward, so the loss sum and the
+/// count of correct predictions are the whole batch's exactly.
+#[test]
+fn evaluation_in_pieces_equals_the_whole_batch() {
+    tch::manual_seed(5);
+    let vs = nn::VarStore::new(Device::Cpu);
+    let net = BasicNet::new(&vs.root(), BasicNetConfig::default());
+    let x = Tensor::randn([1000, 1, 28, 28], (Kind::Float, Device::Cpu));
+    let y = Tensor::randint(10, [1000], (Kind::Int64, Device::Cpu));
+    let whole = tch::no_grad(|| net.forward_t(&x, false));
+    let data = ladder_core::data::Dataset::from_tensors(x.shallow_clone(), y.shallow_clone()).unwrap();
+    let mut pieces = Vec::new();
+    let sums = ladder_core::train::evaluate_with(
+        |b| {
+            pieces.push(b.size()[0]);
+            Ok(net.forward_t(b, false))
+        },
+        &data,
+        1000,
+    )
+    .unwrap();
+    assert_eq!(pieces, [128, 128, 128, 128, 128, 128, 128, 104], "eight pieces of at most EVAL_PIECE");
+    let whole_correct = whole.argmax(-1, false).eq_tensor(&y).sum(Kind::Int64).int64_value(&[]);
+    assert_eq!((sums.count, sums.correct), (1000, whole_correct));
+    assert_eq!(sums.loss_sum, whole.nll_loss(&y).double_value(&[]) * 1000.0, "the whole batch's loss, bit for bit");
 }

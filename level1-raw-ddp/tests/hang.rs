@@ -159,6 +159,34 @@ fn a_batch_larger_than_a_ranks_share_is_refused() {
     );
 }
 
+/// A batch whose activations cannot fit in this machine's free memory is refused before it is
+/// allocated, with the estimate and the largest batch that fits — not ended by the OOM killer.
+/// `--batch-size 30000` at 2 ranks needs ~57 GiB at width 128; on a machine with more free
+/// memory than that, a wider fc1 (`--width`) makes it clearly too large. Nothing is allocated.
+#[test]
+fn a_batch_too_large_for_free_memory_is_refused_before_it_is_allocated() {
+    use ladder_core::memory::{activation_bytes_per_sample, mem_available_bytes};
+    let available = mem_available_bytes().expect("MemAvailable on Linux");
+    let width = [128i64, 4096, 65_536]
+        .into_iter()
+        .find(|&w| 2 * 30_000 * activation_bytes_per_sample(w) > 2 * available)
+        .expect("a width that cannot fit");
+    let start = Instant::now();
+    let out = mpirun(2)
+        .arg(BIN)
+        .args(["--device", "cpu", "--batch-size", "30000", "--width", &width.to_string(), "--log-interval", "0"])
+        .output()
+        .unwrap();
+    let took = start.elapsed();
+    let text = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{text}");
+    assert!(text.contains("--batch-size 30000 does not fit in memory: one training step's activations"), "{text}");
+    assert!(text.contains(&format!("fc1 width {width};")) && text.contains("for the 2 rank(s) on this node"), "{text}");
+    assert!(text.contains("MiB is available (MemAvailable); the largest --batch-size that fits is "), "{text}");
+    assert!(!text.contains("Killed") && out.status.code() != Some(137), "{text}");
+    assert!(took < Duration::from_secs(30), "took {took:?}: {text}");
+}
+
 /// An error only rank `victim` meets after set-up (its MNIST_DIR, set for it alone through
 /// mpirun's MPMD form, is empty) is printed at once with that rank, and the job ends without
 /// the shutdown wait: at W = 2 and 3, for rank 0 and for rank 1.

@@ -159,6 +159,52 @@ fn a_batch_larger_than_a_ranks_share_is_refused() {
     );
 }
 
+/// A non-finite value that one rank alone sees — its loss, or under FSDP its gradient shard —
+/// stops every rank with the same error naming that rank and the step (the ranks agree with
+/// one 8-byte all-reduce per step), and the job exits non-zero. The value is injected on one
+/// rank through the test-only `LADDER_TEST_NONFINITE`, set for it alone (mpirun's MPMD form).
+#[test]
+fn a_non_finite_value_on_one_rank_is_named_alike_on_every_rank() {
+    let cases = [
+        (2, 1, "fsdp-full-shard", "loss@3", "training diverged: the loss is NaN at step 3 on rank 1;"),
+        (
+            3,
+            2,
+            "fsdp-full-shard",
+            "gradient@4",
+            "training diverged: the gradient is NaN or infinite at step 4 on rank 2 (its gradient, or its shard of the reduced gradients; the loss was finite on every rank);",
+        ),
+        (3, 1, "ddp", "loss@2", "training diverged: the loss is NaN at step 2 on rank 1;"),
+    ];
+    for (w, victim, strategy, inject, expected) in cases {
+        let mut cmd = Command::new("mpirun");
+        cmd.args(["--oversubscribe", "--bind-to", "none"]);
+        for r in 0..w {
+            if r > 0 {
+                cmd.arg(":");
+            }
+            cmd.args(["-n", "1"]);
+            if r == victim {
+                cmd.arg("-x").arg(format!("LADDER_TEST_NONFINITE={inject}"));
+            }
+            cmd.arg(BIN).args(["--device", "cpu", "--strategy", strategy, "--max-steps", "20", "--log-interval", "0"]);
+        }
+        cmd.env("OMPI_ALLOW_RUN_AS_ROOT", "1").env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1").env("OMP_NUM_THREADS", "1");
+        let out = cmd.output().unwrap();
+        let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        let case = format!("W={w} {strategy} {inject} on rank {victim}");
+        assert!(!out.status.success(), "{case}:\n{text}");
+        // Every rank prints the same error, prefixed with its own rank.
+        let errors: Vec<&str> = text.lines().filter(|l| l.starts_with("error on rank ")).collect();
+        for r in 0..w {
+            let line = errors.iter().find(|l| l.starts_with(&format!("error on rank {r} of {w}: ")));
+            let line = line.unwrap_or_else(|| panic!("{case}: rank {r} printed no error:\n{text}"));
+            assert!(line.contains(expected), "{case}: rank {r}: {line}\n{text}");
+        }
+        assert!(!text.contains("Test set"), "{case}: no evaluation of a diverged model:\n{text}");
+    }
+}
+
 /// A batch whose activations cannot fit in this machine's free memory is refused before it is
 /// allocated, with the estimate and the largest batch that fits — not ended by the OOM killer.
 /// `--batch-size 30000` at 2 ranks needs ~57 GiB at width 128; on a machine with more free

@@ -262,3 +262,37 @@ fn one_ranks_error_after_setup_is_printed_with_its_rank_and_ends_the_job() {
         assert!(took < Duration::from_secs(25), "W={w} victim {victim}: took {took:?} (the shutdown wait is 30 s)");
     }
 }
+
+/// A failed job under a bare `mpirun` leaves no progress record behind: the rank that fails
+/// removes its own at exit, the ranks mpirun then stops with SIGTERM remove theirs in a signal
+/// handler (ladder-run removes its own directory; SIGKILLed jobs are swept by the next one —
+/// see `ladder_core::dist::progress`). Each rank is started through `sh`, which prints the
+/// Open MPI job id that names the job's directory, `/dev/shm/ladder-progress-<job id>`.
+#[test]
+fn a_failed_bare_mpirun_job_leaves_no_progress_files() {
+    let empty = tempfile::tempdir().unwrap();
+    let base = ladder_core::dist::progress::shm_base();
+    for (w, victim) in [(2, 1), (3, 0)] {
+        let mut cmd = Command::new("mpirun");
+        cmd.args(["--oversubscribe", "--bind-to", "none"]);
+        for r in 0..w {
+            if r > 0 {
+                cmd.arg(":");
+            }
+            cmd.args(["-n", "1"]);
+            if r == victim {
+                cmd.arg("-x").arg(format!("MNIST_DIR={}", empty.path().display()));
+            }
+            cmd.args(["sh", "-c", "echo \"job id $OMPI_MCA_ess_base_jobid\" >&2; exec \"$0\" \"$@\""]);
+            cmd.arg(BIN).args(["--device", "cpu", "--max-steps", "2", "--log-interval", "0"]);
+        }
+        cmd.env("OMPI_ALLOW_RUN_AS_ROOT", "1").env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1").env("OMP_NUM_THREADS", "1");
+        let out = cmd.output().unwrap();
+        let text = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && text.contains(&format!("error on rank {victim} of {w}")), "W={w}:\n{text}");
+        let job = text.lines().find_map(|l| l.strip_prefix("job id ")).expect("the job id").trim().to_string();
+        assert!(!job.is_empty() && job.chars().all(|c| c.is_ascii_alphanumeric()), "job id {job:?}");
+        let dir = base.join(format!("ladder-progress-{job}"));
+        assert!(!dir.exists(), "W={w}, error on rank {victim}: {} is left: {:?}", dir.display(), std::fs::read_dir(&dir).map(|d| d.flatten().map(|e| e.file_name()).collect::<Vec<_>>()));
+    }
+}

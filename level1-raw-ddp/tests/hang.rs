@@ -125,6 +125,65 @@ fn a_frozen_rank_ends_the_job_at_three_ranks() {
     sigstop_drill(3, 2);
 }
 
+/// A rank stopped (SIGSTOP) for 2 s and continued (SIGCONT) well within the 10 s collective
+/// timeout — a debugger's breakpoint, a `kill -STOP` by mistake — costs the job 2 s, not its
+/// life: it completes, exit 0, with the test-set line.
+#[test]
+fn a_rank_stopped_and_continued_within_the_timeout_does_not_end_the_job() {
+    let dir = tempfile::tempdir().unwrap();
+    let marker = dir.path().join(format!("sigcont-{}.json", std::process::id()));
+    let marker = marker.to_str().unwrap().to_string();
+    let mut child = Command::new(ladder_run())
+        .args(["--nproc-per-node", "2"])
+        .arg(BIN)
+        .args(["--device", "cpu", "--timeout", "10", "--log-interval", "1", "--max-steps", "30", "--metrics-json", &marker])
+        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut err = child.stderr.take().unwrap();
+    let t_err = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = err.read_to_string(&mut s);
+        s
+    });
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let (mut line, mut stdout, mut steps) = (String::new(), String::new(), 0);
+    while steps < 4 {
+        line.clear();
+        assert!(out.read_line(&mut line).unwrap() > 0, "the job ended before training: {}", t_err.join().unwrap());
+        stdout.push_str(&line);
+        steps += usize::from(line.contains("Train Epoch"));
+    }
+    let pid = rank_pid(&marker, 1).expect("rank 1's process");
+    assert_eq!(unsafe_free_kill(pid, "STOP"), 0);
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(unsafe_free_kill(pid, "CONT"), 0);
+    let t_out = std::thread::spawn(move || {
+        let _ = out.read_to_string(&mut stdout);
+        stdout
+    });
+    let start = Instant::now();
+    let status = loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            break st;
+        }
+        if start.elapsed() > Duration::from_secs(120) {
+            let _ = child.kill();
+            panic!("the job still runs 120 s after rank 1 was continued");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let (stdout, stderr) = (t_out.join().unwrap(), t_err.join().unwrap());
+    assert!(status.success(), "{status}:\n{stdout}\n{stderr}");
+    assert!(stdout.contains("Test set: Average loss: ") && stdout.contains("(rank 0 of 2)"), "{stdout}\n{stderr}");
+    assert!(!stderr.contains("timed out") && !stderr.contains("did not complete"), "{stderr}");
+    assert_no_leftovers(&marker);
+}
+
 fn mpirun(n: usize) -> Command {
     let mut cmd = Command::new("mpirun");
     cmd.args(["-n", &n.to_string(), "--oversubscribe", "--bind-to", "none"])

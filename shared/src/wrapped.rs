@@ -344,7 +344,10 @@ impl<'pg> WrappedModel<'pg> {
     /// ending through its error instead of their own. So every rank returns the same
     /// [`Error::NonFinite`], naming the first rank (a non-finite loss wins over a gradient, as
     /// the loss is where it came from) and the step; a loss's value is broadcast from that rank
-    /// (the rare path's second collective). Measured cost of the all-reduce: see the README.
+    /// (the rare path's second collective). Measured on `mpirun -n 2` level 1, FSDP, 200 steps,
+    /// 2 CPU cores: the all-reduce itself 3–4 µs per step (back to back, ranks in step), and
+    /// 0.1–0.4 ms per step including the wait for the slower rank, which without it is spent
+    /// at the step's next collective; throughput with and without it within noise (±2 %).
     ///
     /// Test-only: [`TEST_NONFINITE_VAR`] makes this rank see a non-finite value at one step.
     ///

@@ -1,7 +1,9 @@
 //! No job hangs, no error is swallowed — level 1 under `ladder-run` as a user runs it: a rank
 //! frozen with SIGSTOP mid-epoch ends the whole job within the collective timeout + 10 s with
 //! the frozen rank named and no process left; a diverging run stops naming step and rank; a
-//! batch larger than a rank's share is refused.
+//! batch larger than a rank's share, or too large for free memory, is refused; a non-finite value
+//! one rank alone sees is named alike on every rank; a rank stopped and continued within the
+//! timeout costs nothing; a failed bare-mpirun job leaves no progress files.
 
 use std::io::{BufRead, BufReader, Read};
 use std::path::PathBuf;

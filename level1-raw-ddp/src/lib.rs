@@ -153,13 +153,15 @@ pub fn run(cfg: &Config) -> Result<Report> {
     // 1. setup(): the process group. Every rank runs this same code.
     let pg = setup(backend, cfg.train.collective_timeout())?;
     let (rank, world_size) = (pg.rank(), pg.world_size());
-    let local_rank = DistEnv::from_env()?.local_rank;
+    let env = DistEnv::from_env()?;
+    let local_rank = env.local_rank;
     let device = device_kind.resolve(local_rank)?;
 
     // 2. The model, the same seed everywhere (DDP also broadcasts rank 0's weights).
     tch::manual_seed(cfg.train.seed as i64);
     let mnist = cfg.train.load_mnist()?;
     cfg.train.check_batch_size(mnist.train.len(), world_size)?;
+    cfg.train.check_batch_memory(cfg.width, env.local_world_size, device)?; // fits in free memory
     let (train, test) = (mnist.train.to_device(device), mnist.test.to_device(device));
     let vs = nn::VarStore::new(device);
     let net = BasicNet::new(&vs.root(), BasicNetConfig { width: cfg.width, ..Default::default() });

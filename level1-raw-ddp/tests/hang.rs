@@ -1,7 +1,9 @@
 //! No job hangs, no error is swallowed — level 1 under `ladder-run` as a user runs it: a rank
 //! frozen with SIGSTOP mid-epoch ends the whole job within the collective timeout + 10 s with
 //! the frozen rank named and no process left; a diverging run stops naming step and rank; a
-//! batch larger than a rank's share is refused.
+//! batch larger than a rank's share, or too large for free memory, is refused; a non-finite value
+//! one rank alone sees is named alike on every rank; a rank stopped and continued within the
+//! timeout costs nothing; a failed bare-mpirun job leaves no progress files.
 
 use std::io::{BufRead, BufReader, Read};
 use std::path::PathBuf;
@@ -125,6 +127,65 @@ fn a_frozen_rank_ends_the_job_at_three_ranks() {
     sigstop_drill(3, 2);
 }
 
+/// A rank stopped (SIGSTOP) for 2 s and continued (SIGCONT) well within the 10 s collective
+/// timeout — a debugger's breakpoint, a `kill -STOP` by mistake — costs the job 2 s, not its
+/// life: it completes, exit 0, with the test-set line.
+#[test]
+fn a_rank_stopped_and_continued_within_the_timeout_does_not_end_the_job() {
+    let dir = tempfile::tempdir().unwrap();
+    let marker = dir.path().join(format!("sigcont-{}.json", std::process::id()));
+    let marker = marker.to_str().unwrap().to_string();
+    let mut child = Command::new(ladder_run())
+        .args(["--nproc-per-node", "2"])
+        .arg(BIN)
+        .args(["--device", "cpu", "--timeout", "10", "--log-interval", "1", "--max-steps", "30", "--metrics-json", &marker])
+        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut err = child.stderr.take().unwrap();
+    let t_err = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = err.read_to_string(&mut s);
+        s
+    });
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let (mut line, mut stdout, mut steps) = (String::new(), String::new(), 0);
+    while steps < 4 {
+        line.clear();
+        assert!(out.read_line(&mut line).unwrap() > 0, "the job ended before training: {}", t_err.join().unwrap());
+        stdout.push_str(&line);
+        steps += usize::from(line.contains("Train Epoch"));
+    }
+    let pid = rank_pid(&marker, 1).expect("rank 1's process");
+    assert_eq!(unsafe_free_kill(pid, "STOP"), 0);
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(unsafe_free_kill(pid, "CONT"), 0);
+    let t_out = std::thread::spawn(move || {
+        let _ = out.read_to_string(&mut stdout);
+        stdout
+    });
+    let start = Instant::now();
+    let status = loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            break st;
+        }
+        if start.elapsed() > Duration::from_secs(120) {
+            let _ = child.kill();
+            panic!("the job still runs 120 s after rank 1 was continued");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let (stdout, stderr) = (t_out.join().unwrap(), t_err.join().unwrap());
+    assert!(status.success(), "{status}:\n{stdout}\n{stderr}");
+    assert!(stdout.contains("Test set: Average loss: ") && stdout.contains("(rank 0 of 2)"), "{stdout}\n{stderr}");
+    assert!(!stderr.contains("timed out") && !stderr.contains("did not complete"), "{stderr}");
+    assert_no_leftovers(&marker);
+}
+
 fn mpirun(n: usize) -> Command {
     let mut cmd = Command::new("mpirun");
     cmd.args(["-n", &n.to_string(), "--oversubscribe", "--bind-to", "none"])
@@ -159,6 +220,80 @@ fn a_batch_larger_than_a_ranks_share_is_refused() {
     );
 }
 
+/// A non-finite value that one rank alone sees — its loss, or under FSDP its gradient shard —
+/// stops every rank with the same error naming that rank and the step (the ranks agree with
+/// one 8-byte all-reduce per step), and the job exits non-zero. The value is injected on one
+/// rank through the test-only `LADDER_TEST_NONFINITE`, set for it alone (mpirun's MPMD form).
+#[test]
+fn a_non_finite_value_on_one_rank_is_named_alike_on_every_rank() {
+    let cases = [
+        (2, 1, "fsdp-full-shard", "loss@3", "training diverged: the loss is NaN at step 3 on rank 1;"),
+        (
+            3,
+            2,
+            "fsdp-full-shard",
+            "gradient@4",
+            "training diverged: the gradient is NaN or infinite at step 4 on rank 2 (its gradient, or its shard of the reduced gradients; the loss was finite on every rank);",
+        ),
+        (3, 1, "ddp", "loss@2", "training diverged: the loss is NaN at step 2 on rank 1;"),
+    ];
+    for (w, victim, strategy, inject, expected) in cases {
+        let mut cmd = Command::new("mpirun");
+        cmd.args(["--oversubscribe", "--bind-to", "none"]);
+        for r in 0..w {
+            if r > 0 {
+                cmd.arg(":");
+            }
+            cmd.args(["-n", "1"]);
+            if r == victim {
+                cmd.arg("-x").arg(format!("LADDER_TEST_NONFINITE={inject}"));
+            }
+            cmd.arg(BIN).args(["--device", "cpu", "--strategy", strategy, "--max-steps", "20", "--log-interval", "0"]);
+        }
+        cmd.env("OMPI_ALLOW_RUN_AS_ROOT", "1").env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1").env("OMP_NUM_THREADS", "1");
+        let out = cmd.output().unwrap();
+        let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        let case = format!("W={w} {strategy} {inject} on rank {victim}");
+        assert!(!out.status.success(), "{case}:\n{text}");
+        // Every rank prints the same error, prefixed with its own rank.
+        let errors: Vec<&str> = text.lines().filter(|l| l.starts_with("error on rank ")).collect();
+        for r in 0..w {
+            let line = errors.iter().find(|l| l.starts_with(&format!("error on rank {r} of {w}: ")));
+            let line = line.unwrap_or_else(|| panic!("{case}: rank {r} printed no error:\n{text}"));
+            assert!(line.contains(expected), "{case}: rank {r}: {line}\n{text}");
+        }
+        assert!(!text.contains("Test set"), "{case}: no evaluation of a diverged model:\n{text}");
+    }
+}
+
+/// A batch whose activations cannot fit in this machine's free memory is refused before it is
+/// allocated, with the estimate and the largest batch that fits — not ended by the OOM killer.
+/// `--batch-size 30000` at 2 ranks needs ~57 GiB at width 128; on a machine with more free
+/// memory than that, a wider fc1 (`--width`) makes it clearly too large. Nothing is allocated.
+#[test]
+fn a_batch_too_large_for_free_memory_is_refused_before_it_is_allocated() {
+    use ladder_core::memory::{activation_bytes_per_sample, mem_available_bytes};
+    let available = mem_available_bytes().expect("MemAvailable on Linux");
+    let width = [128i64, 4096, 65_536]
+        .into_iter()
+        .find(|&w| 2 * 30_000 * activation_bytes_per_sample(w) > 2 * available)
+        .expect("a width that cannot fit");
+    let start = Instant::now();
+    let out = mpirun(2)
+        .arg(BIN)
+        .args(["--device", "cpu", "--batch-size", "30000", "--width", &width.to_string(), "--log-interval", "0"])
+        .output()
+        .unwrap();
+    let took = start.elapsed();
+    let text = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{text}");
+    assert!(text.contains("--batch-size 30000 does not fit in memory: one training step's activations"), "{text}");
+    assert!(text.contains(&format!("fc1 width {width};")) && text.contains("for the 2 rank(s) on this node"), "{text}");
+    assert!(text.contains("MiB is available (MemAvailable); the largest --batch-size that fits is "), "{text}");
+    assert!(!text.contains("Killed") && out.status.code() != Some(137), "{text}");
+    assert!(took < Duration::from_secs(30), "took {took:?}: {text}");
+}
+
 /// An error only rank `victim` meets after set-up (its MNIST_DIR, set for it alone through
 /// mpirun's MPMD form, is empty) is printed at once with that rank, and the job ends without
 /// the shutdown wait: at W = 2 and 3, for rank 0 and for rank 1.
@@ -186,5 +321,39 @@ fn one_ranks_error_after_setup_is_printed_with_its_rank_and_ends_the_job() {
         assert!(!out.status.success(), "W={w} victim {victim}:\n{text}");
         assert!(text.contains(&format!("error on rank {victim} of {w}")) && text.contains("file not found"), "W={w} victim {victim}:\n{text}");
         assert!(took < Duration::from_secs(25), "W={w} victim {victim}: took {took:?} (the shutdown wait is 30 s)");
+    }
+}
+
+/// A failed job under a bare `mpirun` leaves no progress record behind: the rank that fails
+/// removes its own at exit, the ranks mpirun then stops with SIGTERM remove theirs in a signal
+/// handler (ladder-run removes its own directory; SIGKILLed jobs are swept by the next one —
+/// see `ladder_core::dist::progress`). Each rank is started through `sh`, which prints the
+/// Open MPI job id that names the job's directory, `/dev/shm/ladder-progress-<job id>`.
+#[test]
+fn a_failed_bare_mpirun_job_leaves_no_progress_files() {
+    let empty = tempfile::tempdir().unwrap();
+    let base = ladder_core::dist::progress::shm_base();
+    for (w, victim) in [(2, 1), (3, 0)] {
+        let mut cmd = Command::new("mpirun");
+        cmd.args(["--oversubscribe", "--bind-to", "none"]);
+        for r in 0..w {
+            if r > 0 {
+                cmd.arg(":");
+            }
+            cmd.args(["-n", "1"]);
+            if r == victim {
+                cmd.arg("-x").arg(format!("MNIST_DIR={}", empty.path().display()));
+            }
+            cmd.args(["sh", "-c", "echo \"job id $OMPI_MCA_ess_base_jobid\" >&2; exec \"$0\" \"$@\""]);
+            cmd.arg(BIN).args(["--device", "cpu", "--max-steps", "2", "--log-interval", "0"]);
+        }
+        cmd.env("OMPI_ALLOW_RUN_AS_ROOT", "1").env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1").env("OMP_NUM_THREADS", "1");
+        let out = cmd.output().unwrap();
+        let text = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && text.contains(&format!("error on rank {victim} of {w}")), "W={w}:\n{text}");
+        let job = text.lines().find_map(|l| l.strip_prefix("job id ")).expect("the job id").trim().to_string();
+        assert!(!job.is_empty() && job.chars().all(|c| c.is_ascii_alphanumeric()), "job id {job:?}");
+        let dir = base.join(format!("ladder-progress-{job}"));
+        assert!(!dir.exists(), "W={w}, error on rank {victim}: {} is left: {:?}", dir.display(), std::fs::read_dir(&dir).map(|d| d.flatten().map(|e| e.file_name()).collect::<Vec<_>>()));
     }
 }

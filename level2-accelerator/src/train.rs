@@ -115,6 +115,7 @@ pub fn run(cfg: &Config) -> Result<Report> {
     accelerator.set_check_finite(!args.allow_non_finite);
     let mnist = accelerator.main_process_first(|| args.load_mnist())??;
     args.check_batch_size(mnist.train.len(), accelerator.num_processes())?;
+    args.check_batch_memory(cfg.width, accelerator.local_num_processes(), accelerator.device())?;
 
     let vs = nn::VarStore::new(accelerator.device());
     let net = BasicNet::new(&vs.root(), BasicNetConfig { width: cfg.width, ..Default::default() });

@@ -301,6 +301,13 @@ impl Trainer {
         accelerator.set_check_finite(!args.allow_non_finite);
         if let Some(train) = &train_dataset {
             ladder_core::train::check_batch_size("per_device_train_batch_size", args.per_device_train_batch_size, train.len(), accelerator.num_processes())?;
+            ladder_core::train::check_batch_fits_memory(
+                "per_device_train_batch_size",
+                args.per_device_train_batch_size,
+                net.config().width,
+                accelerator.local_num_processes(),
+                accelerator.device(),
+            )?;
         }
         let net_config = net.config();
         let model = accelerator.prepare_model(vs, net)?;

@@ -60,6 +60,28 @@ pub enum Error {
     /// A flag, option or environment variable holds a value that cannot be used.
     #[error("invalid value {value:?} for {name}: {expected}")]
     InvalidValue { name: String, value: String, expected: String },
+    /// One training step's activations would need more memory than the machine has free: a
+    /// clear error instead of the kernel's OOM killer. `estimate_mib` is per rank (from
+    /// [`crate::memory::activation_bytes_per_sample`]), `ranks` the ranks on this node,
+    /// `available_mib` the kernel's `MemAvailable`, `max_batch_size` the largest batch that fits.
+    #[error(
+        "{flag} {batch_size} does not fit in memory: one training step's activations and their gradients need \
+         about {estimate_mib} MiB per rank (BasicNet, fc1 width {width}; {per_sample_kib} KiB per sample), \
+         {total_mib} MiB for the {ranks} rank(s) on this node, but only {available_mib} MiB is available \
+         (MemAvailable); {advice}"
+    )]
+    BatchTooLargeForMemory {
+        flag: String,
+        batch_size: usize,
+        width: i64,
+        per_sample_kib: u64,
+        estimate_mib: u64,
+        ranks: usize,
+        total_mib: u64,
+        available_mib: u64,
+        max_batch_size: usize,
+        advice: String,
+    },
     /// CUDA was asked for but is not usable here.
     #[error("device {requested} requested but CUDA is not available ({why})")]
     CudaUnavailable { requested: String, why: String },

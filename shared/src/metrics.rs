@@ -311,10 +311,14 @@ pub fn finish<E: std::fmt::Display>(
             std::process::ExitCode::SUCCESS
         }
         Err(e) => {
-            match env.filter(|e| e.world_size > 1) {
-                Some(env) => eprintln!("error on rank {} of {}: {e}", env.rank, env.world_size),
-                None => eprintln!("error: {e}"),
-            }
+            let text = match env.filter(|e| e.world_size > 1) {
+                Some(env) => format!("error on rank {} of {}: {e}\n", env.rank, env.world_size),
+                None => format!("error: {e}\n"),
+            };
+            // One write: ranks printing at the same moment (an error every rank returns) must
+            // not interleave their lines in the launcher's output.
+            use std::io::Write;
+            let _ = std::io::stderr().lock().write_all(text.as_bytes());
             std::process::ExitCode::FAILURE
         }
     }

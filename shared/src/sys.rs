@@ -298,6 +298,55 @@ extern "C" fn remove_files_at_exit() {
     }
 }
 
+/// The record file and its directory that [`remove_on_termination_signal`]'s handler removes:
+/// NUL-terminated paths, set once before the handler is installed (read in the handler
+/// without allocating).
+static ON_SIGNAL_PATHS: std::sync::OnceLock<(std::ffi::CString, std::ffi::CString)> = std::sync::OnceLock::new();
+
+extern "C" fn remove_record_then_die(signal: libc::c_int) {
+    if let Some((file, dir)) = ON_SIGNAL_PATHS.get() {
+        // SAFETY: unlink, rmdir, signal and raise are async-signal-safe; the paths are
+        // NUL-terminated and live for the whole process (a static).
+        unsafe {
+            libc::unlink(file.as_ptr());
+            libc::rmdir(dir.as_ptr()); // only when empty
+        }
+    }
+    // SAFETY: restoring the default action and re-raising: the process ends by this signal,
+    // as it would have without the handler (same exit status for the launcher).
+    unsafe {
+        libc::signal(signal, libc::SIG_DFL);
+        libc::raise(signal);
+    }
+}
+
+/// Removes `file` (and its directory, once empty) when this process is ended by SIGTERM or
+/// SIGINT — how `mpirun` stops the ranks of a job one of whose ranks failed (SIGTERM, SIGKILL
+/// 1 s later: Open MPI's `odls_base_sigkill_timeout`) — then ends by that signal as before.
+/// Only where no handler is installed yet (the default action), and for one file per process.
+pub(crate) fn remove_on_termination_signal(file: &std::path::Path) {
+    use std::os::unix::ffi::OsStrExt;
+    let (Some(dir), Ok(f)) = (file.parent(), std::ffi::CString::new(file.as_os_str().as_bytes())) else { return };
+    let Ok(d) = std::ffi::CString::new(dir.as_os_str().as_bytes()) else { return };
+    if ON_SIGNAL_PATHS.set((f, d)).is_err() {
+        return;
+    }
+    for signal in [libc::SIGTERM, libc::SIGINT] {
+        // SAFETY: sigaction with a zeroed struct queries the current action; the handler is a
+        // plain extern "C" fn that only makes async-signal-safe calls.
+        unsafe {
+            let mut old: libc::sigaction = std::mem::zeroed();
+            if libc::sigaction(signal, std::ptr::null(), &mut old) != 0 || old.sa_sigaction != libc::SIG_DFL {
+                continue;
+            }
+            let mut action: libc::sigaction = std::mem::zeroed();
+            action.sa_sigaction = remove_record_then_die as extern "C" fn(libc::c_int) as libc::sighandler_t;
+            libc::sigemptyset(&mut action.sa_mask);
+            libc::sigaction(signal, &action, std::ptr::null_mut());
+        }
+    }
+}
+
 /// Removes `file` (and its directory, once empty) when the process exits normally — also
 /// after an error returned from `main` — through `atexit`.
 pub(crate) fn remove_at_exit(file: std::path::PathBuf) {

@@ -149,6 +149,17 @@ impl TrainArgs {
         check_batch_size("--batch-size", self.batch_size, train_len, world_size)
     }
 
+    /// Checks that one training step at `--batch-size` fits in this node's free memory with
+    /// fc1 `width` and `local_world_size` ranks on the node ([`check_batch_fits_memory`]; CPU
+    /// only).
+    ///
+    /// # Errors
+    /// [`Error::BatchTooLargeForMemory`] naming `--batch-size`, the estimate, the available
+    /// memory and the largest batch that fits.
+    pub fn check_batch_memory(&self, width: i64, local_world_size: usize, device: tch::Device) -> Result<()> {
+        check_batch_fits_memory("--batch-size", self.batch_size, width, local_world_size, device)
+    }
+
     /// The collective timeout of `--timeout` (or `LADDER_COLLECTIVE_TIMEOUT_S`).
     pub fn collective_timeout(&self) -> std::time::Duration {
         std::time::Duration::from_secs_f64(self.timeout)
@@ -194,6 +205,69 @@ pub fn check_batch_size(flag: &str, batch_size: usize, train_len: usize, world_s
         return Err(Error::invalid(flag, batch_size, expected));
     }
     Ok(())
+}
+
+/// Checks that one training step's activations fit in the memory this node has free, before
+/// the first batch is allocated: `batch_size` (named `flag`, e.g. `--batch-size` or
+/// `per_device_train_batch_size`) × [`activation_bytes_per_sample`](crate::memory::activation_bytes_per_sample)`(width)`
+/// × `local_world_size` ranks training on this node, against `available` bytes. A pure
+/// function (the caller reads `MemAvailable`: [`check_batch_fits_memory`]).
+///
+/// # Errors
+/// [`Error::BatchTooLargeForMemory`] naming the flag, the estimate and the available memory
+/// in MiB, and the largest batch size that fits.
+pub fn check_batch_memory(flag: &str, batch_size: usize, width: i64, local_world_size: usize, available: u64) -> Result<()> {
+    let per_sample = crate::memory::activation_bytes_per_sample(width);
+    let ranks = local_world_size.max(1);
+    let per_rank = per_sample.saturating_mul(batch_size as u64);
+    let total = per_rank.saturating_mul(ranks as u64);
+    if total <= available {
+        return Ok(());
+    }
+    let max_batch_size = (available / per_sample.saturating_mul(ranks as u64)) as usize;
+    let advice = if max_batch_size == 0 {
+        "not even a batch of 1 fits: free memory, or run fewer ranks on this node".to_string()
+    } else if ranks > 1 {
+        format!("the largest {flag} that fits is {max_batch_size} (or run fewer ranks on this node)")
+    } else {
+        format!("the largest {flag} that fits is {max_batch_size}")
+    };
+    let mib = |b: u64| b >> 20;
+    Err(Error::BatchTooLargeForMemory {
+        flag: flag.to_string(),
+        batch_size,
+        width,
+        per_sample_kib: per_sample.div_ceil(1024),
+        estimate_mib: mib(per_rank),
+        ranks,
+        total_mib: mib(total),
+        available_mib: mib(available),
+        max_batch_size,
+        advice,
+    })
+}
+
+/// [`check_batch_memory`] against this machine's `MemAvailable` (`/proc/meminfo`), on CPU.
+/// On CUDA the activations live in the device's memory, which libtorch's caching allocator
+/// reports itself (a clear CUDA out-of-memory error, not the OOM killer): nothing is checked;
+/// nor where `/proc/meminfo` cannot be read. Every level calls it beside [`check_batch_size`].
+///
+/// # Errors
+/// [`Error::BatchTooLargeForMemory`] (see [`check_batch_memory`]).
+pub fn check_batch_fits_memory(
+    flag: &str,
+    batch_size: usize,
+    width: i64,
+    local_world_size: usize,
+    device: tch::Device,
+) -> Result<()> {
+    if device != tch::Device::Cpu {
+        return Ok(());
+    }
+    match crate::memory::mem_available_bytes() {
+        Some(available) => check_batch_memory(flag, batch_size, width, local_world_size, available),
+        None => Ok(()),
+    }
 }
 
 /// Checks, before the first step, that every rank will run the same number of batches per
@@ -399,6 +473,7 @@ pub fn run(args: &TrainArgs) -> Result<Report> {
     tch::manual_seed(args.seed as i64);
     let mnist = args.load_mnist()?;
     args.check_batch_size(mnist.train.len(), 1)?;
+    args.check_batch_memory(BasicNetConfig::default().width, 1, device)?;
     let (train, test) = (mnist.train.to_device(device), mnist.test.to_device(device));
 
     let vs = nn::VarStore::new(device);

@@ -106,6 +106,31 @@ impl Default for WrapConfig {
     }
 }
 
+/// Test-only: `LADDER_TEST_NONFINITE=loss@STEP` (or `gradient@STEP`) makes
+/// [`WrappedModel::check_finite`] on this process take its loss (or its gradients) as NaN at
+/// training step `STEP` — so that tests can make one rank alone see a non-finite value (set it
+/// for one rank, e.g. through mpirun's `-x` in MPMD form). Not for training runs.
+pub const TEST_NONFINITE_VAR: &str = "LADDER_TEST_NONFINITE";
+
+/// `(loss, gradient)`: whether [`TEST_NONFINITE_VAR`] injects a non-finite value at `step`.
+fn test_nonfinite_at(step: u64) -> (bool, bool) {
+    static PARSED: std::sync::OnceLock<Option<(bool, u64)>> = std::sync::OnceLock::new();
+    let parsed = PARSED.get_or_init(|| {
+        let v = std::env::var(TEST_NONFINITE_VAR).ok()?;
+        let (what, at) = v.split_once('@')?;
+        let is_loss = match what {
+            "loss" => true,
+            "gradient" => false,
+            _ => return None,
+        };
+        Some((is_loss, at.trim().parse().ok()?))
+    });
+    match *parsed {
+        Some((is_loss, at)) if at == step => (is_loss, !is_loss),
+        _ => (false, false),
+    }
+}
+
 /// DDP or FSDP around a [`BasicNet`]: one interface for every level's loop.
 pub struct WrappedModel<'pg> {
     inner: Inner<'pg>,
@@ -321,43 +346,62 @@ impl<'pg> WrappedModel<'pg> {
     ///
     /// Cheap: the loss is a value already computed; the gradients (when `check_grads`; pass
     /// false under fp16 loss scaling, where inf gradients are the scaler's business) are
-    /// summed in f64, one pass and one read. Only on the rare path is there one more
-    /// collective: under DDP the gradients were averaged over ranks, so every rank sees a
-    /// non-finite gradient at the same step, and a 1-element Min all-reduce names the first
-    /// rank whose loss was non-finite. Elsewhere (a non-finite loss with finite gradients, an
-    /// FSDP shard) the rank that saw it fails alone and the job is ended by its error.
+    /// summed in f64, one pass and one read. At world size W > 1 the ranks then agree, with
+    /// one 8-byte Min all-reduce per step, on the first rank that saw a non-finite value
+    /// (encoded `rank` for a loss, `W + rank` for a gradient, `2W` for none): a rank's local
+    /// view may differ from its peers' — an FSDP gradient shard, or an infinite loss whose
+    /// gradients are finite — and without agreement only that rank would stop, the others
+    /// ending through its error instead of their own. So every rank returns the same
+    /// [`Error::NonFinite`], naming the first rank (a non-finite loss wins over a gradient, as
+    /// the loss is where it came from) and the step; a loss's value is broadcast from that rank
+    /// (the rare path's second collective). Measured on `mpirun -n 2` level 1, FSDP, 200 steps,
+    /// 2 CPU cores: the all-reduce itself 3–4 µs per step (back to back, ranks in step), and
+    /// 0.1–0.4 ms per step including the wait for the slower rank, which without it is spent
+    /// at the step's next collective; throughput with and without it within noise (±2 %).
+    ///
+    /// Test-only: [`TEST_NONFINITE_VAR`] makes this rank see a non-finite value at one step.
     ///
     /// # Errors
     /// [`Error::NonFinite`] naming the step, the rank and the value; collective errors.
     pub fn check_finite(&self, pg: &dyn ProcessGroup, step: u64, loss: f64, check_grads: bool) -> Result<()> {
+        let (inject_loss, inject_grad) = test_nonfinite_at(step);
+        let loss = if inject_loss { f64::NAN } else { loss };
         let loss_bad = !loss.is_finite();
-        let grads_bad = check_grads && !self.local_grads_finite();
-        if !loss_bad && !grads_bad {
-            return Ok(());
-        }
+        let grads_bad = check_grads && (inject_grad || !self.local_grads_finite());
         let fmt = |v: f64| if v.is_nan() { "NaN".to_string() } else { format!("{v}") };
         let (rank, w) = (pg.rank(), pg.world_size());
-        if grads_bad && w > 1 && matches!(self.inner, Inner::Ddp { .. }) {
-            let mut first = Tensor::from_slice(&[if loss_bad { rank as f64 } else { w as f64 }]).to_device(pg.device());
-            pg.all_reduce(&mut first, ReduceOp::Min)?;
-            let first = first.double_value(&[0]) as usize;
-            if first < w {
-                let value = if first == rank { fmt(loss) } else { "NaN or infinite".into() };
-                let others = " (its gradients, averaged over ranks, made every rank's non-finite)".to_string();
-                return Err(Error::NonFinite { what: "loss", value, step, rank: first, others });
+        let first = if w == 1 {
+            if loss_bad { 0 } else if grads_bad { 1 } else { 2 }
+        } else {
+            let code = if loss_bad { rank } else if grads_bad { w + rank } else { 2 * w };
+            let mut first = Tensor::from_slice(&[code as f64]).to_device(pg.device());
+            // The same 1-element f64 on every rank at every step: no agreement probe needed.
+            pg.all_reduce_prechecked(&mut first, ReduceOp::Min)?;
+            first.double_value(&[0]) as usize
+        };
+        if first >= 2 * w {
+            return Ok(());
+        }
+        if first < w {
+            let value = if w == 1 {
+                loss
+            } else {
+                let mut v = Tensor::from_slice(&[loss]).to_device(pg.device());
+                pg.broadcast(&mut v, first)?;
+                v.double_value(&[0])
+            };
+            return Err(Error::NonFinite { what: "loss", value: fmt(value), step, rank: first, others: String::new() });
+        }
+        let others = match (&self.inner, w) {
+            (_, 1) => String::new(),
+            (Inner::Ddp { .. }, _) => {
+                " and so on every rank after the gradient all-reduce (the loss was finite on every rank)".to_string()
             }
-            return Err(Error::NonFinite {
-                what: "gradient",
-                value: "NaN or infinite".into(),
-                step,
-                rank,
-                others: " and every other rank, after the gradient all-reduce (the loss was finite on every rank)".into(),
-            });
-        }
-        if loss_bad {
-            return Err(Error::NonFinite { what: "loss", value: fmt(loss), step, rank, others: String::new() });
-        }
-        Err(Error::NonFinite { what: "gradient", value: "NaN or infinite".into(), step, rank, others: String::new() })
+            (Inner::Fsdp(_), _) => {
+                " (its gradient, or its shard of the reduced gradients; the loss was finite on every rank)".to_string()
+            }
+        };
+        Err(Error::NonFinite { what: "gradient", value: "NaN or infinite".into(), step, rank: first - w, others })
     }
 
     /// True when every gradient this rank holds is finite: their sums in f64, added up, are

@@ -194,3 +194,31 @@ fn batch_size_larger_than_a_ranks_share_snapshot() {
         .collect();
     insta::assert_snapshot!("batch_size_too_large", texts.join("\n"));
 }
+
+/// A batch whose activations cannot fit in the memory available (a fake MemAvailable; the check
+/// is a pure function of it): the typed error naming the flag, the estimate, the available
+/// memory and the largest batch that fits — at levels 1/2 (`--batch-size`) and 3.
+#[test]
+fn batch_too_large_for_memory_snapshot() {
+    use ladder_core::train::check_batch_memory;
+    const GIB: u64 = 1 << 30;
+    // The normal runs fit easily: batch 64, 1000 (evaluation) at 3 ranks in 4 GiB.
+    assert!(check_batch_memory("--batch-size", 64, 128, 3, 4 * GIB).is_ok());
+    assert!(check_batch_memory("--batch-size", 1000, 128, 3, 4 * GIB).is_ok());
+    let texts: Vec<String> = [
+        ("--batch-size", 30_000, 128, 2, 22 * GIB),
+        ("--batch-size", 20_000, 128, 1, 16 * GIB),
+        ("per_device_train_batch_size", 4_096, 4096, 2, 6 * GIB),
+        ("--batch-size", 64, 128, 1, 1 << 19),
+    ]
+    .iter()
+    .map(|&(flag, b, w, ranks, avail)| check_batch_memory(flag, b, w, ranks, avail).unwrap_err().to_string())
+    .collect();
+    // The largest batch named fits, one more does not.
+    let per = ladder_core::memory::activation_bytes_per_sample(128);
+    let max = (22 * GIB / (2 * per)) as usize;
+    assert!(check_batch_memory("--batch-size", max, 128, 2, 22 * GIB).is_ok());
+    assert!(texts[0].contains(&format!("the largest --batch-size that fits is {max} ")), "{}", texts[0]);
+    assert!(check_batch_memory("--batch-size", max + 1, 128, 2, 22 * GIB).is_err());
+    insta::assert_snapshot!("batch_too_large_for_memory", texts.join("\n"));
+}

@@ -6,9 +6,18 @@
 //! Each rank owns one file `rank{R}` of [`WORDS`] little-endian `u64` words, mapped shared
 //! into memory: updating it is a few plain stores, no system call. The directory is
 //! `$LADDER_PROGRESS_DIR` (set by `ladder-run`, which removes it at the end); under a bare
-//! `mpirun`, `/dev/shm/ladder-progress-<Open MPI job id>` (else under `$TMPDIR`), from which
-//! each rank removes its own file when its group shuts down cleanly. Without either, nothing is
-//! recorded and errors say that progress is unknown.
+//! `mpirun`, `/dev/shm/ladder-progress-<Open MPI job id>` (else under `$TMPDIR`). Without
+//! either, nothing is recorded and errors say that progress is unknown.
+//!
+//! Under a bare `mpirun` nobody else cleans up, so every exit path a rank controls removes its
+//! own record (and the directory once empty): a clean shutdown; an error returned from `main`
+//! and a panic (both end through `exit`, whose `atexit` handler removes it); the SIGTERM or
+//! SIGINT with which `mpirun` stops the other ranks of a failed job (a signal handler that
+//! unlinks and re-raises); a job aborted after a timeout (the whole directory, before
+//! `MPI_Abort`). What no process can handle — SIGKILL, the OOM killer, a power cut — is swept
+//! by the next job: when a rank opens its record under a bare `mpirun`, it removes every
+//! `ladder-progress-*` directory whose job is gone ([`sweep_stale`]: no record names a live
+//! process, and nothing changed in it for a minute).
 
 use crate::sys;
 use std::path::{Path, PathBuf};
@@ -132,6 +141,10 @@ impl Recorder {
         if std::env::var_os(PROGRESS_DIR_VAR).is_none() {
             // A directory derived under bare mpirun: nobody else removes this record.
             sys::remove_at_exit(path.clone());
+            sys::remove_on_termination_signal(&path);
+            if let Some(base) = dir.parent() {
+                sweep_stale(base, STALE_AFTER);
+            }
         }
         Some(Self { words, path })
     }
@@ -157,6 +170,45 @@ impl Recorder {
             let _ = std::fs::remove_dir(dir);
         }
     }
+}
+
+/// How long a progress directory must have stayed unchanged before [`sweep_stale`] may
+/// remove it: a job's ranks create their records within this time of each other.
+pub const STALE_AFTER: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// Removes the `ladder-progress-*` directories under `base` whose job is gone — left by ranks
+/// killed with SIGKILL (or the OOM killer), which no handler can clean up. A directory is
+/// stale when no record in it names a live process, no launcher named by it is alive
+/// (`ladder-progress-run-<pid>`, `ladder-run`'s), and it has not changed for `unchanged_for`
+/// (a job that is still starting up). A reused pid only keeps a stale directory until a later
+/// sweep. Returns the directories removed.
+pub fn sweep_stale(base: &Path, unchanged_for: std::time::Duration) -> Vec<PathBuf> {
+    let alive = |pid: u32| pid > 0 && sys::process_state(pid).is_some_and(|s| s != 'Z' && s != 'X');
+    let mut removed = Vec::new();
+    let Ok(entries) = std::fs::read_dir(base) else { return removed };
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let Some(job) = name.strip_prefix("ladder-progress-") else { continue };
+        let dir = entry.path();
+        let recent = std::fs::symlink_metadata(&dir)
+            .ok()
+            .filter(|m| m.is_dir())
+            .map(|m| m.modified().ok().and_then(|t| t.elapsed().ok()).is_none_or(|age| age < unchanged_for));
+        if recent != Some(false) {
+            continue; // not a directory, or changed recently
+        }
+        if job.strip_prefix("run-").and_then(|p| p.parse::<u32>().ok()).is_some_and(alive) {
+            continue; // its ladder-run is alive and removes it itself
+        }
+        let live_record = std::fs::read_dir(&dir).into_iter().flatten().flatten().any(|f| {
+            let rank = f.file_name().to_string_lossy().strip_prefix("rank").and_then(|r| r.parse::<usize>().ok());
+            rank.and_then(|r| read(&dir, r)).is_some_and(|s| alive(s.pid))
+        });
+        if !live_record && std::fs::remove_dir_all(&dir).is_ok() {
+            removed.push(dir);
+        }
+    }
+    removed
 }
 
 /// Reads rank `rank`'s record from `dir`; `None` when there is none (yet) or it is unreadable.
@@ -268,5 +320,53 @@ mod tests {
         assert!(super::behind(Some(dir.path()), 2, 0, 112, "all_reduce").is_empty());
         a.remove();
         assert!(read(dir.path(), 0).is_none());
+    }
+
+    /// Ages a directory's modification time by `secs`.
+    fn age(dir: &Path, secs: u64) {
+        let then = std::time::SystemTime::now() - std::time::Duration::from_secs(secs);
+        std::fs::File::open(dir).unwrap().set_modified(then).unwrap();
+    }
+
+    #[test]
+    fn stale_directories_of_dead_jobs_are_swept_and_live_or_young_ones_kept() {
+        let base = tempfile::tempdir().unwrap();
+        let dead_pid = {
+            let mut child = std::process::Command::new("true").spawn().unwrap();
+            let pid = child.id();
+            child.wait().unwrap();
+            pid
+        };
+        let write_record = |dir: &Path, rank: usize, pid: u32| {
+            std::fs::create_dir_all(dir).unwrap();
+            let mut bytes = Vec::new();
+            for w in [MAGIC, u64::from(pid), 3, 2, 1, 1] {
+                bytes.extend_from_slice(&w.to_le_bytes());
+            }
+            std::fs::write(record_path(dir, rank), bytes).unwrap();
+        };
+        let dead = base.path().join("ladder-progress-111");
+        write_record(&dead, 0, dead_pid);
+        write_record(&dead, 1, dead_pid);
+        let live = base.path().join("ladder-progress-222");
+        write_record(&live, 0, dead_pid);
+        write_record(&live, 1, std::process::id());
+        let young = base.path().join("ladder-progress-333");
+        write_record(&young, 0, dead_pid);
+        let empty = base.path().join("ladder-progress-444");
+        std::fs::create_dir_all(&empty).unwrap();
+        let launcher = base.path().join(format!("ladder-progress-run-{}", std::process::id()));
+        std::fs::create_dir_all(&launcher).unwrap();
+        let other = base.path().join("not-ours");
+        std::fs::create_dir_all(&other).unwrap();
+        for d in [&dead, &live, &empty, &launcher, &other] {
+            age(d, 120);
+        }
+        let mut removed = sweep_stale(base.path(), STALE_AFTER);
+        removed.sort();
+        assert_eq!(removed, vec![dead.clone(), empty.clone()]);
+        for kept in [&live, &young, &launcher, &other] {
+            assert!(kept.is_dir(), "{} was removed", kept.display());
+        }
     }
 }

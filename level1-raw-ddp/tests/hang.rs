@@ -54,54 +54,108 @@ fn assert_no_leftovers(marker: &str) {
     }
 }
 
+/// A level-1 job under `ladder-run` at `w` ranks with `args`, its stdout read line by line and
+/// its stderr collected by a thread (joined for the failure messages).
+struct Job {
+    child: std::process::Child,
+    out: Option<BufReader<std::process::ChildStdout>>,
+    err: Option<std::thread::JoinHandle<String>>,
+}
+
+impl Job {
+    fn start(w: usize, args: &[&str]) -> Job {
+        let mut child = Command::new(ladder_run())
+            .args(["--nproc-per-node", &w.to_string()])
+            .arg(BIN)
+            .args(args)
+            .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+            .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut err = child.stderr.take().unwrap();
+        let err = std::thread::spawn(move || {
+            let mut s = String::new();
+            let _ = err.read_to_string(&mut s);
+            s
+        });
+        let out = Some(BufReader::new(child.stdout.take().unwrap()));
+        Job { child, out, err: Some(err) }
+    }
+
+    /// Reads stdout until rank 0 has logged `n` training steps; returns what it read.
+    fn wait_steps(&mut self, n: usize) -> String {
+        let (mut line, mut read, mut steps) = (String::new(), String::new(), 0);
+        while steps < n {
+            line.clear();
+            if self.out.as_mut().expect("stdout not yet handed off").read_line(&mut line).unwrap() == 0 {
+                panic!("the job ended before training: {}", self.stderr());
+            }
+            read.push_str(&line);
+            steps += usize::from(line.contains("Train Epoch"));
+        }
+        read
+    }
+
+    /// Hands the rest of stdout to a thread that reads it to the end (so the job never blocks on
+    /// a full pipe); the thread returns `read` followed by the rest.
+    fn rest_of_stdout(&mut self, mut read: String) -> std::thread::JoinHandle<String> {
+        let mut out = self.out.take().expect("stdout not yet handed off");
+        std::thread::spawn(move || {
+            let _ = out.read_to_string(&mut read);
+            read
+        })
+    }
+
+    /// Waits for the job to end; kills it and panics with `what` after `limit`.
+    fn wait(&mut self, limit: Duration, what: &str) -> std::process::ExitStatus {
+        let start = Instant::now();
+        loop {
+            if let Some(st) = self.child.try_wait().unwrap() {
+                return st;
+            }
+            if start.elapsed() > limit {
+                let _ = self.child.kill();
+                panic!("{what}");
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// The whole stderr (once the job has ended).
+    fn stderr(&mut self) -> String {
+        self.err.take().map(|t| t.join().unwrap()).unwrap_or_default()
+    }
+}
+
 /// Freezes rank `victim` (SIGSTOP) after a few logged steps of a W-rank job with a 4 s
 /// collective timeout; the job must end within timeout + 10 s, naming the frozen rank.
 fn sigstop_drill(w: usize, victim: usize) {
     let dir = tempfile::tempdir().unwrap();
     let marker = dir.path().join(format!("sigstop-{w}-{}.json", std::process::id()));
     let marker = marker.to_str().unwrap().to_string();
-    let mut child = Command::new(ladder_run())
-        .args(["--nproc-per-node", &w.to_string()])
-        .arg(BIN)
-        .args(["--device", "cpu", "--timeout", "4", "--log-interval", "1", "--metrics-json", &marker])
-        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
-        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut err = child.stderr.take().unwrap();
-    let t_err = std::thread::spawn(move || {
-        let mut s = String::new();
-        let _ = err.read_to_string(&mut s);
-        s
-    });
+    let mut job = Job::start(w, &["--device", "cpu", "--timeout", "4", "--log-interval", "1", "--metrics-json", &marker]);
     // Wait for rank 0 to log its 4th step, then freeze the victim.
-    let mut out = BufReader::new(child.stdout.take().unwrap());
-    let (mut line, mut steps) = (String::new(), 0);
-    while steps < 4 {
-        line.clear();
-        assert!(out.read_line(&mut line).unwrap() > 0, "the job ended before training: {}", t_err.join().unwrap());
-        steps += usize::from(line.contains("Train Epoch"));
-    }
+    job.wait_steps(4);
     let pid = rank_pid(&marker, victim).expect("the victim's process");
     assert_eq!(unsafe_free_kill(pid, "STOP"), 0);
     let frozen = Instant::now();
-    std::thread::spawn(move || std::io::copy(&mut out, &mut std::io::sink()));
+    let _ = job.rest_of_stdout(String::new());
     let status = loop {
-        if let Some(st) = child.try_wait().unwrap() {
+        if let Some(st) = job.child.try_wait().unwrap() {
             break st;
         }
         if frozen.elapsed() > Duration::from_secs(60) {
-            let _ = child.kill();
+            let _ = job.child.kill();
             let _ = unsafe_free_kill(pid, "KILL");
             panic!("the job still runs 60 s after rank {victim} was frozen");
         }
         std::thread::sleep(Duration::from_millis(50));
     };
     let took = frozen.elapsed();
-    let stderr = t_err.join().unwrap();
+    let stderr = job.stderr();
     eprintln!("W={w}: the job ended {took:?} after rank {victim} was frozen");
     assert!(!status.success(), "{stderr}");
     assert!(took < Duration::from_secs(4 + 10), "took {took:?}:\n{stderr}");
@@ -135,51 +189,15 @@ fn a_rank_stopped_and_continued_within_the_timeout_does_not_end_the_job() {
     let dir = tempfile::tempdir().unwrap();
     let marker = dir.path().join(format!("sigcont-{}.json", std::process::id()));
     let marker = marker.to_str().unwrap().to_string();
-    let mut child = Command::new(ladder_run())
-        .args(["--nproc-per-node", "2"])
-        .arg(BIN)
-        .args(["--device", "cpu", "--timeout", "10", "--log-interval", "1", "--max-steps", "30", "--metrics-json", &marker])
-        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
-        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut err = child.stderr.take().unwrap();
-    let t_err = std::thread::spawn(move || {
-        let mut s = String::new();
-        let _ = err.read_to_string(&mut s);
-        s
-    });
-    let mut out = BufReader::new(child.stdout.take().unwrap());
-    let (mut line, mut stdout, mut steps) = (String::new(), String::new(), 0);
-    while steps < 4 {
-        line.clear();
-        assert!(out.read_line(&mut line).unwrap() > 0, "the job ended before training: {}", t_err.join().unwrap());
-        stdout.push_str(&line);
-        steps += usize::from(line.contains("Train Epoch"));
-    }
+    let mut job = Job::start(2, &["--device", "cpu", "--timeout", "10", "--log-interval", "1", "--max-steps", "30", "--metrics-json", &marker]);
+    let stdout = job.wait_steps(4);
     let pid = rank_pid(&marker, 1).expect("rank 1's process");
     assert_eq!(unsafe_free_kill(pid, "STOP"), 0);
     std::thread::sleep(Duration::from_secs(2));
     assert_eq!(unsafe_free_kill(pid, "CONT"), 0);
-    let t_out = std::thread::spawn(move || {
-        let _ = out.read_to_string(&mut stdout);
-        stdout
-    });
-    let start = Instant::now();
-    let status = loop {
-        if let Some(st) = child.try_wait().unwrap() {
-            break st;
-        }
-        if start.elapsed() > Duration::from_secs(120) {
-            let _ = child.kill();
-            panic!("the job still runs 120 s after rank 1 was continued");
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    let (stdout, stderr) = (t_out.join().unwrap(), t_err.join().unwrap());
+    let t_out = job.rest_of_stdout(stdout);
+    let status = job.wait(Duration::from_secs(120), "the job still runs 120 s after rank 1 was continued");
+    let (stdout, stderr) = (t_out.join().unwrap(), job.stderr());
     assert!(status.success(), "{status}:\n{stdout}\n{stderr}");
     assert!(stdout.contains("Test set: Average loss: ") && stdout.contains("(rank 0 of 2)"), "{stdout}\n{stderr}");
     assert!(!stderr.contains("timed out") && !stderr.contains("did not complete"), "{stderr}");

@@ -85,3 +85,40 @@ fn evaluation_in_pieces_equals_the_whole_batch() {
     assert_eq!((sums.count, sums.correct), (1000, whole_correct));
     assert_eq!(sums.loss_sum, whole.nll_loss(&y).double_value(&[]) * 1000.0, "the whole batch's loss, bit for bit");
 }
+
+/// `max_pool2d_2x2` (window maxima located on a channels-last copy, output gathered) against
+/// libtorch's NCHW `max_pool2d(2)`: the same values and the same input gradient, bit for bit, in
+/// f32, bf16 and f64 — on random values and on small integers where windows hold ties (the
+/// first maximum of a window must get the gradient, as libtorch's kernel gives it).
+#[test]
+fn gathered_max_pool_equals_libtorch_max_pool_with_ties() {
+    tch::manual_seed(9);
+    for kind in [Kind::Float, Kind::BFloat16, Kind::Double] {
+        for ties in [false, true] {
+            let x = if ties {
+                Tensor::randint(3, [4, 8, 24, 24], (Kind::Int64, Device::Cpu)).to_kind(kind)
+            } else {
+                Tensor::randn([4, 8, 24, 24], (kind, Device::Cpu))
+            };
+            let g = Tensor::randn([4, 8, 12, 12], (Kind::Float, Device::Cpu)).to_kind(kind);
+            let grad_of = |pool: &dyn Fn(&Tensor) -> Tensor| {
+                let x = x.detach().set_requires_grad(true);
+                let y = pool(&x);
+                (&y * &g).sum(kind).backward(); // d/dy = g exactly
+                (y.detach(), x.grad())
+            };
+            let (ours, ours_grad) = grad_of(&|x| ladder_core::model::max_pool2d_2x2(x));
+            let (theirs, theirs_grad) = grad_of(&|x| x.max_pool2d_default(2));
+            assert_eq!(ours.size(), [4, 8, 12, 12]);
+            assert!(ours.equal(&theirs), "{kind:?} ties {ties}: values differ");
+            assert!(ours_grad.equal(&theirs_grad), "{kind:?} ties {ties}: gradients differ");
+            if ties {
+                // Not vacuous: some windows do hold a repeated maximum.
+                let w = x.view([4, 8, 12, 2, 12, 2]);
+                let m = theirs.view([4, 8, 12, 1, 12, 1]);
+                let per_window = w.eq_tensor(&m).sum_dim_intlist([3, 5].as_slice(), false, Kind::Int64);
+                assert!(per_window.gt(1).any().int64_value(&[]) == 1, "no tie in the test input");
+            }
+        }
+    }
+}

@@ -256,19 +256,8 @@ fn a_non_finite_value_on_one_rank_is_named_alike_on_every_rank() {
         (3, 1, "ddp", "loss@2", "training diverged: the loss is NaN at step 2 on rank 1;"),
     ];
     for (w, victim, strategy, inject, expected) in cases {
-        let mut cmd = Command::new("mpirun");
-        cmd.args(["--oversubscribe", "--bind-to", "none"]);
-        for r in 0..w {
-            if r > 0 {
-                cmd.arg(":");
-            }
-            cmd.args(["-n", "1"]);
-            if r == victim {
-                cmd.arg("-x").arg(format!("LADDER_TEST_NONFINITE={inject}"));
-            }
-            cmd.arg(BIN).args(["--device", "cpu", "--strategy", strategy, "--max-steps", "20", "--log-interval", "0"]);
-        }
-        cmd.env("OMPI_ALLOW_RUN_AS_ROOT", "1").env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1").env("OMP_NUM_THREADS", "1");
+        let args = ["--device", "cpu", "--strategy", strategy, "--max-steps", "20", "--log-interval", "0"];
+        let mut cmd = mpmd_with_env_on(w, victim, &format!("LADDER_TEST_NONFINITE={inject}"), &[], &args);
         let out = cmd.output().unwrap();
         let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
         let case = format!("W={w} {strategy} {inject} on rank {victim}");
@@ -312,9 +301,9 @@ fn a_batch_too_large_for_free_memory_is_refused_before_it_is_allocated() {
     assert!(took < Duration::from_secs(30), "took {took:?}: {text}");
 }
 
-/// `mpirun` (MPMD form) of a `w`-rank level-1 job in which rank `victim` alone sees
-/// `MNIST_DIR=empty` (so it alone fails after set-up); each rank's command is `prefix` + level 1.
-fn mpmd_one_rank_without_data(w: usize, victim: usize, empty: &std::path::Path, prefix: &[&str]) -> Command {
+/// `mpirun` (MPMD form) of a `w`-rank level-1 job with `args`, in which rank `victim` alone gets
+/// the environment variable `var` (`NAME=value`); each rank's command is `prefix` + level 1.
+fn mpmd_with_env_on(w: usize, victim: usize, var: &str, prefix: &[&str], args: &[&str]) -> Command {
     let mut cmd = Command::new("mpirun");
     cmd.args(["--oversubscribe", "--bind-to", "none"]);
     for r in 0..w {
@@ -323,13 +312,16 @@ fn mpmd_one_rank_without_data(w: usize, victim: usize, empty: &std::path::Path, 
         }
         cmd.args(["-n", "1"]);
         if r == victim {
-            cmd.arg("-x").arg(format!("MNIST_DIR={}", empty.display()));
+            cmd.args(["-x", var]);
         }
-        cmd.args(prefix).arg(BIN).args(["--device", "cpu", "--max-steps", "2", "--log-interval", "0"]);
+        cmd.args(prefix).arg(BIN).args(args);
     }
     cmd.env("OMPI_ALLOW_RUN_AS_ROOT", "1").env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1").env("OMP_NUM_THREADS", "1");
     cmd
 }
+
+/// Level 1 for two steps, quietly.
+const TWO_STEPS: [&str; 6] = ["--device", "cpu", "--max-steps", "2", "--log-interval", "0"];
 
 /// An error only rank `victim` meets after set-up (its MNIST_DIR, set for it alone through
 /// mpirun's MPMD form, is empty) is printed at once with that rank, and the job ends without
@@ -338,7 +330,7 @@ fn mpmd_one_rank_without_data(w: usize, victim: usize, empty: &std::path::Path, 
 fn one_ranks_error_after_setup_is_printed_with_its_rank_and_ends_the_job() {
     let empty = tempfile::tempdir().unwrap();
     for (w, victim) in [(2, 0), (2, 1), (3, 0), (3, 1)] {
-        let mut cmd = mpmd_one_rank_without_data(w, victim, empty.path(), &[]);
+        let mut cmd = mpmd_with_env_on(w, victim, &format!("MNIST_DIR={}", empty.path().display()), &[], &TWO_STEPS);
         let start = Instant::now();
         let out = cmd.output().unwrap();
         let took = start.elapsed();
@@ -360,7 +352,7 @@ fn a_failed_bare_mpirun_job_leaves_no_progress_files() {
     let base = ladder_core::dist::progress::shm_base();
     for (w, victim) in [(2, 1), (3, 0)] {
         let wrapper = ["sh", "-c", "echo \"job id $OMPI_MCA_ess_base_jobid\" >&2; exec \"$0\" \"$@\""];
-        let mut cmd = mpmd_one_rank_without_data(w, victim, empty.path(), &wrapper);
+        let mut cmd = mpmd_with_env_on(w, victim, &format!("MNIST_DIR={}", empty.path().display()), &wrapper, &TWO_STEPS);
         let out = cmd.output().unwrap();
         let text = String::from_utf8_lossy(&out.stderr);
         assert!(!out.status.success() && text.contains(&format!("error on rank {victim} of {w}")), "W={w}:\n{text}");

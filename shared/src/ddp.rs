@@ -21,7 +21,8 @@
 //!    reduces every bucket after the whole backward with the blocking all-reduce — every
 //!    level's default, because on CPU it is the faster of the two: the overlapped backward's
 //!    collectives run on the same cores as backward and Open MPI's non-blocking ones (libnbc)
-//!    are slower, so level 1 at 2 ranks measured 2,295–2,357 samples/s overlapped against
+//!    are slower (waited at once: 4–11 ms per step for BasicNet's 4.6 MiB at 2 ranks, against
+//!    1.7–2.3 ms blocking), so level 1 at 2 ranks measured 2,295–2,357 samples/s overlapped against
 //!    2,423–2,518 plain. Overlap pays where communication has its own engine (NCCL's stream on
 //!    a GPU, a network card). Same collectives and, at 2 ranks, bit-identical gradients; at 3
 //!    or more ranks the two all-reduce algorithms sum in different orders (gradients equal to
@@ -402,12 +403,9 @@ impl<'pg, M: Model> DistributedDataParallel<'pg, M> {
                 let grads: Vec<Tensor> = bucket.params.iter().map(|&i| self.params[i].1.grad().reshape([-1])).collect();
                 let mut flat = Tensor::cat(&grads, 0);
                 let t0 = Instant::now();
-                // Open MPI's blocking MPI_Allreduce (its tuned algorithms; NCCL's stream on
-                // CUDA). Unchecked per call: the bucket layout was verified across ranks in
-                // `new`. Not the non-blocking MPI_Iallreduce the overlapped backward starts:
-                // waited at once, that one (libnbc) took 4–11 ms per step for BasicNet's
-                // 4.6 MiB at 2 ranks against 1.7–2.3 ms here. At 2 ranks both sum the same two
-                // values (bit-identical gradients); at 3 or more they sum in different orders.
+                // The blocking all-reduce (why not the overlapped path's non-blocking one: see
+                // the module docs). Unchecked per call: the bucket layout was verified across
+                // ranks in `new`.
                 self.pg.all_reduce_prechecked(&mut flat, ReduceOp::Avg)?;
                 self.comm += t0.elapsed();
                 self.comm_bytes += (flat.numel() * flat.kind().elt_size_in_bytes()) as u64;

@@ -113,8 +113,8 @@ pub fn nvidia_driver() -> std::result::Result<(), String> {
 /// faults per step on BasicNet at batch 64, measured with `perf stat -e page-faults`, and a
 /// fifth of a 2-rank step's time. With these settings the steps after the first reuse the same
 /// memory (no page fault per step). The peak RSS, which counts the largest step anyway, grows
-/// by the heap's fragmentation (~30 MiB per rank measured). Blocks above 32 MiB (the 1,000-image
-/// evaluation batches) are still mapped and unmapped. PyTorch's CPU tuning guide makes the same
+/// by the heap's fragmentation (~30 MiB per rank measured). Blocks above 32 MiB are still
+/// mapped and unmapped. PyTorch's CPU tuning guide makes the same
 /// point by recommending jemalloc or tcmalloc; these two `mallopt` calls are the glibc form.
 pub fn tune_malloc_for_training() -> bool {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]

@@ -237,11 +237,15 @@ impl<'pg> WrappedModel<'pg> {
     /// # Errors
     /// FSDP's gather errors.
     pub fn forward_t(&mut self, xs: &Tensor, train: bool) -> Result<Tensor> {
-        let (n, piece) = (xs.size()[0], crate::train::EVAL_PIECE as i64);
-        if !train && n > piece {
-            let outs = (0..n).step_by(piece as usize).map(|i| self.forward_t(&xs.narrow(0, i, piece.min(n - i)), false));
-            return Ok(Tensor::cat(&outs.collect::<Result<Vec<Tensor>>>()?, 0));
+        if train {
+            self.forward_whole(xs, true)
+        } else {
+            crate::train::forward_in_pieces(xs, |piece| self.forward_whole(piece, false))
         }
+    }
+
+    /// [`forward_t`](Self::forward_t) of the whole batch at once.
+    fn forward_whole(&mut self, xs: &Tensor, train: bool) -> Result<Tensor> {
         match &mut self.inner {
             Inner::Ddp { model, .. } => Ok(model.forward_t(xs, train)),
             Inner::Fsdp(m) => {

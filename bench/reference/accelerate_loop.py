@@ -70,6 +70,7 @@ def main():
             "threads": torch.get_num_threads(), "steps": steps, "accuracy": correct / n,
             "eval_samples": n, "test_loss": loss_sum / n, "wall_s": time.perf_counter() - start,
         })), flush=True)
+    accelerator.wait_for_everyone()  # ranks leave together (see common.shutdown)
     accelerator.end_training()
 
 

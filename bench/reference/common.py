@@ -215,3 +215,13 @@ def gathered_timing_fields(timer):
     else:
         every = [mine]
     return timing_fields(every)
+
+
+def shutdown():
+    """Ends a multi-process peer cleanly: every rank waits at a barrier, then the process group is
+    destroyed. Without it a rank that leaves first tears down its gloo connections while another
+    still tears down its own, and torch aborts that one (SIGABRT at exit, seen in CI)."""
+    import torch.distributed as dist
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()

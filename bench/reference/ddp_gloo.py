@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data.distributed import DistributedSampler
 
-from common import peer_arguments, BasicNet, StepTimer, datasets, gathered_timing_fields
+from common import peer_arguments, BasicNet, StepTimer, datasets, gathered_timing_fields, shutdown
 
 
 def main():
@@ -67,8 +67,8 @@ def main():
             "accuracy": sums[0].item() / sums[2].item(),
             "eval_samples": int(sums[2].item()), "test_loss": sums[1].item() / sums[2].item(),
             "wall_s": time.perf_counter() - start,
-        })))
-    dist.destroy_process_group()
+        })), flush=True)
+    shutdown()
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from transformers import Trainer, TrainerCallback, TrainingArguments
 
-from common import peer_arguments, BasicNet, StepTimer, datasets, gathered_timing_fields
+from common import peer_arguments, BasicNet, StepTimer, datasets, gathered_timing_fields, shutdown
 
 TIMER = {}
 
@@ -90,6 +90,7 @@ def main():
             "threads": torch.get_num_threads(), "steps": result.global_step, "accuracy": metrics["eval_accuracy"],
             "eval_samples": len(test), "test_loss": metrics["eval_loss"], "wall_s": time.perf_counter() - start,
         })), flush=True)
+    shutdown()
 
 
 if __name__ == "__main__":

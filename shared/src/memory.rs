@@ -57,28 +57,29 @@ pub fn mib(bytes: u64) -> f64 {
 /// | tensor | elements |
 /// |---|---|
 /// | conv1 output, its ReLU | 32·26·26 = 21,632, twice |
-/// | conv2 output (kept by max_pool2d) | 64·24·24 = 36,864 |
+/// | conv2 output (freed once max_pool2d has read it) | 64·24·24 = 36,864 |
 /// | max_pool2d output, its ReLU | 64·12·12 = 9,216, twice |
 /// | dropout(0.25): f32 mask (kept: CPU dropout multiplies by it), output | 9,216, twice |
 /// | fc1 output, its ReLU, dropout(0.5) mask and output | `width`, four times |
 /// | fc2 output, log_softmax | 10, twice |
 ///
-/// that is `F = 117,012 + 4·width` elements; plus max_pool2d's int64 indices (9,216 × 8 bytes)
-/// and the input image (784 elements). Backward then holds at most one gradient per f32
+/// that is `F = 117,012 + 4·width` elements; plus max_pool2d's window codes (9,216 × 1 byte,
+/// [`crate::model::max_pool2d_2x2`]) and the input image (784 elements). Backward then holds at most one gradient per f32
 /// activation (`F` more elements): gradients are freed as backward walks back, so this too is
 /// an upper bound. In bytes:
 ///
-/// `4·784 + 9,216·8 + 2·4·F = 1,012,960 + 32·width` (0.97 MiB per sample at width 128).
+/// `4·784 + 9,216 + 2·4·F = 948,448 + 32·width` (0.91 MiB per sample at width 128).
 ///
 /// Parameters, their gradients and the optimizer state are not included (they do not grow with
-/// the batch). Measured (peak RSS growth of one step, one thread, CPU, libtorch 2.13): 67–75 %
-/// of this figure at widths 128 and 4096 (`shared/tests/activation_memory.rs`).
+/// the batch). Measured (peak RSS growth of one step, one thread, CPU, libtorch 2.13): ~80 % of
+/// this figure at width 128 and ~55 % at width 4096 (`shared/tests/activation_memory.rs`): it
+/// counts every tensor the step creates, also those freed before the peak.
 pub fn activation_bytes_per_sample(width: i64) -> u64 {
     const INPUT: u64 = 784; // [1, 28, 28]
-    const POOL_INDICES_BYTES: u64 = 64 * 12 * 12 * 8; // int64
+    const POOL_CODES_BYTES: u64 = 64 * 12 * 12; // uint8, one per window
     let w = width.max(0) as u64;
     let f32_activations = 2 * 32 * 26 * 26 + 64 * 24 * 24 + 4 * 64 * 12 * 12 + 4 * w + 2 * 10;
-    4 * INPUT + POOL_INDICES_BYTES + 2 * 4 * f32_activations
+    4 * INPUT + POOL_CODES_BYTES + 2 * 4 * f32_activations
 }
 
 /// The memory the kernel says can be allocated without swapping (`MemAvailable` of
@@ -123,7 +124,7 @@ mod tests {
 
     #[test]
     fn activation_bytes_follow_the_layer_shapes() {
-        assert_eq!(activation_bytes_per_sample(128), 1_012_960 + 32 * 128);
+        assert_eq!(activation_bytes_per_sample(128), 948_448 + 32 * 128);
         assert_eq!(activation_bytes_per_sample(4096) - activation_bytes_per_sample(128), 32 * (4096 - 128));
         assert!(mem_available_bytes().is_some_and(|b| b > 0));
     }

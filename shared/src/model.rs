@@ -2,6 +2,7 @@
 //! DDP and FSDP need: parameters in a fixed, named order.
 
 use tch::nn::{self, ModuleT};
+use std::ffi::{c_char, c_int, c_void};
 use tch::Tensor;
 
 /// Parameters of a network in definition order with their PyTorch names
@@ -107,27 +108,78 @@ impl Model for BasicNet {
 }
 
 /// `max_pool2d(x, 2)` of an NCHW tensor `[b, c, h, w]` (even `h`, `w`) → `[b, c, h/2, w/2]`:
-/// the same values and the same gradients, bit for bit, as libtorch's `max_pool2d`, ties
-/// included (tests/model_math.rs), and on CPU about three times faster.
+/// the same values and the same gradients, bit for bit, as libtorch's `max_pool2d`, ties and
+/// NaNs included (tests/model_math.rs), and on CPU about seven times faster.
 ///
 /// Why: libtorch's CPU max-pool over a contiguous NCHW tensor is a scalar loop (BasicNet's conv2
-/// output, 64 × 64 × 24 × 24 at batch 64: ~11 ms of a ~50 ms step on one core, and 22% of a bf16
-/// step), while its channels-last kernel is vectorised. So the window maxima are located on a
-/// channels-last copy, without autograd (indices `h·w`-plane offsets, the first maximum of each
-/// window, as the NCHW kernel picks), and the output is a `gather` of those elements of `x`:
-/// its backward scatters each gradient to the element the NCHW kernel's backward would. Forward
-/// ~3.5 ms instead of ~11, backward no slower (measured on one core, f32 and bf16). On other
-/// devices (cuDNN) the native op is used.
+/// output, 64 × 64 × 24 × 24 at batch 64: ~10 ms of a ~50 ms step on one core). Here it is an
+/// autograd function of src/model_shim.cpp: the forward finds each window's maximum in one pass
+/// the compiler vectorises (the first maximum, or the last NaN, compared as libtorch's kernel
+/// compares) and saves a 1-byte code per window (libtorch saves an 8-byte index); the backward
+/// writes the input gradient in one pass (each window's gradient to its maximum, 0 elsewhere).
+/// Forward + backward ~1 ms instead of ~11 (one core, f32 and bf16). On other devices (cuDNN),
+/// and for odd sizes or non-floating dtypes, the native op runs.
 pub fn max_pool2d_2x2(x: &Tensor) -> Tensor {
-    if x.device() != tch::Device::Cpu {
+    let size = x.size();
+    let floating = matches!(x.kind(), tch::Kind::Float | tch::Kind::Double | tch::Kind::BFloat16 | tch::Kind::Half);
+    if x.device() != tch::Device::Cpu || size.len() != 4 || size[2] % 2 != 0 || size[3] % 2 != 0 || !floating {
         return x.max_pool2d_default(2);
     }
-    let idx = tch::no_grad(|| {
-        let channels_last = x.detach().permute([0, 2, 3, 1]).contiguous().permute([0, 3, 1, 2]);
-        channels_last.max_pool2d_with_indices([2, 2], [2, 2], [0, 0], [1, 1], false).1.contiguous()
-    });
-    let size = idx.size();
-    x.flatten(2, -1).gather(2, &idx.flatten(2, -1), false).view(size.as_slice())
+    let mut out = Tensor::empty([0], (x.kind(), tch::Device::Cpu));
+    // SAFETY: both are live tensor handles; the shim checks x's layout and replaces `out`'s
+    // tensor by assignment (tch keeps owning the handle).
+    shim_call(|err, len| unsafe { ladder_max_pool_2x2(x.as_ptr().cast(), out.as_mut_ptr().cast(), err, len) })
+        .unwrap_or_else(|msg| panic!("max_pool2d_2x2 of a {:?} tensor {size:?}: {msg}", x.kind()));
+    out
+}
+
+extern "C" {
+    /// `model_shim.cpp`: fills a contiguous CPU tensor with dropout's noise (0 or 1/(1 − p)).
+    fn ladder_dropout_noise(noise: *const c_void, p: f64, err: *mut c_char, errlen: usize) -> c_int;
+    /// `model_shim.cpp`: differentiable `max_pool2d(x, 2)` of an NCHW tensor, stored into `out`.
+    fn ladder_max_pool_2x2(x: *const c_void, out: *mut c_void, err: *mut c_char, errlen: usize) -> c_int;
+}
+
+/// Calls a `model_shim.cpp` function with an error buffer; its message if it failed.
+fn shim_call(f: impl FnOnce(*mut c_char, usize) -> c_int) -> std::result::Result<(), String> {
+    let mut err = [0 as c_char; 512];
+    if f(err.as_mut_ptr(), err.len()) == 0 {
+        return Ok(());
+    }
+    // SAFETY: the shims NUL-terminate `err` when they fail.
+    Err(unsafe { std::ffi::CStr::from_ptr(err.as_ptr()) }.to_string_lossy().into_owned())
+}
+
+/// `dropout(xs, p, train)`: in train mode each element of `xs` (any shape, a floating dtype) is
+/// zeroed with probability `p` and the others are scaled by 1/(1 − p), as
+/// `torch.nn.functional.dropout`; the identity in eval mode or when `p` is 0. Output: `xs`'s
+/// shape and dtype. Its gradient is the upstream gradient times the same noise, as libtorch's
+/// (the output is `xs * noise`, the same product libtorch's CPU dropout computes).
+///
+/// Why not libtorch's: on CPU its mask comes from `bernoulli_`, one mt19937 draw per element in
+/// a serial loop — ~10% of a bf16 BasicNet step, for the 9,216 × batch mask after the
+/// convolutions (perf). Here the noise is filled in one parallel pass from a counter-based
+/// generator (SplitMix64 words keyed by one draw from libtorch's default CPU generator, see
+/// src/model_shim.cpp): 32 random bits per element, so the keep probability is 1 − p rounded
+/// to 2^-32 (exact for BasicNet's 0.25 and 0.5). The masks are a function of the generator's
+/// state, which [`crate::train::seed_batch`] sets before each batch, and do not depend on the
+/// number of threads. They differ from the masks PyTorch would draw for the same seed (neither
+/// library promises its masks across versions). On other devices libtorch's fused dropout runs.
+///
+/// # Panics
+/// If `p` is not in [0, 1] (as libtorch), or `xs` is not a floating-point tensor — both are the
+/// model's constants, never user input.
+pub fn dropout(xs: &Tensor, p: f64, train: bool) -> Tensor {
+    assert!((0.0..=1.0).contains(&p), "dropout probability has to be between 0 and 1, but got {p}");
+    if !train || p == 0.0 || p == 1.0 || xs.numel() == 0 || xs.device() != tch::Device::Cpu {
+        return xs.dropout(p, train);
+    }
+    let noise = Tensor::empty(xs.size(), (xs.kind(), tch::Device::Cpu));
+    // SAFETY: `noise` is a live tensor handle; the shim checks it is contiguous, on the CPU and
+    // of a floating dtype before writing its elements.
+    shim_call(|err, len| unsafe { ladder_dropout_noise(noise.as_ptr().cast(), p, err, len) })
+        .unwrap_or_else(|msg| panic!("dropout on a {:?} tensor: {msg}", xs.kind()));
+    xs * noise
 }
 
 /// A model as a chain of segments, so FSDP can gather and free per wrapped unit and DDP can
@@ -169,9 +221,9 @@ impl Segmented for BasicNet {
             // The ReLU and its backward then run on a quarter of the elements ([b, 64, 12, 12]
             // instead of [b, 64, 24, 24]). Proved equal by tests/model_math.rs.
             1 => max_pool2d_2x2(&xs.apply(&self.conv2)).relu(),
-            2 => xs.dropout(0.25, drop).flatten(1, -1),
+            2 => dropout(xs, 0.25, drop).flatten(1, -1),
             3 => xs.apply(&self.fc1).relu(),
-            4 => xs.dropout(0.5, drop),
+            4 => dropout(xs, 0.5, drop),
             5 => xs.apply(&self.fc2).log_softmax(-1, tch::Kind::Float),
             _ => panic!("BasicNet has 6 segments, segment {i} asked for"),
         }

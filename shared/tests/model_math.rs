@@ -3,16 +3,18 @@
 //! without dropout; and evaluation in pieces of `EVAL_PIECE` images gives the whole batch's
 //! log-probabilities, loss and count.
 
-use ladder_core::model::{BasicNet, BasicNetConfig, Model};
+use ladder_core::model::{dropout, BasicNet, BasicNetConfig, Model};
 use tch::nn::{self, ModuleT};
 use tch::{Device, Kind, Tensor};
 
-/// The tutorial's `Net.forward`, op for op, with `net`'s own weights.
+/// The tutorial's `Net.forward`, op for op, with `net`'s own weights (and the model's dropout,
+/// whose masks are its own; see dropout.rs).
 fn tutorial_forward(net: &BasicNet, x: &Tensor, drop: bool) -> Tensor {
     let p: Vec<Tensor> = net.named_parameters().into_iter().map(|(_, t)| t).collect();
     let y = x.conv2d(&p[0], Some(&p[1]), [1, 1], [0, 0], [1, 1], 1).relu();
     let y = y.conv2d(&p[2], Some(&p[3]), [1, 1], [0, 0], [1, 1], 1).relu().max_pool2d_default(2);
-    let y = y.dropout(0.25, drop).flatten(1, -1).linear(&p[4], Some(&p[5])).relu().dropout(0.5, drop);
+    let y = dropout(&y, 0.25, drop).flatten(1, -1).linear(&p[4], Some(&p[5])).relu();
+    let y = dropout(&y, 0.5, drop);
     y.linear(&p[6], Some(&p[7])).log_softmax(-1, Kind::Float)
 }
 
@@ -86,32 +88,54 @@ fn evaluation_in_pieces_equals_the_whole_batch() {
     assert_eq!(sums.loss_sum, whole.nll_loss(&y).double_value(&[]) * 1000.0, "the whole batch's loss, bit for bit");
 }
 
-/// `max_pool2d_2x2` (window maxima located on a channels-last copy, output gathered) against
-/// libtorch's NCHW `max_pool2d(2)`: the same values and the same input gradient, bit for bit, in
-/// f32, bf16 and f64 — on random values and on small integers where windows hold ties (the
-/// first maximum of a window must get the gradient, as libtorch's kernel gives it).
+/// `max_pool2d_2x2` (model_shim.cpp's autograd function) against libtorch's NCHW
+/// `max_pool2d(2)`: the same values and the same input gradient, bit for bit, in f32, bf16, f16
+/// and f64 — on random values; on small integers where windows hold ties (the first maximum of
+/// a window must get the gradient, as libtorch's kernel gives it); and on special values (NaN,
+/// ±∞, ±0) with special gradients (NaN, ±0), where a NaN wins its window and −0 gradients
+/// arrive as +0, as in libtorch. Bits are compared, so NaN payloads and zero signs count.
 #[test]
-fn gathered_max_pool_equals_libtorch_max_pool_with_ties() {
+fn max_pool_equals_libtorch_max_pool_with_ties_and_special_values() {
     tch::manual_seed(9);
-    for kind in [Kind::Float, Kind::BFloat16, Kind::Double] {
-        for ties in [false, true] {
-            let x = if ties {
-                Tensor::randint(3, [4, 8, 24, 24], (Kind::Int64, Device::Cpu)).to_kind(kind)
-            } else {
-                Tensor::randn([4, 8, 24, 24], (kind, Device::Cpu))
+    let specials = Tensor::from_slice(&[f64::NAN, f64::INFINITY, f64::NEG_INFINITY, 0.0, -0.0, 1.0, -1.0, 2.0]);
+    for kind in [Kind::Float, Kind::BFloat16, Kind::Half, Kind::Double] {
+        let as_bits = |t: &Tensor| {
+            let int = match kind {
+                Kind::Double => Kind::Int64,
+                Kind::Float => Kind::Int,
+                _ => Kind::Int16,
             };
-            let g = Tensor::randn([4, 8, 12, 12], (Kind::Float, Device::Cpu)).to_kind(kind);
+            t.contiguous().view_dtype(int)
+        };
+        for input in ["random", "ties", "special"] {
+            let ties = input == "ties";
+            let (x, g) = match input {
+                "random" => (Tensor::randn([4, 8, 24, 24], (kind, Device::Cpu)), Tensor::randn([4, 8, 12, 12], (Kind::Float, Device::Cpu)).to_kind(kind)),
+                "ties" => (
+                    Tensor::randint(3, [4, 8, 24, 24], (Kind::Int64, Device::Cpu)).to_kind(kind),
+                    Tensor::randn([4, 8, 12, 12], (Kind::Float, Device::Cpu)).to_kind(kind),
+                ),
+                _ => (
+                    specials.index_select(0, &Tensor::randint(8, [4 * 8 * 24 * 24], (Kind::Int64, Device::Cpu))).view([4, 8, 24, 24]).to_kind(kind),
+                    specials.index_select(0, &Tensor::randint(8, [4 * 8 * 12 * 12], (Kind::Int64, Device::Cpu))).view([4, 8, 12, 12]).to_kind(kind),
+                ),
+            };
             let grad_of = |pool: &dyn Fn(&Tensor) -> Tensor| {
                 let x = x.detach().set_requires_grad(true);
                 let y = pool(&x);
-                (&y * &g).sum(kind).backward(); // d/dy = g exactly
+                (&y * &g).sum(kind).backward(); // d/dy = g exactly (1 · g, NaN and −0 included)
                 (y.detach(), x.grad())
             };
             let (ours, ours_grad) = grad_of(&|x| ladder_core::model::max_pool2d_2x2(x));
             let (theirs, theirs_grad) = grad_of(&|x| x.max_pool2d_default(2));
             assert_eq!(ours.size(), [4, 8, 12, 12]);
-            assert!(ours.equal(&theirs), "{kind:?} ties {ties}: values differ");
-            assert!(ours_grad.equal(&theirs_grad), "{kind:?} ties {ties}: gradients differ");
+            assert!(as_bits(&ours).equal(&as_bits(&theirs)), "{kind:?} {input}: values differ");
+            assert!(as_bits(&ours_grad).equal(&as_bits(&theirs_grad)), "{kind:?} {input}: gradients differ");
+            if input == "special" {
+                // Not vacuous: NaNs won windows, and −0 gradients were given.
+                assert_eq!(theirs.isnan().any().int64_value(&[]), 1);
+                assert_eq!(g.eq(0.0).logical_and(&g.signbit()).any().int64_value(&[]), 1);
+            }
             if ties {
                 // Not vacuous: some windows do hold a repeated maximum.
                 let w = x.view([4, 8, 12, 2, 12, 2]);

@@ -1,0 +1,226 @@
+// Two CPU kernels of BasicNet that libtorch runs as serial scalar loops (see model.rs).
+//
+// 1. Dropout's noise tensor on CPU in one parallel pass, instead of libtorch's CPU `bernoulli_`:
+// that kernel draws one mt19937 number per element in a serial loop (perf: ~10% of a bf16
+// BasicNet step, for the 9,216 × batch mask after the convolutions). See model.rs `dropout`.
+//
+// The random bits come from a counter-based generator: word i of a call is
+// splitmix64(key + (i + 1) · 0x9E3779B97F4A7C15) — the i-th output of Steele, Lea & Flood's
+// SplitMix64 stream started at `key` — and `key` is one `random64()` drawn from libtorch's
+// default CPU generator. So the mask is a function of the generator's state alone (what
+// `torch.manual_seed` sets), the same at any number of threads, and the generator advances by
+// one draw per call, not one per element.
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/Dispatch.h>
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <torch/csrc/autograd/custom_function.h>
+#include <ATen/OpMathType.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <exception>
+#include <limits>
+#include <mutex>
+#include <type_traits>
+#include <vector>
+
+namespace {
+
+inline uint64_t splitmix64(uint64_t z) {
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+  return z ^ (z >> 31);
+}
+
+// Element 2i takes the low 32 bits of word i, element 2i+1 the high 32: it is kept (set to
+// `kept`) when those bits, read as an integer u in [0, 2^32), are below `threshold`. The value
+// is looked up in a two-entry table, not selected by a branch (which mispredicts).
+template <typename T>
+void fill(T *out, int64_t n, uint64_t key, uint64_t threshold, T kept) {
+  const T value[2] = {T(0), kept};
+  const int64_t pairs = n / 2;
+  auto word = [key](int64_t i) { return splitmix64(key + static_cast<uint64_t>(i + 1) * 0x9E3779B97F4A7C15ULL); };
+  at::parallel_for(0, pairs, 16384, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      const uint64_t w = word(i);
+      out[2 * i] = value[(w & 0xFFFFFFFFULL) < threshold];
+      out[2 * i + 1] = value[(w >> 32) < threshold];
+    }
+  });
+  if (n % 2 == 1) out[n - 1] = value[(word(pairs) & 0xFFFFFFFFULL) < threshold];
+}
+
+// Window (i, j) of each h × w plane: rows 2i, 2i+1 and columns 2j, 2j+1, scanned row by row.
+// The first maximum wins and a NaN wins over any number (a later NaN over an earlier one),
+// exactly as libtorch's `cpu_max_pool` compares (`val > maxval || isnan(val)` in opmath, from
+// maxval = −∞: starting from the window's first element instead is the same).
+//
+// Per plane, the four elements of every window are first copied into four arrays (a: top-left,
+// b: top-right, c: bottom-left, d: bottom-right), so that the selection is one loop without
+// control flow that the compiler vectorises (compares and blends): on real data the
+// comparisons are coin flips, and a branch on each mispredicts half the time. Writes each
+// window's maximum to `out` and its position to `code` (0 = a, 1 = b, 2 = c, 3 = d).
+template <typename T>
+void max_pool_2x2_forward(const T *x, T *out, uint8_t *code, int64_t planes, int64_t h, int64_t w) {
+  using opmath_t = at::opmath_type<T>;
+  const int64_t oh = h / 2, ow = w / 2, n = oh * ow;
+  at::parallel_for(0, planes, 8, [&](int64_t begin, int64_t end) {
+    std::vector<opmath_t> buf(4 * n);
+    opmath_t *a = buf.data(), *b = a + n, *c = b + n, *d = c + n;
+    for (int64_t p = begin; p < end; ++p) {
+      const T *in = x + p * h * w;
+      for (int64_t i = 0; i < oh; ++i) {
+        const T *r0 = in + 2 * i * w;
+        const T *r1 = r0 + w;
+        for (int64_t j = 0; j < ow; ++j) {
+          a[i * ow + j] = static_cast<opmath_t>(r0[2 * j]);
+          b[i * ow + j] = static_cast<opmath_t>(r0[2 * j + 1]);
+          c[i * ow + j] = static_cast<opmath_t>(r1[2 * j]);
+          d[i * ow + j] = static_cast<opmath_t>(r1[2 * j + 1]);
+        }
+      }
+      T *o = out + p * n;
+      uint8_t *k = code + p * n;
+      for (int64_t e = 0; e < n; ++e) {
+        opmath_t m = a[e];
+        uint8_t q = 0;
+        const bool tb = (b[e] > m) | (b[e] != b[e]);
+        m = tb ? b[e] : m;
+        q = tb ? 1 : q;
+        const bool tc = (c[e] > m) | (c[e] != c[e]);
+        m = tc ? c[e] : m;
+        q = tc ? 2 : q;
+        const bool td = (d[e] > m) | (d[e] != d[e]);
+        m = td ? d[e] : m;
+        q = td ? 3 : q;
+        o[e] = static_cast<T>(m);  // an element of x, converted there and back: exact
+        k[e] = q;
+      }
+    }
+  });
+}
+
+// The input gradient: each window's output gradient goes to the element its `code` names, the
+// other three get +0 — what libtorch's max-pool backward computes (windows do not overlap, so
+// an element receives at most one gradient; libtorch adds it to a zero-filled tensor, so −0
+// arrives as +0, and so it does here: the `+ 0` in opmath). One pass, no zero-fill, no
+// scatter; the selection is by bit masks, not branches (they would mispredict).
+template <typename T>
+void max_pool_2x2_backward(const T *g, const uint8_t *code, T *gx, int64_t planes, int64_t h, int64_t w) {
+  using opmath_t = at::opmath_type<T>;
+  using bits_t = std::conditional_t<sizeof(T) == 2, uint16_t, std::conditional_t<sizeof(T) == 4, uint32_t, uint64_t>>;
+  static_assert(sizeof(T) == sizeof(bits_t), "a 2-, 4- or 8-byte floating type");
+  const int64_t oh = h / 2, ow = w / 2, n = oh * ow;
+  at::parallel_for(0, planes, 8, [&](int64_t begin, int64_t end) {
+    for (int64_t p = begin; p < end; ++p) {
+      const T *gp = g + p * n;
+      const uint8_t *k = code + p * n;
+      bits_t *out = reinterpret_cast<bits_t *>(gx + p * h * w);
+      for (int64_t i = 0; i < oh; ++i) {
+        bits_t *r0 = out + 2 * i * w;
+        bits_t *r1 = r0 + w;
+        for (int64_t j = 0; j < ow; ++j) {
+          bits_t vb;
+          if constexpr (std::is_same_v<T, c10::BFloat16>) {
+            // The same without converting to f32 and back: −0 → +0, and a NaN becomes c10's
+            // canonical bf16 NaN (0x7FC0), as the conversion from f32 makes it.
+            std::memcpy(&vb, &gp[i * ow + j], sizeof vb);
+            vb = static_cast<bits_t>(vb & static_cast<bits_t>(-static_cast<bits_t>((vb & 0x7FFF) != 0)));
+            vb = (vb & 0x7FFF) > 0x7F80 ? bits_t(0x7FC0) : vb;
+          } else {
+            const T v = static_cast<T>(static_cast<opmath_t>(gp[i * ow + j]) + opmath_t(0));
+            std::memcpy(&vb, &v, sizeof vb);
+          }
+          const uint8_t q = k[i * ow + j];
+          r0[2 * j] = vb & static_cast<bits_t>(-static_cast<bits_t>(q == 0));
+          r0[2 * j + 1] = vb & static_cast<bits_t>(-static_cast<bits_t>(q == 1));
+          r1[2 * j] = vb & static_cast<bits_t>(-static_cast<bits_t>(q == 2));
+          r1[2 * j + 1] = vb & static_cast<bits_t>(-static_cast<bits_t>(q == 3));
+        }
+      }
+    }
+  });
+}
+
+// max_pool2d(x, 2) as an autograd function: forward saves the uint8 window codes (1 byte per
+// output element, where libtorch saves int64 indices), backward spreads the gradient by them.
+struct MaxPool2x2 : public torch::autograd::Function<MaxPool2x2> {
+  static at::Tensor forward(torch::autograd::AutogradContext *ctx, const at::Tensor &x) {
+    const at::Tensor in = x.contiguous();
+    const int64_t b = in.size(0), c = in.size(1), h = in.size(2), w = in.size(3);
+    at::Tensor out = at::empty({b, c, h / 2, w / 2}, in.options());
+    at::Tensor code = at::empty({b, c, h / 2, w / 2}, in.options().dtype(at::kByte));
+    AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, in.scalar_type(), "ladder_max_pool_2x2", [&] {
+      max_pool_2x2_forward<scalar_t>(in.data_ptr<scalar_t>(), out.data_ptr<scalar_t>(), code.data_ptr<uint8_t>(), b * c, h, w);
+    });
+    ctx->save_for_backward({code});
+    ctx->saved_data["h"] = h;
+    ctx->saved_data["w"] = w;
+    return out;
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext *ctx, torch::autograd::variable_list grads) {
+    const at::Tensor code = ctx->get_saved_variables()[0];
+    const at::Tensor g = grads[0].contiguous();
+    const int64_t h = ctx->saved_data["h"].toInt(), w = ctx->saved_data["w"].toInt();
+    const int64_t b = g.size(0), c = g.size(1);
+    at::Tensor gx = at::empty({b, c, h, w}, g.options());
+    AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, g.scalar_type(), "ladder_max_pool_2x2_backward", [&] {
+      max_pool_2x2_backward<scalar_t>(g.data_ptr<scalar_t>(), code.data_ptr<uint8_t>(), gx.data_ptr<scalar_t>(), b * c, h, w);
+    });
+    return {gx};
+  }
+};
+
+}  // namespace
+
+// `max_pool2d(x, 2)` of `x` (a CPU NCHW tensor `[b, c, h, w]` of a floating dtype, even h and
+// w), differentiable: stores the result `[b, c, h/2, w/2]` into the tensor handle `out` (tch's
+// `at::Tensor *`, replaced by assignment). Returns 0, or 1 with a message in `err`.
+extern "C" int ladder_max_pool_2x2(const at::Tensor *x, at::Tensor *out, char *err, size_t errlen) {
+  try {
+    const at::Tensor &in = *x;
+    TORCH_CHECK(in.dim() == 4 && in.device().is_cpu(), "x must be a CPU NCHW tensor");
+    TORCH_CHECK(in.size(2) % 2 == 0 && in.size(3) % 2 == 0, "x's height and width must be even, got ", in.size(2), " × ",
+                in.size(3));
+    *out = MaxPool2x2::apply(in);
+    return 0;
+  } catch (const std::exception &e) {
+    std::strncpy(err, e.what(), errlen - 1);
+    err[errlen - 1] = 0;
+    return 1;
+  }
+}
+
+// Fills `noise` (tch's tensor handle: a contiguous CPU tensor of a floating dtype) with
+// dropout's noise for drop probability `p` in (0, 1): each element independently 1/(1 − p)
+// (computed as libtorch's `noise.div_(1 - p)` does: in f64 for f64 tensors, f32 otherwise,
+// then rounded to the dtype) with probability 1 − p, quantised to 2^-32 (exact for p = 0.25,
+// 0.5), and 0 otherwise. Returns 0, or 1 with a message in `err`.
+extern "C" int ladder_dropout_noise(const at::Tensor *noise, double p, char *err, size_t errlen) {
+  try {
+    const at::Tensor &t = *noise;
+    TORCH_CHECK(p > 0.0 && p < 1.0, "dropout probability must be in (0, 1), got ", p);
+    TORCH_CHECK(t.device().is_cpu() && t.is_contiguous(), "the noise tensor must be a contiguous CPU tensor");
+    uint64_t key;
+    {
+      auto *gen = at::get_generator_or_default<at::CPUGeneratorImpl>(std::nullopt, at::detail::getDefaultCPUGenerator());
+      std::lock_guard<std::mutex> lock(gen->mutex_);
+      key = gen->random64();
+    }
+    const double keep = 1.0 - p;
+    const uint64_t threshold = static_cast<uint64_t>(keep * 4294967296.0 + 0.5);
+    AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, t.scalar_type(), "ladder_dropout_noise", [&] {
+      using opmath_t = at::opmath_type<scalar_t>;
+      const scalar_t kept = static_cast<scalar_t>(opmath_t(1) / static_cast<opmath_t>(keep));
+      fill<scalar_t>(t.data_ptr<scalar_t>(), t.numel(), key, threshold, kept);
+    });
+    return 0;
+  } catch (const std::exception &e) {
+    std::strncpy(err, e.what(), errlen - 1);
+    err[errlen - 1] = 0;
+    return 1;
+  }
+}

@@ -4,7 +4,9 @@
 //!
 //! For each message size (4 KiB … 64 MiB, ×4): warm-up, then alternating timed rounds of
 //! `ProcessGroup::all_reduce(Sum)` on an f32 tensor (in place, with its cross-rank numel/dtype
-//! check) and rsmpi's `all_reduce_into` on a `Vec<f32>`; the median of each is reported.
+//! check on every call), `ProcessGroup::all_reduce_prechecked(Sum)` (the same without the
+//! per-call check: the path DDP's buckets take, their layout checked once when DDP is built)
+//! and rsmpi's `all_reduce_into` on a `Vec<f32>`; the median of each is reported.
 //! busbw = algbw × 2(n−1)/n, as nccl-tests reports it; algbw = bytes / time.
 
 use ladder_core::dist::mpi::MpiGroup;
@@ -28,7 +30,10 @@ fn main() -> ladder_core::Result<()> {
     let factor = 2.0 * (n - 1.0) / n;
     let mut rows = Vec::new();
     if pg.rank() == 0 {
-        println!("{:>10} {:>6} {:>12} {:>12} {:>14} {:>14} {:>6}", "bytes", "iters", "ours us", "raw us", "ours busbw", "raw busbw", "ratio");
+        println!(
+            "{:>10} {:>6} {:>10} {:>12} {:>8} {:>12} {:>12} {:>7} {:>11}",
+            "bytes", "iters", "ours us", "prechk us", "raw us", "ours busbw", "raw busbw", "ratio", "prechk ratio"
+        );
     }
     let mut bytes = 4usize << 10;
     while bytes <= 64 << 20 {
@@ -37,7 +42,7 @@ fn main() -> ladder_core::Result<()> {
         let mut t = Tensor::ones([elems as i64], (Kind::Float, Device::Cpu));
         let send = vec![1.0f32; elems];
         let mut recv = vec![0.0f32; elems];
-        let (mut ours, mut raw) = (Vec::new(), Vec::new());
+        let (mut ours, mut pre, mut raw) = (Vec::new(), Vec::new(), Vec::new());
         for i in 0..iters + 3 {
             pg.barrier()?;
             let t0 = Instant::now();
@@ -46,22 +51,40 @@ fn main() -> ladder_core::Result<()> {
             let _ = t.fill_(1.0);
             pg.barrier()?;
             let t0 = Instant::now();
+            pg.all_reduce_prechecked(&mut t, ReduceOp::Sum)?;
+            let p = t0.elapsed().as_secs_f64();
+            assert_eq!(t.double_value(&[0]), n, "prechecked all-reduce result");
+            let _ = t.fill_(1.0);
+            pg.barrier()?;
+            let t0 = Instant::now();
             world.all_reduce_into(&send[..], &mut recv[..], SystemOperation::sum());
             let b = t0.elapsed().as_secs_f64();
             if i >= 3 {
                 ours.push(a);
+                pre.push(p);
                 raw.push(b);
             }
         }
         assert_eq!(recv[0], n as f32, "raw all-reduce result");
-        let (o, r) = (median(ours), median(raw));
-        let (ob, rb) = (bytes as f64 / o * factor / 1e9, bytes as f64 / r * factor / 1e9);
+        let (o, p, r) = (median(ours), median(pre), median(raw));
+        let busbw = |secs: f64| bytes as f64 / secs * factor / 1e9;
+        let (ob, pb, rb) = (busbw(o), busbw(p), busbw(r));
         if pg.rank() == 0 {
-            println!("{bytes:>10} {iters:>6} {:>12.1} {:>12.1} {:>11.2} GB/s {:>9.2} GB/s {:>6.2}", o * 1e6, r * 1e6, ob, rb, ob / rb);
+            println!(
+                "{bytes:>10} {iters:>6} {:>10.1} {:>12.1} {:>8.1} {:>7.2} GB/s {:>7.2} GB/s {:>7.2} {:>11.2}",
+                o * 1e6,
+                p * 1e6,
+                r * 1e6,
+                ob,
+                rb,
+                ob / rb,
+                pb / rb
+            );
         }
         rows.push(serde_json::json!({
             "bytes": bytes, "iters": iters, "ours_latency_us": o * 1e6, "raw_latency_us": r * 1e6,
             "ours_busbw_gbps": ob, "raw_busbw_gbps": rb, "ratio": ob / rb,
+            "prechecked_latency_us": p * 1e6, "prechecked_busbw_gbps": pb, "prechecked_ratio": pb / rb,
         }));
         bytes *= 4;
     }

@@ -431,6 +431,13 @@ pub struct AllReduceRow {
     pub raw_busbw_gbps: f64,
     /// ours / raw.
     pub ratio: f64,
+    /// `ProcessGroup::all_reduce_prechecked` (no per-call agreement check: DDP's path, its
+    /// bucket layout checked once) median latency, µs; 0 in reports from before it was measured.
+    pub prechecked_latency_us: f64,
+    /// Prechecked, bus bandwidth GB/s.
+    pub prechecked_busbw_gbps: f64,
+    /// prechecked / raw.
+    pub prechecked_ratio: f64,
 }
 
 /// The all-reduce measurement.

@@ -217,14 +217,29 @@ fn peer_rss(r: &Row) -> String {
 /// The all-reduce table (empty string when not measured).
 pub fn render_allreduce(summary: &MatrixSummary, markdown: bool) -> String {
     let Some(a) = &summary.allreduce else { return String::new() };
-    let mut t = new_table(markdown, &["bytes", "ours busbw GB/s", "raw rsmpi busbw GB/s", "ours / raw", "ours µs", "raw µs"]);
+    let mut t = new_table(
+        markdown,
+        &[
+            "bytes",
+            "ours busbw GB/s",
+            "raw rsmpi busbw GB/s",
+            "ours / raw",
+            "layout checked once / raw",
+            "ours µs",
+            "layout checked once µs",
+            "raw µs",
+        ],
+    );
     for r in &a.rows {
+        let measured = r.prechecked_latency_us > 0.0;
         t.add_row(vec![
             r.bytes.to_string(),
             format!("{:.2}", r.ours_busbw_gbps),
             format!("{:.2}", r.raw_busbw_gbps),
             format!("{:.2}", r.ratio),
+            if measured { format!("{:.2}", r.prechecked_ratio) } else { "—".into() },
             format!("{:.1}", r.ours_latency_us),
+            if measured { format!("{:.1}", r.prechecked_latency_us) } else { "—".into() },
             format!("{:.1}", r.raw_latency_us),
         ]);
     }
@@ -333,7 +348,7 @@ pub fn render_markdown(summary: &MatrixSummary) -> String {
     }
     if let Some(a) = &summary.allreduce {
         s.push_str(&format!(
-            "\n## All-reduce, {} ranks (f32, sum; busbw = algbw × 2(n−1)/n)\n\n{}\n",
+            "\n## All-reduce, {} ranks (f32, sum; busbw = algbw × 2(n−1)/n)\n\nours: `ProcessGroup::all_reduce`, which checks on every call that all ranks pass the same numel and dtype (one small all-reduce first); layout checked once: `all_reduce_prechecked`, the path DDP's buckets take (their layout is checked once, when DDP is built); raw: rsmpi's `all_reduce_into`.\n\n{}\n",
             a.world_size,
             render_allreduce(summary, true)
         ));

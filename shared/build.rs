@@ -17,14 +17,16 @@ fn main() {
 
 /// The C++ shims over libtorch for what tch has no binding for: FSDP's storage shim
 /// (src/fsdp/storage_shim.cpp: frees and re-allocates a storage in place, see
-/// src/fsdp/storage.rs), AdamW's fused step (src/optim_shim.cpp, see src/optim.rs) and two CPU
-/// kernels of the model (src/model_shim.cpp: dropout's noise and 2×2 max-pool indices, see
-/// src/model.rs). Compiled against the headers of the libtorch that tch links (`LIBTORCH`, set by .cargo/config.toml), with its C++ ABI (`LIBTORCH_CXX11_ABI`,
+/// src/fsdp/storage.rs), AdamW's fused step (src/optim_shim.cpp, see src/optim.rs), two CPU
+/// kernels of the model (src/model_shim.cpp: dropout's noise and a 2×2 max-pool, see
+/// src/model.rs) and backward with a given gradient (src/autograd_shim.cpp, see
+/// src/autograd.rs). Compiled against the headers of the libtorch that tch links (`LIBTORCH`, set by .cargo/config.toml), with its C++ ABI (`LIBTORCH_CXX11_ABI`,
 /// default 1, as torch-sys).
 fn libtorch_shims() {
     println!("cargo:rerun-if-changed=src/fsdp/storage_shim.cpp");
     println!("cargo:rerun-if-changed=src/optim_shim.cpp");
     println!("cargo:rerun-if-changed=src/model_shim.cpp");
+    println!("cargo:rerun-if-changed=src/autograd_shim.cpp");
     println!("cargo:rerun-if-env-changed=LIBTORCH_CXX11_ABI");
     let libtorch = std::env::var("LIBTORCH")
         .expect("LIBTORCH must name the libtorch tch links (scripts/bootstrap.sh and .cargo/config.toml set it)");
@@ -40,5 +42,6 @@ fn libtorch_shims() {
         .file("src/fsdp/storage_shim.cpp")
         .file("src/optim_shim.cpp")
         .file("src/model_shim.cpp")
+        .file("src/autograd_shim.cpp")
         .compile("ladder_libtorch_shims");
 }

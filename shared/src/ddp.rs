@@ -324,11 +324,11 @@ impl<'pg, M: Model> DistributedDataParallel<'pg, M> {
         for i in (0..saved.len()).rev() {
             let (x, y) = saved.pop().expect("one saved pair per segment");
             if y.requires_grad() {
-                // backward() of Σ(y·g) hands y's grad_fn exactly g (1·g), as the whole-graph
-                // backward would, and accumulates into every leaf it reaches: this segment's
-                // parameters' .grad (as `loss.backward()` does) and the segment input `x`,
-                // whose .grad is the gradient flowing into the previous segment.
-                tch::with_grad(|| (&y * &g).sum(y.kind()).f_backward())?;
+                // y.backward(g) hands y's grad_fn exactly g, as the whole-graph backward would,
+                // and accumulates into every leaf it reaches: this segment's parameters' .grad
+                // (as `loss.backward()` does) and the segment input `x`, whose .grad is the
+                // gradient flowing into the previous segment.
+                crate::autograd::backward_with_grad(&y, &g)?;
             }
             if i > 0 {
                 g = x.grad();

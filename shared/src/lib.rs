@@ -5,6 +5,7 @@
 //! level crate.
 
 pub mod atomic;
+pub mod autograd;
 pub mod data;
 pub mod ddp;
 pub mod device;

@@ -24,8 +24,9 @@
 //!    forward): before a `FullShard` unit's last segment, its storage is allocated again and
 //!    all-gathered into (`resize_(n)`, then `all_gather_into_tensor`), so the saved views read
 //!    the parameters again. The gradient of each segment comes from `torch.autograd.grad`
-//!    (`Tensor::run_backward`), which does not accumulate into `.grad` (no full-size gradient
-//!    persists) and releases the segment's saved tensors as it goes. Once a unit's gradient is
+//!    with the next segment's input gradient as `grad_outputs` ([`crate::autograd::grad`]),
+//!    which does not accumulate into `.grad` (no full-size gradient persists) and releases the
+//!    segment's saved tensors as it goes. Once a unit's gradient is
 //!    complete its gathered parameters are freed *first*, then the gradient is flattened and
 //!    reduce-scattered with `ReduceOp::Avg` into the shard's gradient (accumulating), so the
 //!    gathered parameters, the fresh per-parameter gradients and the flat gradient are never all
@@ -513,10 +514,7 @@ impl<'pg, M: Segmented> FullyShardedDataParallel<'pg, M> {
             } else {
                 // torch.autograd.grad(y, inputs, grad_outputs=g): nothing accumulates in .grad,
                 // and (retain_graph=False) the graph's saved tensors are released as it runs.
-                tch::with_grad(|| {
-                    let root = (&y * &g).sum(y.kind());
-                    Tensor::f_run_backward(&[root], &inputs, false, false)
-                })?
+                crate::autograd::grad(&y, &g, &inputs)?
             };
             drop((y, inputs));
             let grad_of = |k: usize| grads.get(k).filter(|t| t.defined());
@@ -585,9 +583,9 @@ impl<'pg, M: Segmented> FullyShardedDataParallel<'pg, M> {
             self.comm_bytes += bytes;
             Ok(out.to_kind(shard.kind()))
         })?;
-        // Accumulate into shard.grad (defined or not — zero_grad sets it to None):
-        // d/dshard of sum(shard * reduced) is exactly `reduced`.
-        tch::with_grad(|| (&shard * &reduced).sum(shard.kind()).f_backward())?;
+        // Accumulate into shard.grad (defined or not — zero_grad sets it to None), as autograd
+        // accumulates into a leaf: shard.backward(reduced).
+        crate::autograd::backward_with_grad(&shard, &reduced)?;
         Ok(())
     }
 

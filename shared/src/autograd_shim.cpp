@@ -1,0 +1,52 @@
+// Backward from a tensor with a given gradient — `torch.autograd.backward([y], [g])` and
+// `torch.autograd.grad([y], inputs, [g])` — which tch cannot express: its `run_backward` takes
+// no grad_outputs, so a segment's backward had to start from the root `(y * g).sum()`, two extra
+// passes over the segment's output forward and two more backward. See autograd.rs.
+#include <ATen/core/Tensor.h>
+#include <ATen/core/grad_mode.h>
+#include <torch/csrc/autograd/autograd.h>
+
+#include <cstring>
+#include <exception>
+#include <vector>
+
+namespace {
+void set_error(char *err, size_t errlen, const char *msg) {
+  std::strncpy(err, msg, errlen - 1);
+  err[errlen - 1] = 0;
+}
+}  // namespace
+
+// `torch.autograd.backward([*y], [*g])`: accumulates into the `.grad` of the leaves `y` depends
+// on, then frees the graph (retain_graph=False). Returns 0, or 1 with libtorch's message.
+extern "C" int ladder_backward_with_grad(const at::Tensor *y, const at::Tensor *g, char *err, size_t errlen) {
+  try {
+    at::AutoGradMode enable(true);
+    torch::autograd::backward({*y}, {*g}, /*retain_graph=*/false, /*create_graph=*/false);
+    return 0;
+  } catch (const std::exception &e) {
+    set_error(err, errlen, e.what());
+    return 1;
+  }
+}
+
+// `torch.autograd.grad([*y], inputs, [*g], retain_graph=False, create_graph=False,
+// allow_unused=True)`: nothing accumulates in `.grad`. The gradient of `inputs[i]` is assigned
+// to the tensor handle `results[i]` (undefined where `y` does not depend on it). Returns 0, or 1
+// with libtorch's message.
+extern "C" int ladder_autograd_grad(const at::Tensor *y, const at::Tensor *g, const at::Tensor *const *inputs,
+                                    size_t n, at::Tensor *const *results, char *err, size_t errlen) {
+  try {
+    at::AutoGradMode enable(true);
+    std::vector<at::Tensor> in;
+    in.reserve(n);
+    for (size_t i = 0; i < n; ++i) in.push_back(*inputs[i]);
+    auto grads = torch::autograd::grad({*y}, in, {*g}, /*retain_graph=*/false, /*create_graph=*/false,
+                                       /*allow_unused=*/true);
+    for (size_t i = 0; i < n; ++i) *results[i] = grads[i];
+    return 0;
+  } catch (const std::exception &e) {
+    set_error(err, errlen, e.what());
+    return 1;
+  }
+}

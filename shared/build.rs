@@ -38,6 +38,9 @@ fn libtorch_shims() {
         .define("_GLIBCXX_USE_CXX11_ABI", abi.as_str())
         .include(&include)
         .warnings(false)
+        // The model's kernels rely on the compiler's vectorisation: optimise them in dev and
+        // test builds too (workspace members build at -O0 there).
+        .opt_level(3)
         .flag_if_supported("-w")
         .file("src/fsdp/storage_shim.cpp")
         .file("src/optim_shim.cpp")

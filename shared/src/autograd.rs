@@ -36,8 +36,8 @@ fn check(rc: c_int, err: &[c_char]) -> Result<()> {
 /// leaf `y` depends on, then frees `y`'s graph. Runs in grad mode whatever the caller's mode.
 ///
 /// # Errors
-/// [`crate::Error::Torch`] with libtorch's message (a shape or dtype mismatch, a graph already
-/// freed, `y` not requiring grad).
+/// [`crate::Error::Torch`] with libtorch's message: `g` of another shape or dtype than `y`
+/// (checked as Python's autograd checks it), a graph already freed, `y` not requiring grad.
 pub fn backward_with_grad(y: &Tensor, g: &Tensor) -> Result<()> {
     let mut err = [0 as c_char; 1024];
     // SAFETY: live tensor handles; the shim only reads them and writes `err`.
@@ -109,9 +109,17 @@ mod tests {
     fn a_mismatched_gradient_is_an_error_not_a_crash() {
         let w = Tensor::randn([16, 8], (Kind::Float, Device::Cpu)).set_requires_grad(true);
         let x = Tensor::randn([4, 16], (Kind::Float, Device::Cpu));
-        let wrong = Tensor::randn([5, 8], (Kind::Float, Device::Cpu));
-        let e = backward_with_grad(&x.matmul(&w), &wrong).unwrap_err().to_string();
-        assert!(e.contains("shape") || e.contains("size"), "{e}");
-        assert!(grad(&x.matmul(&w), &wrong, &[w.shallow_clone()]).is_err());
+        // Another shape — also one y would broadcast to — or another dtype: named, not summed
+        // down or cast silently.
+        for wrong in [
+            Tensor::randn([5, 8], (Kind::Float, Device::Cpu)),
+            Tensor::randn([2, 4, 8], (Kind::Float, Device::Cpu)),
+            Tensor::randn([4, 8], (Kind::Float, Device::Cpu)).to_kind(Kind::BFloat16),
+        ] {
+            let e = backward_with_grad(&x.matmul(&w), &wrong).unwrap_err().to_string();
+            assert!(e.contains("Mismatch in"), "{e}");
+            assert!(grad(&x.matmul(&w), &wrong, &[w.shallow_clone()]).is_err());
+        }
+        assert!(!w.grad().defined(), "nothing accumulated");
     }
 }

@@ -12,8 +12,18 @@
 
 namespace {
 void set_error(char *err, size_t errlen, const char *msg) {
+  if (errlen == 0) return;
   std::strncpy(err, msg, errlen - 1);
   err[errlen - 1] = 0;
+}
+
+// As Python's autograd: the gradient must have the output's shape and dtype (the C++ engine
+// would broadcast-sum a smaller output's gradient or cast a dtype silently).
+void check_grad(const at::Tensor &y, const at::Tensor &g) {
+  TORCH_CHECK(g.sizes() == y.sizes(), "Mismatch in shape: grad_output has a shape of ", g.sizes(),
+              " and output has a shape of ", y.sizes());
+  TORCH_CHECK(g.scalar_type() == y.scalar_type(), "Mismatch in dtype: grad_output is ", g.scalar_type(),
+              " and output is ", y.scalar_type());
 }
 }  // namespace
 
@@ -22,10 +32,14 @@ void set_error(char *err, size_t errlen, const char *msg) {
 extern "C" int ladder_backward_with_grad(const at::Tensor *y, const at::Tensor *g, char *err, size_t errlen) {
   try {
     at::AutoGradMode enable(true);
+    check_grad(*y, *g);
     torch::autograd::backward({*y}, {*g}, /*retain_graph=*/false, /*create_graph=*/false);
     return 0;
   } catch (const std::exception &e) {
     set_error(err, errlen, e.what());
+    return 1;
+  } catch (...) {
+    set_error(err, errlen, "a non-standard C++ exception");
     return 1;
   }
 }
@@ -38,6 +52,7 @@ extern "C" int ladder_autograd_grad(const at::Tensor *y, const at::Tensor *g, co
                                     size_t n, at::Tensor *const *results, char *err, size_t errlen) {
   try {
     at::AutoGradMode enable(true);
+    check_grad(*y, *g);
     std::vector<at::Tensor> in;
     in.reserve(n);
     for (size_t i = 0; i < n; ++i) in.push_back(*inputs[i]);
@@ -47,6 +62,9 @@ extern "C" int ladder_autograd_grad(const at::Tensor *y, const at::Tensor *g, co
     return 0;
   } catch (const std::exception &e) {
     set_error(err, errlen, e.what());
+    return 1;
+  } catch (...) {
+    set_error(err, errlen, "a non-standard C++ exception");
     return 1;
   }
 }

@@ -28,6 +28,12 @@
 
 namespace {
 
+void set_error(char *err, size_t errlen, const char *msg) {
+  if (errlen == 0) return;
+  std::strncpy(err, msg, errlen - 1);
+  err[errlen - 1] = 0;
+}
+
 inline uint64_t splitmix64(uint64_t z) {
   z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
   z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
@@ -95,7 +101,8 @@ void max_pool_2x2_forward(const T *x, T *out, uint8_t *code, int64_t planes, int
         const bool td = (d[e] > m) | (d[e] != d[e]);
         m = td ? d[e] : m;
         q = td ? 3 : q;
-        o[e] = static_cast<T>(m);  // an element of x, converted there and back: exact
+        o[e] = static_cast<T>(m);  // an element of x, converted there and back: exact (a bf16 or
+                                   // f16 NaN comes back canonical, as from libtorch's kernel)
         k[e] = q;
       }
     }
@@ -162,6 +169,8 @@ struct MaxPool2x2 : public torch::autograd::Function<MaxPool2x2> {
   }
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext *ctx, torch::autograd::variable_list grads) {
+    TORCH_CHECK(!(at::GradMode::is_enabled() && grads[0].requires_grad()),
+                "max_pool2d_2x2 has no double backward (create_graph=True): use max_pool2d");
     const at::Tensor code = ctx->get_saved_variables()[0];
     const at::Tensor g = grads[0].contiguous();
     const int64_t h = ctx->saved_data["h"].toInt(), w = ctx->saved_data["w"].toInt();
@@ -188,8 +197,10 @@ extern "C" int ladder_max_pool_2x2(const at::Tensor *x, at::Tensor *out, char *e
     *out = MaxPool2x2::apply(in);
     return 0;
   } catch (const std::exception &e) {
-    std::strncpy(err, e.what(), errlen - 1);
-    err[errlen - 1] = 0;
+    set_error(err, errlen, e.what());
+    return 1;
+  } catch (...) {
+    set_error(err, errlen, "a non-standard C++ exception");
     return 1;
   }
 }
@@ -199,7 +210,7 @@ extern "C" int ladder_max_pool_2x2(const at::Tensor *x, at::Tensor *out, char *e
 // (computed as libtorch's `noise.div_(1 - p)` does: in f64 for f64 tensors, f32 otherwise,
 // then rounded to the dtype) with probability 1 − p, quantised to 2^-32 (exact for p = 0.25,
 // 0.5), and 0 otherwise. Returns 0, or 1 with a message in `err`.
-extern "C" int ladder_dropout_noise(const at::Tensor *noise, double p, char *err, size_t errlen) {
+extern "C" int ladder_dropout_noise(at::Tensor *noise, double p, char *err, size_t errlen) {
   try {
     const at::Tensor &t = *noise;
     TORCH_CHECK(p > 0.0 && p < 1.0, "dropout probability must be in (0, 1), got ", p);
@@ -215,12 +226,14 @@ extern "C" int ladder_dropout_noise(const at::Tensor *noise, double p, char *err
     AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, t.scalar_type(), "ladder_dropout_noise", [&] {
       using opmath_t = at::opmath_type<scalar_t>;
       const scalar_t kept = static_cast<scalar_t>(opmath_t(1) / static_cast<opmath_t>(keep));
-      fill<scalar_t>(t.data_ptr<scalar_t>(), t.numel(), key, threshold, kept);
+      fill<scalar_t>(t.mutable_data_ptr<scalar_t>(), t.numel(), key, threshold, kept);
     });
     return 0;
   } catch (const std::exception &e) {
-    std::strncpy(err, e.what(), errlen - 1);
-    err[errlen - 1] = 0;
+    set_error(err, errlen, e.what());
+    return 1;
+  } catch (...) {
+    set_error(err, errlen, "a non-standard C++ exception");
     return 1;
   }
 }

@@ -37,5 +37,9 @@ extern "C" int ladder_fused_adamw(const at::Tensor *const *params, const at::Ten
     std::strncpy(err, e.what(), errlen - 1);
     err[errlen - 1] = 0;
     return 1;
+  } catch (...) {
+    std::strncpy(err, "a non-standard C++ exception", errlen - 1);
+    err[errlen - 1] = 0;
+    return 1;
   }
 }

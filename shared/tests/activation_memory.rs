@@ -41,10 +41,10 @@ fn the_estimate_bounds_one_steps_measured_activation_memory() {
         let estimate = memory::activation_bytes_per_sample(width) * batch as u64;
         let ratio = estimate as f64 / measured as f64;
         eprintln!("width {width}, batch {batch}: measured {measured} B, estimate {estimate} B ({ratio:.2}×)");
-        // Upper-ish: never below what a step takes, and not a fudge (within 2× of it: the
+        // Upper-ish: never below what a step takes, and not a fudge (within 2.2× of it: the
         // estimate counts every tensor the step creates, also those freed before the peak —
-        // ~1.25× at width 128, ~1.8× at width 4096).
+        // ~1.3× at width 128, ~1.9× at width 4096).
         assert!(estimate >= measured, "width {width}: estimate {estimate} B < measured {measured} B");
-        assert!(ratio < 2.0, "width {width}: estimate {estimate} B is {ratio:.2}× the measured {measured} B");
+        assert!(ratio < 2.2, "width {width}: estimate {estimate} B is {ratio:.2}× the measured {measured} B");
     }
 }

@@ -146,3 +146,36 @@ fn max_pool_equals_libtorch_max_pool_with_ties_and_special_values() {
         }
     }
 }
+
+/// The same equality on the layouts and shapes BasicNet does not produce: a non-square plane
+/// (6 × 10, so swapped height and width would show), a channels-last input, a transposed view
+/// of an input, and an expanded upstream gradient (`y.sum().backward()`).
+#[test]
+fn max_pool_equals_libtorch_on_other_layouts_and_shapes() {
+    tch::manual_seed(11);
+    let base = Tensor::randn([2, 3, 6, 10], (Kind::Float, Device::Cpu));
+    let inputs = [
+        ("non-square", base.shallow_clone()),
+        ("channels-last", base.permute([0, 2, 3, 1]).contiguous().permute([0, 3, 1, 2])),
+        ("transposed view", Tensor::randn([2, 3, 10, 6], (Kind::Float, Device::Cpu)).transpose(2, 3)),
+    ];
+    for (what, x0) in inputs {
+        for expanded in [false, true] {
+            let run = |pool: &dyn Fn(&Tensor) -> Tensor| {
+                let x = x0.detach().set_requires_grad(true);
+                let y = pool(&x);
+                if expanded {
+                    y.sum(Kind::Float).backward(); // the gradient reaching the pool is expanded
+                } else {
+                    (&y * y.detach().cos()).sum(Kind::Float).backward();
+                }
+                (y.detach().contiguous(), x.grad().contiguous())
+            };
+            let (ours, ours_grad) = run(&|x| ladder_core::model::max_pool2d_2x2(x));
+            let (theirs, theirs_grad) = run(&|x| x.max_pool2d_default(2));
+            assert_eq!(ours.size(), [2, 3, 3, 5], "{what}");
+            assert!(ours.equal(&theirs), "{what}, expanded {expanded}: values differ");
+            assert!(ours_grad.equal(&theirs_grad), "{what}, expanded {expanded}: gradients differ");
+        }
+    }
+}

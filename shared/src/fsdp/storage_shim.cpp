@@ -35,5 +35,9 @@ extern "C" int ladder_storage_resize_bytes(const at::Tensor *t, size_t nbytes, c
     std::strncpy(err, e.what(), errlen - 1);
     err[errlen - 1] = 0;
     return 1;
+  } catch (...) {
+    std::strncpy(err, "a non-standard C++ exception", errlen - 1);
+    err[errlen - 1] = 0;
+    return 1;
   }
 }

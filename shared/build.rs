@@ -27,6 +27,7 @@ fn libtorch_shims() {
     println!("cargo:rerun-if-changed=src/optim_shim.cpp");
     println!("cargo:rerun-if-changed=src/model_shim.cpp");
     println!("cargo:rerun-if-changed=src/autograd_shim.cpp");
+    println!("cargo:rerun-if-changed=src/shim.h");
     println!("cargo:rerun-if-env-changed=LIBTORCH_CXX11_ABI");
     let libtorch = std::env::var("LIBTORCH")
         .expect("LIBTORCH must name the libtorch tch links (scripts/bootstrap.sh and .cargo/config.toml set it)");

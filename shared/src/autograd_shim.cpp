@@ -8,15 +8,11 @@
 
 #include <cstring>
 #include <exception>
+
+#include "shim.h"
 #include <vector>
 
 namespace {
-void set_error(char *err, size_t errlen, const char *msg) {
-  if (errlen == 0) return;
-  std::strncpy(err, msg, errlen - 1);
-  err[errlen - 1] = 0;
-}
-
 // As Python's autograd: the gradient must have the output's shape and dtype (the C++ engine
 // would broadcast-sum a smaller output's gradient or cast a dtype silently).
 void check_grad(const at::Tensor &y, const at::Tensor &g) {
@@ -30,18 +26,11 @@ void check_grad(const at::Tensor &y, const at::Tensor &g) {
 // `torch.autograd.backward([*y], [*g])`: accumulates into the `.grad` of the leaves `y` depends
 // on, then frees the graph (retain_graph=False). Returns 0, or 1 with libtorch's message.
 extern "C" int ladder_backward_with_grad(const at::Tensor *y, const at::Tensor *g, char *err, size_t errlen) {
-  try {
+  return ladder::guarded(err, errlen, [&] {
     at::AutoGradMode enable(true);
     check_grad(*y, *g);
     torch::autograd::backward({*y}, {*g}, /*retain_graph=*/false, /*create_graph=*/false);
-    return 0;
-  } catch (const std::exception &e) {
-    set_error(err, errlen, e.what());
-    return 1;
-  } catch (...) {
-    set_error(err, errlen, "a non-standard C++ exception");
-    return 1;
-  }
+  });
 }
 
 // `torch.autograd.grad([*y], inputs, [*g], retain_graph=False, create_graph=False,
@@ -50,7 +39,7 @@ extern "C" int ladder_backward_with_grad(const at::Tensor *y, const at::Tensor *
 // with libtorch's message.
 extern "C" int ladder_autograd_grad(const at::Tensor *y, const at::Tensor *g, const at::Tensor *const *inputs,
                                     size_t n, at::Tensor *const *results, char *err, size_t errlen) {
-  try {
+  return ladder::guarded(err, errlen, [&] {
     at::AutoGradMode enable(true);
     check_grad(*y, *g);
     std::vector<at::Tensor> in;
@@ -59,12 +48,5 @@ extern "C" int ladder_autograd_grad(const at::Tensor *y, const at::Tensor *g, co
     auto grads = torch::autograd::grad({*y}, in, {*g}, /*retain_graph=*/false, /*create_graph=*/false,
                                        /*allow_unused=*/true);
     for (size_t i = 0; i < n; ++i) *results[i] = grads[i];
-    return 0;
-  } catch (const std::exception &e) {
-    set_error(err, errlen, e.what());
-    return 1;
-  } catch (...) {
-    set_error(err, errlen, "a non-standard C++ exception");
-    return 1;
-  }
+  });
 }

@@ -21,18 +21,14 @@
 #include <cstdint>
 #include <cstring>
 #include <exception>
+
+#include "shim.h"
 #include <limits>
 #include <mutex>
 #include <type_traits>
 #include <vector>
 
 namespace {
-
-void set_error(char *err, size_t errlen, const char *msg) {
-  if (errlen == 0) return;
-  std::strncpy(err, msg, errlen - 1);
-  err[errlen - 1] = 0;
-}
 
 inline uint64_t splitmix64(uint64_t z) {
   z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
@@ -189,20 +185,13 @@ struct MaxPool2x2 : public torch::autograd::Function<MaxPool2x2> {
 // w), differentiable: stores the result `[b, c, h/2, w/2]` into the tensor handle `out` (tch's
 // `at::Tensor *`, replaced by assignment). Returns 0, or 1 with a message in `err`.
 extern "C" int ladder_max_pool_2x2(const at::Tensor *x, at::Tensor *out, char *err, size_t errlen) {
-  try {
+  return ladder::guarded(err, errlen, [&] {
     const at::Tensor &in = *x;
     TORCH_CHECK(in.dim() == 4 && in.device().is_cpu(), "x must be a CPU NCHW tensor");
     TORCH_CHECK(in.size(2) % 2 == 0 && in.size(3) % 2 == 0, "x's height and width must be even, got ", in.size(2), " × ",
                 in.size(3));
     *out = MaxPool2x2::apply(in);
-    return 0;
-  } catch (const std::exception &e) {
-    set_error(err, errlen, e.what());
-    return 1;
-  } catch (...) {
-    set_error(err, errlen, "a non-standard C++ exception");
-    return 1;
-  }
+  });
 }
 
 // Fills `noise` (tch's tensor handle: a contiguous CPU tensor of a floating dtype) with
@@ -211,7 +200,7 @@ extern "C" int ladder_max_pool_2x2(const at::Tensor *x, at::Tensor *out, char *e
 // then rounded to the dtype) with probability 1 − p, quantised to 2^-32 (exact for p = 0.25,
 // 0.5), and 0 otherwise. Returns 0, or 1 with a message in `err`.
 extern "C" int ladder_dropout_noise(at::Tensor *noise, double p, char *err, size_t errlen) {
-  try {
+  return ladder::guarded(err, errlen, [&] {
     const at::Tensor &t = *noise;
     TORCH_CHECK(p > 0.0 && p < 1.0, "dropout probability must be in (0, 1), got ", p);
     TORCH_CHECK(t.device().is_cpu() && t.is_contiguous(), "the noise tensor must be a contiguous CPU tensor");
@@ -228,12 +217,5 @@ extern "C" int ladder_dropout_noise(at::Tensor *noise, double p, char *err, size
       const scalar_t kept = static_cast<scalar_t>(opmath_t(1) / static_cast<opmath_t>(keep));
       fill<scalar_t>(t.mutable_data_ptr<scalar_t>(), t.numel(), key, threshold, kept);
     });
-    return 0;
-  } catch (const std::exception &e) {
-    set_error(err, errlen, e.what());
-    return 1;
-  } catch (...) {
-    set_error(err, errlen, "a non-standard C++ exception");
-    return 1;
-  }
+  });
 }

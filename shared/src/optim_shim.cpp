@@ -8,6 +8,8 @@
 
 #include <cstring>
 #include <exception>
+
+#include "shim.h"
 #include <vector>
 
 // Each `*const at::Tensor` array has `n` entries (tch's tensor handles). `steps` are 0-d f32
@@ -18,7 +20,7 @@ extern "C" int ladder_fused_adamw(const at::Tensor *const *params, const at::Ten
                                   const at::Tensor *const *exp_avgs, const at::Tensor *const *exp_avg_sqs,
                                   const at::Tensor *const *steps, size_t n, double lr, double beta1, double beta2,
                                   double weight_decay, double eps, char *err, size_t errlen) {
-  try {
+  return ladder::guarded(err, errlen, [&] {
     // The optimizer runs under torch.no_grad(): the parameters are leaves that require grad.
     at::NoGradGuard no_grad;
     std::vector<at::Tensor> p, g, m, v, s;
@@ -32,14 +34,5 @@ extern "C" int ladder_fused_adamw(const at::Tensor *const *params, const at::Ten
     }
     at::_fused_adamw_(p, g, m, v, /*max_exp_avg_sqs=*/{}, s, lr, beta1, beta2, weight_decay, eps,
                       /*amsgrad=*/false, /*maximize=*/false);
-    return 0;
-  } catch (const std::exception &e) {
-    std::strncpy(err, e.what(), errlen - 1);
-    err[errlen - 1] = 0;
-    return 1;
-  } catch (...) {
-    std::strncpy(err, "a non-standard C++ exception", errlen - 1);
-    err[errlen - 1] = 0;
-    return 1;
-  }
+  });
 }

@@ -10,17 +10,16 @@
 #include <cstring>
 #include <exception>
 
+#include "../shim.h"
+
 // `t` is tch's tensor handle (torch-sys's `tensor` is `at::Tensor *`). Sets the byte size of
 // `t`'s storage to `nbytes`: 0 frees its memory; otherwise fresh memory is allocated with the
 // storage's own allocator (its contents are undefined). Returns 0, or 1 with a message in `err`.
 extern "C" int ladder_storage_resize_bytes(const at::Tensor *t, size_t nbytes, char *err, size_t errlen) {
-  try {
+  return ladder::guarded(err, errlen, [&] {
     c10::StorageImpl *s = t->storage().unsafeGetStorageImpl();
-    if (!s->resizable() || s->allocator() == nullptr) {
-      std::strncpy(err, "the storage is not resizable (it was not allocated by libtorch)", errlen - 1);
-      err[errlen - 1] = 0;
-      return 1;
-    }
+    TORCH_CHECK(s->resizable() && s->allocator() != nullptr,
+                "the storage is not resizable (it was not allocated by libtorch)");
     if (nbytes == 0) {
       s->set_data_ptr_noswap(at::DataPtr(nullptr, s->device()));  // the old DataPtr frees the memory
       s->set_nbytes(0);
@@ -30,14 +29,5 @@ extern "C" int ladder_storage_resize_bytes(const at::Tensor *t, size_t nbytes, c
       s->set_data_ptr_noswap(std::move(fresh));
       s->set_nbytes(nbytes);
     }
-    return 0;
-  } catch (const std::exception &e) {
-    std::strncpy(err, e.what(), errlen - 1);
-    err[errlen - 1] = 0;
-    return 1;
-  } catch (...) {
-    std::strncpy(err, "a non-standard C++ exception", errlen - 1);
-    err[errlen - 1] = 0;
-    return 1;
-  }
+  });
 }

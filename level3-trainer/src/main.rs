@@ -23,6 +23,8 @@ use std::process::ExitCode;
 
 fn main() -> ExitCode {
     let cfg = level3_trainer::Config::parse_command_line();
+    // Before any tensor exists: huge pages for wide models (see the function).
+    ladder_core::device::use_huge_pages_for(4 * ladder_core::model::BasicNet::num_parameters(cfg.width.max(1)) as u64);
     let result = level3_trainer::run(&cfg);
     ladder_core::metrics::finish(result, |r| r.summary())
 }

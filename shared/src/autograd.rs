@@ -22,15 +22,6 @@ extern "C" {
     ) -> c_int;
 }
 
-fn check(rc: c_int, err: &[c_char]) -> Result<()> {
-    if rc == 0 {
-        return Ok(());
-    }
-    // SAFETY: the shim NUL-terminates `err` when it fails.
-    let msg = unsafe { std::ffi::CStr::from_ptr(err.as_ptr()) }.to_string_lossy().into_owned();
-    Err(tch::TchError::Torch(msg).into())
-}
-
 /// `torch.autograd.backward([y], [g])` (= `y.backward(g)`): accumulates d(y·g)/d(leaf) — the
 /// vector-Jacobian product with `g`, which has `y`'s shape and dtype — into the `.grad` of every
 /// leaf `y` depends on, then frees `y`'s graph. Runs in grad mode whatever the caller's mode.
@@ -39,10 +30,9 @@ fn check(rc: c_int, err: &[c_char]) -> Result<()> {
 /// [`crate::Error::Torch`] with libtorch's message: `g` of another shape or dtype than `y`
 /// (checked as Python's autograd checks it), a graph already freed, `y` not requiring grad.
 pub fn backward_with_grad(y: &Tensor, g: &Tensor) -> Result<()> {
-    let mut err = [0 as c_char; 1024];
     // SAFETY: live tensor handles; the shim only reads them and writes `err`.
-    let rc = unsafe { ladder_backward_with_grad(y.as_ptr().cast(), g.as_ptr().cast(), err.as_mut_ptr(), err.len()) };
-    check(rc, &err)
+    crate::shim::call(|err, len| unsafe { ladder_backward_with_grad(y.as_ptr().cast(), g.as_ptr().cast(), err, len) })
+        .map_err(|msg| tch::TchError::Torch(msg).into())
 }
 
 /// `torch.autograd.grad([y], inputs, grad_outputs=[g], retain_graph=False, allow_unused=True)`:
@@ -55,13 +45,12 @@ pub fn grad(y: &Tensor, g: &Tensor, inputs: &[Tensor]) -> Result<Vec<Tensor>> {
     let mut results: Vec<Tensor> = inputs.iter().map(|_| Tensor::new()).collect();
     let ins: Vec<*const c_void> = inputs.iter().map(|t| t.as_ptr().cast()).collect();
     let outs: Vec<*mut c_void> = results.iter_mut().map(|t| t.as_mut_ptr().cast()).collect();
-    let mut err = [0 as c_char; 1024];
     // SAFETY: live tensor handles; the shim assigns each result handle's tensor (tch keeps
     // owning the handles) and writes `err`.
-    let rc = unsafe {
-        ladder_autograd_grad(y.as_ptr().cast(), g.as_ptr().cast(), ins.as_ptr(), ins.len(), outs.as_ptr(), err.as_mut_ptr(), err.len())
-    };
-    check(rc, &err)?;
+    crate::shim::call(|err, len| unsafe {
+        ladder_autograd_grad(y.as_ptr().cast(), g.as_ptr().cast(), ins.as_ptr(), ins.len(), outs.as_ptr(), err, len)
+    })
+    .map_err(tch::TchError::Torch)?;
     Ok(results)
 }
 

@@ -17,6 +17,7 @@ pub mod memory;
 pub mod metrics;
 pub mod model;
 pub mod optim;
+mod shim;
 pub mod checkpoint;
 pub mod timing;
 pub mod cli;

@@ -130,7 +130,7 @@ pub fn max_pool2d_2x2(x: &Tensor) -> Tensor {
     let mut out = Tensor::empty([0], (x.kind(), tch::Device::Cpu));
     // SAFETY: both are live tensor handles; the shim checks x's layout and replaces `out`'s
     // tensor by assignment (tch keeps owning the handle).
-    shim_call(|err, len| unsafe { ladder_max_pool_2x2(x.as_ptr().cast(), out.as_mut_ptr().cast(), err, len) })
+    crate::shim::call(|err, len| unsafe { ladder_max_pool_2x2(x.as_ptr().cast(), out.as_mut_ptr().cast(), err, len) })
         .unwrap_or_else(|msg| panic!("max_pool2d_2x2 of a {:?} tensor {size:?}: {msg}", x.kind()));
     out
 }
@@ -140,16 +140,6 @@ extern "C" {
     fn ladder_dropout_noise(noise: *mut c_void, p: f64, err: *mut c_char, errlen: usize) -> c_int;
     /// `model_shim.cpp`: differentiable `max_pool2d(x, 2)` of an NCHW tensor, stored into `out`.
     fn ladder_max_pool_2x2(x: *const c_void, out: *mut c_void, err: *mut c_char, errlen: usize) -> c_int;
-}
-
-/// Calls a `model_shim.cpp` function with an error buffer; its message if it failed.
-fn shim_call(f: impl FnOnce(*mut c_char, usize) -> c_int) -> std::result::Result<(), String> {
-    let mut err = [0 as c_char; 512];
-    if f(err.as_mut_ptr(), err.len()) == 0 {
-        return Ok(());
-    }
-    // SAFETY: the shims NUL-terminate `err` when they fail.
-    Err(unsafe { std::ffi::CStr::from_ptr(err.as_ptr()) }.to_string_lossy().into_owned())
 }
 
 /// `dropout(xs, p, train)`: in train mode each element of `xs` (any shape, a floating dtype) is
@@ -179,7 +169,7 @@ pub fn dropout(xs: &Tensor, p: f64, train: bool) -> Tensor {
     let mut noise = Tensor::empty(xs.size(), (xs.kind(), tch::Device::Cpu));
     // SAFETY: `noise` is a live tensor handle; the shim checks it is contiguous, on the CPU and
     // of a floating dtype before writing its elements.
-    shim_call(|err, len| unsafe { ladder_dropout_noise(noise.as_mut_ptr().cast(), p, err, len) })
+    crate::shim::call(|err, len| unsafe { ladder_dropout_noise(noise.as_mut_ptr().cast(), p, err, len) })
         .unwrap_or_else(|msg| panic!("dropout on a {:?} tensor: {msg}", xs.kind()));
     xs * noise
 }

@@ -27,7 +27,7 @@
 
 use crate::{Error, Result};
 use serde::{Deserialize, Serialize};
-use std::ffi::{c_char, c_int, c_void, CStr};
+use std::ffi::{c_char, c_int, c_void};
 use tch::{Kind, Tensor};
 
 extern "C" {
@@ -204,21 +204,16 @@ impl AdamW {
             let (p, g) = (ptrs(&|i| self.params[i].as_ptr() as _), ptrs(&|i| grads[i].as_ptr() as _));
             let (m, v) = (ptrs(&|i| st(i).exp_avg.as_ptr() as _), ptrs(&|i| st(i).exp_avg_sq.as_ptr() as _));
             let t = ptrs(&|i| st(i).step_t.as_ptr() as _);
-            let mut err = [0 as c_char; 1024];
             // SAFETY: every pointer is tch's `at::Tensor *` of a tensor alive for the call (held
             // by `self` or `grads`); the shim reads `idx.len()` entries of each array and writes
-            // at most `err.len()` bytes, NUL included, into `err`.
-            let rc = unsafe {
+            // at most `len` bytes, NUL included, into `err`.
+            crate::shim::call(|err, len| unsafe {
                 ladder_fused_adamw(
                     p.as_ptr(), g.as_ptr(), m.as_ptr(), v.as_ptr(), t.as_ptr(), idx.len(),
-                    c.lr, c.beta1, c.beta2, c.weight_decay, c.eps, err.as_mut_ptr(), err.len(),
+                    c.lr, c.beta1, c.beta2, c.weight_decay, c.eps, err, len,
                 )
-            };
-            if rc != 0 {
-                // SAFETY: the shim NUL-terminates `err` whenever it returns non-zero.
-                let msg = unsafe { CStr::from_ptr(err.as_ptr()) }.to_string_lossy().into_owned();
-                return Err(Error::invalid("optimizer step", "AdamW", format!("gradients libtorch's fused AdamW accepts ({msg})")));
-            }
+            })
+            .map_err(|msg| Error::invalid("optimizer step", "AdamW", format!("gradients libtorch's fused AdamW accepts ({msg})")))?;
         }
         Ok(())
     }

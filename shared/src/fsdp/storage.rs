@@ -25,7 +25,7 @@
 //! is dropped instead is never read. The views are never handed to user code while released.
 
 use crate::{Error, Result};
-use std::ffi::{c_char, c_int, c_void, CStr};
+use std::ffi::{c_char, c_int, c_void};
 use tch::{Device, Kind, Tensor};
 
 extern "C" {
@@ -94,18 +94,12 @@ impl FlatStorage {
     }
 
     fn resize(&self, nbytes: usize, rank: usize) -> Result<()> {
-        let mut err = [0 as c_char; 512];
         // SAFETY: `flat.as_ptr()` is tch's `at::Tensor *`, alive for the call; the shim only
-        // touches that tensor's StorageImpl and writes at most `err.len()` bytes (NUL included)
-        // into `err`. Resizing is what makes views unreadable until refilled: see the module's
+        // touches that tensor's StorageImpl and writes at most `len` bytes (NUL included) into
+        // `err`. Resizing is what makes views unreadable until refilled: see the module's
         // `# Safety`.
-        let rc = unsafe { ladder_storage_resize_bytes(self.flat.as_ptr() as *const c_void, nbytes, err.as_mut_ptr(), err.len()) };
-        if rc == 0 {
-            return Ok(());
-        }
-        // SAFETY: the shim NUL-terminates `err` whenever it returns non-zero.
-        let msg = unsafe { CStr::from_ptr(err.as_ptr()) }.to_string_lossy().into_owned();
-        Err(Error::Fsdp { rank, problem: format!("resizing a gathered FlatParameter's storage to {nbytes} bytes failed: {msg}") })
+        crate::shim::call(|err, len| unsafe { ladder_storage_resize_bytes(self.flat.as_ptr() as *const c_void, nbytes, err, len) })
+            .map_err(|msg| Error::Fsdp { rank, problem: format!("resizing a gathered FlatParameter's storage to {nbytes} bytes failed: {msg}") })
     }
 }
 

@@ -55,6 +55,15 @@ pub struct Config {
     /// layer [default: 100000000, i.e. the whole model is one unit; FSDP strategies only].
     #[arg(long, value_name = "N")]
     pub fsdp_min_num_params: Option<usize>,
+    /// FSDP's backward_prefetch: when FULL_SHARD's backward starts all-gathering the next
+    /// unit [default: backward-pre, PyTorch's; FSDP strategies only].
+    #[arg(long, value_enum, value_parser = ladder_core::cli::choice::<BackwardPrefetchMode>())]
+    pub fsdp_backward_prefetch: Option<BackwardPrefetchMode>,
+    /// FSDP's forward_prefetch: start the next unit's all-gather before the current unit's
+    /// forward [default: off, PyTorch's; FSDP strategies only].
+    #[arg(long)]
+    #[serde(default)]
+    pub fsdp_forward_prefetch: bool,
     /// Output features of BasicNet's fc1 (the tutorial's 128; 4096 gives ~38M parameters, for
     /// memory comparisons).
     #[arg(long, default_value_t = 128)]
@@ -99,6 +108,31 @@ impl Precision {
     }
 }
 
+/// Level 1's `--fsdp-backward-prefetch` values: PyTorch's `BackwardPrefetch` members and
+/// `None` (Accelerate's `NO_PREFETCH`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum BackwardPrefetchMode {
+    /// `BackwardPrefetch.BACKWARD_PRE`: before the current unit's gradient computation.
+    BackwardPre,
+    /// `BackwardPrefetch.BACKWARD_POST`: after it, once the unit's parameters are freed.
+    BackwardPost,
+    /// `backward_prefetch=None`: each unit is all-gathered when backward reaches it.
+    NoPrefetch,
+}
+
+impl BackwardPrefetchMode {
+    /// The core's setting for this value.
+    pub fn policy(self) -> Option<ladder_core::fsdp::BackwardPrefetch> {
+        use ladder_core::fsdp::BackwardPrefetch;
+        match self {
+            BackwardPrefetchMode::BackwardPre => Some(BackwardPrefetch::BackwardPre),
+            BackwardPrefetchMode::BackwardPost => Some(BackwardPrefetch::BackwardPost),
+            BackwardPrefetchMode::NoPrefetch => None,
+        }
+    }
+}
+
 /// `setup(rank, world_size)` of the tutorial: initialise the process group from the launcher's
 /// environment (RANK, WORLD_SIZE, … or mpirun's) and set this rank's intra-op threads.
 ///
@@ -133,7 +167,16 @@ pub fn run(cfg: &Config) -> Result<Report> {
     if cfg.width < 1 {
         return Err(Error::invalid("--width", cfg.width, "at least 1 output feature for fc1"));
     }
-    check_strategy_flags(cfg.strategy, "--strategy", cfg.bucket_cap_mb.is_some(), cfg.fsdp_min_num_params.is_some())?;
+    let fsdp_flag = [
+        ("--fsdp-min-num-params", cfg.fsdp_min_num_params.is_some()),
+        ("--fsdp-backward-prefetch", cfg.fsdp_backward_prefetch.is_some()),
+        ("--fsdp-forward-prefetch", cfg.fsdp_forward_prefetch),
+    ]
+    .into_iter()
+    .find_map(|(flag, given)| given.then_some(flag));
+    check_strategy_flags(cfg.strategy, "--strategy", cfg.bucket_cap_mb.is_some(), fsdp_flag)?;
+    let fsdp_backward_prefetch =
+        cfg.fsdp_backward_prefetch.map_or(WrapConfig::default().fsdp_backward_prefetch, BackwardPrefetchMode::policy);
     let device_kind = cfg.train.device_kind();
     let backend = cfg.backend.unwrap_or(match device_kind {
         DeviceKind::Cuda => Backend::Nccl,
@@ -172,6 +215,8 @@ pub fn run(cfg: &Config) -> Result<Report> {
         bucket_cap_mb: cfg.bucket_cap_mb.unwrap_or(25.0),
         fsdp_min_num_params: cfg.fsdp_min_num_params.unwrap_or(100_000_000),
         mixed_precision: cfg.mixed_precision.policy(),
+        fsdp_backward_prefetch,
+        fsdp_forward_prefetch: cfg.fsdp_forward_prefetch,
     };
     let mut model = WrappedModel::new(vs, net, &*pg, &wrap)?;
     if cfg.explain && rank == 0 {

@@ -174,7 +174,19 @@ fn bad_flags_are_clear_errors() {
         (vec!["--bucket-cap-mb=-1"], "error: invalid value \"-1\" for --bucket-cap-mb: a positive number of MiB"),
         (
             vec!["--strategy", "ddp", "--fsdp-min-num-params", "0"],
-            "error: invalid value \"given with --strategy ddp\" for --fsdp-min-num-params: an FSDP strategy (fsdp-full-shard, fsdp-shard-grad-op, fsdp-no-shard): auto-wrap plans FSDP units",
+            "error: invalid value \"given with --strategy ddp\" for --fsdp-min-num-params: an FSDP strategy (fsdp-full-shard, fsdp-shard-grad-op, fsdp-no-shard): the flag configures FSDP",
+        ),
+        (
+            vec!["--fsdp-backward-prefetch", "backward-post"],
+            "error: invalid value \"given with --strategy ddp\" for --fsdp-backward-prefetch: an FSDP strategy",
+        ),
+        (
+            vec!["--fsdp-forward-prefetch"],
+            "error: invalid value \"given with --strategy ddp\" for --fsdp-forward-prefetch: an FSDP strategy",
+        ),
+        (
+            vec!["--strategy", "fsdp-full-shard", "--fsdp-backward-prefetch", "backward-later"],
+            "error: invalid value 'backward-later' for '--fsdp-backward-prefetch",
         ),
         (
             vec!["--strategy", "fsdp-full-shard", "--bucket-cap-mb", "5"],

@@ -289,6 +289,7 @@ impl Accelerator {
             bucket_cap_mb: ddp.bucket_cap_mb,
             fsdp_min_num_params: config.fsdp_min_num_params,
             mixed_precision,
+            ..WrapConfig::default()
         };
         let shared = Rc::new(Shared {
             rank: pg.rank(),

@@ -103,7 +103,8 @@ pub fn run(cfg: &Config) -> Result<Report> {
     }
     // The strategy may come from the launcher or the config file: check the flags against it.
     let resolved = crate::config::ResolvedConfig::resolve(&cfg.accelerator_config(), |k| std::env::var(k).ok())?;
-    let (bucket_given, fsdp_given) = (cfg.bucket_cap_mb.is_some(), cfg.fsdp_min_num_params.is_some());
+    let (bucket_given, fsdp_given) =
+        (cfg.bucket_cap_mb.is_some(), cfg.fsdp_min_num_params.is_some().then_some("--fsdp-min-num-params"));
     check_strategy_flags(resolved.strategy(), "the resolved strategy", bucket_given, fsdp_given)?;
     let kwargs = DistributedDataParallelKwargs { bucket_cap_mb: cfg.bucket_cap_mb.unwrap_or(25.0) };
     let args = &cfg.train;

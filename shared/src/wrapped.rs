@@ -10,7 +10,7 @@
 
 use crate::ddp::{DdpConfig, DistributedDataParallel};
 use crate::dist::{ProcessGroup, ReduceOp};
-use crate::fsdp::{FsdpConfig, FullyShardedDataParallel, MixedPrecision, ShardingStrategy};
+use crate::fsdp::{BackwardPrefetch, FsdpConfig, FullyShardedDataParallel, MixedPrecision, ShardingStrategy};
 use crate::memory::ModelStateBytes;
 use crate::model::BasicNet;
 use crate::optim::{AdamW, AdamWConfig};
@@ -60,12 +60,13 @@ impl Strategy {
 
 /// A flag that does nothing under the chosen strategy is an error naming the strategies it
 /// belongs to (rather than being ignored without a word): `--bucket-cap-mb` is DDP's,
-/// `--fsdp-min-num-params` FSDP's. `source` says where the strategy came from (`--strategy`,
-/// `the resolved strategy`).
+/// `--fsdp-min-num-params` and the other `--fsdp-*` flags FSDP's. `source` says where the
+/// strategy came from (`--strategy`, `the resolved strategy`); `fsdp_flag` names the first
+/// FSDP-only flag the user gave, if any.
 ///
 /// # Errors
 /// [`Error::InvalidValue`] naming the flag.
-pub fn check_strategy_flags(strategy: Strategy, source: &str, bucket_cap_mb: bool, fsdp_min_num_params: bool) -> Result<()> {
+pub fn check_strategy_flags(strategy: Strategy, source: &str, bucket_cap_mb: bool, fsdp_flag: Option<&str>) -> Result<()> {
     if bucket_cap_mb && strategy != Strategy::Ddp {
         return Err(Error::invalid(
             "--bucket-cap-mb",
@@ -73,11 +74,11 @@ pub fn check_strategy_flags(strategy: Strategy, source: &str, bucket_cap_mb: boo
             "--strategy ddp (gradient buckets are DDP's; FSDP reduces one FlatParameter per unit)",
         ));
     }
-    if fsdp_min_num_params && strategy == Strategy::Ddp {
+    if let Some(flag) = fsdp_flag.filter(|_| strategy == Strategy::Ddp) {
         return Err(Error::invalid(
-            "--fsdp-min-num-params",
+            flag,
             format!("given with {source} ddp"),
-            "an FSDP strategy (fsdp-full-shard, fsdp-shard-grad-op, fsdp-no-shard): auto-wrap plans FSDP units",
+            "an FSDP strategy (fsdp-full-shard, fsdp-shard-grad-op, fsdp-no-shard): the flag configures FSDP",
         ));
     }
     Ok(())
@@ -98,11 +99,28 @@ pub struct WrapConfig {
     /// FSDP's `NO_SHARD` code path, which keeps the fp32 masters and the low-precision compute
     /// copy (full replicas and one all-reduce per step, as DDP). `None`: the model's dtype.
     pub mixed_precision: Option<MixedPrecision>,
+    /// FSDP's `backward_prefetch` (PyTorch's default `BACKWARD_PRE`; `None`: no prefetch).
+    #[serde(default = "default_backward_prefetch")]
+    pub fsdp_backward_prefetch: Option<BackwardPrefetch>,
+    /// FSDP's `forward_prefetch` (default false, PyTorch's).
+    #[serde(default)]
+    pub fsdp_forward_prefetch: bool,
+}
+
+fn default_backward_prefetch() -> Option<BackwardPrefetch> {
+    FsdpConfig::default().backward_prefetch
 }
 
 impl Default for WrapConfig {
     fn default() -> Self {
-        Self { strategy: Strategy::Ddp, bucket_cap_mb: 25.0, fsdp_min_num_params: 100_000_000, mixed_precision: None }
+        Self {
+            strategy: Strategy::Ddp,
+            bucket_cap_mb: 25.0,
+            fsdp_min_num_params: 100_000_000,
+            mixed_precision: None,
+            fsdp_backward_prefetch: default_backward_prefetch(),
+            fsdp_forward_prefetch: false,
+        }
     }
 }
 
@@ -180,6 +198,8 @@ impl<'pg> WrappedModel<'pg> {
                     sharding_strategy,
                     min_num_params: cfg.fsdp_min_num_params,
                     mixed_precision: cfg.mixed_precision,
+                    backward_prefetch: cfg.fsdp_backward_prefetch,
+                    forward_prefetch: cfg.fsdp_forward_prefetch,
                     ..FsdpConfig::default()
                 },
             )?),

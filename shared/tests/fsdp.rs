@@ -11,7 +11,7 @@ use ladder_core::ddp::{DdpConfig, DistributedDataParallel};
 use ladder_core::dist::local::LocalGroup;
 use ladder_core::dist::{init_process_group, Backend, ProcessGroup};
 use ladder_core::fsdp::{
-    explain_units, plan_units, FlatParamUnit, FsdpConfig, FullyShardedDataParallel, MixedPrecision, ShardingStrategy,
+    explain_units, plan_units, BackwardPrefetch, FlatParamUnit, FsdpConfig, FullyShardedDataParallel, MixedPrecision, ShardingStrategy,
 };
 use common::{assert_close, global_batches, no_dropout};
 use ladder_core::model::{BasicNet, Model, Segmented};
@@ -416,16 +416,25 @@ fn rank_memory() {
     let total = BasicNet::num_parameters(128);
     assert_eq!(LAYERS.iter().sum::<i64>(), total);
     let mut persistent = std::collections::BTreeMap::new();
-    for strategy in STRATEGIES {
-        for min_num_params in [0, WHOLE] {
-            let what = format!("rank {rank} W={w} {strategy} min_num_params {min_num_params}");
+    let prefetch_modes = [Some(BackwardPrefetch::BackwardPre), Some(BackwardPrefetch::BackwardPost), None];
+    let cases = STRATEGIES.iter().flat_map(|&s| {
+        let modes = if s == ShardingStrategy::FullShard { &prefetch_modes[..] } else { &prefetch_modes[..1] };
+        modes.iter().flat_map(move |&bp| [(s, 0, bp), (s, WHOLE, bp)])
+    });
+    for (strategy, min_num_params, backward_prefetch) in cases {
+        {
+            let what = format!("rank {rank} W={w} {strategy} min_num_params {min_num_params} {backward_prefetch:?}");
             let units: Vec<i64> = if min_num_params == 0 { LAYERS.to_vec() } else { vec![total] };
-            // Closed form, f32 = 4 bytes per element.
+            // Closed form, f32 = 4 bytes per element. FullShard's backward holds one unit's
+            // gathered parameters, and with BACKWARD_PRE also the previous unit's, prefetched
+            // while the current one computes.
+            let one_unit = units.iter().map(|&n| padded(n, w)).max().unwrap();
+            let two_units = units.windows(2).map(|p| padded(p[0], w) + padded(p[1], w)).max().unwrap_or(one_unit);
             let (params, peak) = match strategy {
                 ShardingStrategy::NoShard => (4 * total, 0),
                 ShardingStrategy::FullShard => (
                     4 * units.iter().map(|&n| padded(n, w) / w).sum::<i64>(),
-                    4 * units.iter().map(|&n| padded(n, w)).max().unwrap(),
+                    4 * if backward_prefetch == Some(BackwardPrefetch::BackwardPre) { two_units } else { one_unit },
                 ),
                 ShardingStrategy::ShardGradOp => (
                     4 * units.iter().map(|&n| padded(n, w) / w).sum::<i64>(),
@@ -433,7 +442,8 @@ fn rank_memory() {
                 ),
             };
             let (vs, net) = build(Kind::Float, SEED);
-            let mut fsdp = FullyShardedDataParallel::new(vs, net, pg, fsdp_config(strategy, min_num_params)).unwrap();
+            let cfg = FsdpConfig { backward_prefetch, ..fsdp_config(strategy, min_num_params) };
+            let mut fsdp = FullyShardedDataParallel::new(vs, net, pg, cfg).unwrap();
             let before = fsdp.memory();
             assert_eq!(
                 (before.parameters, before.gradients, before.gathered_peak),
@@ -502,8 +512,9 @@ fn rank_mixed_precision_and_no_sync() {
         );
         assert_eq!(m16.parameters, m32.parameters, "{strategy}: master shards stay fp32");
         let expected_peak = match strategy {
-            // The largest unit (fc1), gathered in bf16.
-            ShardingStrategy::FullShard => 2 * padded(LAYERS[2], w),
+            // The largest unit (fc1) and conv2, prefetched while fc1's gradients are computed
+            // (BACKWARD_PRE, the default), gathered in bf16.
+            ShardingStrategy::FullShard => 2 * (padded(LAYERS[2], w) + padded(LAYERS[1], w)),
             // bf16 copies of every layer, alive together.
             _ => 2 * LAYERS.iter().sum::<i64>(),
         };
@@ -691,5 +702,79 @@ fn state_dict_errors_name_the_key_and_the_shapes() {
     // Failed loads change nothing.
     for ((k, a), (_, b)) in fsdp.sharded_state_dict().iter().zip(&before) {
         assert!(a.equal(b), "{k} unchanged by a rejected load");
+    }
+}
+
+// ---- prefetch ----------------------------------------------------------------------------------
+
+#[test]
+fn prefetch_is_bit_identical_and_counted_at_world_size_2() {
+    common::mpirun(2, "rank_prefetch", &[]);
+}
+
+#[test]
+fn prefetch_is_bit_identical_and_counted_at_world_size_3() {
+    common::mpirun(3, "rank_prefetch", &[]);
+}
+
+/// Every shard gradient and shard after every step, then one evaluation forward's output.
+fn prefetch_trajectory(
+    pg: &dyn ProcessGroup,
+    cfg: FsdpConfig,
+    batches: &[(Tensor, Tensor)],
+) -> (Vec<Tensor>, u64, usize) {
+    let (vs, net) = build(Kind::Float, SEED);
+    let mut fsdp = FullyShardedDataParallel::new(vs, net, pg, cfg).unwrap();
+    let mut opt = fsdp.adamw(LR).unwrap();
+    let mut seen = Vec::new();
+    for (x, y) in batches {
+        let (xr, yr) = rank_share(pg, x, y);
+        opt.zero_grad();
+        let loss = fsdp.forward_t(&xr, true).unwrap().nll_loss(&yr);
+        fsdp.backward(&loss).unwrap();
+        seen.extend(fsdp.shards().iter().map(|s| s.grad().copy()));
+        opt.step();
+        seen.extend(fsdp.shards().iter().map(|s| s.detach().copy()));
+    }
+    let (xr, _) = rank_share(pg, &batches[0].0, &batches[0].1);
+    seen.push(tch::no_grad(|| fsdp.forward_t(&xr, false)).unwrap());
+    (seen, fsdp.prefetches(), fsdp.units().len())
+}
+
+#[test]
+#[ignore = "rank body: run under mpirun by prefetch_is_bit_identical_and_counted_at_world_size_{2,3}"]
+fn rank_prefetch() {
+    use ladder_core::fsdp::BackwardPrefetch::{BackwardPost, BackwardPre};
+    let pg = rank_group();
+    let rank = pg.rank();
+    let batches = global_batches(pg.world_size() as i64, B, STEPS);
+    for strategy in [ShardingStrategy::FullShard, ShardingStrategy::ShardGradOp] {
+        for min_num_params in [0, WHOLE] {
+            let base_cfg = FsdpConfig { backward_prefetch: None, forward_prefetch: false, ..fsdp_config(strategy, min_num_params) };
+            let (base, none, units) = prefetch_trajectory(&*pg, base_cfg.clone(), &batches);
+            assert_eq!(none, 0, "rank {rank} {strategy}: prefetched without being asked to");
+            assert_eq!(units, if min_num_params == 0 { LAYERS.len() } else { 1 });
+            for (backward_prefetch, forward_prefetch) in
+                [(Some(BackwardPre), false), (Some(BackwardPost), false), (None, true), (Some(BackwardPre), true)]
+            {
+                let what = format!(
+                    "rank {rank} {strategy} min_num_params {min_num_params} backward_prefetch {backward_prefetch:?} forward_prefetch {forward_prefetch}"
+                );
+                let cfg = FsdpConfig { backward_prefetch, forward_prefetch, ..base_cfg.clone() };
+                let (got, prefetches, _) = prefetch_trajectory(&*pg, cfg, &batches);
+                assert_eq!(got.len(), base.len());
+                for (k, (a, b)) in got.iter().zip(&base).enumerate() {
+                    assert!(a.equal(b), "{what}: tensor {k} differs from the run without prefetch");
+                }
+                // Exact count: every unit but the first one needed is prefetched, in each
+                // forward (3 training steps and the evaluation) and in FullShard's backwards.
+                let later_units = units as u64 - 1;
+                let per_forward = if forward_prefetch { later_units } else { 0 };
+                let per_backward =
+                    if backward_prefetch.is_some() && strategy == ShardingStrategy::FullShard { later_units } else { 0 };
+                let steps = STEPS as u64;
+                assert_eq!(prefetches, steps * (per_forward + per_backward) + per_forward, "{what}");
+            }
+        }
     }
 }

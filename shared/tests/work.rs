@@ -58,6 +58,18 @@ fn rank_nonblocking() {
     pg.all_gather_start(&mut out, &input).unwrap().wait().unwrap();
     let expect: Vec<f64> = (0..pg.world_size()).flat_map(|q| [q as f64, q as f64]).collect();
     assert_eq!(values(&out), expect);
+    // The owned form: the Work keeps its tensors alive after the caller dropped its handles;
+    // a shallow clone of the output reads the result once it completed. A blocking
+    // all-reduce issued while it is in flight completes in between, on every rank.
+    let owned_out = Tensor::zeros([3 * pg.world_size() as i64], (Kind::Float, Device::Cpu));
+    let result = owned_out.shallow_clone();
+    let work = pg.all_gather_start_owned(owned_out, Tensor::full([3], r + 0.5, (Kind::Float, Device::Cpu))).unwrap();
+    let mut between = Tensor::full([4], r, (Kind::Float, Device::Cpu));
+    pg.all_reduce(&mut between, ReduceOp::Sum).unwrap();
+    work.wait().unwrap();
+    assert_eq!(values(&between), [tri; 4]);
+    let expect: Vec<f64> = (0..pg.world_size()).flat_map(|q| [q as f64 + 0.5; 3]).collect();
+    assert_eq!(values(&result), expect);
     let big = Tensor::arange(2 * pg.world_size() as i64, (Kind::Float, Device::Cpu));
     let mut mine = Tensor::zeros([2], (Kind::Float, Device::Cpu));
     pg.reduce_scatter_start(&mut mine, &big, ReduceOp::Sum).unwrap().wait().unwrap();

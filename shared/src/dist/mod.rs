@@ -147,6 +147,17 @@ pub trait ProcessGroup: std::fmt::Debug {
         Ok(Work::completed("all_gather"))
     }
 
+    /// Starts [`all_gather`](Self::all_gather) on tensors the returned [`Work`] owns, so that it
+    /// can outlive the caller's scope (FSDP keeps a prefetched all-gather across segments).
+    /// Pass shallow clones ([`Tensor::shallow_clone`]) and keep one of `output`: it holds the
+    /// result once the work completed, and must not be read, resized or freed before. Default:
+    /// the blocking all-gather, completed on return.
+    fn all_gather_start_owned(&self, output: Tensor, input: Tensor) -> Result<Work<'_>> {
+        let mut output = output;
+        self.all_gather(&mut output, &input)?;
+        Ok(Work::completed("all_gather"))
+    }
+
     /// Starts [`reduce_scatter`](Self::reduce_scatter); see
     /// [`all_reduce_start`](Self::all_reduce_start).
     fn reduce_scatter_start<'a>(&'a self, output: &'a mut Tensor, input: &'a Tensor, op: ReduceOp) -> Result<Work<'a>> {

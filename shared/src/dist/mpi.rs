@@ -263,6 +263,29 @@ impl MpiGroup {
         Ok(work)
     }
 
+    /// Starts `MPI_Iallgather` of `input` into `output` (both checked by the caller); `finish`
+    /// runs once it completed. The raw pointers are valid while the caller's borrows (or the
+    /// tensors `finish` owns) live, which the returned Work outlives on every path.
+    fn iallgather<'a>(
+        &'a self,
+        output: &Tensor,
+        input: &Tensor,
+        finish: Option<Box<dyn FnOnce() + 'a>>,
+    ) -> Result<Work<'a>> {
+        let (n, kind, numel) = (self.count("all_gather", input)?, input.kind(), input.numel() as i64);
+        let (i, o) = (input.data_ptr(), output.data_ptr());
+        let main = Box::new(move || {
+            let ty = raw_type(kind);
+            let mut req = null_request();
+            // SAFETY: input holds n and output world_size·n contiguous CPU elements of one
+            // datatype, both kept alive by the Work (borrowed or owned) until the request
+            // completed.
+            let rc = unsafe { ffi::MPI_Iallgather(i, n, ty, o, n, ty, self.comm, &mut req) };
+            self.check("MPI_Iallgather", rc).map(|_| req)
+        });
+        self.start("all_gather", numel, kind, main, finish)
+    }
+
     /// `MPI_Iallreduce` in place on `n` elements of `ty` at `p`.
     fn iallreduce(&self, p: *mut c_void, n: c_int, ty: ffi::MPI_Datatype, op: ReduceOp) -> Result<ffi::MPI_Request> {
         let mut req = null_request();
@@ -457,17 +480,16 @@ impl ProcessGroup for MpiGroup {
         check_tensor("all_gather", self.rank, Device::Cpu, input)?;
         check_tensor("all_gather", self.rank, Device::Cpu, output)?;
         super::check_blocks("all_gather", self.rank, self.world_size, output, input)?;
-        let (n, kind, numel) = (self.count("all_gather", input)?, input.kind(), input.numel() as i64);
-        let (i, o) = (input.data_ptr(), output.data_ptr());
-        let main = Box::new(move || {
-            let ty = raw_type(kind);
-            let mut req = null_request();
-            // SAFETY: input holds n and output world_size·n contiguous CPU elements of one
-            // datatype, both borrowed by the Work until the request completed.
-            let rc = unsafe { ffi::MPI_Iallgather(i, n, ty, o, n, ty, self.comm, &mut req) };
-            self.check("MPI_Iallgather", rc).map(|_| req)
-        });
-        self.start("all_gather", numel, kind, main, None)
+        self.iallgather(output, input, None)
+    }
+
+    fn all_gather_start_owned(&self, output: Tensor, input: Tensor) -> Result<Work<'_>> {
+        check_tensor("all_gather", self.rank, Device::Cpu, &input)?;
+        check_tensor("all_gather", self.rank, Device::Cpu, &output)?;
+        super::check_blocks("all_gather", self.rank, self.world_size, &output, &input)?;
+        let (o, i) = (output.shallow_clone(), input.shallow_clone());
+        // The Work owns the two tensors until the request completed (then `finish` drops them).
+        self.iallgather(&o, &i, Some(Box::new(move || drop((output, input)))))
     }
 
     fn reduce_scatter_start<'a>(&'a self, output: &'a mut Tensor, input: &'a Tensor, op: ReduceOp) -> Result<Work<'a>> {

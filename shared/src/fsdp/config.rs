@@ -43,6 +43,29 @@ impl std::fmt::Display for ShardingStrategy {
     }
 }
 
+/// When backward all-gathers the next unit's parameters ahead of need, with PyTorch's names
+/// (`torch.distributed.fsdp.BackwardPrefetch`). CLI and serde names: `backward-pre`,
+/// `backward-post`. Only `FullShard` re-gathers in backward, so only it prefetches there.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "kebab-case")]
+pub enum BackwardPrefetch {
+    /// Start the next unit's all-gather before the current unit's gradient computation: it
+    /// overlaps that computation; two units' gathered parameters are alive at once.
+    BackwardPre,
+    /// Start it after the current unit's gradient computation, once its gathered parameters
+    /// are freed: it overlaps the current unit's gradient reduce-scatter; less memory.
+    BackwardPost,
+}
+
+impl std::fmt::Display for BackwardPrefetch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            BackwardPrefetch::BackwardPre => "backward-pre",
+            BackwardPrefetch::BackwardPost => "backward-post",
+        })
+    }
+}
+
 /// A floating-point dtype by name (`tch::Kind` is not serde). Serde and CLI names: `f32`,
 /// `f64`, `bf16`, `f16`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, clap::ValueEnum)]
@@ -102,6 +125,12 @@ pub struct FsdpConfig {
     pub sync_module_states: bool,
     /// Mixed-precision policy; `None` (default) computes in the model's own dtype.
     pub mixed_precision: Option<MixedPrecision>,
+    /// PyTorch's `backward_prefetch`: when `FullShard`'s backward starts the next unit's
+    /// all-gather (`None`: when the unit is reached). Default `BackwardPre`, PyTorch's.
+    pub backward_prefetch: Option<BackwardPrefetch>,
+    /// PyTorch's `forward_prefetch`: start the next unit's all-gather before the current unit's
+    /// forward computation (sharded strategies). Default false, PyTorch's.
+    pub forward_prefetch: bool,
 }
 
 impl Default for FsdpConfig {
@@ -111,6 +140,8 @@ impl Default for FsdpConfig {
             min_num_params: 100_000_000,
             sync_module_states: true,
             mixed_precision: None,
+            backward_prefetch: Some(BackwardPrefetch::BackwardPre),
+            forward_prefetch: false,
         }
     }
 }

@@ -34,9 +34,20 @@
 //! 5. **Step.** The optimizer steps only the local shards (its state is 1/W per rank); the next
 //!    forward all-gathers the updated shards.
 //!
-//! Differences from PyTorch: no communication/computation overlap (tch exposes no autograd
-//! hooks); the root unit is resharded after forward like every other unit (PyTorch keeps the
-//! root unsharded as an optimisation); no prefetching of the next unit's all-gather.
+//! 6. **Prefetch.** `backward_prefetch` (PyTorch's default `BackwardPre`) starts `FullShard`'s
+//!    all-gather of the next unit backward needs before the current unit's gradient
+//!    computation (`BackwardPost`: after it, once the current unit's parameters are freed, so
+//!    it overlaps the gradient's reduce-scatter); `forward_prefetch` (default off, as PyTorch)
+//!    starts the next unit's all-gather before the current unit's forward. The collective is
+//!    non-blocking ([`ProcessGroup::all_gather_start_owned`]) and at most one is in flight, so
+//!    every rank issues collectives in one order; results are bit-identical with or without.
+//!    What it buys depends on the engine: Open MPI progresses a non-blocking collective only
+//!    inside MPI calls, so on CPU a prefetched all-gather advances during the next blocking
+//!    collective (the reduce-scatter) or its wait, not while libtorch computes.
+//!
+//! Differences from PyTorch: tch exposes no autograd hooks, so backward runs segment by
+//! segment (above) to reduce and prefetch between layers; the root unit is resharded after
+//! forward like every other unit (PyTorch keeps the root unsharded as an optimisation).
 //!
 //! Mixed precision (`MixedPrecision`): shards stay in the model's dtype (fp32 master weights);
 //! they are cast to `param_dtype` before the all-gather, so forward and backward run in
@@ -48,11 +59,11 @@ mod plan;
 mod state_dict;
 mod storage;
 
-pub use config::{Dtype, FsdpConfig, MixedPrecision, ShardingStrategy};
+pub use config::{BackwardPrefetch, Dtype, FsdpConfig, MixedPrecision, ShardingStrategy};
 pub use plan::{explain_units, plan_units, FlatParamUnit};
 
 use crate::ddp::check_in_sync;
-use crate::dist::{ProcessGroup, ReduceOp};
+use crate::dist::{ProcessGroup, ReduceOp, Work};
 use crate::memory::ModelStateBytes;
 use crate::model::Segmented;
 use crate::{Error, Result};
@@ -68,6 +79,14 @@ struct Saved {
     x: Tensor,
     /// The segment's output with its graph (whose saved tensors view the gathered parameters).
     y: Tensor,
+}
+
+/// An all-gather started ahead of need (forward or backward prefetch).
+struct Inflight<'pg> {
+    /// The unit it gathers.
+    unit: usize,
+    /// The collective; it owns shallow clones of the shard's cast and of the gathered storage.
+    work: Work<'pg>,
 }
 
 /// A unit's gathered parameters.
@@ -142,6 +161,11 @@ pub struct FullyShardedDataParallel<'pg, M: Segmented> {
     comm: Duration,
     /// Payload bytes of the all-gathers and gradient reductions since construction.
     comm_bytes: u64,
+    /// The prefetched all-gather in flight, if any: at most one, so every rank issues its
+    /// collectives in the same order (as MPI requires).
+    inflight: Option<Inflight<'pg>>,
+    /// All-gathers started ahead of need since construction.
+    prefetches: u64,
 }
 
 impl<M: Segmented> std::fmt::Debug for FullyShardedDataParallel<'_, M> {
@@ -247,6 +271,8 @@ impl<'pg, M: Segmented> FullyShardedDataParallel<'pg, M> {
             require_backward_grad_sync: true,
             comm: Duration::ZERO,
             comm_bytes: 0,
+            inflight: None,
+            prefetches: 0,
         })
     }
 
@@ -304,6 +330,13 @@ impl<'pg, M: Segmented> FullyShardedDataParallel<'pg, M> {
         self.comm_bytes
     }
 
+    /// All-gathers started ahead of need since construction (`forward_prefetch`,
+    /// `backward_prefetch`): per step with `min_num_params = 0` and U units, U − 1 in forward
+    /// with `forward_prefetch`, and U − 1 in `FullShard`'s backward with a `backward_prefetch`.
+    pub fn prefetches(&self) -> u64 {
+        self.prefetches
+    }
+
     fn param_kind(&self, u: usize) -> Kind {
         self.config.mixed_precision.map_or(self.shards[u].kind(), |mp| mp.param_dtype.kind())
     }
@@ -316,7 +349,12 @@ impl<'pg, M: Segmented> FullyShardedDataParallel<'pg, M> {
     /// unit released after forward (`FullShard`) is refilled *in its own storage*, which the
     /// views saved by forward's graph share; a unit already gathered is left as it is.
     fn gather(&mut self, u: usize) -> Result<()> {
-        if self.gathered[u].as_ref().is_some_and(|g| g.tensor().is_some()) {
+        if self.inflight.as_ref().is_some_and(|f| f.unit == u) {
+            return self.finish_prefetch();
+        }
+        // Another unit's prefetch: complete it first (collectives complete in issue order).
+        self.finish_prefetch()?;
+        if self.is_gathered(u) {
             return Ok(());
         }
         let (rank, pkind) = (self.pg.rank(), self.param_kind(u));
@@ -352,16 +390,97 @@ impl<'pg, M: Segmented> FullyShardedDataParallel<'pg, M> {
             })?;
             Gathered::Flat(storage)
         };
-        let full = gathered.tensor().expect("just gathered").shallow_clone();
+        self.live_gathered += gathered.bytes();
+        self.peak_gathered = self.peak_gathered.max(self.live_gathered);
+        self.gathered[u] = Some(gathered);
+        self.point_params(u)
+    }
+
+    /// True when unit `u`'s gathered parameters are allocated (and not still in flight).
+    fn is_gathered(&self, u: usize) -> bool {
+        self.gathered[u].as_ref().is_some_and(|g| g.tensor().is_some())
+            && !self.inflight.as_ref().is_some_and(|f| f.unit == u)
+    }
+
+    /// Points the model's parameters of unit `u` at views of its gathered flat parameter.
+    fn point_params(&mut self, u: usize) -> Result<()> {
+        let full = match self.gathered[u].as_ref().and_then(Gathered::tensor) {
+            Some(t) => t.shallow_clone(),
+            None => return Ok(()),
+        };
+        let unit = &self.units[u];
         for (k, &p) in unit.params.iter().enumerate() {
             let n: i64 = unit.shapes[k].iter().product();
             let view = full.narrow(0, unit.offsets[k], n).view(unit.shapes[k].as_slice());
             self.params[p].1.f_set_data(&view)?;
         }
-        self.live_gathered += gathered.bytes();
-        self.peak_gathered = self.peak_gathered.max(self.live_gathered);
-        self.gathered[u] = Some(gathered);
         Ok(())
+    }
+
+    /// Starts all-gathering sharded unit `u` without waiting for it (PyTorch's prefetch);
+    /// [`gather`](Self::gather) completes it when the unit is needed, and nothing reads the
+    /// storage before. At most one prefetch is in flight: a previous one is completed first.
+    /// No-op when `u` is already gathered or in flight, or nothing is sharded.
+    fn prefetch(&mut self, u: usize) -> Result<()> {
+        if !self.config.sharding_strategy.is_sharded()
+            || self.inflight.as_ref().is_some_and(|f| f.unit == u)
+            || self.is_gathered(u)
+        {
+            return Ok(());
+        }
+        self.finish_prefetch()?;
+        let (rank, pkind) = (self.pg.rank(), self.param_kind(u));
+        let unit = &self.units[u];
+        let shard = self.shards[u].detach();
+        let mut storage = match self.gathered[u].take() {
+            Some(Gathered::Flat(released)) => released,
+            _ => FlatStorage::new(unit.padded_numel, pkind, shard.device()),
+        };
+        let full = storage.refill(rank)?.shallow_clone();
+        let input = tch::no_grad(|| shard.to_kind(pkind).contiguous());
+        let bytes = unit.padded_numel as u64 * pkind.elt_size_in_bytes() as u64;
+        let t0 = Instant::now();
+        let pg = self.pg;
+        let started = pg.all_gather_start_owned(full, input);
+        self.comm += t0.elapsed();
+        let work = match started {
+            Ok(work) => work,
+            Err(e) => {
+                // Nothing was issued: hand the memory back and keep the (released) storage.
+                storage.release(rank)?;
+                self.gathered[u] = Some(Gathered::Flat(storage));
+                return Err(e);
+            }
+        };
+        self.comm_bytes += bytes;
+        self.live_gathered += storage.nbytes();
+        self.peak_gathered = self.peak_gathered.max(self.live_gathered);
+        self.gathered[u] = Some(Gathered::Flat(storage));
+        self.inflight = Some(Inflight { unit: u, work });
+        self.prefetches += 1;
+        Ok(())
+    }
+
+    /// Waits for the prefetched all-gather in flight, if any, and points its unit's
+    /// parameters at the result. The wait counts as communication time; the time it ran
+    /// behind computation does not.
+    fn finish_prefetch(&mut self) -> Result<()> {
+        let Some(Inflight { unit, work }) = self.inflight.take() else { return Ok(()) };
+        let t0 = Instant::now();
+        work.wait()?;
+        self.comm += t0.elapsed();
+        self.point_params(unit)
+    }
+
+    /// The next unit forward needs after segment `i` that is neither `current` nor gathered.
+    fn next_unit_forward(&self, i: usize, current: Option<usize>) -> Option<usize> {
+        self.seg_unit[i + 1..].iter().flatten().copied().find(|&v| Some(v) != current && !self.is_gathered(v))
+    }
+
+    /// The next unit backward needs after segment `i` (segments run in reverse) that is
+    /// neither `current` nor gathered.
+    fn next_unit_backward(&self, i: usize, current: Option<usize>) -> Option<usize> {
+        self.seg_unit[..i].iter().rev().flatten().copied().find(|&v| Some(v) != current && !self.is_gathered(v))
     }
 
     /// Points unit `u`'s parameters at 0-element tensors, so that nothing outside forward's
@@ -378,6 +497,9 @@ impl<'pg, M: Segmented> FullyShardedDataParallel<'pg, M> {
     /// memory goes when the last view of it does: at once, unless a forward graph that was not
     /// backpropagated still holds views (it is dropped by the next forward).
     fn free(&mut self, u: usize) -> Result<()> {
+        if self.inflight.as_ref().is_some_and(|f| f.unit == u) {
+            self.finish_prefetch()?;
+        }
         if let Some(g) = self.gathered[u].take() {
             if let Some(t) = g.tensor() {
                 self.live_gathered -= g.bytes();
@@ -391,6 +513,9 @@ impl<'pg, M: Segmented> FullyShardedDataParallel<'pg, M> {
     /// keeps the storage object, which forward's graph views, for [`gather`](Self::gather) to
     /// refill before the unit's backward (PyTorch's reshard: `storage().resize_(0)`).
     fn release(&mut self, u: usize) -> Result<()> {
+        if self.inflight.as_ref().is_some_and(|f| f.unit == u) {
+            self.finish_prefetch()?;
+        }
         let rank = self.pg.rank();
         let kind = self.param_kind(u);
         if let Some(Gathered::Flat(storage)) = &mut self.gathered[u] {
@@ -406,6 +531,7 @@ impl<'pg, M: Segmented> FullyShardedDataParallel<'pg, M> {
     /// Frees every unit and drops what the last forward kept for backward (a graph whose
     /// parameters are freed, or about to change, can no longer be backpropagated).
     fn free_all(&mut self) -> Result<()> {
+        self.finish_prefetch()?;
         self.saved.clear();
         self.output = None;
         for u in 0..self.units.len() {
@@ -443,6 +569,12 @@ impl<'pg, M: Segmented> FullyShardedDataParallel<'pg, M> {
             if let Some(u) = unit {
                 self.gather(u)?;
             }
+            if self.config.forward_prefetch {
+                // Before this segment computes, start the next unit's all-gather.
+                if let Some(v) = self.next_unit_forward(i, unit) {
+                    self.prefetch(v)?;
+                }
+            }
             let x_in = if grad && i > 0 { x.detach().set_requires_grad(true) } else { x.detach() };
             let y = self.module.segment_forward(i, &x_in, train);
             if grad {
@@ -459,6 +591,7 @@ impl<'pg, M: Segmented> FullyShardedDataParallel<'pg, M> {
             }
             x = y;
         }
+        self.finish_prefetch()?;
         if !grad {
             return Ok(x);
         }
@@ -503,6 +636,13 @@ impl<'pg, M: Segmented> FullyShardedDataParallel<'pg, M> {
                 // FullShard: refill the storage forward's graph views (no-op when gathered).
                 self.gather(u)?;
             }
+            if self.config.backward_prefetch == Some(BackwardPrefetch::BackwardPre) {
+                // BACKWARD_PRE: the next unit's all-gather starts before this segment's
+                // gradient computation.
+                if let Some(v) = self.next_unit_backward(i, unit) {
+                    self.prefetch(v)?;
+                }
+            }
             let want_x = i > 0 && x.requires_grad();
             let mut inputs: Vec<Tensor> = Vec::new();
             if want_x {
@@ -524,6 +664,13 @@ impl<'pg, M: Segmented> FullyShardedDataParallel<'pg, M> {
                 // is flattened and reduced (peak: per-parameter gradients + flat gradient, not
                 // those and the gathered parameters too).
                 self.free(u)?;
+                if self.config.backward_prefetch == Some(BackwardPrefetch::BackwardPost) {
+                    // BACKWARD_POST: with this unit's parameters freed, the next unit's
+                    // all-gather starts before this unit's gradient is reduced.
+                    if let Some(v) = self.next_unit_backward(i, Some(u)) {
+                        self.prefetch(v)?;
+                    }
+                }
             }
             if let Some(u) = unit {
                 let unit_ref = &self.units[u];
@@ -554,7 +701,7 @@ impl<'pg, M: Segmented> FullyShardedDataParallel<'pg, M> {
                 self.reduce_unit(u)?;
             }
         }
-        Ok(())
+        self.finish_prefetch()
     }
 
     /// A unit's gradient is complete: reduce it into the shard's gradient, unless under

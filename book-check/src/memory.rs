@@ -60,7 +60,11 @@ pub struct Row {
 pub fn rows(width: u64, w: u64) -> Vec<Row> {
     let n = num_parameters(width);
     let shard: u64 = layers(width).iter().map(|(_, p)| padded(*p, w) / w).sum();
-    let largest_unit = layers(width).iter().map(|(_, p)| padded(*p, w)).max().unwrap_or(0);
+    // FULL_SHARD's backward holds the unit it computes and, with BACKWARD_PRE (PyTorch's
+    // default and the core's), the unit before it, prefetched meanwhile: the largest pair of
+    // neighbouring layers (fc1 + conv2 for BasicNet).
+    let units: Vec<u64> = layers(width).iter().map(|(_, p)| padded(*p, w)).collect();
+    let largest_pair = units.windows(2).map(|p| p[0] + p[1]).max().unwrap_or(0);
     let all_units: u64 = layers(width).iter().map(|(_, p)| padded(*p, w)).sum();
     vec![
         Row {
@@ -81,7 +85,7 @@ pub fn rows(width: u64, w: u64) -> Vec<Row> {
         Row {
             scheme: "ZeRO-3 (+ parameters sharded)",
             here: "`fsdp-full-shard`",
-            bytes: PerRank { parameters: F32 * shard, gradients: F32 * shard, optimizer: 2 * F32 * shard, gathered: F32 * largest_unit },
+            bytes: PerRank { parameters: F32 * shard, gradients: F32 * shard, optimizer: 2 * F32 * shard, gathered: F32 * largest_pair },
         },
     ]
 }
@@ -170,6 +174,8 @@ mod tests {
         let r = rows(128, 2);
         assert_eq!(r[3].bytes.parameters, 4 * 599_941);
         assert_eq!(r[0].bytes.persistent(), 16 * 1_199_882);
+        // FULL_SHARD's gathered peak: fc1 and conv2 (prefetched), as fsdp.rs's rank_memory.
+        assert_eq!(r[3].bytes.gathered, 4 * (1_179_776 + 18_496));
         // fc2's 1,290 pad to 1,292 at 4 ranks.
         assert_eq!(padded(1290, 4), 1292);
     }

@@ -35,7 +35,6 @@ use crate::{Error, Result};
 use ladder_core::checkpoint::{self, Checkpoint, TrainingState};
 use ladder_core::data::{Dataset, DistributedSampler, Sampler};
 use ladder_core::dist::{self, Backend, DistEnv, ProcessGroup, ReduceOp};
-use ladder_core::fsdp::{Dtype, MixedPrecision as CoreMixedPrecision};
 use ladder_core::memory::ModelStateBytes;
 use ladder_core::metrics::{gather_report, LocalFigures, Report};
 use ladder_core::model::{BasicNet, BasicNetConfig};
@@ -278,19 +277,7 @@ impl Accelerator {
             }
         };
         let device = pg.device();
-        let strategy = config.strategy();
-        let mixed_precision = match config.mixed_precision {
-            MixedPrecision::No => None,
-            MixedPrecision::Bf16 => Some(CoreMixedPrecision { param_dtype: Dtype::Bf16, reduce_dtype: Dtype::F32 }),
-            MixedPrecision::Fp16 => Some(CoreMixedPrecision { param_dtype: Dtype::F16, reduce_dtype: Dtype::F32 }),
-        };
-        let wrap = WrapConfig {
-            strategy,
-            bucket_cap_mb: ddp.bucket_cap_mb,
-            fsdp_min_num_params: config.fsdp_min_num_params,
-            mixed_precision,
-            ..WrapConfig::default()
-        };
+        let wrap = config.wrap_config(ddp.bucket_cap_mb);
         let shared = Rc::new(Shared {
             rank: pg.rank(),
             world_size: pg.world_size(),
@@ -339,6 +326,13 @@ impl Accelerator {
     /// How the model is wrapped (DDP, or an FSDP sharding strategy).
     pub fn strategy(&self) -> Strategy {
         self.wrap.strategy
+    }
+
+    /// Everything [`prepare_model`](Self::prepare_model) wraps the model with: the strategy,
+    /// DDP's bucket cap, FSDP's auto-wrap threshold and prefetch settings, mixed precision
+    /// (see [`ResolvedConfig::wrap_config`]).
+    pub fn wrap_config(&self) -> &WrapConfig {
+        &self.wrap
     }
 
     /// The device this process trains on (`cpu` or `cuda:LOCAL_RANK`).

@@ -22,13 +22,17 @@
 //! | `use_fsdp` | `ACCELERATE_USE_FSDP` | false |
 //! | `fsdp_sharding_strategy` | `FSDP_SHARDING_STRATEGY` | `FULL_SHARD` |
 //! | `fsdp_min_num_params` | `FSDP_MIN_NUM_PARAMS` | 100,000,000 (PyTorch's; one FSDP unit for BasicNet) |
+//! | `fsdp_backward_prefetch` | `FSDP_BACKWARD_PREFETCH` | `NO_PREFETCH` (Accelerate's `backward_prefetch=None`; PyTorch's own default is `BACKWARD_PRE`) |
+//! | `fsdp_forward_prefetch` | `FSDP_FORWARD_PREFETCH` | false |
 //! | `split_batches` | `ACCELERATE_SPLIT_BATCHES` | false |
 //! | `even_batches` | `ACCELERATE_EVEN_BATCHES` | true |
 //! | `seed` | `ACCELERATE_SEED` (ddp-ladder's own: Accelerate has no seed variable) | not set |
 //!
 //! Booleans are read as Accelerate's `str_to_bool` reads them (`true`/`false`, `1`/`0`,
 //! `yes`/`no`, `on`/`off`, any case: its launcher writes `True`); `FSDP_SHARDING_STRATEGY`
-//! also takes PyTorch's numbers `1`..`3`, as Accelerate does. An empty variable is an error.
+//! also takes PyTorch's numbers `1`..`3`, and `FSDP_BACKWARD_PREFETCH` PyTorch's `1`, `2`, as
+//! Accelerate does (names in any case, as Accelerate upper-cases them). An empty variable is an
+//! error.
 //!
 //! A program reads the config file named by `ACCELERATE_CONFIG_FILE` and no other: the user's
 //! default config is read by `ladder-accelerate launch`, which turns it into the variables above.
@@ -155,6 +159,74 @@ impl From<FsdpShardingStrategy> for ladder_core::fsdp::ShardingStrategy {
     }
 }
 
+/// FSDP's backward prefetch, as Accelerate's `fsdp_backward_prefetch` (`BACKWARD_PRE`,
+/// `BACKWARD_POST`, `NO_PREFETCH`: `torch.distributed.fsdp.BackwardPrefetch`'s members, and
+/// `None`). When `FULL_SHARD`'s backward starts all-gathering the next unit's parameters; the
+/// other strategies keep their parameters from forward to backward and gather none there.
+/// Kebab-case `backward-pre` etc. are accepted too (on the CLI and in files), and in
+/// `FSDP_BACKWARD_PREFETCH` also PyTorch's numbers 1, 2 as Accelerate accepts them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, clap::ValueEnum, Default)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum FsdpBackwardPrefetch {
+    /// `BackwardPrefetch.BACKWARD_PRE`: the next unit's all-gather starts before the current
+    /// unit's gradient computation (most overlap, two units' parameters alive at once).
+    #[serde(alias = "backward-pre", alias = "backward_pre")]
+    #[value(name = "backward-pre", alias = "BACKWARD_PRE", alias = "backward_pre")]
+    BackwardPre,
+    /// `BackwardPrefetch.BACKWARD_POST`: it starts after the current unit's gradient
+    /// computation, once that unit's parameters are freed (less memory).
+    #[serde(alias = "backward-post", alias = "backward_post")]
+    #[value(name = "backward-post", alias = "BACKWARD_POST", alias = "backward_post")]
+    BackwardPost,
+    /// `backward_prefetch=None`: each unit is all-gathered when backward reaches it
+    /// (Accelerate's default).
+    #[default]
+    #[serde(alias = "no-prefetch", alias = "no_prefetch")]
+    #[value(name = "no-prefetch", alias = "NO_PREFETCH", alias = "no_prefetch")]
+    NoPrefetch,
+}
+
+impl FsdpBackwardPrefetch {
+    /// Accelerate's spelling: `BACKWARD_PRE`, `BACKWARD_POST`, `NO_PREFETCH`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FsdpBackwardPrefetch::BackwardPre => "BACKWARD_PRE",
+            FsdpBackwardPrefetch::BackwardPost => "BACKWARD_POST",
+            FsdpBackwardPrefetch::NoPrefetch => "NO_PREFETCH",
+        }
+    }
+
+    /// The core's setting: PyTorch's `BackwardPrefetch` member, `None` for `NO_PREFETCH`.
+    pub fn policy(self) -> Option<ladder_core::fsdp::BackwardPrefetch> {
+        match self {
+            FsdpBackwardPrefetch::BackwardPre => Some(ladder_core::fsdp::BackwardPrefetch::BackwardPre),
+            FsdpBackwardPrefetch::BackwardPost => Some(ladder_core::fsdp::BackwardPrefetch::BackwardPost),
+            FsdpBackwardPrefetch::NoPrefetch => None,
+        }
+    }
+}
+
+impl fmt::Display for FsdpBackwardPrefetch {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::str::FromStr for FsdpBackwardPrefetch {
+    type Err = String;
+    /// `BACKWARD_PRE` | `BACKWARD_POST` | `NO_PREFETCH` in any case, with `_` or `-`, or
+    /// PyTorch's `BackwardPrefetch` numbers `1` | `2` (Accelerate accepts both).
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        let norm = s.trim().to_ascii_uppercase().replace('-', "_");
+        match norm.as_str() {
+            "BACKWARD_PRE" | "1" => Ok(FsdpBackwardPrefetch::BackwardPre),
+            "BACKWARD_POST" | "2" => Ok(FsdpBackwardPrefetch::BackwardPost),
+            "NO_PREFETCH" => Ok(FsdpBackwardPrefetch::NoPrefetch),
+            _ => Err("BACKWARD_PRE, BACKWARD_POST or NO_PREFETCH (or 1, 2)".into()),
+        }
+    }
+}
+
 /// Accelerate's `distributed_type`, as `accelerate config` asks for it. It picks how
 /// `ladder-accelerate launch` starts the ranks (`MULTI_GPU`: the nccl backend; `MULTI_CPU`,
 /// `NO`: mpi; `FSDP`: nccl when CUDA is usable and `cpu` is not set, else mpi) and `FSDP`
@@ -244,6 +316,15 @@ pub struct AcceleratorConfig {
     /// becomes its own unit. Default 100,000,000 (PyTorch's).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fsdp_min_num_params: Option<usize>,
+    /// FSDP backward prefetch (`BACKWARD_PRE`, `BACKWARD_POST`, `NO_PREFETCH`; see
+    /// [`FsdpBackwardPrefetch`]). Default `NO_PREFETCH`, Accelerate's (its
+    /// `FullyShardedDataParallelPlugin(backward_prefetch=None)`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fsdp_backward_prefetch: Option<FsdpBackwardPrefetch>,
+    /// FSDP forward prefetch: start the next unit's all-gather before the current unit's
+    /// forward computation (sharded strategies). Default false, Accelerate's and PyTorch's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fsdp_forward_prefetch: Option<bool>,
     /// The loader's batch size is the global one, split between the processes (it must be a
     /// multiple of their number). Default false: each process draws a full batch.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -366,6 +447,8 @@ impl AcceleratorConfig {
             use_fsdp: self.use_fsdp.or(base.use_fsdp),
             fsdp_sharding_strategy: self.fsdp_sharding_strategy.or(base.fsdp_sharding_strategy),
             fsdp_min_num_params: self.fsdp_min_num_params.or(base.fsdp_min_num_params),
+            fsdp_backward_prefetch: self.fsdp_backward_prefetch.or(base.fsdp_backward_prefetch),
+            fsdp_forward_prefetch: self.fsdp_forward_prefetch.or(base.fsdp_forward_prefetch),
             split_batches: self.split_batches.or(base.split_batches),
             even_batches: self.even_batches.or(base.even_batches),
             seed: self.seed.or(base.seed),
@@ -387,6 +470,8 @@ impl AcceleratorConfig {
             "use_fsdp" => self.use_fsdp.is_some(),
             "fsdp_sharding_strategy" => self.fsdp_sharding_strategy.is_some(),
             "fsdp_min_num_params" => self.fsdp_min_num_params.is_some(),
+            "fsdp_backward_prefetch" => self.fsdp_backward_prefetch.is_some(),
+            "fsdp_forward_prefetch" => self.fsdp_forward_prefetch.is_some(),
             "split_batches" => self.split_batches.is_some(),
             "even_batches" => self.even_batches.is_some(),
             "seed" => self.seed.is_some(),
@@ -531,13 +616,15 @@ pub enum Source {
 
 /// The settings [`ResolvedConfig`] resolves, each with its environment variable (Accelerate's
 /// name), in banner order.
-pub const SETTINGS: [(&str, &str); 9] = [
+pub const SETTINGS: [(&str, &str); 11] = [
     ("mixed_precision", "ACCELERATE_MIXED_PRECISION"),
     ("gradient_accumulation_steps", "ACCELERATE_GRADIENT_ACCUMULATION_STEPS"),
     ("cpu", "ACCELERATE_USE_CPU"),
     ("use_fsdp", "ACCELERATE_USE_FSDP"),
     ("fsdp_sharding_strategy", "FSDP_SHARDING_STRATEGY"),
     ("fsdp_min_num_params", "FSDP_MIN_NUM_PARAMS"),
+    ("fsdp_backward_prefetch", "FSDP_BACKWARD_PREFETCH"),
+    ("fsdp_forward_prefetch", "FSDP_FORWARD_PREFETCH"),
     ("split_batches", "ACCELERATE_SPLIT_BATCHES"),
     ("even_batches", "ACCELERATE_EVEN_BATCHES"),
     ("seed", "ACCELERATE_SEED"),
@@ -569,6 +656,10 @@ pub struct ResolvedConfig {
     pub fsdp_sharding_strategy: FsdpShardingStrategy,
     /// FSDP auto-wrap threshold in parameters (meaningful when `use_fsdp`).
     pub fsdp_min_num_params: usize,
+    /// FSDP backward prefetch (meaningful when `use_fsdp` with `FULL_SHARD`).
+    pub fsdp_backward_prefetch: FsdpBackwardPrefetch,
+    /// FSDP forward prefetch (meaningful when `use_fsdp` with a sharded strategy).
+    pub fsdp_forward_prefetch: bool,
     /// The loader's batch size is global, split between the processes.
     pub split_batches: bool,
     /// Pad so every process gets the same number of batches.
@@ -581,8 +672,12 @@ pub struct ResolvedConfig {
     pub sources: BTreeMap<&'static str, Source>,
 }
 
-/// Accelerate's `str_to_bool`: `y yes t true on 1` / `n no f false off 0`, any case.
-fn parse_bool(s: &str) -> std::result::Result<bool, String> {
+/// Accelerate's `str_to_bool`: `y yes t true on 1` / `n no f false off 0`, any case; how every
+/// boolean variable is read (and level 2's boolean flags).
+///
+/// # Errors
+/// What was expected, for any other text.
+pub fn str_to_bool(s: &str) -> std::result::Result<bool, String> {
     match s.trim().to_ascii_lowercase().as_str() {
         "y" | "yes" | "t" | "true" | "on" | "1" => Ok(true),
         "n" | "no" | "f" | "false" | "off" | "0" => Ok(false),
@@ -673,8 +768,8 @@ impl ResolvedConfig {
             pick(s, env, "gradient_accumulation_steps", builder.gradient_accumulation_steps, file.gradient_accumulation_steps, 1, |v| {
                 parse_count(v, 1)
             })?;
-        let cpu = pick(s, env, "cpu", builder.cpu, file.cpu, false, parse_bool)?;
-        let use_fsdp = pick(s, env, "use_fsdp", builder.effective_use_fsdp(), file.effective_use_fsdp(), false, parse_bool)?;
+        let cpu = pick(s, env, "cpu", builder.cpu, file.cpu, false, str_to_bool)?;
+        let use_fsdp = pick(s, env, "use_fsdp", builder.effective_use_fsdp(), file.effective_use_fsdp(), false, str_to_bool)?;
         let fsdp_sharding_strategy = pick(
             s,
             env,
@@ -693,8 +788,19 @@ impl ResolvedConfig {
             default_fsdp_min_num_params(),
             |v| parse_count(v, 0),
         )?;
-        let split_batches = pick(s, env, "split_batches", builder.split_batches, file.split_batches, false, parse_bool)?;
-        let even_batches = pick(s, env, "even_batches", builder.even_batches, file.even_batches, true, parse_bool)?;
+        let fsdp_backward_prefetch = pick(
+            s,
+            env,
+            "fsdp_backward_prefetch",
+            builder.fsdp_backward_prefetch,
+            file.fsdp_backward_prefetch,
+            FsdpBackwardPrefetch::NoPrefetch,
+            str::parse,
+        )?;
+        let fsdp_forward_prefetch =
+            pick(s, env, "fsdp_forward_prefetch", builder.fsdp_forward_prefetch, file.fsdp_forward_prefetch, false, str_to_bool)?;
+        let split_batches = pick(s, env, "split_batches", builder.split_batches, file.split_batches, false, str_to_bool)?;
+        let even_batches = pick(s, env, "even_batches", builder.even_batches, file.even_batches, true, str_to_bool)?;
         let seed = pick(s, env, "seed", builder.seed.map(Some), file.seed.map(Some), None, |v| parse_seed(v).map(Some))?;
 
         let resolved = ResolvedConfig {
@@ -704,6 +810,8 @@ impl ResolvedConfig {
             use_fsdp,
             fsdp_sharding_strategy,
             fsdp_min_num_params,
+            fsdp_backward_prefetch,
+            fsdp_forward_prefetch,
             split_batches,
             even_batches,
             seed,
@@ -729,6 +837,29 @@ impl ResolvedConfig {
         }
     }
 
+    /// The core's wrapping settings these values stand for, with DDP's `bucket_cap_mb` (MiB,
+    /// from [`DistributedDataParallelKwargs`](crate::DistributedDataParallelKwargs)): the
+    /// [`strategy`](Self::strategy), the FSDP auto-wrap threshold, backward prefetch
+    /// (`NO_PREFETCH` → `None`) and forward prefetch, and mixed precision (`bf16` / `fp16`
+    /// compute with fp32 reduction; `no` → `None`). What
+    /// [`Accelerator::prepare_model`](crate::Accelerator::prepare_model) wraps the model with.
+    pub fn wrap_config(&self, bucket_cap_mb: f64) -> ladder_core::wrapped::WrapConfig {
+        use ladder_core::fsdp::{Dtype, MixedPrecision as CoreMixedPrecision};
+        let mixed_precision = match self.mixed_precision {
+            MixedPrecision::No => None,
+            MixedPrecision::Bf16 => Some(CoreMixedPrecision { param_dtype: Dtype::Bf16, reduce_dtype: Dtype::F32 }),
+            MixedPrecision::Fp16 => Some(CoreMixedPrecision { param_dtype: Dtype::F16, reduce_dtype: Dtype::F32 }),
+        };
+        ladder_core::wrapped::WrapConfig {
+            strategy: self.strategy(),
+            bucket_cap_mb,
+            fsdp_min_num_params: self.fsdp_min_num_params,
+            mixed_precision,
+            fsdp_backward_prefetch: self.fsdp_backward_prefetch.policy(),
+            fsdp_forward_prefetch: self.fsdp_forward_prefetch,
+        }
+    }
+
     /// Where `setting` came from (`Source::Default` for a name that is not a setting).
     pub fn source(&self, setting: &str) -> Source {
         self.sources.get(setting).copied().unwrap_or(Source::Default)
@@ -748,7 +879,7 @@ impl ResolvedConfig {
         }
     }
 
-    /// The value of `setting` as text (`bf16`, `4`, `true`, `FULL_SHARD`, `not set`).
+    /// The value of `setting` as text (`bf16`, `4`, `true`, `FULL_SHARD`, `NO_PREFETCH`, `not set`).
     pub fn value_of(&self, setting: &str) -> String {
         match setting {
             "mixed_precision" => self.mixed_precision.to_string(),
@@ -757,6 +888,8 @@ impl ResolvedConfig {
             "use_fsdp" => self.use_fsdp.to_string(),
             "fsdp_sharding_strategy" => self.fsdp_sharding_strategy.to_string(),
             "fsdp_min_num_params" => self.fsdp_min_num_params.to_string(),
+            "fsdp_backward_prefetch" => self.fsdp_backward_prefetch.to_string(),
+            "fsdp_forward_prefetch" => self.fsdp_forward_prefetch.to_string(),
             "split_batches" => self.split_batches.to_string(),
             "even_batches" => self.even_batches.to_string(),
             "seed" => self.seed.map(|s| s.to_string()).unwrap_or_else(|| "not set".into()),
@@ -792,6 +925,8 @@ impl AcceleratorConfig {
         put("use_fsdp", self.effective_use_fsdp().map(|v| v.to_string()));
         put("fsdp_sharding_strategy", self.fsdp_sharding_strategy.map(|v| v.to_string()));
         put("fsdp_min_num_params", self.fsdp_min_num_params.map(|v| v.to_string()));
+        put("fsdp_backward_prefetch", self.fsdp_backward_prefetch.map(|v| v.to_string()));
+        put("fsdp_forward_prefetch", self.fsdp_forward_prefetch.map(|v| v.to_string()));
         put("split_batches", self.split_batches.map(|v| v.to_string()));
         put("even_batches", self.even_batches.map(|v| v.to_string()));
         put("seed", self.seed.map(|v| v.to_string()));

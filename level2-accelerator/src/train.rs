@@ -2,7 +2,7 @@
 //! rank, no device, no setup/cleanup, no sampler, no wrapper in this code: the
 //! [`Accelerator`] reads them from the launcher and the config.
 
-use crate::config::{AcceleratorConfig, FsdpShardingStrategy, MixedPrecision};
+use crate::config::{AcceleratorConfig, FsdpBackwardPrefetch, FsdpShardingStrategy, MixedPrecision};
 use crate::{Accelerator, DistributedDataParallelKwargs, InitProcessGroupKwargs, Result};
 use clap::Parser;
 use ladder_core::device::DeviceKind;
@@ -24,7 +24,7 @@ use tch::{nn, Kind};
     name = "level2-accelerator",
     version,
     about = "Level 2: BasicNet on MNIST with an Accelerator — one single-device-looking loop on 1..N processes",
-    after_help = concat!("Launch: `target/release/level2-accelerator` (1 process), `target/release/ladder-accelerate launch --num-processes 2 target/release/level2-accelerator`, `target/release/ladder-run --nproc-per-node 2 target/release/level2-accelerator`, or `mpirun -n 2 target/release/level2-accelerator`.\n\n", "Environment:\n  RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT\n      this process's place in the job, as torchrun (and ladder-run) set them\n  OMPI_COMM_WORLD_RANK, OMPI_COMM_WORLD_SIZE, OMPI_COMM_WORLD_LOCAL_[RANK|SIZE]\n      the same under mpirun (they win; torchrun's must agree)\n  LADDER_SHUTDOWN_TIMEOUT_S\n      seconds a rank waits for the others at shutdown, then aborts the job [default: 30]\n  MNIST_DIR, MNIST_MIRRORS\n      see --data-dir and --mirror\n", "  ACCELERATE_MIXED_PRECISION, ACCELERATE_GRADIENT_ACCUMULATION_STEPS, ACCELERATE_USE_CPU,\n  ACCELERATE_USE_FSDP, FSDP_SHARDING_STRATEGY, FSDP_MIN_NUM_PARAMS, ACCELERATE_SPLIT_BATCHES,\n  ACCELERATE_EVEN_BATCHES, ACCELERATE_SEED\n      the Accelerator's settings as `ladder-accelerate launch` exports them (below the\n      flags, above the config file)\n", "  ACCELERATE_CONFIG_FILE\n      the config file [default: the default config, if it exists]"),
+    after_help = concat!("Launch: `target/release/level2-accelerator` (1 process), `target/release/ladder-accelerate launch --num-processes 2 target/release/level2-accelerator`, `target/release/ladder-run --nproc-per-node 2 target/release/level2-accelerator`, or `mpirun -n 2 target/release/level2-accelerator`.\n\n", "Environment:\n  RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT\n      this process's place in the job, as torchrun (and ladder-run) set them\n  OMPI_COMM_WORLD_RANK, OMPI_COMM_WORLD_SIZE, OMPI_COMM_WORLD_LOCAL_[RANK|SIZE]\n      the same under mpirun (they win; torchrun's must agree)\n  LADDER_SHUTDOWN_TIMEOUT_S\n      seconds a rank waits for the others at shutdown, then aborts the job [default: 30]\n  MNIST_DIR, MNIST_MIRRORS\n      see --data-dir and --mirror\n", "  ACCELERATE_MIXED_PRECISION, ACCELERATE_GRADIENT_ACCUMULATION_STEPS, ACCELERATE_USE_CPU,\n  ACCELERATE_USE_FSDP, FSDP_SHARDING_STRATEGY, FSDP_MIN_NUM_PARAMS, FSDP_BACKWARD_PREFETCH,\n  FSDP_FORWARD_PREFETCH, ACCELERATE_SPLIT_BATCHES, ACCELERATE_EVEN_BATCHES, ACCELERATE_SEED\n      the Accelerator's settings as `ladder-accelerate launch` exports them (below the\n      flags, above the config file)\n", "  ACCELERATE_CONFIG_FILE\n      the config file [default: the default config, if it exists]"),
     allow_negative_numbers = true
 )]
 pub struct Config {
@@ -44,6 +44,16 @@ pub struct Config {
     /// FSDP auto-wrap threshold in parameters. Default: the launcher's or config file's, else 1e8.
     #[arg(long, value_name = "N")]
     pub fsdp_min_num_params: Option<usize>,
+    /// FSDP backward prefetch: when FULL_SHARD's backward starts all-gathering the next unit
+    /// (Accelerate's fsdp_backward_prefetch; FSDP strategies only). Default: the launcher's or
+    /// config file's, else no-prefetch (Accelerate's).
+    #[arg(long, value_enum, value_parser = ladder_core::cli::choice::<FsdpBackwardPrefetch>(), value_name = "POLICY")]
+    pub fsdp_backward_prefetch: Option<FsdpBackwardPrefetch>,
+    /// FSDP forward prefetch: start the next unit's all-gather before the current unit's
+    /// forward (Accelerate's fsdp_forward_prefetch; FSDP strategies only); alone it means true.
+    /// Default: the launcher's or config file's, else false.
+    #[arg(long, value_name = "BOOL", num_args = 0..=1, require_equals = true, default_missing_value = "true", value_parser = crate::config::str_to_bool)]
+    pub fsdp_forward_prefetch: Option<bool>,
     /// DDP gradient bucket cap in MiB (PyTorch's bucket_cap_mb) [default: 25; DDP only].
     #[arg(long, value_name = "MIB")]
     pub bucket_cap_mb: Option<f64>,
@@ -83,6 +93,8 @@ impl Config {
             use_fsdp,
             fsdp_sharding_strategy: sharding,
             fsdp_min_num_params: self.fsdp_min_num_params,
+            fsdp_backward_prefetch: self.fsdp_backward_prefetch,
+            fsdp_forward_prefetch: self.fsdp_forward_prefetch,
             ..AcceleratorConfig::default()
         }
     }
@@ -103,9 +115,14 @@ pub fn run(cfg: &Config) -> Result<Report> {
     }
     // The strategy may come from the launcher or the config file: check the flags against it.
     let resolved = crate::config::ResolvedConfig::resolve(&cfg.accelerator_config(), |k| std::env::var(k).ok())?;
-    let (bucket_given, fsdp_given) =
-        (cfg.bucket_cap_mb.is_some(), cfg.fsdp_min_num_params.is_some().then_some("--fsdp-min-num-params"));
-    check_strategy_flags(resolved.strategy(), "the resolved strategy", bucket_given, fsdp_given)?;
+    let fsdp_given = [
+        ("--fsdp-min-num-params", cfg.fsdp_min_num_params.is_some()),
+        ("--fsdp-backward-prefetch", cfg.fsdp_backward_prefetch.is_some()),
+        ("--fsdp-forward-prefetch", cfg.fsdp_forward_prefetch.is_some()),
+    ]
+    .into_iter()
+    .find_map(|(flag, given)| given.then_some(flag));
+    check_strategy_flags(resolved.strategy(), "the resolved strategy", cfg.bucket_cap_mb.is_some(), fsdp_given)?;
     let kwargs = DistributedDataParallelKwargs { bucket_cap_mb: cfg.bucket_cap_mb.unwrap_or(25.0) };
     let args = &cfg.train;
 

@@ -358,6 +358,51 @@ fn launch_starts_two_agreeing_processes() {
     assert!(text.contains("Accuracy: ") && text.contains("/10000"), "{text}");
 }
 
+/// `level2-accelerator ARGS` as one plain process (world 1), no Accelerate setting inherited
+/// except `envs`; its success and its output.
+fn run_plain(args: &[&str], envs: &[(&str, &str)]) -> (bool, String) {
+    let mut cmd = Command::new(BIN);
+    cmd.args(args).env("OMP_NUM_THREADS", "1");
+    for (k, _) in std::env::vars() {
+        if k.starts_with("ACCELERATE_") || k.starts_with("FSDP_") {
+            cmd.env_remove(k);
+        }
+    }
+    cmd.envs(envs.iter().copied());
+    let out = cmd.output().unwrap();
+    (out.status.success(), format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr)))
+}
+
+/// The FSDP-only flags (auto-wrap threshold, backward and forward prefetch) given with a
+/// strategy that resolves to DDP are refused before any data is read, naming the first one, as
+/// level 1 refuses them; with FSDP from the launcher's variables they are accepted.
+#[test]
+fn fsdp_only_flags_are_refused_under_ddp() {
+    let empty = tempfile::tempdir().unwrap();
+    let mnist = empty.path().display().to_string();
+    for (args, flag) in [
+        (vec!["--strategy", "ddp", "--fsdp-backward-prefetch", "backward-pre"], "--fsdp-backward-prefetch"),
+        (vec!["--fsdp-forward-prefetch"], "--fsdp-forward-prefetch"),
+        (vec!["--fsdp-forward-prefetch=false"], "--fsdp-forward-prefetch"),
+        (vec!["--fsdp-backward-prefetch", "no-prefetch", "--fsdp-min-num-params", "0"], "--fsdp-min-num-params"),
+    ] {
+        let mut all = vec!["--device", "cpu", "--data-dir", &mnist];
+        all.extend(&args);
+        let (ok, text) = run_plain(&all, &[]);
+        assert!(!ok, "{args:?} must fail:\n{text}");
+        assert!(text.contains(&format!("invalid value \"given with the resolved strategy ddp\" for {flag}")), "{args:?}:\n{text}");
+        assert!(text.contains("an FSDP strategy"), "{text}");
+    }
+    // FSDP from the launcher: the flags pass the check (the run then stops at the empty data dir).
+    let args = ["--device", "cpu", "--data-dir", &mnist, "--fsdp-backward-prefetch", "backward-post", "--fsdp-forward-prefetch"];
+    let (ok, text) = run_plain(&args, &[("ACCELERATE_USE_FSDP", "true")]);
+    assert!(!ok && !text.contains("given with the resolved strategy"), "{text}");
+    assert!(text.contains("file not found"), "{text}");
+    // A bad value is refused by the flag parser, with the accepted values.
+    let (ok, text) = run_plain(&["--fsdp-backward-prefetch", "pre"], &[]);
+    assert!(!ok && text.contains("[possible values: backward-pre, backward-post, no-prefetch]"), "{text}");
+}
+
 #[test]
 fn help_is_stable() {
     let out = Command::new(BIN).arg("--help").output().unwrap();

@@ -34,6 +34,7 @@ impl Sandbox {
              ACCELERATE_GRADIENT_ACCUMULATION_STEPS=${ACCELERATE_GRADIENT_ACCUMULATION_STEPS-unset} \
              ACCELERATE_USE_CPU=${ACCELERATE_USE_CPU-unset} ACCELERATE_USE_FSDP=${ACCELERATE_USE_FSDP-unset} \
              FSDP_SHARDING_STRATEGY=${FSDP_SHARDING_STRATEGY-unset} FSDP_MIN_NUM_PARAMS=${FSDP_MIN_NUM_PARAMS-unset} \
+             FSDP_BACKWARD_PREFETCH=${FSDP_BACKWARD_PREFETCH-unset} FSDP_FORWARD_PREFETCH=${FSDP_FORWARD_PREFETCH-unset} \
              ACCELERATE_SEED=${ACCELERATE_SEED-unset} ACCELERATE_CONFIG_FILE=${ACCELERATE_CONFIG_FILE-unset} ARGS=$*\"\n",
         )
         .unwrap();
@@ -114,6 +115,9 @@ fn launch_starts_two_ranks_with_the_torchrun_and_accelerate_variables() {
             "--use-fsdp",
             "--fsdp-sharding-strategy",
             "full-shard",
+            "--fsdp-backward-prefetch",
+            "BACKWARD_POST",
+            "--fsdp-forward-prefetch",
             "--cpu",
             &sb.script(),
             "--flag-for-program",
@@ -133,6 +137,9 @@ fn launch_starts_two_ranks_with_the_torchrun_and_accelerate_variables() {
         assert_eq!(get("ACCELERATE_USE_CPU"), "true");
         assert_eq!(get("ACCELERATE_USE_FSDP"), "true");
         assert_eq!(get("FSDP_SHARDING_STRATEGY"), "FULL_SHARD");
+        // Accelerate's spellings, as its launcher exports them.
+        assert_eq!(get("FSDP_BACKWARD_PREFETCH"), "BACKWARD_POST");
+        assert_eq!(get("FSDP_FORWARD_PREFETCH"), "true");
         // Not given: not exported.
         assert_eq!(get("FSDP_MIN_NUM_PARAMS"), "unset");
         assert_eq!(get("ACCELERATE_SEED"), "unset");
@@ -162,7 +169,8 @@ fn launch_reads_the_config_file_and_flags_override_it_even_with_the_default_valu
     let file = sb.path("job.toml");
     std::fs::write(
         &file,
-        "num_processes = 2\nmixed_precision = \"bf16\"\ngradient_accumulation_steps = 4\nseed = 11\nfsdp_min_num_params = 0\n",
+        "num_processes = 2\nmixed_precision = \"bf16\"\ngradient_accumulation_steps = 4\nseed = 11\nfsdp_min_num_params = 0\n\
+         fsdp_backward_prefetch = \"backward-pre\"\nfsdp_forward_prefetch = false\n",
     )
     .unwrap();
     let file = file.display().to_string();
@@ -179,6 +187,9 @@ fn launch_reads_the_config_file_and_flags_override_it_even_with_the_default_valu
         // The file beats a variable inherited from the shell (launch exports the file's value).
         assert_eq!(vars["ACCELERATE_SEED"], "11");
         assert_eq!(vars["ACCELERATE_USE_FSDP"], "unset");
+        // The file's prefetch settings, in Accelerate's spelling.
+        assert_eq!(vars["FSDP_BACKWARD_PREFETCH"], "BACKWARD_PRE");
+        assert_eq!(vars["FSDP_FORWARD_PREFETCH"], "false");
     }
     insta::assert_snapshot!("launch_banner_file", sb.mask(&stderr));
 }
@@ -337,6 +348,9 @@ fn error_messages() {
         ("config without a terminal", vec!["config"], vec![]),
         ("config unsupported extension", vec!["config", "--config-file", "c.ini", "--default"], vec![]),
         ("config bad strategy", vec!["config", "--fsdp-sharding-strategy", "hybrid"], vec![]),
+        ("config bad backward prefetch", vec!["config", "--fsdp-backward-prefetch", "BACKWARD"], vec![]),
+        ("bad backward prefetch inherited", vec!["launch", &script], vec![("FSDP_BACKWARD_PREFETCH", "3")]),
+        ("bad forward prefetch inherited", vec!["launch", &script], vec![("FSDP_FORWARD_PREFETCH", "sometimes")]),
     ];
     let cpu_file = sb.path("cpu.yaml");
     std::fs::write(&cpu_file, "cpu: true\n").unwrap();
@@ -364,9 +378,10 @@ fn error_messages() {
 fn config_prompts_on_a_terminal() {
     // `script` (util-linux / bsdutils) gives the command a pseudo-terminal; the keys are queued
     // on it before the first question: ↓ Enter (multi-CPU), 1 machine, FSDP yes, ↓ Enter
-    // (SHARD_GRAD_OP), min_num_params 0, 2 processes, Enter (mixed precision: no).
+    // (SHARD_GRAD_OP), min_num_params 0, ↓ Enter (BACKWARD_POST), forward prefetch yes,
+    // 2 processes, Enter (mixed precision: no).
     let sb = Sandbox::new();
-    let keys = "\x1b[B\r1\ry\x1b[B\r0\r2\r\r";
+    let keys = "\x1b[B\r1\ry\x1b[B\r0\r\x1b[B\ry2\r\r";
     let mut child = Command::new("script")
         .args(["-qfc", &format!("{BIN} config"), "/dev/null"])
         .env("HOME", sb.dir.path())
@@ -386,6 +401,8 @@ fn config_prompts_on_a_terminal() {
         "How many different machines will you use (use more than 1 for multi-node training)?",
         "Do you want to use FullyShardedDataParallel? yes",
         "What should be your sharding strategy?: SHARD_GRAD_OP",
+        "What should be your FSDP's backward prefetch policy?: BACKWARD_POST",
+        "Do you want to enable FSDP's forward prefetch policy? yes",
         "How many processes in total will you use? (all machines together)",
         "Do you wish to use mixed precision? (fp16 needs a GPU): no",
     ] {
@@ -395,7 +412,8 @@ fn config_prompts_on_a_terminal() {
     assert_eq!(
         written,
         "distributed_type: FSDP\nnum_processes: 2\nnum_machines: 1\nmachine_rank: 0\nmixed_precision: no\ncpu: true\n\
-         use_fsdp: true\nfsdp_sharding_strategy: SHARD_GRAD_OP\nfsdp_min_num_params: 0\n"
+         use_fsdp: true\nfsdp_sharding_strategy: SHARD_GRAD_OP\nfsdp_min_num_params: 0\n\
+         fsdp_backward_prefetch: BACKWARD_POST\nfsdp_forward_prefetch: true\n"
     );
 }
 

@@ -2,8 +2,11 @@
 //! (with "given as the default" kept apart from "not given"), config file round-trips, the
 //! written files, the banner, and every error message (insta snapshots, reviewed).
 
+use ladder_core::fsdp::BackwardPrefetch;
+use ladder_core::wrapped::Strategy;
 use level2_accelerator::config::{
-    AcceleratorConfig, ConfigFormat, DistributedType, FsdpShardingStrategy, MixedPrecision, ResolvedConfig, Source, SETTINGS,
+    AcceleratorConfig, ConfigFormat, DistributedType, FsdpBackwardPrefetch, FsdpShardingStrategy, MixedPrecision, ResolvedConfig, Source,
+    SETTINGS,
 };
 use std::collections::HashMap;
 use std::path::Path;
@@ -42,6 +45,9 @@ fn nothing_given_gives_accelerates_defaults() {
     assert!(!r.use_fsdp);
     assert_eq!(r.fsdp_sharding_strategy, FsdpShardingStrategy::FullShard);
     assert_eq!(r.fsdp_min_num_params, 100_000_000);
+    // Accelerate's FullyShardedDataParallelPlugin: backward_prefetch=None, forward_prefetch=False.
+    assert_eq!(r.fsdp_backward_prefetch, FsdpBackwardPrefetch::NoPrefetch);
+    assert!(!r.fsdp_forward_prefetch);
     assert!(!r.split_batches);
     assert!(r.even_batches);
     assert_eq!(r.seed, None);
@@ -160,6 +166,30 @@ fn precedence_table_every_setting() {
             env_default: "100000000",
         },
         Row {
+            setting: "fsdp_backward_prefetch",
+            builder: AcceleratorConfig { fsdp_backward_prefetch: Some(FsdpBackwardPrefetch::BackwardPost), ..d() },
+            builder_v: "BACKWARD_POST",
+            env: "backward_pre", // Accelerate upper-cases the variable
+            env_v: "BACKWARD_PRE",
+            file: "fsdp_backward_prefetch: BACKWARD_POST",
+            file_v: "BACKWARD_POST",
+            default_v: "NO_PREFETCH",
+            builder_default: AcceleratorConfig { fsdp_backward_prefetch: Some(FsdpBackwardPrefetch::NoPrefetch), ..d() },
+            env_default: "NO_PREFETCH",
+        },
+        Row {
+            setting: "fsdp_forward_prefetch",
+            builder: AcceleratorConfig { fsdp_forward_prefetch: Some(true), ..d() },
+            builder_v: "true",
+            env: "True",
+            env_v: "true",
+            file: "fsdp_forward_prefetch: true",
+            file_v: "true",
+            default_v: "false",
+            builder_default: AcceleratorConfig { fsdp_forward_prefetch: Some(false), ..d() },
+            env_default: "false", // what Accelerate's launcher writes: str(False).lower()
+        },
+        Row {
             setting: "split_batches",
             builder: AcceleratorConfig { split_batches: Some(true), ..d() },
             builder_v: "true",
@@ -244,6 +274,8 @@ fn full_config() -> AcceleratorConfig {
         use_fsdp: Some(true),
         fsdp_sharding_strategy: Some(FsdpShardingStrategy::ShardGradOp),
         fsdp_min_num_params: Some(0),
+        fsdp_backward_prefetch: Some(FsdpBackwardPrefetch::BackwardPost),
+        fsdp_forward_prefetch: Some(true),
         split_batches: Some(false),
         even_batches: Some(true),
         seed: Some(42),
@@ -301,6 +333,70 @@ fn accelerates_own_spellings_are_read() {
     ] {
         assert_eq!(text.parse::<FsdpShardingStrategy>(), Ok(want), "{text}");
     }
+    // Backward prefetch: Accelerate's names in any case (it upper-cases them), PyTorch's
+    // BackwardPrefetch numbers 1 and 2, and our kebab-case; in files the names.
+    for (text, want) in [
+        ("BACKWARD_PRE", FsdpBackwardPrefetch::BackwardPre),
+        ("backward_pre", FsdpBackwardPrefetch::BackwardPre),
+        ("1", FsdpBackwardPrefetch::BackwardPre),
+        ("BACKWARD_POST", FsdpBackwardPrefetch::BackwardPost),
+        ("backward-post", FsdpBackwardPrefetch::BackwardPost),
+        ("2", FsdpBackwardPrefetch::BackwardPost),
+        ("NO_PREFETCH", FsdpBackwardPrefetch::NoPrefetch),
+        ("No_Prefetch", FsdpBackwardPrefetch::NoPrefetch),
+    ] {
+        assert_eq!(text.parse::<FsdpBackwardPrefetch>(), Ok(want), "{text}");
+    }
+    for bad in ["3", "0", "BACKWARD", "PRE", "none", ""] {
+        assert!(bad.parse::<FsdpBackwardPrefetch>().is_err(), "{bad:?} must be refused");
+    }
+    let p = write(dir.path(), "p.yaml", "fsdp_backward_prefetch: backward_pre\nfsdp_forward_prefetch: true\n");
+    let c = AcceleratorConfig::load(&p).unwrap();
+    assert_eq!((c.fsdp_backward_prefetch, c.fsdp_forward_prefetch), (Some(FsdpBackwardPrefetch::BackwardPre), Some(true)));
+    let p = write(dir.path(), "p.toml", "fsdp_backward_prefetch = \"NO_PREFETCH\"\n");
+    assert_eq!(AcceleratorConfig::load(&p).unwrap().fsdp_backward_prefetch, Some(FsdpBackwardPrefetch::NoPrefetch));
+}
+
+/// The resolved settings reach the core's WrapConfig (what `prepare_model` wraps with), from
+/// every source; `NO_PREFETCH` is the core's `None`.
+#[test]
+fn resolved_prefetch_settings_reach_the_wrap_config() {
+    let fsdp = |extra: AcceleratorConfig| AcceleratorConfig {
+        use_fsdp: Some(true),
+        fsdp_sharding_strategy: Some(FsdpShardingStrategy::FullShard),
+        fsdp_min_num_params: Some(0),
+        ..extra
+    };
+    // Nothing given: Accelerate's defaults, not the core's (PyTorch's BACKWARD_PRE).
+    let w = resolve_with(&fsdp(AcceleratorConfig::default()), &[], None).wrap_config(25.0);
+    assert_eq!((w.strategy, w.fsdp_min_num_params), (Strategy::FsdpFullShard, 0));
+    assert_eq!((w.fsdp_backward_prefetch, w.fsdp_forward_prefetch), (None, false));
+    assert_ne!(w.fsdp_backward_prefetch, ladder_core::wrapped::WrapConfig::default().fsdp_backward_prefetch);
+    // From the builder.
+    let b = fsdp(AcceleratorConfig {
+        fsdp_backward_prefetch: Some(FsdpBackwardPrefetch::BackwardPre),
+        fsdp_forward_prefetch: Some(true),
+        ..Default::default()
+    });
+    let w = resolve_with(&b, &[("FSDP_BACKWARD_PREFETCH", "BACKWARD_POST")], None).wrap_config(25.0);
+    assert_eq!((w.fsdp_backward_prefetch, w.fsdp_forward_prefetch), (Some(BackwardPrefetch::BackwardPre), true));
+    // From the launcher's variables, over the file.
+    let w = resolve_with(
+        &fsdp(AcceleratorConfig::default()),
+        &[("FSDP_BACKWARD_PREFETCH", "BACKWARD_POST"), ("FSDP_FORWARD_PREFETCH", "true")],
+        Some("fsdp_backward_prefetch: BACKWARD_PRE\nfsdp_forward_prefetch: false\n"),
+    )
+    .wrap_config(25.0);
+    assert_eq!((w.fsdp_backward_prefetch, w.fsdp_forward_prefetch), (Some(BackwardPrefetch::BackwardPost), true));
+    // From the file.
+    let w = resolve_with(&fsdp(AcceleratorConfig::default()), &[], Some("fsdp_backward_prefetch: BACKWARD_PRE\n")).wrap_config(25.0);
+    assert_eq!(w.fsdp_backward_prefetch, Some(BackwardPrefetch::BackwardPre));
+    // The rest of the wrap config: DDP with its bucket cap, bf16 compute with fp32 reduction.
+    let w = resolve_with(&AcceleratorConfig { mixed_precision: Some(MixedPrecision::Bf16), ..Default::default() }, &[], None)
+        .wrap_config(10.0);
+    assert_eq!((w.strategy, w.bucket_cap_mb), (Strategy::Ddp, 10.0));
+    let mp = w.mixed_precision.expect("bf16 policy");
+    assert_eq!((mp.param_dtype, mp.reduce_dtype), (ladder_core::fsdp::Dtype::Bf16, ladder_core::fsdp::Dtype::F32));
 }
 
 #[test]
@@ -341,6 +437,11 @@ fn error_messages() {
     case("bad bool", resolve_err(&none, &[("ACCELERATE_EVEN_BATCHES", "maybe")], None));
     case("hybrid sharding", resolve_err(&none, &[("FSDP_SHARDING_STRATEGY", "HYBRID_SHARD")], None));
     case("negative min_num_params", resolve_err(&none, &[("FSDP_MIN_NUM_PARAMS", "-1")], None));
+    case("unknown backward prefetch in the env", resolve_err(&none, &[("FSDP_BACKWARD_PREFETCH", "BACKWARD")], None));
+    case("PyTorch number 3 for backward prefetch", resolve_err(&none, &[("FSDP_BACKWARD_PREFETCH", "3")], None));
+    case("bad forward prefetch in the env", resolve_err(&none, &[("FSDP_FORWARD_PREFETCH", "sometimes")], None));
+    case("bad backward prefetch in yaml", resolve_err(&none, &[], Some(("c.yaml", "fsdp_backward_prefetch: PREFETCH\n"))));
+    case("forward prefetch not a bool in toml", resolve_err(&none, &[], Some(("c.toml", "fsdp_forward_prefetch = \"yes\"\n"))));
     case("bad seed", resolve_err(&none, &[("ACCELERATE_SEED", "abc")], None));
     case(
         "fp16 from the builder with cpu from the env",
@@ -407,6 +508,7 @@ fn env_vars_for_launch_read_back_to_the_same_values() {
         (r.mixed_precision, r.gradient_accumulation_steps, r.cpu, r.use_fsdp, r.fsdp_sharding_strategy, r.fsdp_min_num_params),
         (MixedPrecision::Bf16, 4, true, true, FsdpShardingStrategy::ShardGradOp, 0)
     );
+    assert_eq!((r.fsdp_backward_prefetch, r.fsdp_forward_prefetch), (FsdpBackwardPrefetch::BackwardPost, true));
     assert_eq!((r.split_batches, r.even_batches, r.seed), (false, true, Some(42)));
     // Nothing given, nothing exported.
     assert!(AcceleratorConfig::default().to_env_vars().is_empty());

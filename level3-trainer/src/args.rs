@@ -69,6 +69,84 @@ pub enum FsdpOption {
     NoShard,
 }
 
+/// FSDP's backward prefetch as Transformers' `fsdp_config["backward_prefetch"]` names it:
+/// `backward_pre`, `backward_post` (`torch.distributed.fsdp.BackwardPrefetch`'s members).
+/// When `full_shard`'s backward starts all-gathering the next unit's parameters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BackwardPrefetch {
+    /// Before the current unit's gradient computation (most overlap; two units' parameters
+    /// alive at once).
+    BackwardPre,
+    /// After the current unit's gradient computation, once its parameters are freed (less
+    /// memory).
+    BackwardPost,
+}
+
+impl BackwardPrefetch {
+    /// Reads a `backward_prefetch` value as Transformers does (it upper-cases the text and
+    /// hands it to Accelerate): `backward_pre`, `backward_post` in any case; `no_prefetch`
+    /// (Accelerate's name for none) gives `None`, as leaving the key out does.
+    ///
+    /// # Errors
+    /// The message for any other text, naming the key and the accepted values.
+    pub fn parse(text: &str) -> std::result::Result<Option<Self>, String> {
+        match text.trim().to_ascii_uppercase().as_str() {
+            "BACKWARD_PRE" => Ok(Some(BackwardPrefetch::BackwardPre)),
+            "BACKWARD_POST" => Ok(Some(BackwardPrefetch::BackwardPost)),
+            "NO_PREFETCH" => Ok(None),
+            _ => Err(format!(
+                "invalid value {text:?} for fsdp_config.backward_prefetch: expected backward_pre or backward_post \
+                 (or no_prefetch, or no key, for no prefetch)"
+            )),
+        }
+    }
+}
+
+/// `backward_prefetch` from its text (see [`BackwardPrefetch::parse`]); `null` is no prefetch.
+fn backward_prefetch_from_text<'de, D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Option<BackwardPrefetch>, D::Error> {
+    let text: Option<String> = Option::deserialize(d)?;
+    match text {
+        None => Ok(None),
+        Some(t) => BackwardPrefetch::parse(&t).map_err(serde::de::Error::custom),
+    }
+}
+
+/// Transformers' `TrainingArguments.fsdp_config`: FSDP settings beside `fsdp`, with
+/// Transformers' key names (an `fsdp_` prefix is accepted too, as Transformers strips it).
+/// The keys this Trainer implements; any other key is an error. Used when `fsdp` is set.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct FsdpConfig {
+    /// `backward_prefetch`: `backward_pre` or `backward_post`. Absent (or `no_prefetch`): no
+    /// prefetch, Transformers' and Accelerate's default (PyTorch's own is `backward_pre`).
+    #[serde(alias = "fsdp_backward_prefetch", deserialize_with = "backward_prefetch_from_text", skip_serializing_if = "Option::is_none")]
+    pub backward_prefetch: Option<BackwardPrefetch>,
+    /// `forward_prefetch`: start the next unit's all-gather before the current unit's forward
+    /// computation. Default false, Transformers'.
+    #[serde(alias = "fsdp_forward_prefetch")]
+    pub forward_prefetch: bool,
+}
+
+impl FsdpConfig {
+    /// The `--fsdp-config` value, as Transformers reads `fsdp_config` given as text: a JSON
+    /// object (`{"backward_prefetch": "backward_pre"}`), else the path of a JSON file holding
+    /// one.
+    ///
+    /// # Errors
+    /// An unreadable file; malformed JSON, an unknown key or a bad value, named.
+    pub fn from_arg(text: &str) -> std::result::Result<Self, String> {
+        let json = if text.trim_start().starts_with('{') {
+            text.to_string()
+        } else {
+            std::fs::read_to_string(text).map_err(|e| {
+                format!("cannot read {text}: {e} (expected a JSON object such as {{\"backward_prefetch\": \"backward_pre\"}}, or the path of a JSON file holding one)")
+            })?
+        };
+        serde_json::from_str(&json).map_err(|e| format!("fsdp_config: {e}"))
+    }
+}
+
 /// The arguments of a [`Trainer`](crate::Trainer) run, as Transformers' `TrainingArguments`.
 ///
 /// Defaults are Transformers' (`per_device_train_batch_size` 8, `learning_rate` 5e-5 with
@@ -195,6 +273,11 @@ pub struct TrainingArguments {
     /// Accelerator's, 1e8, i.e. one unit for BasicNet). 0 wraps every layer.
     #[arg(long)]
     pub fsdp_min_num_params: Option<usize>,
+    /// Transformers' fsdp_config, as a JSON object or the path of a JSON file holding one:
+    /// `backward_prefetch` (backward_pre | backward_post; absent: no prefetch, Transformers'
+    /// default) and `forward_prefetch` (true | false; default false). Used with fsdp.
+    #[arg(long, value_name = "JSON|FILE", value_parser = FsdpConfig::from_arg, default_value = "{}", hide_default_value = true)]
+    pub fsdp_config: FsdpConfig,
     /// Train on the CPU even when CUDA is available.
     #[arg(long)]
     pub use_cpu: bool,
@@ -248,6 +331,7 @@ impl Default for TrainingArguments {
             report_to: ReportTo::None,
             fsdp: None,
             fsdp_min_num_params: None,
+            fsdp_config: FsdpConfig::default(),
             use_cpu: false,
             ddp_timeout: 600,
             allow_non_finite: false,

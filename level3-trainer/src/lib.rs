@@ -33,6 +33,7 @@ use ladder_core::metrics::{LocalFigures, Report};
 use ladder_core::model::{BasicNet, BasicNetConfig};
 use ladder_core::train::{EvalSums, TrainArgs};
 use ladder_core::wrapped::Strategy;
+use level2_accelerator::config::FsdpBackwardPrefetch;
 use std::collections::BTreeSet;
 use std::path::PathBuf;
 use std::time::Instant;
@@ -69,6 +70,15 @@ pub struct Config {
     /// the Accelerator's, 1e8: one unit). 0 wraps every layer.
     #[arg(long, value_name = "N")]
     pub fsdp_min_num_params: Option<usize>,
+    /// FSDP backward prefetch (TrainingArguments.fsdp_config.backward_prefetch): when
+    /// fsdp-full-shard's backward starts all-gathering the next unit [default: no-prefetch,
+    /// Transformers' and Accelerate's].
+    #[arg(long, value_enum, value_parser = ladder_core::cli::choice::<FsdpBackwardPrefetch>(), value_name = "POLICY")]
+    pub fsdp_backward_prefetch: Option<FsdpBackwardPrefetch>,
+    /// FSDP forward prefetch (TrainingArguments.fsdp_config.forward_prefetch): start the next
+    /// unit's all-gather before the current unit's forward [default: off].
+    #[arg(long)]
+    pub fsdp_forward_prefetch: bool,
     /// Output features of BasicNet's fc1 (the tutorial's 128; 4096 gives ~38M parameters, for
     /// memory comparisons).
     #[arg(long, default_value_t = 128)]
@@ -130,6 +140,8 @@ impl Config {
             "log_interval" => self.train.log_interval != d.log_interval,
             "strategy" => self.strategy != Strategy::Ddp,
             "fsdp_min_num_params" => self.fsdp_min_num_params.is_some(),
+            "fsdp_backward_prefetch" => self.fsdp_backward_prefetch.is_some(),
+            "fsdp_forward_prefetch" => self.fsdp_forward_prefetch,
             "mixed_precision" => self.mixed_precision != MixedPrecisionFlag::No,
             _ => false,
         }
@@ -217,6 +229,16 @@ impl Config {
         }
         if apply("fsdp_min_num_params") && self.fsdp_min_num_params.is_some() {
             a.fsdp_min_num_params = self.fsdp_min_num_params;
+        }
+        if let (true, Some(p)) = (apply("fsdp_backward_prefetch"), self.fsdp_backward_prefetch) {
+            a.fsdp_config.backward_prefetch = match p {
+                FsdpBackwardPrefetch::BackwardPre => Some(args::BackwardPrefetch::BackwardPre),
+                FsdpBackwardPrefetch::BackwardPost => Some(args::BackwardPrefetch::BackwardPost),
+                FsdpBackwardPrefetch::NoPrefetch => None,
+            };
+        }
+        if apply("fsdp_forward_prefetch") {
+            a.fsdp_config.forward_prefetch = self.fsdp_forward_prefetch;
         }
         if apply("mixed_precision") {
             a.bf16 = self.mixed_precision == MixedPrecisionFlag::Bf16;

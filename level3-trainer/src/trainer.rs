@@ -37,7 +37,7 @@ use ladder_core::checkpoint as core_ckpt;
 use ladder_core::data::Dataset;
 use ladder_core::memory::ModelStateBytes;
 use ladder_core::model::{BasicNet, BasicNetConfig};
-use level2_accelerator::config::FsdpShardingStrategy;
+use level2_accelerator::config::{FsdpBackwardPrefetch, FsdpShardingStrategy};
 use level2_accelerator::{AcceleratedOptimizer, Accelerator, AcceleratorConfig, MixedPrecision, PreparedModel};
 use std::path::PathBuf;
 use std::time::Instant;
@@ -240,8 +240,11 @@ impl std::fmt::Debug for Trainer {
 impl Trainer {
     /// The Accelerator settings these arguments stand for (Transformers builds its
     /// `Accelerator` the same way): cpu from use_cpu, bf16 mixed precision, the accumulation
-    /// steps, FSDP, its sharding strategy and auto-wrap threshold, the seed. Launcher variables (`ACCELERATE_*`)
-    /// and config files cannot override them: the arguments set each explicitly.
+    /// steps, FSDP, its sharding strategy and auto-wrap threshold, fsdp_config's backward
+    /// prefetch (absent: `NO_PREFETCH`) and forward prefetch, the seed. Launcher variables
+    /// (`ACCELERATE_*`, `FSDP_BACKWARD_PREFETCH`, …) and config files cannot override them: the
+    /// arguments set each explicitly, as Transformers exports `fsdp_config` over the launcher's
+    /// variables (`fsdp_min_num_params` excepted: when not given, theirs applies).
     pub fn accelerator_config(args: &TrainingArguments) -> AcceleratorConfig {
         AcceleratorConfig {
             cpu: Some(args.use_cpu),
@@ -254,6 +257,12 @@ impl Trainer {
                 crate::args::FsdpOption::NoShard => FsdpShardingStrategy::NoShard,
             }),
             fsdp_min_num_params: args.fsdp_min_num_params,
+            fsdp_backward_prefetch: Some(match args.fsdp_config.backward_prefetch {
+                None => FsdpBackwardPrefetch::NoPrefetch,
+                Some(crate::args::BackwardPrefetch::BackwardPre) => FsdpBackwardPrefetch::BackwardPre,
+                Some(crate::args::BackwardPrefetch::BackwardPost) => FsdpBackwardPrefetch::BackwardPost,
+            }),
+            fsdp_forward_prefetch: Some(args.fsdp_config.forward_prefetch),
             seed: Some(args.seed),
             ..AcceleratorConfig::default()
         }

@@ -98,3 +98,84 @@ fn validation_errors_name_the_field() {
     assert!(msg.starts_with("error: invalid value 'polynomial' for '--lr-scheduler-type <LR_SCHEDULER_TYPE>'"), "{msg}");
     assert!(msg.contains("[possible values: linear, cosine, constant, constant_with_warmup]"), "{msg}");
 }
+
+/// Transformers' fsdp_config keys backward_prefetch / forward_prefetch: absent = no prefetch
+/// and false; given as a JSON object or file on the command line, or as a table in the args
+/// file; what the Accelerator then wraps the model with; bad values named.
+#[test]
+fn fsdp_config_prefetch_keys() {
+    use ladder_core::fsdp::BackwardPrefetch as Core;
+    use level2_accelerator::config::{FsdpBackwardPrefetch, ResolvedConfig};
+    use level3_trainer::args::{BackwardPrefetch, FsdpConfig};
+    use level3_trainer::Trainer;
+
+    let d = TrainingArguments::default();
+    assert_eq!(d.fsdp_config, FsdpConfig { backward_prefetch: None, forward_prefetch: false });
+
+    let a = parse(&["--fsdp", "full_shard", "--fsdp-config", r#"{"backward_prefetch": "backward_post", "forward_prefetch": true}"#]).unwrap();
+    assert_eq!(a.fsdp_config, FsdpConfig { backward_prefetch: Some(BackwardPrefetch::BackwardPost), forward_prefetch: true });
+    // Transformers upper-cases the value and strips an `fsdp_` prefix from the keys;
+    // no_prefetch (Accelerate's name) and null are no prefetch.
+    for (json, want) in [
+        (r#"{"backward_prefetch": "BACKWARD_PRE"}"#, Some(BackwardPrefetch::BackwardPre)),
+        (r#"{"fsdp_backward_prefetch": "backward_pre"}"#, Some(BackwardPrefetch::BackwardPre)),
+        (r#"{"backward_prefetch": "no_prefetch"}"#, None),
+        (r#"{"backward_prefetch": null}"#, None),
+        ("{}", None),
+    ] {
+        assert_eq!(parse(&["--fsdp-config", json]).unwrap().fsdp_config.backward_prefetch, want, "{json}");
+    }
+
+    let dir = tempfile::tempdir().unwrap();
+    // A path to a JSON file, as Transformers' fsdp_config="fsdp_config.json".
+    let fsdp_json = dir.path().join("fsdp_config.json");
+    std::fs::write(&fsdp_json, r#"{"fsdp_forward_prefetch": true}"#).unwrap();
+    let a = parse(&["--fsdp-config", fsdp_json.to_str().unwrap()]).unwrap();
+    assert_eq!(a.fsdp_config, FsdpConfig { backward_prefetch: None, forward_prefetch: true });
+    // In the args file as a table; the flag replaces the whole table, as in Transformers.
+    let toml = dir.path().join("args.toml");
+    std::fs::write(&toml, "fsdp = \"full_shard\"\n[fsdp_config]\nbackward_prefetch = \"backward_pre\"\nforward_prefetch = true\n").unwrap();
+    let a = parse(&["--args-file", toml.to_str().unwrap()]).unwrap();
+    assert_eq!(a.fsdp_config, FsdpConfig { backward_prefetch: Some(BackwardPrefetch::BackwardPre), forward_prefetch: true });
+    let a = parse(&["--args-file", toml.to_str().unwrap(), "--fsdp-config", r#"{"backward_prefetch": "backward_post"}"#]).unwrap();
+    assert_eq!(a.fsdp_config, FsdpConfig { backward_prefetch: Some(BackwardPrefetch::BackwardPost), forward_prefetch: false });
+    // Written to training_args.json and read back.
+    let a = TrainingArguments { output_dir: dir.path().join("out"), ..a };
+    let back = TrainingArguments::from_file(&a.write_json().unwrap()).unwrap();
+    assert_eq!(back.fsdp_config, a.fsdp_config);
+
+    // Into the Accelerator's settings (explicitly: a launcher's FSDP_BACKWARD_PREFETCH does
+    // not override them), and from there into the core's WrapConfig.
+    let wrap_of = |a: &TrainingArguments, env: &[(&str, &str)]| {
+        let env: Vec<(String, String)> = env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        let cfg = Trainer::accelerator_config(a);
+        let r = ResolvedConfig::resolve(&cfg, |k| env.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone())).unwrap();
+        (cfg, r.wrap_config(25.0))
+    };
+    let (cfg, w) = wrap_of(&a, &[("FSDP_BACKWARD_PREFETCH", "BACKWARD_PRE"), ("FSDP_FORWARD_PREFETCH", "true")]);
+    assert_eq!((cfg.fsdp_backward_prefetch, cfg.fsdp_forward_prefetch), (Some(FsdpBackwardPrefetch::BackwardPost), Some(false)));
+    assert_eq!((w.strategy, w.fsdp_backward_prefetch, w.fsdp_forward_prefetch), (ladder_core::wrapped::Strategy::FsdpFullShard, Some(Core::BackwardPost), false));
+    let full_shard = TrainingArguments { fsdp: Some(level3_trainer::args::FsdpOption::FullShard), ..TrainingArguments::default() };
+    let (cfg, w) = wrap_of(&full_shard, &[("FSDP_BACKWARD_PREFETCH", "BACKWARD_PRE")]);
+    assert_eq!(cfg.fsdp_backward_prefetch, Some(FsdpBackwardPrefetch::NoPrefetch));
+    assert_eq!((w.fsdp_backward_prefetch, w.fsdp_forward_prefetch), (None, false));
+
+    // Bad values, named.
+    let err = |flags: &[&str]| parse(flags).unwrap_err().to_string();
+    let msg = err(&["--fsdp-config", r#"{"backward_prefetch": "backward"}"#]);
+    assert!(msg.starts_with(r#"error: invalid value '{"backward_prefetch": "backward"}' for '--fsdp-config <JSON|FILE>': fsdp_config: invalid value "backward" for fsdp_config.backward_prefetch: expected backward_pre or backward_post (or no_prefetch, or no key, for no prefetch)"#), "{msg}");
+    let msg = err(&["--fsdp-config", r#"{"forward_prefetch": "yes"}"#]);
+    assert!(msg.contains("fsdp_config: invalid type: string \"yes\", expected a boolean"), "{msg}");
+    let msg = err(&["--fsdp-config", r#"{"limit_all_gathers": true}"#]);
+    assert!(msg.contains("fsdp_config: unknown field `limit_all_gathers`, expected one of `backward_prefetch`"), "{msg}");
+    let missing = dir.path().join("none.json");
+    let msg = err(&["--fsdp-config", missing.to_str().unwrap()]);
+    assert!(msg.contains(&format!("cannot read {}", missing.display())), "{msg}");
+    let bad = dir.path().join("bad.json");
+    std::fs::write(&bad, r#"{"fsdp_config": {"backward_prefetch": "BACKWARD_PREFETCH"}}"#).unwrap();
+    let msg = err(&["--args-file", bad.to_str().unwrap()]);
+    assert!(
+        msg.starts_with(&format!("{}: cannot read training arguments: invalid value \"BACKWARD_PREFETCH\" for fsdp_config.backward_prefetch: expected backward_pre or backward_post", bad.display())),
+        "{msg}"
+    );
+}

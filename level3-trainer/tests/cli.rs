@@ -176,6 +176,14 @@ fn recipe_and_transformers_defaults_map_onto_training_arguments() {
     let n =
         parse(&["--strategy", "fsdp-no-shard", "--fsdp-min-num-params", "0", "--mixed-precision", "bf16"]).training_arguments().unwrap();
     assert_eq!((n.fsdp, n.fsdp_min_num_params, n.bf16), (Some(level3_trainer::args::FsdpOption::NoShard), Some(0), true));
+    // Level 1's prefetch flags become fsdp_config's keys; not given: Transformers' default.
+    assert_eq!(n.fsdp_config, level3_trainer::args::FsdpConfig::default());
+    let p = parse(&["--strategy", "fsdp-full-shard", "--fsdp-backward-prefetch", "backward-post", "--fsdp-forward-prefetch"])
+        .training_arguments()
+        .unwrap();
+    assert_eq!((p.fsdp_config.backward_prefetch, p.fsdp_config.forward_prefetch), (Some(level3_trainer::args::BackwardPrefetch::BackwardPost), true));
+    let p = parse(&["--strategy", "fsdp-full-shard", "--fsdp-backward-prefetch", "no-prefetch"]).training_arguments().unwrap();
+    assert_eq!(p.fsdp_config.backward_prefetch, None);
     let err = parse(&["--width", "0"]).training_arguments().unwrap_err().to_string();
     insta::assert_snapshot!(err, @r#"invalid value "0" for --width: at least 1 output feature for fc1"#);
     let resumed = parse(&["--resume-from-checkpoint"]).training_arguments().unwrap();
@@ -196,6 +204,14 @@ fn args_file_lies_over_the_recipe_and_given_flags_lie_over_it() {
     assert_eq!(a.per_device_train_batch_size, 32); // the typed flag over the file
     assert_eq!((a.weight_decay, a.lr_scheduler_type), (0.01, SchedulerType::Constant));
     // the recipe
+
+    // fsdp_config from the file; a typed prefetch flag replaces that key alone.
+    std::fs::write(&file, "fsdp = \"full_shard\"\n[fsdp_config]\nbackward_prefetch = \"backward_pre\"\nforward_prefetch = true\n").unwrap();
+    let mut cfg =
+        Config::try_parse_from(["level3-trainer", "--args-file", file.to_str().unwrap(), "--fsdp-backward-prefetch", "backward-post"]).unwrap();
+    cfg.given = Some(["args_file", "fsdp_backward_prefetch"].iter().map(|s| s.to_string()).collect());
+    let a = cfg.training_arguments().unwrap();
+    assert_eq!((a.fsdp_config.backward_prefetch, a.fsdp_config.forward_prefetch), (Some(level3_trainer::args::BackwardPrefetch::BackwardPost), true));
 }
 
 #[test]

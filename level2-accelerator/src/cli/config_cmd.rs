@@ -3,8 +3,8 @@
 
 use super::{CmdResult, SettingsArgs};
 use level2_accelerator::config::{
-    default_config_file, default_fsdp_min_num_params, AcceleratorConfig, ConfigFormat, DistributedType, FsdpShardingStrategy,
-    MixedPrecision, Origin,
+    default_config_file, default_fsdp_min_num_params, AcceleratorConfig, ConfigFormat, DistributedType, FsdpBackwardPrefetch,
+    FsdpShardingStrategy, MixedPrecision, Origin,
 };
 use level2_accelerator::{Error, Result};
 use std::io::IsTerminal;
@@ -77,7 +77,8 @@ impl Machine {
 /// `--default`: the flags, completed as Accelerate's `write_basic_config` does for this machine:
 /// one process per GPU (at least 1), CPU training when there is no GPU, `no` mixed precision,
 /// one machine, and the distributed type that follows (FSDP when `--use-fsdp`, with its
-/// strategy and threshold).
+/// strategy, threshold and prefetch settings: `FULL_SHARD`, 1e8, `NO_PREFETCH`, no forward
+/// prefetch).
 pub fn with_defaults(flags: &AcceleratorConfig, machine: &Machine) -> AcceleratorConfig {
     let cpu = flags.cpu.unwrap_or(machine.gpus == 0);
     let num_processes = flags.num_processes.unwrap_or(if cpu { 1 } else { machine.gpus.max(1) });
@@ -102,6 +103,8 @@ pub fn with_defaults(flags: &AcceleratorConfig, machine: &Machine) -> Accelerato
         use_fsdp: Some(use_fsdp),
         fsdp_sharding_strategy: use_fsdp.then_some(FsdpShardingStrategy::FullShard),
         fsdp_min_num_params: use_fsdp.then(default_fsdp_min_num_params),
+        fsdp_backward_prefetch: use_fsdp.then_some(FsdpBackwardPrefetch::NoPrefetch),
+        fsdp_forward_prefetch: use_fsdp.then_some(false),
         ..AcceleratorConfig::default()
     };
     flags.merged_over(&base)
@@ -149,7 +152,8 @@ fn check_count(min: usize) -> impl Fn(&str) -> std::result::Result<(), String> {
 }
 
 /// The questions `accelerate config` asks, for what ddp-ladder runs: the kind of machine,
-/// the machines (rank, main process address and port when several), FSDP and its settings,
+/// the machines (rank, main process address and port when several), FSDP and its settings
+/// (sharding strategy, auto-wrap threshold, backward and forward prefetch),
 /// the number of processes, CPU-only training, mixed precision.
 pub fn ask(p: &mut dyn Prompter, machine: &Machine) -> Result<AcceleratorConfig> {
     let kinds = ["No distributed training", "multi-CPU (mpi)", "multi-GPU (nccl)"];
@@ -201,6 +205,13 @@ pub fn ask(p: &mut dyn Prompter, machine: &Machine) -> Result<AcceleratorConfig>
                 &check_count(0),
             )?;
             cfg.fsdp_min_num_params = n.trim().parse().ok();
+            // Accelerate offers BACKWARD_PRE first (its questionnaire's default); the
+            // plugin's default when nothing is given is NO_PREFETCH.
+            let prefetches = [FsdpBackwardPrefetch::BackwardPre, FsdpBackwardPrefetch::BackwardPost, FsdpBackwardPrefetch::NoPrefetch];
+            let names: Vec<&str> = prefetches.iter().map(|p| p.as_str()).collect();
+            let i = p.select("What should be your FSDP's backward prefetch policy?", &names, 0)?;
+            cfg.fsdp_backward_prefetch = Some(prefetches[i]);
+            cfg.fsdp_forward_prefetch = Some(p.confirm("Do you want to enable FSDP's forward prefetch policy?", false)?);
         }
         cfg.use_fsdp = Some(use_fsdp);
     }
@@ -292,7 +303,7 @@ mod tests {
 
     #[test]
     fn multi_cpu_fsdp_two_processes() {
-        let mut s = Script::new(&["multi-CPU (mpi)", "1", "yes", "SHARD_GRAD_OP", "0", "2", "no"]);
+        let mut s = Script::new(&["multi-CPU (mpi)", "1", "yes", "SHARD_GRAD_OP", "0", "BACKWARD_POST", "yes", "2", "no"]);
         let cfg = ask(&mut s, &Machine { gpus: 0 }).unwrap();
         assert_eq!(
             cfg,
@@ -305,10 +316,13 @@ mod tests {
                 use_fsdp: Some(true),
                 fsdp_sharding_strategy: Some(FsdpShardingStrategy::ShardGradOp),
                 fsdp_min_num_params: Some(0),
+                fsdp_backward_prefetch: Some(FsdpBackwardPrefetch::BackwardPost),
+                fsdp_forward_prefetch: Some(true),
                 mixed_precision: Some(MixedPrecision::No),
                 ..Default::default()
             }
         );
+        assert!(s.asked.contains(&"What should be your FSDP's backward prefetch policy?".to_string()), "{:?}", s.asked);
         // fp16 is not offered on the CPU.
         assert!(s.asked.last().unwrap().contains("fp16 needs a GPU"));
     }
@@ -343,6 +357,11 @@ mod tests {
         let f = with_defaults(&flags, &Machine { gpus: 0 });
         assert_eq!(f.distributed_type, Some(DistributedType::Fsdp));
         assert_eq!((f.fsdp_sharding_strategy, f.fsdp_min_num_params), (Some(FsdpShardingStrategy::FullShard), Some(100_000_000)));
+        assert_eq!((f.fsdp_backward_prefetch, f.fsdp_forward_prefetch), (Some(FsdpBackwardPrefetch::NoPrefetch), Some(false)));
+        // Without FSDP no FSDP setting is written; a given one is kept.
+        assert_eq!((cpu.fsdp_backward_prefetch, cpu.fsdp_forward_prefetch), (None, None));
+        let given = AcceleratorConfig { use_fsdp: Some(true), fsdp_backward_prefetch: Some(FsdpBackwardPrefetch::BackwardPre), ..Default::default() };
+        assert_eq!(with_defaults(&given, &Machine { gpus: 0 }).fsdp_backward_prefetch, Some(FsdpBackwardPrefetch::BackwardPre));
         assert_eq!((f.num_processes, f.seed), (Some(2), Some(1)));
         let two_cpu = with_defaults(&AcceleratorConfig { num_processes: Some(2), ..Default::default() }, &Machine { gpus: 0 });
         assert_eq!(two_cpu.distributed_type, Some(DistributedType::MultiCpu));

@@ -12,7 +12,7 @@ mod env_cmd;
 mod launch_cmd;
 
 use clap::{Args, Parser, Subcommand};
-use level2_accelerator::config::{AcceleratorConfig, DistributedType, FsdpShardingStrategy, MixedPrecision};
+use level2_accelerator::config::{AcceleratorConfig, DistributedType, FsdpBackwardPrefetch, FsdpShardingStrategy, MixedPrecision};
 use level2_accelerator::{Error, Result};
 use std::io::Write;
 use std::path::PathBuf;
@@ -83,6 +83,12 @@ pub struct SettingsArgs {
     /// FSDP auto-wrap threshold: layers with at least this many parameters get their own unit [default: 100000000].
     #[arg(long = "fsdp-min-num-params", alias = "fsdp_min_num_params", value_name = "N")]
     pub fsdp_min_num_params: Option<usize>,
+    /// FSDP backward prefetch: backward-pre, backward-post, no-prefetch [default: no-prefetch].
+    #[arg(long = "fsdp-backward-prefetch", alias = "fsdp_backward_prefetch", value_enum, value_parser = ladder_core::cli::choice::<FsdpBackwardPrefetch>(), value_name = "POLICY", ignore_case = true)]
+    pub fsdp_backward_prefetch: Option<FsdpBackwardPrefetch>,
+    /// FSDP forward prefetch: start the next unit's all-gather before the current unit's forward [default: false].
+    #[arg(long = "fsdp-forward-prefetch", alias = "fsdp_forward_prefetch", value_name = "BOOL", num_args = 0..=1, require_equals = true, default_missing_value = "true", value_parser = bool_value)]
+    pub fsdp_forward_prefetch: Option<bool>,
     /// The loader's batch size is global, split between the processes [default: false].
     #[arg(long = "split-batches", alias = "split_batches", value_name = "BOOL", num_args = 0..=1, require_equals = true, default_missing_value = "true", value_parser = bool_value)]
     pub split_batches: Option<bool>,
@@ -110,6 +116,8 @@ impl SettingsArgs {
             use_fsdp: self.use_fsdp,
             fsdp_sharding_strategy: self.fsdp_sharding_strategy,
             fsdp_min_num_params: self.fsdp_min_num_params,
+            fsdp_backward_prefetch: self.fsdp_backward_prefetch,
+            fsdp_forward_prefetch: self.fsdp_forward_prefetch,
             split_batches: self.split_batches,
             even_batches: self.even_batches,
             seed: self.seed,

@@ -158,6 +158,14 @@ pub trait ProcessGroup: std::fmt::Debug {
         Ok(Work::completed("all_gather"))
     }
 
+    /// [`reduce_scatter`](Self::reduce_scatter) of an `input` the caller gives up: afterwards
+    /// `input` holds unspecified values (a backend may reduce it in place). Same result in
+    /// `output`, to float rounding. For callers whose input is a temporary, such as FSDP's flat
+    /// gradient. Default: the reduce-scatter.
+    fn reduce_scatter_consuming(&self, output: &mut Tensor, input: Tensor, op: ReduceOp) -> Result<()> {
+        self.reduce_scatter(output, &input, op)
+    }
+
     /// Starts [`reduce_scatter`](Self::reduce_scatter); see
     /// [`all_reduce_start`](Self::all_reduce_start).
     fn reduce_scatter_start<'a>(&'a self, output: &'a mut Tensor, input: &'a Tensor, op: ReduceOp) -> Result<Work<'a>> {

@@ -715,12 +715,13 @@ impl<'pg, M: Segmented> FullyShardedDataParallel<'pg, M> {
         let shard = self.shards[u].shallow_clone();
         let reduced = tch::no_grad(|| -> Result<Tensor> {
             let mut input = fg.to_kind(rkind).contiguous();
-            drop(fg);
+            drop(fg); // `input` may be `fg` itself (no cast): nothing else reads it
             let bytes = (input.numel() * input.kind().elt_size_in_bytes()) as u64;
             let t0 = Instant::now();
             let out = if self.config.sharding_strategy.is_sharded() {
                 let mut out = Tensor::zeros([self.units[u].shard_numel], (rkind, input.device()));
-                self.pg.reduce_scatter(&mut out, &input, ReduceOp::Avg)?;
+                // The flat gradient is a temporary: the backend may reduce it in place.
+                self.pg.reduce_scatter_consuming(&mut out, input, ReduceOp::Avg)?;
                 out
             } else {
                 self.pg.all_reduce(&mut input, ReduceOp::Avg)?;

@@ -146,6 +146,18 @@ impl RunFigures {
             Vec::new()
         }
     }
+
+    /// What training added to each rank's RSS, MiB: the training-phase peak less the RSS when
+    /// training started, in rank order (empty when the run did not measure both).
+    pub fn train_rss_growth_per_rank(&self) -> Vec<f64> {
+        let timings: Vec<StepTiming> =
+            if self.ranks.is_empty() { vec![self.timing] } else { self.ranks.iter().map(|r| r.timing).collect() };
+        if timings.iter().all(|t| t.train_peak_rss_mib > 0.0 && t.train_start_rss_mib > 0.0) {
+            timings.iter().map(|t| (t.train_peak_rss_mib - t.train_start_rss_mib).max(0.0)).collect()
+        } else {
+            Vec::new()
+        }
+    }
 }
 
 #[cfg(test)]

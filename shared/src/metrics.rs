@@ -185,9 +185,10 @@ pub fn gather_report(
         t.comm_bytes_per_step,
         t.train_peak_rss_mib,
         rss_scope,
+        t.train_start_rss_mib,
     ];
     let mine: Vec<f64> = mine.into_iter().chain(timing).collect();
-    const N: usize = 9 + 18;
+    const N: usize = 9 + 19;
     let mut all = Tensor::zeros([(world_size * N) as i64], (Kind::Double, pg.device()));
     pg.all_gather(&mut all, &Tensor::from_slice(&mine).to_device(pg.device()))?;
     let all = Vec::<f64>::try_from(all.to_device(Device::Cpu)).map_err(crate::Error::Torch)?;
@@ -261,6 +262,7 @@ fn timing_of(f: &[f64]) -> StepTiming {
             2 => RssScope::Sampled,
             _ => RssScope::None,
         },
+        train_start_rss_mib: f[18],
     }
 }
 

@@ -162,6 +162,9 @@ pub struct StepTiming {
     pub train_peak_rss_mib: f64,
     /// How `train_peak_rss_mib` was measured.
     pub rss_scope: RssScope,
+    /// RSS when the training phase started ([`StepTimer::start`]: data loaded, model wrapped),
+    /// MiB; `train_peak_rss_mib` less this is what training itself added. 0 where unknown.
+    pub train_start_rss_mib: f64,
 }
 
 impl StepTiming {
@@ -193,12 +196,14 @@ pub struct StepTimer {
     timed_samples: u64,
     first_step_s: f64,
     rss: RssProbe,
+    start_rss_mib: f64,
 }
 
 impl StepTimer {
     /// Starts the training phase: resets the peak RSS, starts the clock. `device` is where the
     /// model trains (CUDA laps synchronize it).
     pub fn start(device: Device) -> Self {
+        let start_rss_mib = crate::memory::current_rss_bytes().map_or(0.0, crate::memory::mib);
         let rss = RssProbe::start();
         let now = Instant::now();
         Self {
@@ -219,6 +224,7 @@ impl StepTimer {
             timed_samples: 0,
             first_step_s: 0.0,
             rss,
+            start_rss_mib,
         }
     }
 
@@ -301,6 +307,7 @@ impl StepTimer {
             comm_bytes_per_step: self.comm_bytes as f64 * per,
             train_peak_rss_mib: peak,
             rss_scope: scope,
+            train_start_rss_mib: self.start_rss_mib,
         }
     }
 }
@@ -400,6 +407,8 @@ mod tests {
         assert!(f.phases.backward_s >= 0.0015 && f.phases.data_s >= 0.001, "{:?}", f.phases);
         assert_ne!(f.rss_scope, RssScope::None);
         assert!(f.train_peak_rss_mib > 0.0);
+        // The start is the RSS when the phase began: positive, and within what the phase held.
+        assert!(f.train_start_rss_mib > 0.0 && f.train_start_rss_mib <= f.train_peak_rss_mib + 1.0, "{f:?}");
     }
 
     #[test]

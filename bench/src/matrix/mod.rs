@@ -368,6 +368,18 @@ pub struct Row {
     /// world size and width.
     #[serde(default)]
     pub vs_fp32: Option<f64>,
+    /// What training added to each rank's RSS, MiB: per rank, the max over repeats of the
+    /// training-phase peak less the RSS when training started (empty when not measured).
+    #[serde(default)]
+    pub train_rss_growth_per_rank: Vec<f64>,
+    /// This FSDP strategy's largest per-rank training RSS growth over DDP's at the same level,
+    /// world size, width and precision.
+    #[serde(default)]
+    pub vs_ddp_rss_growth: Option<f64>,
+    /// This FSDP strategy's largest per-rank whole-process peak RSS over DDP's at the same
+    /// level, world size, width and precision.
+    #[serde(default)]
+    pub vs_ddp_peak_rss: Option<f64>,
 }
 
 /// A cell's step figures, each the median over repeats of the run's slowest rank's: seconds,
@@ -515,7 +527,9 @@ impl Target {
 
 /// Every target the rows can be checked against, in row order: ours / peer samples/s ≥ 1.3 and
 /// training-phase peak RSS / peer's ≤ 0.5 (#11), FSDP FULL_SHARD / DDP ≥ 0.9 (#11), bf16 / fp32
-/// ≥ 1.5 (#11), level 2 / level 1 ≥ 0.98 and level 3 / level 1 ≥ 0.97 (#10).
+/// ≥ 1.5 (#11), at width ≥ 4096 FULL_SHARD's training RSS growth ≤ 0.8× DDP's and
+/// SHARD_GRAD_OP's whole-process peak RSS ≤ DDP's (#11), level 2 / level 1 ≥ 0.98 and level 3 /
+/// level 1 ≥ 0.97 (#10).
 pub fn targets(rows: &[Row]) -> Vec<Target> {
     let mut out = Vec::new();
     for r in rows {
@@ -533,6 +547,15 @@ pub fn targets(rows: &[Row]) -> Vec<Target> {
         }
         if let Some(v) = r.vs_fp32 {
             out.push(Target::new(11, "bf16 / fp32 samples/s".into(), c, v, 1.5, true));
+        }
+        // The memory targets are set for the wide model, where sharding has bytes to save.
+        if c.width >= 4096 {
+            if let (Strategy::FsdpFullShard, Some(v)) = (c.strategy, r.vs_ddp_rss_growth) {
+                out.push(Target::new(11, "FULL_SHARD / DDP RSS growth in training per rank".into(), c, v, 0.8, false));
+            }
+            if let (Strategy::FsdpShardGradOp, Some(v)) = (c.strategy, r.vs_ddp_peak_rss) {
+                out.push(Target::new(11, "SHARD_GRAD_OP / DDP peak RSS per rank".into(), c, v, 1.0, false));
+            }
         }
         match (c.level, r.vs_level1) {
             (Some(2), Some(v)) => out.push(Target::new(10, "level 2 / level 1 samples/s".into(), c, v, 0.98, true)),
@@ -643,6 +666,7 @@ pub fn aggregate(cases: &[Case], ours: &Ours, theirs: &Theirs) -> Vec<Row> {
             };
             let peak = per_rank_max(&RunFigures::peak_rss_per_rank);
             let train_peak = per_rank_max(&RunFigures::train_peak_rss_per_rank);
+            let growth = per_rank_max(&RunFigures::train_rss_growth_per_rank);
             let peer_max = |get: &dyn Fn(&RunFigures) -> f64| peer_ok.iter().map(|f| get(f)).filter(|&m| m > 0.0).reduce(f64::max);
             Row {
                 case: case.clone(),
@@ -666,12 +690,20 @@ pub fn aggregate(cases: &[Case], ours: &Ours, theirs: &Theirs) -> Vec<Row> {
                 step: StepFigures::median_of(&ok.iter().map(|(f, _)| f).collect::<Vec<_>>()),
                 peer_step: StepFigures::median_of(&peer_ok),
                 vs_fp32: None,
+                train_rss_growth_per_rank: growth,
+                vs_ddp_rss_growth: None,
+                vs_ddp_peak_rss: None,
             }
         })
         .collect();
     // Ratios within the run: level 2/3 over level 1, FSDP over DDP, same other coordinates.
     let medians: Vec<(Case, Option<f64>)> = rows.iter().map(|r| (r.case.clone(), r.samples_per_s.map(|s| s.median))).collect();
     let find = |pred: &dyn Fn(&Case) -> bool| medians.iter().find(|(c, _)| pred(c)).and_then(|(_, m)| *m);
+    let max_of = |v: &[f64]| v.iter().copied().reduce(f64::max).filter(|&m| m > 0.0);
+    let memory: Vec<(Case, Option<f64>, Option<f64>)> = rows
+        .iter()
+        .map(|r| (r.case.clone(), max_of(&r.train_rss_growth_per_rank), max_of(&r.peak_rss_per_rank)))
+        .collect();
     for row in &mut rows {
         let (c, ours) = (&row.case, row.samples_per_s.map(|s| s.median));
         let same = |o: &Case| o.world_size == c.world_size && o.width == c.width && o.precision == c.precision;
@@ -680,6 +712,12 @@ pub fn aggregate(cases: &[Case], ours: &Ours, theirs: &Theirs) -> Vec<Row> {
         }
         if c.level.is_some() && !matches!(c.strategy, Strategy::Ddp | Strategy::Single) {
             row.vs_ddp = find(&|o| o.level == c.level && o.strategy == Strategy::Ddp && same(o)).zip(ours).map(|(d, x)| x / d);
+            let ddp = memory.iter().find(|(o, _, _)| o.level == c.level && o.strategy == Strategy::Ddp && same(o));
+            if let Some((_, ddp_growth, ddp_peak)) = ddp {
+                let (growth, peak) = (max_of(&row.train_rss_growth_per_rank), max_of(&row.peak_rss_per_rank));
+                row.vs_ddp_rss_growth = growth.zip(*ddp_growth).map(|(x, d)| x / d);
+                row.vs_ddp_peak_rss = peak.zip(*ddp_peak).map(|(x, d)| x / d);
+            }
         }
         if c.precision == Precision::Bf16 {
             row.vs_fp32 = find(&|o| {
@@ -776,5 +814,54 @@ mod tests {
         assert_eq!((rows[2].ratio, rows[2].vs_level1), (None, None));
         // A cell that never ran has no figures.
         assert_eq!((rows[3].samples_per_s, rows[3].vs_ddp, rows[3].eval_samples), (None, None, None));
+    }
+
+    /// Two ranks whose training started at `start` MiB and peaked at `peak`, whole-process `whole`.
+    fn memory_figures(start: [f64; 2], peak: [f64; 2], whole: [f64; 2]) -> RunFigures {
+        let ranks = (0..2)
+            .map(|r| crate::figures::RankFigures {
+                rank: r,
+                peak_rss_mib: whole[r],
+                timing: StepTiming { train_start_rss_mib: start[r], train_peak_rss_mib: peak[r], ..Default::default() },
+                ..Default::default()
+            })
+            .collect();
+        RunFigures { ranks, ..figures(100.0) }
+    }
+
+    #[test]
+    fn the_fsdp_memory_targets_compare_with_ddp_at_width_4096_only() {
+        let flags = ["--levels", "1", "--strategies", "ddp,fsdp-full-shard,fsdp-shard-grad-op", "--world-sizes", "2"];
+        let flags: Vec<&str> = flags.into_iter().chain(["--widths", "128,4096", "--precisions", "fp32", "--no-peers"]).collect();
+        let (cases, _) = plan(&args(&flags)).unwrap();
+        let mut ours = Ours::new();
+        for c in &cases {
+            // DDP grows by 400 MiB (rank 1's, the larger), FULL_SHARD by 200, SHARD_GRAD_OP by 300;
+            // whole-process peaks 1,000 / 900 / 1,100 MiB (SHARD_GRAD_OP above DDP: not met).
+            let f = match c.strategy {
+                Strategy::Ddp => memory_figures([500.0, 500.0], [850.0, 900.0], [1000.0, 990.0]),
+                Strategy::FsdpFullShard => memory_figures([500.0, 450.0], [700.0, 600.0], [900.0, 880.0]),
+                _ => memory_figures([500.0, 500.0], [800.0, 700.0], [1100.0, 1050.0]),
+            };
+            ours.insert(c.id.clone(), vec![Ok((f, 1.0))]);
+        }
+        let rows = aggregate(&cases, &ours, &Theirs::new());
+        let full = rows.iter().find(|r| r.case.id == "l1-fsdp-full-shard-w2-4096-fp32").unwrap();
+        assert_eq!(full.train_rss_growth_per_rank, [200.0, 150.0]);
+        assert_eq!(full.vs_ddp_rss_growth, Some(0.5));
+        let sgo = rows.iter().find(|r| r.case.id == "l1-fsdp-shard-grad-op-w2-4096-fp32").unwrap();
+        assert_eq!(sgo.vs_ddp_peak_rss, Some(1.1));
+        let memory: Vec<(String, bool)> = targets(&rows)
+            .into_iter()
+            .filter(|t| t.what.contains("RSS"))
+            .map(|t| (format!("{} · {}", t.what, t.cell), t.met))
+            .collect();
+        assert_eq!(
+            memory,
+            [
+                ("FULL_SHARD / DDP RSS growth in training per rank · L1 fsdp-full-shard ×2 fc1 4096 fp32".to_string(), true),
+                ("SHARD_GRAD_OP / DDP peak RSS per rank · L1 fsdp-shard-grad-op ×2 fc1 4096 fp32".to_string(), false),
+            ]
+        );
     }
 }

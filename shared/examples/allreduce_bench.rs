@@ -6,7 +6,9 @@
 //! `ProcessGroup::all_reduce(Sum)` on an f32 tensor (in place, with its cross-rank numel/dtype
 //! check on every call), `ProcessGroup::all_reduce_prechecked(Sum)` (the same without the
 //! per-call check: the path DDP's buckets take, their layout checked once when DDP is built)
-//! and rsmpi's `all_reduce_into` on a `Vec<f32>`; the median of each is reported.
+//! and rsmpi's `all_reduce_into` on a `Vec<f32>`; the median of each is reported. Below 1 MiB a
+//! timed sample is several calls back to back (up to 32), divided by their number, so that how
+//! unevenly ranks leave the preceding barrier (about a microsecond) does not swamp the call.
 //! busbw = algbw × 2(n−1)/n, as nccl-tests reports it; algbw = bytes / time.
 
 use ladder_core::dist::mpi::MpiGroup;
@@ -39,6 +41,9 @@ fn main() -> ladder_core::Result<()> {
     while bytes <= 64 << 20 {
         let elems = bytes / 4;
         let iters = ((256usize << 20) / bytes).clamp(5, 200);
+        // Small messages: each sample times `reps` calls back to back, so that the skew with
+        // which ranks leave the barrier (about a microsecond) does not swamp a 1 µs call.
+        let reps = ((1usize << 20) / bytes).clamp(1, 32);
         let mut t = Tensor::ones([elems as i64], (Kind::Float, Device::Cpu));
         let send = vec![1.0f32; elems];
         let mut recv = vec![0.0f32; elems];
@@ -46,19 +51,26 @@ fn main() -> ladder_core::Result<()> {
         for i in 0..iters + 3 {
             pg.barrier()?;
             let t0 = Instant::now();
-            pg.all_reduce(&mut t, ReduceOp::Sum)?;
-            let a = t0.elapsed().as_secs_f64();
+            for _ in 0..reps {
+                pg.all_reduce(&mut t, ReduceOp::Sum)?;
+            }
+            let a = t0.elapsed().as_secs_f64() / reps as f64;
             let _ = t.fill_(1.0);
             pg.barrier()?;
             let t0 = Instant::now();
-            pg.all_reduce_prechecked(&mut t, ReduceOp::Sum)?;
-            let p = t0.elapsed().as_secs_f64();
-            assert_eq!(t.double_value(&[0]), n, "prechecked all-reduce result");
+            for _ in 0..reps {
+                pg.all_reduce_prechecked(&mut t, ReduceOp::Sum)?;
+            }
+            let p = t0.elapsed().as_secs_f64() / reps as f64;
+            let (got, want) = (t.double_value(&[0]), n.powi(reps as i32)); // each call multiplies by n
+            assert!((got - want).abs() <= want * 1e-6, "prechecked all-reduce result {got}, expected {want}");
             let _ = t.fill_(1.0);
             pg.barrier()?;
             let t0 = Instant::now();
-            world.all_reduce_into(&send[..], &mut recv[..], SystemOperation::sum());
-            let b = t0.elapsed().as_secs_f64();
+            for _ in 0..reps {
+                world.all_reduce_into(&send[..], &mut recv[..], SystemOperation::sum());
+            }
+            let b = t0.elapsed().as_secs_f64() / reps as f64;
             if i >= 3 {
                 ours.push(a);
                 pre.push(p);

@@ -748,12 +748,14 @@ fn rank_prefetch() {
     let pg = rank_group();
     let rank = pg.rank();
     let batches = global_batches(pg.world_size() as i64, B, STEPS);
+    // fc1 alone is a unit, the root unit holds conv1, conv2 and fc2: segments 0, 1 and 3.
+    const FC1_ALONE: usize = 1_000_000;
     for strategy in [ShardingStrategy::FullShard, ShardingStrategy::ShardGradOp] {
-        for min_num_params in [0, WHOLE] {
+        for min_num_params in [0, FC1_ALONE, WHOLE] {
             let base_cfg = FsdpConfig { backward_prefetch: None, forward_prefetch: false, ..fsdp_config(strategy, min_num_params) };
             let (base, none, units) = prefetch_trajectory(&*pg, base_cfg.clone(), &batches);
             assert_eq!(none, 0, "rank {rank} {strategy}: prefetched without being asked to");
-            assert_eq!(units, if min_num_params == 0 { LAYERS.len() } else { 1 });
+            assert_eq!(units, match min_num_params { 0 => LAYERS.len(), FC1_ALONE => 2, _ => 1 });
             for (backward_prefetch, forward_prefetch) in
                 [(Some(BackwardPre), false), (Some(BackwardPost), false), (None, true), (Some(BackwardPre), true)]
             {
@@ -766,12 +768,18 @@ fn rank_prefetch() {
                 for (k, (a, b)) in got.iter().zip(&base).enumerate() {
                     assert!(a.equal(b), "{what}: tensor {k} differs from the run without prefetch");
                 }
-                // Exact count: every unit but the first one needed is prefetched, in each
-                // forward (3 training steps and the evaluation) and in FullShard's backwards.
+                // Exact count: in each forward (3 training steps and the evaluation) every unit but
+                // the first one needed is prefetched; in FullShard's backwards, with one unit per
+                // layer, every unit but the last; with fc1 alone, BACKWARD_PRE prefetches fc1
+                // from the root's last segment, and BACKWARD_POST nothing (the root, fc1's
+                // successor in backward, is still gathered when fc1 is done).
                 let later_units = units as u64 - 1;
                 let per_forward = if forward_prefetch { later_units } else { 0 };
-                let per_backward =
-                    if backward_prefetch.is_some() && strategy == ShardingStrategy::FullShard { later_units } else { 0 };
+                let per_backward = match (strategy, backward_prefetch, min_num_params) {
+                    (ShardingStrategy::FullShard, Some(BackwardPost), FC1_ALONE) => 0,
+                    (ShardingStrategy::FullShard, Some(_), _) => later_units,
+                    _ => 0,
+                };
                 let steps = STEPS as u64;
                 assert_eq!(prefetches, steps * (per_forward + per_backward) + per_forward, "{what}");
             }

@@ -64,6 +64,7 @@ fn rank_nonblocking() {
     let owned_out = Tensor::zeros([3 * pg.world_size() as i64], (Kind::Float, Device::Cpu));
     let result = owned_out.shallow_clone();
     let work = pg.all_gather_start_owned(owned_out, Tensor::full([3], r + 0.5, (Kind::Float, Device::Cpu))).unwrap();
+    assert_ne!(work.seq(), 0, "the MPI group starts it non-blocking (a completed Work has no sequence number)");
     let mut between = Tensor::full([4], r, (Kind::Float, Device::Cpu));
     pg.all_reduce(&mut between, ReduceOp::Sum).unwrap();
     work.wait().unwrap();

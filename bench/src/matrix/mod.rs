@@ -638,7 +638,8 @@ pub type Theirs = BTreeMap<String, Vec<std::result::Result<RunFigures, String>>>
 
 /// Turns every cell's repeats into its row: spreads, ratios (repeat by repeat), level ratios.
 pub fn aggregate(cases: &[Case], ours: &Ours, theirs: &Theirs) -> Vec<Row> {
-    let max_of = |v: &[f64]| v.iter().copied().reduce(f64::max).filter(|&m| m > 0.0);
+    // The largest of a measured per-rank list (`None` when it is empty: not measured).
+    let max_of = |v: &[f64]| v.iter().copied().reduce(f64::max);
     let mut rows: Vec<Row> = cases
         .iter()
         .map(|case| {
@@ -698,8 +699,9 @@ pub fn aggregate(cases: &[Case], ours: &Ours, theirs: &Theirs) -> Vec<Row> {
                 peer_step: StepFigures::median_of(&peer_ok),
                 vs_fp32: None,
                 train_rss_growth_per_rank: growth,
+                // A measured growth of 0 counts (FULL_SHARD at its best); an unmeasured one does not.
                 train_rss_growth_median: med(ok.iter().filter_map(|(f, _)| max_of(&f.train_rss_growth_per_rank())).collect()),
-                peak_rss_median: med(ok.iter().filter_map(|(f, _)| max_of(&f.peak_rss_per_rank())).collect()),
+                peak_rss_median: med(ok.iter().filter_map(|(f, _)| max_of(&f.peak_rss_per_rank()).filter(|&m| m > 0.0)).collect()),
                 vs_ddp_rss_growth: None,
                 vs_ddp_peak_rss: None,
             }
@@ -720,8 +722,9 @@ pub fn aggregate(cases: &[Case], ours: &Ours, theirs: &Theirs) -> Vec<Row> {
             row.vs_ddp = find(&|o| o.level == c.level && o.strategy == Strategy::Ddp && same(o)).zip(ours).map(|(d, x)| x / d);
             let ddp = memory.iter().find(|(o, _, _)| o.level == c.level && o.strategy == Strategy::Ddp && same(o));
             if let Some((_, ddp_growth, ddp_peak)) = ddp {
-                row.vs_ddp_rss_growth = row.train_rss_growth_median.zip(*ddp_growth).map(|(x, d)| x / d);
-                row.vs_ddp_peak_rss = row.peak_rss_median.zip(*ddp_peak).map(|(x, d)| x / d);
+                let over = |x: Option<f64>, d: Option<f64>| x.zip(d.filter(|&d| d > 0.0)).map(|(x, d)| x / d);
+                row.vs_ddp_rss_growth = over(row.train_rss_growth_median, *ddp_growth);
+                row.vs_ddp_peak_rss = over(row.peak_rss_median, *ddp_peak);
             }
         }
         if c.precision == Precision::Bf16 {

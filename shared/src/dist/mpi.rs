@@ -450,9 +450,13 @@ impl ProcessGroup for MpiGroup {
         super::check_blocks("reduce_scatter", self.rank, self.world_size, &input, output)?;
         self.check_avg("reduce_scatter", input.kind(), op)?;
         let mut input = input;
-        self.all_reduce(&mut input, op)?;
+        // Avg: sum, then divide only this rank's block (the rest is thrown away).
+        self.all_reduce(&mut input, if op == ReduceOp::Avg { ReduceOp::Sum } else { op })?;
         let n = output.numel() as i64;
         output.f_copy_(&input.narrow(0, self.rank as i64 * n, n))?;
+        if op == ReduceOp::Avg {
+            let _ = output.f_div_scalar_(self.world_size as f64)?;
+        }
         Ok(())
     }
 

@@ -352,11 +352,12 @@ impl<'pg, M: Segmented> FullyShardedDataParallel<'pg, M> {
         if self.inflight.as_ref().is_some_and(|f| f.unit == u) {
             return self.finish_prefetch();
         }
-        // Another unit's prefetch: complete it first (collectives complete in issue order).
-        self.finish_prefetch()?;
         if self.is_gathered(u) {
+            // Nothing to communicate: another unit's prefetch stays in flight.
             return Ok(());
         }
+        // Another unit's prefetch: complete it first (collectives complete in issue order).
+        self.finish_prefetch()?;
         let (rank, pkind) = (self.pg.rank(), self.param_kind(u));
         let shard = self.shards[u].detach();
         let unit = &self.units[u];
@@ -467,8 +468,18 @@ impl<'pg, M: Segmented> FullyShardedDataParallel<'pg, M> {
     fn finish_prefetch(&mut self) -> Result<()> {
         let Some(Inflight { unit, work }) = self.inflight.take() else { return Ok(()) };
         let t0 = Instant::now();
-        work.wait()?;
+        let waited = work.wait();
         self.comm += t0.elapsed();
+        if let Err(e) = waited {
+            // The storage holds no parameters: release it, so that nothing takes it for gathered.
+            if let Some(Gathered::Flat(storage)) = &mut self.gathered[unit] {
+                if storage.is_filled() {
+                    self.live_gathered -= storage.nbytes();
+                    storage.release(self.pg.rank())?;
+                }
+            }
+            return Err(e);
+        }
         self.point_params(unit)
     }
 

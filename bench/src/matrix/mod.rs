@@ -708,31 +708,28 @@ pub fn aggregate(cases: &[Case], ours: &Ours, theirs: &Theirs) -> Vec<Row> {
         })
         .collect();
     // Ratios within the run: level 2/3 over level 1, FSDP over DDP, same other coordinates.
-    let medians: Vec<(Case, Option<f64>)> = rows.iter().map(|r| (r.case.clone(), r.samples_per_s.map(|s| s.median))).collect();
-    let find = |pred: &dyn Fn(&Case) -> bool| medians.iter().find(|(c, _)| pred(c)).and_then(|(_, m)| *m);
-    let memory: Vec<(Case, Option<f64>, Option<f64>)> =
-        rows.iter().map(|r| (r.case.clone(), r.train_rss_growth_median, r.peak_rss_median)).collect();
+    let before = rows.clone();
+    let twin = |pred: &dyn Fn(&Case) -> bool| before.iter().find(|r| pred(&r.case));
+    let median = |r: &Row| r.samples_per_s.map(|s| s.median);
+    let over = |x: Option<f64>, d: Option<f64>| x.zip(d.filter(|&d| d > 0.0)).map(|(x, d)| x / d);
     for row in &mut rows {
-        let (c, ours) = (&row.case, row.samples_per_s.map(|s| s.median));
+        let (c, ours) = (&row.case, median(row));
         let same = |o: &Case| o.world_size == c.world_size && o.width == c.width && o.precision == c.precision;
         if c.level.is_some_and(|l| l > 1) {
-            row.vs_level1 = find(&|o| o.level == Some(1) && o.strategy == c.strategy && same(o)).zip(ours).map(|(l1, x)| x / l1);
+            row.vs_level1 = over(ours, twin(&|o| o.level == Some(1) && o.strategy == c.strategy && same(o)).and_then(median));
         }
         if c.level.is_some() && !matches!(c.strategy, Strategy::Ddp | Strategy::Single) {
-            row.vs_ddp = find(&|o| o.level == c.level && o.strategy == Strategy::Ddp && same(o)).zip(ours).map(|(d, x)| x / d);
-            let ddp = memory.iter().find(|(o, _, _)| o.level == c.level && o.strategy == Strategy::Ddp && same(o));
-            if let Some((_, ddp_growth, ddp_peak)) = ddp {
-                let over = |x: Option<f64>, d: Option<f64>| x.zip(d.filter(|&d| d > 0.0)).map(|(x, d)| x / d);
-                row.vs_ddp_rss_growth = over(row.train_rss_growth_median, *ddp_growth);
-                row.vs_ddp_peak_rss = over(row.peak_rss_median, *ddp_peak);
+            if let Some(ddp) = twin(&|o| o.level == c.level && o.strategy == Strategy::Ddp && same(o)) {
+                row.vs_ddp = over(ours, median(ddp));
+                row.vs_ddp_rss_growth = over(row.train_rss_growth_median, ddp.train_rss_growth_median);
+                row.vs_ddp_peak_rss = over(row.peak_rss_median, ddp.peak_rss_median);
             }
         }
         if c.precision == Precision::Bf16 {
-            row.vs_fp32 = find(&|o| {
+            let fp32 = twin(&|o| {
                 o.level == c.level && o.strategy == c.strategy && o.world_size == c.world_size && o.width == c.width && o.precision == Precision::Fp32
-            })
-            .zip(ours)
-            .map(|(f, x)| x / f);
+            });
+            row.vs_fp32 = over(ours, fp32.and_then(median));
         }
     }
     rows

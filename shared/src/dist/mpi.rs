@@ -215,6 +215,23 @@ fn mpi_op(op: ReduceOp) -> ffi::MPI_Op {
 }
 
 impl MpiGroup {
+    /// An all-gather's arguments: contiguous CPU tensors of a supported dtype, `output` holding
+    /// `world_size` blocks the size and dtype of `input`.
+    fn check_all_gather(&self, output: &Tensor, input: &Tensor) -> Result<()> {
+        check_tensor("all_gather", self.rank, Device::Cpu, input)?;
+        check_tensor("all_gather", self.rank, Device::Cpu, output)?;
+        super::check_blocks("all_gather", self.rank, self.world_size, output, input)
+    }
+
+    /// A reduce-scatter's arguments: as [`check_all_gather`](Self::check_all_gather) with
+    /// `input` the large tensor, and `Avg` only on floating-point tensors.
+    fn check_reduce_scatter(&self, output: &Tensor, input: &Tensor, op: ReduceOp) -> Result<()> {
+        check_tensor("reduce_scatter", self.rank, Device::Cpu, input)?;
+        check_tensor("reduce_scatter", self.rank, Device::Cpu, output)?;
+        super::check_blocks("reduce_scatter", self.rank, self.world_size, input, output)?;
+        self.check_avg("reduce_scatter", input.kind(), op)
+    }
+
     fn check_avg(&self, op: &'static str, kind: Kind, reduce: ReduceOp) -> Result<()> {
         if reduce == ReduceOp::Avg && kind == Kind::Int64 {
             return Err(Error::BadTensor {
@@ -417,17 +434,12 @@ impl ProcessGroup for MpiGroup {
     }
 
     fn all_gather(&self, output: &mut Tensor, input: &Tensor) -> Result<()> {
-        check_tensor("all_gather", self.rank, Device::Cpu, input)?;
-        check_tensor("all_gather", self.rank, Device::Cpu, output)?;
-        super::check_blocks("all_gather", self.rank, self.world_size, output, input)?;
+        self.check_all_gather(output, input)?;
         self.blocking("all_gather", || self.all_gather_blocking(output, input))
     }
 
     fn reduce_scatter(&self, output: &mut Tensor, input: &Tensor, op: ReduceOp) -> Result<()> {
-        check_tensor("reduce_scatter", self.rank, Device::Cpu, input)?;
-        check_tensor("reduce_scatter", self.rank, Device::Cpu, output)?;
-        super::check_blocks("reduce_scatter", self.rank, self.world_size, input, output)?;
-        self.check_avg("reduce_scatter", input.kind(), op)?;
+        self.check_reduce_scatter(output, input, op)?;
         self.blocking("reduce_scatter", || self.reduce_scatter_blocking(output, input, op))
     }
 
@@ -445,10 +457,7 @@ impl ProcessGroup for MpiGroup {
         if self.world_size != 2 || is_half(input.kind()) {
             return self.reduce_scatter(output, &input, op);
         }
-        check_tensor("reduce_scatter", self.rank, Device::Cpu, &input)?;
-        check_tensor("reduce_scatter", self.rank, Device::Cpu, output)?;
-        super::check_blocks("reduce_scatter", self.rank, self.world_size, &input, output)?;
-        self.check_avg("reduce_scatter", input.kind(), op)?;
+        self.check_reduce_scatter(output, &input, op)?;
         let mut input = input;
         // Avg: sum, then divide only this rank's block (the rest is thrown away).
         self.all_reduce(&mut input, if op == ReduceOp::Avg { ReduceOp::Sum } else { op })?;
@@ -502,26 +511,19 @@ impl ProcessGroup for MpiGroup {
     }
 
     fn all_gather_start<'a>(&'a self, output: &'a mut Tensor, input: &'a Tensor) -> Result<Work<'a>> {
-        check_tensor("all_gather", self.rank, Device::Cpu, input)?;
-        check_tensor("all_gather", self.rank, Device::Cpu, output)?;
-        super::check_blocks("all_gather", self.rank, self.world_size, output, input)?;
+        self.check_all_gather(output, input)?;
         self.iallgather(output, input, None)
     }
 
     fn all_gather_start_owned(&self, output: Tensor, input: Tensor) -> Result<Work<'_>> {
-        check_tensor("all_gather", self.rank, Device::Cpu, &input)?;
-        check_tensor("all_gather", self.rank, Device::Cpu, &output)?;
-        super::check_blocks("all_gather", self.rank, self.world_size, &output, &input)?;
+        self.check_all_gather(&output, &input)?;
         let (o, i) = (output.shallow_clone(), input.shallow_clone());
         // The Work owns the two tensors until the request completed (then `finish` drops them).
         self.iallgather(&o, &i, Some(Box::new(move || drop((output, input)))))
     }
 
     fn reduce_scatter_start<'a>(&'a self, output: &'a mut Tensor, input: &'a Tensor, op: ReduceOp) -> Result<Work<'a>> {
-        check_tensor("reduce_scatter", self.rank, Device::Cpu, input)?;
-        check_tensor("reduce_scatter", self.rank, Device::Cpu, output)?;
-        super::check_blocks("reduce_scatter", self.rank, self.world_size, input, output)?;
-        self.check_avg("reduce_scatter", input.kind(), op)?;
+        self.check_reduce_scatter(output, input, op)?;
         let (n, kind, numel, ws) = (self.count("reduce_scatter", output)?, input.kind(), input.numel() as i64, self.world_size as f64);
         if is_half(kind) {
             let wide_in = input.to_kind(Kind::Float);

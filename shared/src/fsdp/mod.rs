@@ -358,43 +358,54 @@ impl<'pg, M: Segmented> FullyShardedDataParallel<'pg, M> {
         }
         // Another unit's prefetch: complete it first (collectives complete in issue order).
         self.finish_prefetch()?;
-        let (rank, pkind) = (self.pg.rank(), self.param_kind(u));
-        let shard = self.shards[u].detach();
-        let unit = &self.units[u];
         let gathered = if !self.config.sharding_strategy.is_sharded() {
             // NoShard: the "shard" is the whole flat parameter; only a dtype cast copies.
+            let (pkind, shard) = (self.param_kind(u), self.shards[u].detach());
             tch::no_grad(|| {
                 if pkind == shard.kind() {
                     Gathered::Local(shard, 0)
                 } else {
-                    Gathered::Local(shard.to_kind(pkind), unit.numel as u64 * pkind.elt_size_in_bytes() as u64)
+                    Gathered::Local(shard.to_kind(pkind), self.units[u].numel as u64 * pkind.elt_size_in_bytes() as u64)
                 }
             })
         } else {
-            let mut storage = match self.gathered[u].take() {
-                Some(Gathered::Flat(mut released)) => {
-                    released.refill(rank)?;
-                    released
-                }
-                _ => FlatStorage::new(unit.padded_numel, pkind, shard.device()),
-            };
-            let mut full = storage.refill(rank)?.shallow_clone();
-            tch::no_grad(|| -> Result<()> {
-                let input = shard.to_kind(pkind).contiguous();
-                let t0 = Instant::now();
-                // The collective writes the storage's memory directly; `full` and the saved
-                // views share it.
-                self.pg.all_gather(&mut full, &input)?;
-                self.comm += t0.elapsed();
-                self.comm_bytes += unit.padded_numel as u64 * pkind.elt_size_in_bytes() as u64;
-                Ok(())
-            })?;
+            let (storage, mut full, input) = self.gather_buffers(u)?;
+            let t0 = Instant::now();
+            // The collective writes the storage's memory directly; `full` and the saved views
+            // share it.
+            tch::no_grad(|| self.pg.all_gather(&mut full, &input))?;
+            self.comm += t0.elapsed();
+            self.comm_bytes += storage.nbytes();
             Gathered::Flat(storage)
         };
+        self.keep_gathered(u, gathered);
+        self.point_params(u)
+    }
+
+    /// What an all-gather of sharded unit `u` needs: the unit's flat storage, allocated (a
+    /// storage released after forward is refilled in place, for forward's graph views it),
+    /// the buffer to gather into (a view of that storage) and the shard cast to the compute
+    /// dtype.
+    ///
+    /// # Errors
+    /// [`Error::Fsdp`] if the storage cannot be allocated.
+    fn gather_buffers(&mut self, u: usize) -> Result<(FlatStorage, Tensor, Tensor)> {
+        let (rank, pkind) = (self.pg.rank(), self.param_kind(u));
+        let shard = self.shards[u].detach();
+        let mut storage = match self.gathered[u].take() {
+            Some(Gathered::Flat(released)) => released,
+            _ => FlatStorage::new(self.units[u].padded_numel, pkind, shard.device()),
+        };
+        let full = storage.refill(rank)?.shallow_clone();
+        let input = tch::no_grad(|| shard.to_kind(pkind).contiguous());
+        Ok((storage, full, input))
+    }
+
+    /// Keeps `gathered` as unit `u`'s gathered parameters, counting its bytes as live.
+    fn keep_gathered(&mut self, u: usize, gathered: Gathered) {
         self.live_gathered += gathered.bytes();
         self.peak_gathered = self.peak_gathered.max(self.live_gathered);
         self.gathered[u] = Some(gathered);
-        self.point_params(u)
     }
 
     /// True when unit `u`'s gathered parameters are allocated (and not still in flight).
@@ -430,33 +441,21 @@ impl<'pg, M: Segmented> FullyShardedDataParallel<'pg, M> {
             return Ok(());
         }
         self.finish_prefetch()?;
-        let (rank, pkind) = (self.pg.rank(), self.param_kind(u));
-        let unit = &self.units[u];
-        let shard = self.shards[u].detach();
-        let mut storage = match self.gathered[u].take() {
-            Some(Gathered::Flat(released)) => released,
-            _ => FlatStorage::new(unit.padded_numel, pkind, shard.device()),
-        };
-        let full = storage.refill(rank)?.shallow_clone();
-        let input = tch::no_grad(|| shard.to_kind(pkind).contiguous());
-        let bytes = unit.padded_numel as u64 * pkind.elt_size_in_bytes() as u64;
+        let (mut storage, full, input) = self.gather_buffers(u)?;
         let t0 = Instant::now();
-        let pg = self.pg;
-        let started = pg.all_gather_start_owned(full, input);
+        let started = self.pg.all_gather_start_owned(full, input);
         self.comm += t0.elapsed();
         let work = match started {
             Ok(work) => work,
             Err(e) => {
                 // Nothing was issued: hand the memory back and keep the (released) storage.
-                storage.release(rank)?;
+                storage.release(self.pg.rank())?;
                 self.gathered[u] = Some(Gathered::Flat(storage));
                 return Err(e);
             }
         };
-        self.comm_bytes += bytes;
-        self.live_gathered += storage.nbytes();
-        self.peak_gathered = self.peak_gathered.max(self.live_gathered);
-        self.gathered[u] = Some(Gathered::Flat(storage));
+        self.comm_bytes += storage.nbytes();
+        self.keep_gathered(u, Gathered::Flat(storage));
         self.inflight = Some(Inflight { unit: u, work });
         self.prefetches += 1;
         Ok(())

@@ -29,8 +29,8 @@ fn libtorch_shims() {
     println!("cargo:rerun-if-changed=src/autograd_shim.cpp");
     println!("cargo:rerun-if-changed=src/shim.h");
     println!("cargo:rerun-if-env-changed=LIBTORCH_CXX11_ABI");
-    let libtorch = std::env::var("LIBTORCH")
-        .expect("LIBTORCH must name the libtorch tch links (scripts/bootstrap.sh and .cargo/config.toml set it)");
+    let libtorch =
+        std::env::var("LIBTORCH").expect("LIBTORCH must name the libtorch tch links (scripts/bootstrap.sh and .cargo/config.toml set it)");
     let include = std::path::Path::new(&libtorch).join("include");
     let abi = std::env::var("LIBTORCH_CXX11_ABI").unwrap_or_else(|_| "1".to_owned());
     cc::Build::new()

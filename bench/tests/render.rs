@@ -29,7 +29,10 @@ fn matrix_tables_from_fixed_json() {
     // peer, RSS for the same 4, FSDP / DDP, bf16 / fp32, level 2 / level 1 (for the ddp row).
     let t = bench::matrix::targets(&summary.rows);
     let count = |issue: u32, what: &str| t.iter().filter(|g| g.issue == issue && g.what.starts_with(what)).count();
-    assert_eq!((count(11, "ours / "), count(11, "training-phase"), count(11, "FSDP"), count(11, "bf16"), count(10, "level 2")), (4, 4, 1, 1, 1));
+    assert_eq!(
+        (count(11, "ours / "), count(11, "training-phase"), count(11, "FSDP"), count(11, "bf16"), count(10, "level 2")),
+        (4, 4, 1, 1, 1)
+    );
     let fsdp = t.iter().find(|g| g.what.starts_with("FSDP")).unwrap();
     assert_eq!((fsdp.measured, fsdp.met), (0.85, false));
     let rss = t.iter().find(|g| g.what.starts_with("training-phase") && g.cell.starts_with("L2")).unwrap();

@@ -119,12 +119,21 @@ fn check_report(dir: &Path, id: &str, steps: u64, world_size: u64) {
     for rank in &ranks {
         let t = &rank["timing"];
         let f = |k: &str| t[k].as_f64().unwrap_or_else(|| panic!("{id}: timing.{k} missing: {t}"));
-        assert_eq!((t["steps"].as_u64(), t["warmup_steps"].as_u64(), t["timed_steps"].as_u64()), (Some(steps), Some(2), Some(steps - 2)), "{id}");
+        assert_eq!(
+            (t["steps"].as_u64(), t["warmup_steps"].as_u64(), t["timed_steps"].as_u64()),
+            (Some(steps), Some(2), Some(steps - 2)),
+            "{id}"
+        );
         assert_eq!((t["samples"].as_u64(), t["timed_samples"].as_u64()), (Some(steps * 64), Some((steps - 2) * 64)), "{id}");
         let train_s = rank["train_s"].as_f64().unwrap();
         assert!((f("steps_s") - train_s).abs() <= 0.05 * train_s, "{id}: step times {} vs training loop {train_s}", f("steps_s"));
-        let phases: f64 = ["data_s", "forward_s", "backward_s", "comm_s", "optimizer_s"].iter().map(|k| t["phases"][k].as_f64().unwrap()).sum();
-        assert!((phases * (steps - 2) as f64 - f("timed_s")).abs() <= 1e-6 * f("timed_s").max(1.0), "{id}: phases {phases} × steps vs {}", f("timed_s"));
+        let phases: f64 =
+            ["data_s", "forward_s", "backward_s", "comm_s", "optimizer_s"].iter().map(|k| t["phases"][k].as_f64().unwrap()).sum();
+        assert!(
+            (phases * (steps - 2) as f64 - f("timed_s")).abs() <= 1e-6 * f("timed_s").max(1.0),
+            "{id}: phases {phases} × steps vs {}",
+            f("timed_s")
+        );
         assert!(f("step_p50_s") > 0.0 && f("step_p50_s") <= f("step_p95_s") && f("first_step_s") > 0.0, "{id}: {t}");
         assert_eq!(t["rss_scope"], "clear-refs", "{id}: VmHWM resets on Linux");
         assert!(f("train_peak_rss_mib") * 1048576.0 >= state, "{id}: training-phase peak ≥ model state: {t}");
@@ -139,9 +148,15 @@ fn check_report(dir: &Path, id: &str, steps: u64, world_size: u64) {
 #[test]
 fn matrix_runs_every_level_next_to_its_peer_and_measures_all_reduce() {
     let rel = release_dir();
-    for name in
-        ["ladder-run", "ladder-baseline", "level1-raw-ddp", "level2-accelerator", "level3-trainer", "examples/allreduce_bench", "examples/ddp_buckets"]
-    {
+    for name in [
+        "ladder-run",
+        "ladder-baseline",
+        "level1-raw-ddp",
+        "level2-accelerator",
+        "level3-trainer",
+        "examples/allreduce_bench",
+        "examples/ddp_buckets",
+    ] {
         need(&rel.join(name));
     }
     let dir = tempfile::tempdir().unwrap();
@@ -159,8 +174,15 @@ fn matrix_runs_every_level_next_to_its_peer_and_measures_all_reduce() {
     let summary = json(&dir.path().join("bench.json"));
     let rows = summary["rows"].as_array().unwrap();
     let ids: Vec<&str> = rows.iter().map(|r| r["case"]["id"].as_str().unwrap()).collect();
-    let expected =
-        ["baseline-w1-128-fp32", "l1-ddp-w1-128-fp32", "l1-ddp-w2-128-fp32", "l2-ddp-w1-128-fp32", "l2-ddp-w2-128-fp32", "l3-ddp-w1-128-fp32", "l3-ddp-w2-128-fp32"];
+    let expected = [
+        "baseline-w1-128-fp32",
+        "l1-ddp-w1-128-fp32",
+        "l1-ddp-w2-128-fp32",
+        "l2-ddp-w1-128-fp32",
+        "l2-ddp-w2-128-fp32",
+        "l3-ddp-w1-128-fp32",
+        "l3-ddp-w2-128-fp32",
+    ];
     assert_eq!(ids, expected);
     // The 🤗 peers run when the venv has accelerate and transformers (`--install-peers`);
     // otherwise their rows say why they have none.

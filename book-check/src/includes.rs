@@ -197,11 +197,9 @@ pub fn check(src: &Path, root: &Path) -> Result<CheckSummary> {
             let path = root.join(&file);
             match std::fs::read_to_string(&path) {
                 Err(_) => problems.push(format!("{}:{line}: test `{file}::{test}`: {} does not exist", md.display(), path.display())),
-                Ok(code) if !defines_fn(&code, &test) => problems.push(format!(
-                    "{}:{line}: test `{file}::{test}`: no `fn {test}` in {}",
-                    md.display(),
-                    path.display()
-                )),
+                Ok(code) if !defines_fn(&code, &test) => {
+                    problems.push(format!("{}:{line}: test `{file}::{test}`: no `fn {test}` in {}", md.display(), path.display()))
+                }
                 Ok(_) => {}
             }
         }
@@ -232,8 +230,12 @@ fn check_one(inc: &Include) -> std::result::Result<(), String> {
     };
     let spans = anchors::spans(&text, anchor);
     match spans.as_slice() {
-        [] => Err(format!("anchor `{anchor}` not found in {} (expected `// ANCHOR: {anchor}` … `// ANCHOR_END: {anchor}`)", target.display())),
-        [s] if !s.closed => Err(format!("anchor `{anchor}` opened at {}:{} is never closed by `ANCHOR_END: {anchor}`", target.display(), s.start_line)),
+        [] => {
+            Err(format!("anchor `{anchor}` not found in {} (expected `// ANCHOR: {anchor}` … `// ANCHOR_END: {anchor}`)", target.display()))
+        }
+        [s] if !s.closed => {
+            Err(format!("anchor `{anchor}` opened at {}:{} is never closed by `ANCHOR_END: {anchor}`", target.display(), s.start_line))
+        }
         [s] if s.is_blank() => Err(format!("anchor `{anchor}` at {}:{} is empty", target.display(), s.start_line)),
         [_] => Ok(()),
         many => Err(format!(

@@ -74,9 +74,14 @@ fn main() -> ExitCode {
                 Err(book_check::Error::Invalid { what: "--widths / --world-sizes", expected: "values of at least 1" })
             } else {
                 let text = book_check::memory::markdown(widths, world_sizes);
-                out.parent().map(std::fs::create_dir_all).transpose().and_then(|_| std::fs::write(out, text)).map_err(|e| book_check::Error::io(out, e)).map(|()| {
-                    println!("book-check: wrote {}", out.display());
-                })
+                out.parent()
+                    .map(std::fs::create_dir_all)
+                    .transpose()
+                    .and_then(|_| std::fs::write(out, text))
+                    .map_err(|e| book_check::Error::io(out, e))
+                    .map(|()| {
+                        println!("book-check: wrote {}", out.display());
+                    })
             }
         }
     };

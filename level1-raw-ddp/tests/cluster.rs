@@ -68,7 +68,12 @@ impl Cluster {
         let name = format!("t{}-{}{}", std::process::id() % 100_000, tag, N.fetch_add(1, Ordering::SeqCst));
         let cluster = Cluster { name, nodes };
         let out = cluster.script(&["up", &nodes.to_string()]).output().expect("run scripts/cluster.sh");
-        assert!(out.status.success(), "cluster.sh up {nodes} failed:\n{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "cluster.sh up {nodes} failed:\n{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
         cluster
     }
 
@@ -191,7 +196,8 @@ fn cluster_sh_is_idempotent_and_down_removes_everything() {
         }
     }
     assert!(in_cluster.is_empty(), "processes still in the cluster's namespaces: {in_cluster:?}");
-    let netns = std::fs::read_dir("/run/netns").map(|d| d.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect::<Vec<_>>());
+    let netns =
+        std::fs::read_dir("/run/netns").map(|d| d.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect::<Vec<_>>());
     assert!(netns.unwrap_or_default().iter().all(|n| !n.starts_with(&c.name)), "a namespace of {} is left", c.name);
     let links = Command::new("ip").args(["-o", "link"]).output().unwrap();
     assert!(!String::from_utf8_lossy(&links.stdout).contains(&c.name), "a link of {} in the machine's namespace", c.name);
@@ -279,9 +285,7 @@ fn two_hosts_one_rank_each_train_level1_in_sync() {
     assert_eq!(out.code, Some(0), "{out:?}");
     assert_eq!(
         sorted_lines(&out.stdout),
-        (0..2)
-            .map(|r| format!("[rank{r}]: host={} GROUP_RANK={r} RANK={r} LOCAL_RANK=0 WORLD_SIZE=2", c.host(r)))
-            .collect::<Vec<_>>()
+        (0..2).map(|r| format!("[rank{r}]: host={} GROUP_RANK={r} RANK={r} LOCAL_RANK=0 WORLD_SIZE=2", c.host(r))).collect::<Vec<_>>()
     );
 
     // Level 1 across the two hosts: a few steps, then bit-identical parameters.
@@ -313,12 +317,9 @@ fn rank_all_reduce_closed_form() {
         for kind in [Kind::Float, Kind::Double] {
             let pattern = Tensor::arange(numel, (Kind::Int64, Device::Cpu)).remainder(7) + 1;
             let pattern = pattern.to_kind(kind);
-            for (op, factor) in [
-                (ReduceOp::Sum, w * (w + 1.0) / 2.0),
-                (ReduceOp::Avg, (w + 1.0) / 2.0),
-                (ReduceOp::Max, w),
-                (ReduceOp::Min, 1.0),
-            ] {
+            for (op, factor) in
+                [(ReduceOp::Sum, w * (w + 1.0) / 2.0), (ReduceOp::Avg, (w + 1.0) / 2.0), (ReduceOp::Max, w), (ReduceOp::Min, 1.0)]
+            {
                 let mut t = &pattern * (r + 1.0);
                 pg.all_reduce(&mut t, op).unwrap();
                 let expected = &pattern * factor;
@@ -383,7 +384,17 @@ fn without_tcp_the_hosts_cannot_talk() {
     let c = Cluster::up("shm", 2);
     let hf = c.hostfile();
     let exe = std::env::current_exe().unwrap();
-    let mut cmd = c.ladder_run(&["--nnodes", "2", "--hostfile", &hf, exe.to_str().unwrap(), "--ignored", "--exact", "rank_all_reduce_closed_form", "--nocapture"]);
+    let mut cmd = c.ladder_run(&[
+        "--nnodes",
+        "2",
+        "--hostfile",
+        &hf,
+        exe.to_str().unwrap(),
+        "--ignored",
+        "--exact",
+        "rank_all_reduce_closed_form",
+        "--nocapture",
+    ]);
     cmd.env("OMPI_MCA_btl", "self,vader");
     let out = run(cmd, Duration::from_secs(60), |_, _| {});
     assert_eq!(out.code, Some(1), "{out:?}");
@@ -459,7 +470,8 @@ fn a_host_that_drops_off_is_named_and_its_processes_do_not_outlive_the_job() {
     let _s = serial();
     let c = Cluster::up("drop", 2);
     let hf = c.hostfile();
-    let script = r#"echo "up on $(hostname)"; if [ "$RANK" = 0 ]; then sleep 4; echo "rank 0 gives up" >&2; exit 7; else exec sleep 300; fi"#;
+    let script =
+        r#"echo "up on $(hostname)"; if [ "$RANK" = 0 ]; then sleep 4; echo "rank 0 gives up" >&2; exit 7; else exec sleep 300; fi"#;
     let mut down_at = None;
     let cmd = c.ladder_run(&["--nnodes", "2", "--nproc-per-node", "1", "--hostfile", &hf, "sh", "-c", script]);
     let out = run(cmd, Duration::from_secs(60), |t, stdout| {

@@ -189,7 +189,8 @@ fn a_rank_stopped_and_continued_within_the_timeout_does_not_end_the_job() {
     let dir = tempfile::tempdir().unwrap();
     let marker = dir.path().join(format!("sigcont-{}.json", std::process::id()));
     let marker = marker.to_str().unwrap().to_string();
-    let mut job = Job::start(2, &["--device", "cpu", "--timeout", "10", "--log-interval", "1", "--max-steps", "30", "--metrics-json", &marker]);
+    let mut job =
+        Job::start(2, &["--device", "cpu", "--timeout", "10", "--log-interval", "1", "--max-steps", "30", "--metrics-json", &marker]);
     let stdout = job.wait_steps(4);
     let pid = rank_pid(&marker, 1).expect("rank 1's process");
     assert_eq!(unsafe_free_kill(pid, "STOP"), 0);
@@ -223,7 +224,11 @@ fn a_diverging_run_stops_naming_step_and_rank() {
     assert!(!text.contains("Test set"), "no evaluation of a diverged model:\n{text}");
     assert!(start.elapsed() < Duration::from_secs(30), "{text}");
     // Turned off, the same run trains on (to a NaN loss) and ends normally.
-    let out = mpirun(2).arg(BIN).args(["--device", "cpu", "--lr", "1e9", "--log-interval", "0", "--max-steps", "5", "--allow-non-finite"]).output().unwrap();
+    let out = mpirun(2)
+        .arg(BIN)
+        .args(["--device", "cpu", "--lr", "1e9", "--log-interval", "0", "--max-steps", "5", "--allow-non-finite"])
+        .output()
+        .unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
 }
 
@@ -336,7 +341,10 @@ fn one_ranks_error_after_setup_is_printed_with_its_rank_and_ends_the_job() {
         let took = start.elapsed();
         let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
         assert!(!out.status.success(), "W={w} victim {victim}:\n{text}");
-        assert!(text.contains(&format!("error on rank {victim} of {w}")) && text.contains("file not found"), "W={w} victim {victim}:\n{text}");
+        assert!(
+            text.contains(&format!("error on rank {victim} of {w}")) && text.contains("file not found"),
+            "W={w} victim {victim}:\n{text}"
+        );
         assert!(took < Duration::from_secs(25), "W={w} victim {victim}: took {took:?} (the shutdown wait is 30 s)");
     }
 }
@@ -359,6 +367,11 @@ fn a_failed_bare_mpirun_job_leaves_no_progress_files() {
         let job = text.lines().find_map(|l| l.strip_prefix("job id ")).expect("the job id").trim().to_string();
         assert!(!job.is_empty() && job.chars().all(|c| c.is_ascii_alphanumeric()), "job id {job:?}");
         let dir = base.join(format!("ladder-progress-{job}"));
-        assert!(!dir.exists(), "W={w}, error on rank {victim}: {} is left: {:?}", dir.display(), std::fs::read_dir(&dir).map(|d| d.flatten().map(|e| e.file_name()).collect::<Vec<_>>()));
+        assert!(
+            !dir.exists(),
+            "W={w}, error on rank {victim}: {} is left: {:?}",
+            dir.display(),
+            std::fs::read_dir(&dir).map(|d| d.flatten().map(|e| e.file_name()).collect::<Vec<_>>())
+        );
     }
 }

@@ -149,8 +149,7 @@ fn help_wraps_at_the_terminal_width() {
             let out = Command::new(&path).arg(flag).env("COLUMNS", width.to_string()).output().unwrap();
             let text = String::from_utf8_lossy(&out.stdout);
             // Only a word longer than the width (a path, a URL) may stick out.
-            let long: Vec<&str> =
-                text.lines().filter(|l| l.chars().count() > width && l.trim().contains(' ')).collect();
+            let long: Vec<&str> = text.lines().filter(|l| l.chars().count() > width && l.trim().contains(' ')).collect();
             assert!(long.is_empty(), "{bin} {flag} at {width} columns has longer lines: {long:#?}");
         }
     }
@@ -232,7 +231,15 @@ fn baseline_body() {
 fn level1_body() {
     let out = std::env::var("LADDER_TEST_OUT").unwrap();
     let cfg = <level1_raw_ddp::Config as clap::Parser>::try_parse_from([
-        "level1-raw-ddp", "--device", "cpu", "--max-steps", "25", "--log-interval", "0", "--save-model", &out,
+        "level1-raw-ddp",
+        "--device",
+        "cpu",
+        "--max-steps",
+        "25",
+        "--log-interval",
+        "0",
+        "--save-model",
+        &out,
     ])
     .unwrap();
     level1_raw_ddp::run(&cfg).unwrap();

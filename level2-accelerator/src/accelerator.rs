@@ -219,7 +219,11 @@ impl Accelerator {
     ///
     /// # Errors
     /// As [`with_kwargs`](Self::with_kwargs).
-    pub fn with_kwargs_handlers(builder: AcceleratorConfig, ddp: DistributedDataParallelKwargs, init: InitProcessGroupKwargs) -> Result<Self> {
+    pub fn with_kwargs_handlers(
+        builder: AcceleratorConfig,
+        ddp: DistributedDataParallelKwargs,
+        init: InitProcessGroupKwargs,
+    ) -> Result<Self> {
         Self::build(builder, ddp, init, None)
     }
 
@@ -260,7 +264,11 @@ impl Accelerator {
         if config.mixed_precision == MixedPrecision::Fp16 && !use_cuda {
             return Err(Error::Conflict {
                 first: format!("mixed_precision=fp16 ({})", config.describe_source("mixed_precision")),
-                second: if config.cpu { format!("cpu=true ({})", config.describe_source("cpu")) } else { "a machine without a CUDA GPU".into() },
+                second: if config.cpu {
+                    format!("cpu=true ({})", config.describe_source("cpu"))
+                } else {
+                    "a machine without a CUDA GPU".into()
+                },
                 why: "fp16 compute with loss scaling needs CUDA; use mixed_precision=bf16 on CPU".into(),
             });
         }
@@ -1131,7 +1139,8 @@ impl AcceleratedDataLoader<'_> {
         }
         (skip..n_batches).map(move |b| {
             let end = ((b + 1) * bs).min(indices.len());
-            let pos = BatchPosition { index: b, num_batches: n_batches, local_start: b * bs, len: end - b * bs, dataset_len: self.data.len() };
+            let pos =
+                BatchPosition { index: b, num_batches: n_batches, local_start: b * bs, len: end - b * bs, dataset_len: self.data.len() };
             *self.shared.current.borrow_mut() = Some(pos);
             if self.training {
                 let seen = self.shared.batches_seen.get();
@@ -1150,4 +1159,3 @@ impl AcceleratedDataLoader<'_> {
         })
     }
 }
-

@@ -14,7 +14,9 @@ pub mod error;
 pub mod scaler;
 mod train;
 
-pub use accelerator::{AcceleratedDataLoader, AcceleratedOptimizer, Accelerator, DistributedDataParallelKwargs, InitProcessGroupKwargs, PreparedModel};
+pub use accelerator::{
+    AcceleratedDataLoader, AcceleratedOptimizer, Accelerator, DistributedDataParallelKwargs, InitProcessGroupKwargs, PreparedModel,
+};
 pub use config::{AcceleratorConfig, MixedPrecision};
 pub use error::{Error, Result};
 pub use train::{run, Config};

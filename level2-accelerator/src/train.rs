@@ -195,7 +195,14 @@ pub fn run(cfg: &Config) -> Result<Report> {
             eval.count += losses.size()[0];
         }
         let train_loss = accelerator.reduce(&tch::Tensor::from(loss_sum / n.max(1) as f64), "mean")?.double_value(&[]);
-        let figures = EpochFigures { epoch, steps: n, train_loss, test_loss: eval.mean_loss(), accuracy: eval.accuracy(), eval_samples: eval.count as u64 };
+        let figures = EpochFigures {
+            epoch,
+            steps: n,
+            train_loss,
+            test_loss: eval.mean_loss(),
+            accuracy: eval.accuracy(),
+            eval_samples: eval.count as u64,
+        };
         accelerator.print(format!("{}\n{}", figures.train_line(), figures.test_line()));
         history.push(figures);
         if stop {
@@ -214,7 +221,14 @@ pub fn run(cfg: &Config) -> Result<Report> {
         accelerator.print(format!("check-sync: parameters are bit-identical on all {} processes", accelerator.num_processes()));
     }
     let train_loss = history.last().map_or(0.0, |h: &EpochFigures| h.train_loss);
-    let local = LocalFigures { samples: samples as u64, train_s, train_loss, comm_s: model.comm_seconds(), model_state: model.memory(), timing: Default::default() };
+    let local = LocalFigures {
+        samples: samples as u64,
+        train_s,
+        train_loss,
+        comm_s: model.comm_seconds(),
+        model_state: model.memory(),
+        timing: Default::default(),
+    };
     let mut report = accelerator.gather_report(&local, &eval, start.elapsed().as_secs_f64())?;
     report.history = history;
     if accelerator.is_main_process() {

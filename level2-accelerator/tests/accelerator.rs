@@ -227,8 +227,19 @@ fn level1_body() {
     let strategy = std::env::var("LADDER_TEST_STRATEGY").unwrap();
     let precision = std::env::var("LADDER_TEST_PRECISION").unwrap();
     let cfg = level1_raw_ddp::Config::try_parse_from([
-        "level1-raw-ddp", "--device", "cpu", "--max-steps", "12", "--log-interval", "0", "--strategy", &strategy, "--save-model", &out,
-        "--mixed-precision", &precision,
+        "level1-raw-ddp",
+        "--device",
+        "cpu",
+        "--max-steps",
+        "12",
+        "--log-interval",
+        "0",
+        "--strategy",
+        &strategy,
+        "--save-model",
+        &out,
+        "--mixed-precision",
+        &precision,
     ])
     .unwrap();
     level1_raw_ddp::run(&cfg).unwrap();
@@ -241,8 +252,19 @@ fn level2_body() {
     let strategy = std::env::var("LADDER_TEST_STRATEGY").unwrap();
     let precision = std::env::var("LADDER_TEST_PRECISION").unwrap();
     let cfg = level2_accelerator::Config::try_parse_from([
-        "level2-accelerator", "--device", "cpu", "--max-steps", "12", "--log-interval", "0", "--strategy", &strategy, "--save-model", &out,
-        "--mixed-precision", &precision,
+        "level2-accelerator",
+        "--device",
+        "cpu",
+        "--max-steps",
+        "12",
+        "--log-interval",
+        "0",
+        "--strategy",
+        &strategy,
+        "--save-model",
+        &out,
+        "--mixed-precision",
+        &precision,
     ])
     .unwrap();
     level2_accelerator::run(&cfg).unwrap();
@@ -256,7 +278,8 @@ fn same_weights_as_level_1() {
     // bf16: level 1's --mixed-precision and the Accelerator's are one core policy, so the
     // weights agree bit for bit too, and the saved (master) weights stay f32.
     for (w, strategy, precision) in [(1, "ddp", "no"), (2, "ddp", "no"), (2, "fsdp-full-shard", "no"), (2, "ddp", "bf16")] {
-        let (a, b) = (dir.path().join(format!("l1-{w}-{strategy}-{precision}.st")), dir.path().join(format!("l2-{w}-{strategy}-{precision}.st")));
+        let (a, b) =
+            (dir.path().join(format!("l1-{w}-{strategy}-{precision}.st")), dir.path().join(format!("l2-{w}-{strategy}-{precision}.st")));
         let (sa, sb) = (a.display().to_string(), b.display().to_string());
         let vars = |out: &'static str, path: &str| {
             [(out, path.to_string()), ("LADDER_TEST_STRATEGY", strategy.to_string()), ("LADDER_TEST_PRECISION", precision.to_string())]

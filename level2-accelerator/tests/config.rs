@@ -392,8 +392,8 @@ fn resolved_prefetch_settings_reach_the_wrap_config() {
     let w = resolve_with(&fsdp(AcceleratorConfig::default()), &[], Some("fsdp_backward_prefetch: BACKWARD_PRE\n")).wrap_config(25.0);
     assert_eq!(w.fsdp_backward_prefetch, Some(BackwardPrefetch::BackwardPre));
     // The rest of the wrap config: DDP with its bucket cap, bf16 compute with fp32 reduction.
-    let w = resolve_with(&AcceleratorConfig { mixed_precision: Some(MixedPrecision::Bf16), ..Default::default() }, &[], None)
-        .wrap_config(10.0);
+    let w =
+        resolve_with(&AcceleratorConfig { mixed_precision: Some(MixedPrecision::Bf16), ..Default::default() }, &[], None).wrap_config(10.0);
     assert_eq!((w.strategy, w.bucket_cap_mb), (Strategy::Ddp, 10.0));
     let mp = w.mixed_precision.expect("bf16 policy");
     assert_eq!((mp.param_dtype, mp.reduce_dtype), (ladder_core::fsdp::Dtype::Bf16, ladder_core::fsdp::Dtype::F32));

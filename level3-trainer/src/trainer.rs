@@ -309,7 +309,12 @@ impl Trainer {
         let accelerator = Accelerator::with_kwargs_handlers(Self::accelerator_config(&args), Default::default(), init)?;
         accelerator.set_check_finite(!args.allow_non_finite);
         if let Some(train) = &train_dataset {
-            ladder_core::train::check_batch_size("per_device_train_batch_size", args.per_device_train_batch_size, train.len(), accelerator.num_processes())?;
+            ladder_core::train::check_batch_size(
+                "per_device_train_batch_size",
+                args.per_device_train_batch_size,
+                train.len(),
+                accelerator.num_processes(),
+            )?;
             ladder_core::train::check_batch_fits_memory(
                 "per_device_train_batch_size",
                 args.per_device_train_batch_size,

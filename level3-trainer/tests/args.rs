@@ -112,7 +112,8 @@ fn fsdp_config_prefetch_keys() {
     let d = TrainingArguments::default();
     assert_eq!(d.fsdp_config, FsdpConfig { backward_prefetch: None, forward_prefetch: false });
 
-    let a = parse(&["--fsdp", "full_shard", "--fsdp-config", r#"{"backward_prefetch": "backward_post", "forward_prefetch": true}"#]).unwrap();
+    let a =
+        parse(&["--fsdp", "full_shard", "--fsdp-config", r#"{"backward_prefetch": "backward_post", "forward_prefetch": true}"#]).unwrap();
     assert_eq!(a.fsdp_config, FsdpConfig { backward_prefetch: Some(BackwardPrefetch::BackwardPost), forward_prefetch: true });
     // Transformers upper-cases the value and strips an `fsdp_` prefix from the keys;
     // no_prefetch (Accelerate's name) and null are no prefetch.
@@ -154,7 +155,10 @@ fn fsdp_config_prefetch_keys() {
     };
     let (cfg, w) = wrap_of(&a, &[("FSDP_BACKWARD_PREFETCH", "BACKWARD_PRE"), ("FSDP_FORWARD_PREFETCH", "true")]);
     assert_eq!((cfg.fsdp_backward_prefetch, cfg.fsdp_forward_prefetch), (Some(FsdpBackwardPrefetch::BackwardPost), Some(false)));
-    assert_eq!((w.strategy, w.fsdp_backward_prefetch, w.fsdp_forward_prefetch), (ladder_core::wrapped::Strategy::FsdpFullShard, Some(Core::BackwardPost), false));
+    assert_eq!(
+        (w.strategy, w.fsdp_backward_prefetch, w.fsdp_forward_prefetch),
+        (ladder_core::wrapped::Strategy::FsdpFullShard, Some(Core::BackwardPost), false)
+    );
     let full_shard = TrainingArguments { fsdp: Some(level3_trainer::args::FsdpOption::FullShard), ..TrainingArguments::default() };
     let (cfg, w) = wrap_of(&full_shard, &[("FSDP_BACKWARD_PREFETCH", "BACKWARD_PRE")]);
     assert_eq!(cfg.fsdp_backward_prefetch, Some(FsdpBackwardPrefetch::NoPrefetch));

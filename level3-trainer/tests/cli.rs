@@ -181,7 +181,10 @@ fn recipe_and_transformers_defaults_map_onto_training_arguments() {
     let p = parse(&["--strategy", "fsdp-full-shard", "--fsdp-backward-prefetch", "backward-post", "--fsdp-forward-prefetch"])
         .training_arguments()
         .unwrap();
-    assert_eq!((p.fsdp_config.backward_prefetch, p.fsdp_config.forward_prefetch), (Some(level3_trainer::args::BackwardPrefetch::BackwardPost), true));
+    assert_eq!(
+        (p.fsdp_config.backward_prefetch, p.fsdp_config.forward_prefetch),
+        (Some(level3_trainer::args::BackwardPrefetch::BackwardPost), true)
+    );
     let p = parse(&["--strategy", "fsdp-full-shard", "--fsdp-backward-prefetch", "no-prefetch"]).training_arguments().unwrap();
     assert_eq!(p.fsdp_config.backward_prefetch, None);
     let err = parse(&["--width", "0"]).training_arguments().unwrap_err().to_string();
@@ -208,10 +211,14 @@ fn args_file_lies_over_the_recipe_and_given_flags_lie_over_it() {
     // fsdp_config from the file; a typed prefetch flag replaces that key alone.
     std::fs::write(&file, "fsdp = \"full_shard\"\n[fsdp_config]\nbackward_prefetch = \"backward_pre\"\nforward_prefetch = true\n").unwrap();
     let mut cfg =
-        Config::try_parse_from(["level3-trainer", "--args-file", file.to_str().unwrap(), "--fsdp-backward-prefetch", "backward-post"]).unwrap();
+        Config::try_parse_from(["level3-trainer", "--args-file", file.to_str().unwrap(), "--fsdp-backward-prefetch", "backward-post"])
+            .unwrap();
     cfg.given = Some(["args_file", "fsdp_backward_prefetch"].iter().map(|s| s.to_string()).collect());
     let a = cfg.training_arguments().unwrap();
-    assert_eq!((a.fsdp_config.backward_prefetch, a.fsdp_config.forward_prefetch), (Some(level3_trainer::args::BackwardPrefetch::BackwardPost), true));
+    assert_eq!(
+        (a.fsdp_config.backward_prefetch, a.fsdp_config.forward_prefetch),
+        (Some(level3_trainer::args::BackwardPrefetch::BackwardPost), true)
+    );
 }
 
 #[test]

@@ -104,8 +104,7 @@ pub fn save(dir: &Path, ckpt: &Checkpoint, extra_files: &[(&str, Vec<u8>)]) -> R
     for (name, bytes) in extra_files {
         crate::atomic::write_atomic(&tmp.path().join(name), bytes)?;
     }
-    std::fs::set_permissions(tmp.path(), std::os::unix::fs::PermissionsExt::from_mode(0o755))
-        .map_err(|e| Error::io(tmp.path(), e))?;
+    std::fs::set_permissions(tmp.path(), std::os::unix::fs::PermissionsExt::from_mode(0o755)).map_err(|e| Error::io(tmp.path(), e))?;
     let tmp_path = tmp.keep();
     let old = aside(dir);
     if old.exists() {
@@ -143,8 +142,7 @@ pub fn load(dir: &Path) -> Result<Checkpoint> {
     } else {
         return Err(Error::Checkpoint {
             dir: dir.into(),
-            problem: "no such checkpoint directory (expected one written by save_state / a checkpoint-<step> directory)"
-                .into(),
+            problem: "no such checkpoint directory (expected one written by save_state / a checkpoint-<step> directory)".into(),
         });
     };
     let need = |name: &str| -> Result<PathBuf> {
@@ -159,8 +157,8 @@ pub fn load(dir: &Path) -> Result<Checkpoint> {
     let optimizer = Tensor::read_safetensors(need(OPTIMIZER_FILE)?)?;
     let state_path = need(STATE_FILE)?;
     let bytes = std::fs::read(&state_path).map_err(|e| Error::io(&state_path, e))?;
-    let state: TrainingState = serde_json::from_slice(&bytes)
-        .map_err(|e| Error::Checkpoint { dir: dir.clone(), problem: format!("{STATE_FILE}: {e}") })?;
+    let state: TrainingState =
+        serde_json::from_slice(&bytes).map_err(|e| Error::Checkpoint { dir: dir.clone(), problem: format!("{STATE_FILE}: {e}") })?;
     Ok(Checkpoint { model, optimizer, state })
 }
 
@@ -181,7 +179,15 @@ mod tests {
         Checkpoint {
             model: vec![("fc.weight".into(), Tensor::from_slice(&[1.0f32, 2.0, 3.0]).view([3, 1]))],
             optimizer: vec![("fc.weight.step".into(), Tensor::from(step as i64))],
-            state: TrainingState { global_step: step, batches_seen: step, epoch: 1, step_in_epoch: 7, seed: 3, world_size: 2, ..Default::default() },
+            state: TrainingState {
+                global_step: step,
+                batches_seen: step,
+                epoch: 1,
+                step_in_epoch: 7,
+                seed: 3,
+                world_size: 2,
+                ..Default::default()
+            },
         }
     }
 
@@ -202,8 +208,7 @@ mod tests {
         // Overwrite: the new one wins, nothing is left beside it.
         save(&dir, &sample(9), &[]).unwrap();
         assert_eq!(load(&dir).unwrap().state.global_step, 9);
-        let names: Vec<String> =
-            std::fs::read_dir(root.path()).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into()).collect();
+        let names: Vec<String> = std::fs::read_dir(root.path()).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into()).collect();
         assert_eq!(names, vec!["ckpt".to_string()]);
         // A kill between the two renames: only the moved-aside previous checkpoint exists.
         std::fs::rename(&dir, aside(&dir)).unwrap();

@@ -31,9 +31,7 @@ impl<E: ValueEnum + Clone + Send + Sync + 'static> TypedValueParser for Choice<E
     fn parse_ref(&self, cmd: &clap::Command, arg: Option<&clap::Arg>, value: &OsStr) -> Result<E, clap::Error> {
         let ignore_case = arg.is_some_and(|a| a.is_ignore_case_set());
         let text = value.to_string_lossy();
-        let found = E::value_variants()
-            .iter()
-            .find(|v| v.to_possible_value().is_some_and(|p| p.matches(&text, ignore_case)));
+        let found = E::value_variants().iter().find(|v| v.to_possible_value().is_some_and(|p| p.matches(&text, ignore_case)));
         if let Some(v) = found {
             return Ok(v.clone());
         }

@@ -84,10 +84,7 @@ pub fn compute_bucket_assignment(sizes: &[(i64, u64)], bucket_cap_mb: f64) -> Ve
         current.numel += numel;
         current.bytes += bytes;
         if current.bytes >= current.cap_bytes {
-            buckets.push(std::mem::replace(
-                &mut current,
-                Bucket { params: Vec::new(), numel: 0, bytes: 0, cap_bytes: cap.max(1) },
-            ));
+            buckets.push(std::mem::replace(&mut current, Bucket { params: Vec::new(), numel: 0, bytes: 0, cap_bytes: cap.max(1) }));
         }
     }
     if !current.params.is_empty() {
@@ -280,8 +277,7 @@ impl<'pg, M: Model> DistributedDataParallel<'pg, M> {
             zero.backward();
         }
         tch::no_grad(|| {
-            let grads: Vec<Tensor> =
-                self.buckets[b].params.iter().map(|&i| self.params[i].1.grad().reshape([-1])).collect();
+            let grads: Vec<Tensor> = self.buckets[b].params.iter().map(|&i| self.params[i].1.grad().reshape([-1])).collect();
             Tensor::cat(&grads, 0)
         })
     }
@@ -393,8 +389,7 @@ impl<'pg, M: Model> DistributedDataParallel<'pg, M> {
         // libtorch's zero_grad sets gradients to none; a parameter this rank did not use in the
         // forward pass has none after backward. Give those a zero gradient (a backward of
         // 0·Σp), so that every rank packs the same buckets and the optimizer steps them alike.
-        let unused: Vec<Tensor> =
-            self.params.iter().filter(|(_, p)| !p.grad().defined()).map(|(_, p)| p.sum(Kind::Float) * 0.0).collect();
+        let unused: Vec<Tensor> = self.params.iter().filter(|(_, p)| !p.grad().defined()).map(|(_, p)| p.sum(Kind::Float) * 0.0).collect();
         if let Some(zero) = unused.into_iter().reduce(|a, b| a + b) {
             zero.backward();
         }
@@ -464,11 +459,10 @@ impl<M: Segmented> DistributedDataParallel<'_, M> {
              (non-blocking) once its lowest segment is done, and is polled between the segments after it:"
         )];
         for (b, bucket) in self.buckets.iter().enumerate() {
-            let seg = (0..n)
-                .filter(|&i| self.module.segment_params(i).iter().any(|p| bucket.params.contains(p)))
-                .min()
-                .unwrap_or(0);
-            let after = if seg == 0 { "the end of backward (nothing left to overlap)".to_string() } else {
+            let seg = (0..n).filter(|&i| self.module.segment_params(i).iter().any(|p| bucket.params.contains(p))).min().unwrap_or(0);
+            let after = if seg == 0 {
+                "the end of backward (nothing left to overlap)".to_string()
+            } else {
                 format!("segment {seg} (overlaps segments {}..=0)", seg - 1)
             };
             lines.push(format!("  bucket {b}: starts after {after}"));
@@ -527,8 +521,7 @@ impl<M: Segmented> DistributedDataParallel<'_, M> {
                 seg_of[p] = i;
             }
         }
-        let bucket_ready_after =
-            self.buckets.iter().map(|b| b.params.iter().map(|&p| seg_of[p]).min().unwrap_or(0)).collect();
+        let bucket_ready_after = self.buckets.iter().map(|b| b.params.iter().map(|&p| seg_of[p]).min().unwrap_or(0)).collect();
         let mut saved = Vec::with_capacity(n);
         let mut x = xs.shallow_clone();
         for i in 0..n {
@@ -587,10 +580,7 @@ pub fn explain_buckets(buckets: &[Bucket], params: &[(String, Tensor)]) -> Strin
             names.join(", "),
         ]);
     }
-    format!(
-        "DDP gradient buckets: {} bucket(s), reduced in this order with all_reduce(Avg) after backward\n{table}",
-        buckets.len()
-    )
+    format!("DDP gradient buckets: {} bucket(s), reduced in this order with all_reduce(Avg) after backward\n{table}", buckets.len())
 }
 
 #[cfg(test)]

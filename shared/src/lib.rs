@@ -6,6 +6,8 @@
 
 pub mod atomic;
 pub mod autograd;
+pub mod checkpoint;
+pub mod cli;
 pub mod data;
 pub mod ddp;
 pub mod device;
@@ -18,11 +20,9 @@ pub mod metrics;
 pub mod model;
 pub mod optim;
 mod shim;
-pub mod checkpoint;
-pub mod timing;
-pub mod cli;
-pub mod wrapped;
 pub(crate) mod sys;
+pub mod timing;
 pub mod train;
+pub mod wrapped;
 
 pub use error::{Error, Result};

@@ -279,12 +279,8 @@ impl Report {
     /// The human summary printed at the end by a binary that has not printed the test line
     /// itself: the tutorial's test line, then [`figures_line`](Self::figures_line).
     pub fn summary(&self) -> String {
-        let test = EpochFigures {
-            test_loss: self.test_loss,
-            accuracy: self.accuracy,
-            eval_samples: self.eval_samples,
-            ..Default::default()
-        };
+        let test =
+            EpochFigures { test_loss: self.test_loss, accuracy: self.accuracy, eval_samples: self.eval_samples, ..Default::default() };
         format!("{}\n{}", test.test_line(), self.figures_line())
     }
 
@@ -300,10 +296,7 @@ impl Report {
 /// The end of every training binary's `main`: on success, rank 0 (or a single process) prints
 /// `line(&report)`; on failure, the error goes to stderr as `error: …`, named by rank when
 /// several ranks run (`error on rank 1 of 2: …`). Returns the process's exit code.
-pub fn finish<E: std::fmt::Display>(
-    result: std::result::Result<Report, E>,
-    line: impl Fn(&Report) -> String,
-) -> std::process::ExitCode {
+pub fn finish<E: std::fmt::Display>(result: std::result::Result<Report, E>, line: impl Fn(&Report) -> String) -> std::process::ExitCode {
     let env = crate::dist::DistEnv::from_env().ok();
     match result {
         Ok(report) => {

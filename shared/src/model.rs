@@ -1,8 +1,8 @@
 //! `BasicNet`, the network of PyTorch's MNIST example, and the `Model` view of a network that
 //! DDP and FSDP need: parameters in a fixed, named order.
 
-use tch::nn::{self, ModuleT};
 use std::ffi::{c_char, c_int, c_void};
+use tch::nn::{self, ModuleT};
 use tch::Tensor;
 
 /// Parameters of a network in definition order with their PyTorch names
@@ -244,10 +244,7 @@ mod tests {
         let net = BasicNet::new(&vs.root(), BasicNetConfig::default());
         let params = net.named_parameters();
         let names: Vec<_> = params.iter().map(|(n, _)| n.as_str()).collect();
-        assert_eq!(
-            names,
-            ["conv1.weight", "conv1.bias", "conv2.weight", "conv2.bias", "fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"]
-        );
+        assert_eq!(names, ["conv1.weight", "conv1.bias", "conv2.weight", "conv2.bias", "fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"]);
         let shapes: Vec<_> = params.iter().map(|(_, t)| t.size()).collect();
         assert_eq!(
             shapes,

@@ -209,8 +209,19 @@ impl AdamW {
             // at most `len` bytes, NUL included, into `err`.
             crate::shim::call(|err, len| unsafe {
                 ladder_fused_adamw(
-                    p.as_ptr(), g.as_ptr(), m.as_ptr(), v.as_ptr(), t.as_ptr(), idx.len(),
-                    c.lr, c.beta1, c.beta2, c.weight_decay, c.eps, err, len,
+                    p.as_ptr(),
+                    g.as_ptr(),
+                    m.as_ptr(),
+                    v.as_ptr(),
+                    t.as_ptr(),
+                    idx.len(),
+                    c.lr,
+                    c.beta1,
+                    c.beta2,
+                    c.weight_decay,
+                    c.eps,
+                    err,
+                    len,
                 )
             })
             .map_err(|msg| Error::invalid("optimizer step", "AdamW", format!("gradients libtorch's fused AdamW accepts ({msg})")))?;
@@ -254,7 +265,9 @@ impl AdamW {
             names.iter().flat_map(|n| ["exp_avg", "exp_avg_sq", "step"].map(|s| format!("{n}.{s}"))).collect();
         let unexpected: Vec<&str> = map.keys().copied().filter(|k| !known.contains(*k)).collect();
         if !unexpected.is_empty() {
-            return Err(Error::StateDict(format!("optimizer: unexpected keys {unexpected:?}; expected <parameter>.exp_avg / .exp_avg_sq / .step")));
+            return Err(Error::StateDict(format!(
+                "optimizer: unexpected keys {unexpected:?}; expected <parameter>.exp_avg / .exp_avg_sq / .step"
+            )));
         }
         let mut new_state = Vec::with_capacity(self.params.len());
         for (name, p) in names.iter().zip(&self.params) {
@@ -264,7 +277,11 @@ impl AdamW {
                 (Some(m), Some(v), Some(step)) => {
                     for (what, t) in [("exp_avg", m), ("exp_avg_sq", v)] {
                         if t.size() != p.size() {
-                            return Err(Error::StateDict(format!("optimizer: {name}.{what} has shape {:?}, expected {:?}", t.size(), p.size())));
+                            return Err(Error::StateDict(format!(
+                                "optimizer: {name}.{what} has shape {:?}, expected {:?}",
+                                t.size(),
+                                p.size()
+                            )));
                         }
                     }
                     new_state.push(Some(ParamState::new(
@@ -274,7 +291,9 @@ impl AdamW {
                     )));
                 }
                 _ => {
-                    return Err(Error::StateDict(format!("optimizer: parameter {name} has only part of its state (needs exp_avg, exp_avg_sq and step)")))
+                    return Err(Error::StateDict(format!(
+                        "optimizer: parameter {name} has only part of its state (needs exp_avg, exp_avg_sq and step)"
+                    )))
                 }
             }
         }

@@ -211,9 +211,8 @@ impl SharedWords {
         use std::os::fd::AsRawFd;
         // SAFETY: a fresh shared read-write mapping of an open file's first len*8 bytes; the
         // kernel chooses the address. The mapping outlives the file descriptor (POSIX).
-        let p = unsafe {
-            libc::mmap(std::ptr::null_mut(), len * 8, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, file.as_raw_fd(), 0)
-        };
+        let p =
+            unsafe { libc::mmap(std::ptr::null_mut(), len * 8, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, file.as_raw_fd(), 0) };
         if p == libc::MAP_FAILED {
             return Err(std::io::Error::last_os_error());
         }

@@ -83,7 +83,9 @@ fn default_timeout() -> f64 {
 
 /// clap parser for `--timeout`: a positive number of seconds.
 fn parse_seconds(s: &str) -> std::result::Result<f64, String> {
-    crate::dist::parse_timeout("--timeout", s).map(|d| d.as_secs_f64()).map_err(|_| format!("expected a positive number of seconds (e.g. 600), got {s:?}"))
+    crate::dist::parse_timeout("--timeout", s)
+        .map(|d| d.as_secs_f64())
+        .map_err(|_| format!("expected a positive number of seconds (e.g. 600), got {s:?}"))
 }
 
 impl Default for TrainArgs {
@@ -254,13 +256,7 @@ pub fn check_batch_memory(flag: &str, batch_size: usize, width: i64, local_world
 ///
 /// # Errors
 /// [`Error::BatchTooLargeForMemory`] (see [`check_batch_memory`]).
-pub fn check_batch_fits_memory(
-    flag: &str,
-    batch_size: usize,
-    width: i64,
-    local_world_size: usize,
-    device: tch::Device,
-) -> Result<()> {
+pub fn check_batch_fits_memory(flag: &str, batch_size: usize, width: i64, local_world_size: usize, device: tch::Device) -> Result<()> {
     if device != tch::Device::Cpu {
         return Ok(());
     }
@@ -381,11 +377,19 @@ pub struct EvalSums {
 impl EvalSums {
     /// `correct / count` (0 when nothing was evaluated).
     pub fn accuracy(&self) -> f64 {
-        if self.count == 0 { 0.0 } else { self.correct as f64 / self.count as f64 }
+        if self.count == 0 {
+            0.0
+        } else {
+            self.correct as f64 / self.count as f64
+        }
     }
     /// Mean negative log-likelihood.
     pub fn mean_loss(&self) -> f64 {
-        if self.count == 0 { 0.0 } else { self.loss_sum / self.count as f64 }
+        if self.count == 0 {
+            0.0
+        } else {
+            self.loss_sum / self.count as f64
+        }
     }
 }
 
@@ -425,11 +429,7 @@ pub fn forward_in_pieces(xs: &Tensor, mut forward: impl FnMut(&Tensor) -> Result
 ///
 /// # Errors
 /// The first error `forward` returns.
-pub fn evaluate_with(
-    mut forward: impl FnMut(&Tensor) -> Result<Tensor>,
-    data: &Dataset,
-    batch_size: usize,
-) -> Result<EvalSums> {
+pub fn evaluate_with(mut forward: impl FnMut(&Tensor) -> Result<Tensor>, data: &Dataset, batch_size: usize) -> Result<EvalSums> {
     let n = data.len();
     let mut sums = EvalSums::default();
     tch::no_grad(|| {

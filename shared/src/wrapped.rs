@@ -186,10 +186,7 @@ impl<'pg> WrappedModel<'pg> {
             (s, _) => s,
         };
         let inner = match sharding {
-            None => Inner::Ddp {
-                model: DistributedDataParallel::new(net, pg, DdpConfig { bucket_cap_mb: cfg.bucket_cap_mb })?,
-                _vs: vs,
-            },
+            None => Inner::Ddp { model: DistributedDataParallel::new(net, pg, DdpConfig { bucket_cap_mb: cfg.bucket_cap_mb })?, _vs: vs },
             Some(sharding_strategy) => Inner::Fsdp(FullyShardedDataParallel::new(
                 vs,
                 net,
@@ -310,13 +307,9 @@ impl<'pg> WrappedModel<'pg> {
                     return Err(Error::invalid("max_grad_norm", max_norm, "a positive, finite gradient norm"));
                 }
                 tch::no_grad(|| {
-                    let grads: Vec<Tensor> =
-                        model.named_parameters().iter().map(|(_, p)| p.grad()).filter(|g| g.defined()).collect();
-                    let total = grads
-                        .iter()
-                        .map(|g| g.to_kind(Kind::Double).square().sum(Kind::Double).double_value(&[]))
-                        .sum::<f64>()
-                        .sqrt();
+                    let grads: Vec<Tensor> = model.named_parameters().iter().map(|(_, p)| p.grad()).filter(|g| g.defined()).collect();
+                    let total =
+                        grads.iter().map(|g| g.to_kind(Kind::Double).square().sum(Kind::Double).double_value(&[])).sum::<f64>().sqrt();
                     let coef = (max_norm / (total + 1e-6)).min(1.0);
                     if coef < 1.0 {
                         for mut g in grads {
@@ -395,9 +388,21 @@ impl<'pg> WrappedModel<'pg> {
         let fmt = |v: f64| if v.is_nan() { "NaN".to_string() } else { format!("{v}") };
         let (rank, w) = (pg.rank(), pg.world_size());
         let first = if w == 1 {
-            if loss_bad { 0 } else if grads_bad { 1 } else { 2 }
+            if loss_bad {
+                0
+            } else if grads_bad {
+                1
+            } else {
+                2
+            }
         } else {
-            let code = if loss_bad { rank } else if grads_bad { w + rank } else { 2 * w };
+            let code = if loss_bad {
+                rank
+            } else if grads_bad {
+                w + rank
+            } else {
+                2 * w
+            };
             let mut first = Tensor::from_slice(&[code as f64]).to_device(pg.device());
             // The same 1-element f64 on every rank at every step: no agreement probe needed.
             pg.all_reduce_prechecked(&mut first, ReduceOp::Min)?;
@@ -418,12 +423,8 @@ impl<'pg> WrappedModel<'pg> {
         }
         let others = match (&self.inner, w) {
             (_, 1) => String::new(),
-            (Inner::Ddp { .. }, _) => {
-                " and so on every rank after the gradient all-reduce (the loss was finite on every rank)".to_string()
-            }
-            (Inner::Fsdp(_), _) => {
-                " (its gradient, or its shard of the reduced gradients; the loss was finite on every rank)".to_string()
-            }
+            (Inner::Ddp { .. }, _) => " and so on every rank after the gradient all-reduce (the loss was finite on every rank)".to_string(),
+            (Inner::Fsdp(_), _) => " (its gradient, or its shard of the reduced gradients; the loss was finite on every rank)".to_string(),
         };
         Err(Error::NonFinite { what: "gradient", value: "NaN or infinite".into(), step, rank: first - w, others })
     }
@@ -481,8 +482,7 @@ impl<'pg> WrappedModel<'pg> {
     pub fn memory(&self) -> ModelStateBytes {
         match &self.inner {
             Inner::Ddp { model, .. } => {
-                let bytes: u64 =
-                    model.named_parameters().iter().map(|(_, t)| (t.numel() * t.kind().elt_size_in_bytes()) as u64).sum();
+                let bytes: u64 = model.named_parameters().iter().map(|(_, t)| (t.numel() * t.kind().elt_size_in_bytes()) as u64).sum();
                 ModelStateBytes { parameters: bytes, gradients: bytes, optimizer: 2 * bytes, gathered_peak: 0 }
             }
             Inner::Fsdp(m) => m.memory(),
@@ -509,8 +509,9 @@ impl<'pg> WrappedModel<'pg> {
     /// Collective errors.
     pub fn full_state_dict(&self, pg: &dyn ProcessGroup) -> Result<Option<Vec<(String, Tensor)>>> {
         match &self.inner {
-            Inner::Ddp { model, .. } => Ok((pg.rank() == 0)
-                .then(|| model.named_parameters().iter().map(|(n, t)| (n.clone(), t.detach().copy())).collect())),
+            Inner::Ddp { model, .. } => {
+                Ok((pg.rank() == 0).then(|| model.named_parameters().iter().map(|(n, t)| (n.clone(), t.detach().copy())).collect()))
+            }
             Inner::Fsdp(m) => m.full_state_dict(),
         }
     }
@@ -522,8 +523,7 @@ impl<'pg> WrappedModel<'pg> {
     pub fn load_full_state_dict(&mut self, state_dict: &[(String, Tensor)]) -> Result<()> {
         match &mut self.inner {
             Inner::Ddp { model, .. } => {
-                let expected: Vec<(String, Vec<i64>)> =
-                    model.named_parameters().iter().map(|(n, t)| (n.clone(), t.size())).collect();
+                let expected: Vec<(String, Vec<i64>)> = model.named_parameters().iter().map(|(n, t)| (n.clone(), t.size())).collect();
                 let map = check_named(state_dict, &expected, "model")?;
                 tch::no_grad(|| {
                     for (name, p) in model.named_parameters() {

@@ -110,8 +110,7 @@ fn cache_is_built_once_then_mapped_and_a_corrupt_or_cut_short_one_is_rebuilt() {
         assert_eq!(bits(&m.train.images()), reference, "{what}: the rebuilt data differ");
     }
     // Nothing else is left behind (the temporary files were renamed).
-    let mut names: Vec<String> =
-        std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+    let mut names: Vec<String> = std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
     names.sort();
     assert_eq!(
         names,

@@ -39,11 +39,7 @@ fn serve(routes: Vec<(&'static str, Reply)>) -> (String, Arc<Mutex<Vec<String>>>
     (base, log)
 }
 
-fn answer(
-    mut stream: TcpStream,
-    routes: &[(&str, Reply)],
-    log: &Mutex<Vec<String>>,
-) -> std::io::Result<()> {
+fn answer(mut stream: TcpStream, routes: &[(&str, Reply)], log: &Mutex<Vec<String>>) -> std::io::Result<()> {
     let mut reader = BufReader::new(stream.try_clone()?);
     let mut request_line = String::new();
     reader.read_line(&mut request_line)?;
@@ -53,17 +49,9 @@ fn answer(
             break;
         }
     }
-    let path = request_line
-        .split_whitespace()
-        .nth(1)
-        .unwrap_or("")
-        .to_string();
+    let path = request_line.split_whitespace().nth(1).unwrap_or("").to_string();
     log.lock().unwrap().push(path.clone());
-    let reply = routes
-        .iter()
-        .find(|(p, _)| *p == path)
-        .map(|(_, r)| r.clone())
-        .unwrap_or(Reply::Status(404));
+    let reply = routes.iter().find(|(p, _)| *p == path).map(|(_, r)| r.clone()).unwrap_or(Reply::Status(404));
     let (status, body, sent) = match &reply {
         Reply::Ok(b) => (200, b.clone(), b.len()),
         Reply::Status(code) => {
@@ -73,11 +61,7 @@ fn answer(
         }
         Reply::CutShort(b) => (200, b.clone(), b.len() / 2),
     };
-    write!(
-        stream,
-        "HTTP/1.1 {status} X\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-        body.len()
-    )?;
+    write!(stream, "HTTP/1.1 {status} X\r\nContent-Length: {}\r\nConnection: close\r\n\r\n", body.len())?;
     stream.write_all(&body[..sent])?;
     stream.flush()
 }
@@ -104,20 +88,14 @@ fn snap(name: &str, err: &Error, dir: &Path) {
 #[test]
 fn good_file_is_fetched_and_written_atomically() {
     let gz = real_gz(NAME);
-    let (base, log) = serve(vec![(
-        "/m/t10k-labels-idx1-ubyte.gz",
-        Reply::Ok(gz.clone()),
-    )]);
+    let (base, log) = serve(vec![("/m/t10k-labels-idx1-ubyte.gz", Reply::Ok(gz.clone()))]);
     let dir = tempfile::tempdir().unwrap();
     let target = dir.path().join("sub"); // created on demand
     let path = download_file(&target, NAME, &[format!("{base}/m")]).unwrap();
     assert_eq!(path, target.join("t10k-labels-idx1-ubyte.gz"));
     assert_eq!(std::fs::read(&path).unwrap(), gz);
     // Nothing but the file is left behind (the temporary file was renamed).
-    let names: Vec<_> = std::fs::read_dir(&target)
-        .unwrap()
-        .map(|e| e.unwrap().file_name())
-        .collect();
+    let names: Vec<_> = std::fs::read_dir(&target).unwrap().map(|e| e.unwrap().file_name()).collect();
     assert_eq!(names, ["t10k-labels-idx1-ubyte.gz"]);
     assert_eq!(*log.lock().unwrap(), ["/m/t10k-labels-idx1-ubyte.gz"]);
 }
@@ -125,10 +103,7 @@ fn good_file_is_fetched_and_written_atomically() {
 #[test]
 fn falls_back_after_404() {
     let (bad, bad_log) = serve(vec![]);
-    let (good, good_log) = serve(vec![(
-        "/t10k-labels-idx1-ubyte.gz",
-        Reply::Ok(real_gz(NAME)),
-    )]);
+    let (good, good_log) = serve(vec![("/t10k-labels-idx1-ubyte.gz", Reply::Ok(real_gz(NAME)))]);
     let dir = tempfile::tempdir().unwrap();
     let path = download_file(dir.path(), NAME, &[format!("{bad}/"), format!("{good}/")]).unwrap();
     assert!(path.is_file());
@@ -140,10 +115,7 @@ fn falls_back_after_404() {
 fn html_page_with_200_is_rejected_by_checksum() {
     let html = b"<!DOCTYPE html><html><body>Please log in</body></html>".to_vec();
     let (bad, _) = serve(vec![("/t10k-labels-idx1-ubyte.gz", Reply::Ok(html))]);
-    let (good, _) = serve(vec![(
-        "/t10k-labels-idx1-ubyte.gz",
-        Reply::Ok(real_gz(NAME)),
-    )]);
+    let (good, _) = serve(vec![("/t10k-labels-idx1-ubyte.gz", Reply::Ok(real_gz(NAME)))]);
     let dir = tempfile::tempdir().unwrap();
     let path = download_file(dir.path(), NAME, &[bad, good]).unwrap();
     assert_eq!(std::fs::read(path).unwrap(), real_gz(NAME));
@@ -151,14 +123,8 @@ fn html_page_with_200_is_rejected_by_checksum() {
 
 #[test]
 fn truncated_body_is_rejected() {
-    let (bad, _) = serve(vec![(
-        "/t10k-labels-idx1-ubyte.gz",
-        Reply::CutShort(real_gz(NAME)),
-    )]);
-    let (good, _) = serve(vec![(
-        "/t10k-labels-idx1-ubyte.gz",
-        Reply::Ok(real_gz(NAME)),
-    )]);
+    let (bad, _) = serve(vec![("/t10k-labels-idx1-ubyte.gz", Reply::CutShort(real_gz(NAME)))]);
+    let (good, _) = serve(vec![("/t10k-labels-idx1-ubyte.gz", Reply::Ok(real_gz(NAME)))]);
     let dir = tempfile::tempdir().unwrap();
     let path = download_file(dir.path(), NAME, &[bad, good]).unwrap();
     assert_eq!(std::fs::read(path).unwrap(), real_gz(NAME));
@@ -169,10 +135,7 @@ fn all_mirrors_failing_lists_each_and_why() {
     let gz = real_gz(NAME);
     let wrong = real_gz("train-labels-idx1-ubyte"); // a valid gzip file, but the wrong one
     let (base, _) = serve(vec![
-        (
-            "/html/t10k-labels-idx1-ubyte.gz",
-            Reply::Ok(b"<html>maintenance</html>".to_vec()),
-        ),
+        ("/html/t10k-labels-idx1-ubyte.gz", Reply::Ok(b"<html>maintenance</html>".to_vec())),
         ("/short/t10k-labels-idx1-ubyte.gz", Reply::CutShort(gz)),
         ("/wrong/t10k-labels-idx1-ubyte.gz", Reply::Ok(wrong)),
         ("/forbidden/t10k-labels-idx1-ubyte.gz", Reply::Status(403)),
@@ -189,9 +152,7 @@ fn all_mirrors_failing_lists_each_and_why() {
         "ftp://example.invalid/mnist/".to_string(),
     ];
     let err = download_file(dir.path(), NAME, &mirrors).unwrap_err();
-    let Error::DownloadFailed { file, attempts } = &err else {
-        panic!("{err:?}")
-    };
+    let Error::DownloadFailed { file, attempts } = &err else { panic!("{err:?}") };
     assert_eq!(file, "t10k-labels-idx1-ubyte.gz");
     assert_eq!(attempts.lines().count(), mirrors.len());
     assert!(!dir.path().join("t10k-labels-idx1-ubyte.gz").exists());
@@ -202,21 +163,10 @@ fn all_mirrors_failing_lists_each_and_why() {
 fn download_missing_fetches_only_what_is_missing_then_loads() {
     // Three files present; the fourth comes from the loopback mirror.
     let dir = tempfile::tempdir().unwrap();
-    for name in [
-        "train-images-idx3-ubyte",
-        "train-labels-idx1-ubyte",
-        "t10k-images-idx3-ubyte",
-    ] {
-        std::fs::copy(
-            workspace_data_dir().join(format!("{name}.gz")),
-            dir.path().join(format!("{name}.gz")),
-        )
-        .unwrap();
+    for name in ["train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte"] {
+        std::fs::copy(workspace_data_dir().join(format!("{name}.gz")), dir.path().join(format!("{name}.gz"))).unwrap();
     }
-    let (base, log) = serve(vec![(
-        "/t10k-labels-idx1-ubyte.gz",
-        Reply::Ok(real_gz(NAME)),
-    )]);
+    let (base, log) = serve(vec![("/t10k-labels-idx1-ubyte.gz", Reply::Ok(real_gz(NAME)))]);
     let mnist = Mnist::load_or_download(dir.path(), &[base]).unwrap();
     assert_eq!(*log.lock().unwrap(), ["/t10k-labels-idx1-ubyte.gz"]);
     assert_eq!((mnist.train.len(), mnist.test.len()), (60_000, 10_000));
@@ -230,24 +180,13 @@ fn file_mirror_fills_an_empty_dir() {
     let mirror = format!("file://{}", workspace_data_dir().display());
     let written: Vec<PathBuf> = download_missing(&dir.path().join("mnist"), &[mirror]).unwrap();
     assert_eq!(written.len(), 4);
-    assert!(written
-        .iter()
-        .all(|p| p.extension().is_some_and(|e| e == "gz") && p.is_file()));
+    assert!(written.iter().all(|p| p.extension().is_some_and(|e| e == "gz") && p.is_file()));
 }
 
 #[test]
 fn mirror_lists() {
-    assert_eq!(
-        default_mirrors(),
-        [
-            "https://ossci-datasets.s3.amazonaws.com/mnist/",
-            "http://yann.lecun.com/exdb/mnist/"
-        ]
-    );
-    assert_eq!(
-        parse_mirrors("http://a/m/, file:///srv/mnist"),
-        ["http://a/m/", "file:///srv/mnist"]
-    );
+    assert_eq!(default_mirrors(), ["https://ossci-datasets.s3.amazonaws.com/mnist/", "http://yann.lecun.com/exdb/mnist/"]);
+    assert_eq!(parse_mirrors("http://a/m/, file:///srv/mnist"), ["http://a/m/", "file:///srv/mnist"]);
 }
 
 /// A loopback server that accepts every connection and never answers (keeps it open).

@@ -47,18 +47,8 @@ fn load_err(files: &[(&str, Vec<u8>)]) -> (tempfile::TempDir, Error) {
 
 /// Snapshots `err`'s message with `dir` replaced by `[TMP]`.
 fn snap(name: &str, dir: &Path, err: &Error) {
-    let escaped: String = dir
-        .display()
-        .to_string()
-        .chars()
-        .flat_map(|c| {
-            if r"\.+*?()|[]{}^$#&-~".contains(c) {
-                vec!['\\', c]
-            } else {
-                vec![c]
-            }
-        })
-        .collect();
+    let escaped: String =
+        dir.display().to_string().chars().flat_map(|c| if r"\.+*?()|[]{}^$#&-~".contains(c) { vec!['\\', c] } else { vec![c] }).collect();
     let ws = ladder_core::data::mnist::workspace_data_dir().display().to_string();
     let ws = ws.replace('.', r"\.").replace('-', r"\-");
     insta::with_settings!({ filters => vec![(escaped.as_str(), "[TMP]"), (ws.as_str(), "[BUNDLED]")] }, {
@@ -69,96 +59,49 @@ fn snap(name: &str, dir: &Path, err: &Error) {
 #[test]
 fn missing_file_says_how_to_get_it() {
     let (dir, err) = load_err(&[]);
-    assert!(
-        matches!(&err, Error::MissingFile { file, .. } if file.ends_with("train-images-idx3-ubyte.gz"))
-    );
+    assert!(matches!(&err, Error::MissingFile { file, .. } if file.ends_with("train-images-idx3-ubyte.gz")));
     snap("missing_file", dir.path(), &err);
 }
 
 #[test]
 fn still_gzipped_file_under_raw_name() {
     let (dir, err) = load_err(&[(TI, gz(&images(1, 28, 28, 784))), (TL, labels(&[1]))]);
-    assert!(matches!(
-        err,
-        Error::BadMagic {
-            expected: IMAGES_MAGIC,
-            ..
-        }
-    ));
+    assert!(matches!(err, Error::BadMagic { expected: IMAGES_MAGIC, .. }));
     snap("still_gzipped", dir.path(), &err);
 }
 
 #[test]
 fn labels_file_given_as_images() {
     let (dir, err) = load_err(&[(TI, labels(&[1, 2])), (TL, labels(&[1, 2]))]);
-    assert!(matches!(
-        err,
-        Error::BadMagic {
-            found: LABELS_MAGIC,
-            ..
-        }
-    ));
+    assert!(matches!(err, Error::BadMagic { found: LABELS_MAGIC, .. }));
     snap("labels_as_images", dir.path(), &err);
 }
 
 #[test]
 fn html_page_under_raw_name() {
-    let (dir, err) = load_err(&[
-        (TI, b"<html><body>404 Not Found</body></html>".to_vec()),
-        (TL, labels(&[1])),
-    ]);
-    assert!(matches!(
-        err,
-        Error::BadMagic {
-            found: 0x3c68_746d,
-            ..
-        }
-    ));
+    let (dir, err) = load_err(&[(TI, b"<html><body>404 Not Found</body></html>".to_vec()), (TL, labels(&[1]))]);
+    assert!(matches!(err, Error::BadMagic { found: 0x3c68_746d, .. }));
     snap("html_as_raw", dir.path(), &err);
 }
 
 #[test]
 fn truncated_pixels() {
     let (dir, err) = load_err(&[(TI, images(2, 28, 28, 784 + 100)), (TL, labels(&[1, 2]))]);
-    assert!(matches!(
-        err,
-        Error::Truncated {
-            expected: 1584,
-            found: 900,
-            ..
-        }
-    ));
+    assert!(matches!(err, Error::Truncated { expected: 1584, found: 900, .. }));
     snap("truncated_pixels", dir.path(), &err);
 }
 
 #[test]
 fn truncated_header() {
-    let (dir, err) = load_err(&[
-        (TI, images(2, 28, 28, 0)[..10].to_vec()),
-        (TL, labels(&[1, 2])),
-    ]);
-    assert!(matches!(
-        err,
-        Error::Truncated {
-            expected: 16,
-            found: 10,
-            ..
-        }
-    ));
+    let (dir, err) = load_err(&[(TI, images(2, 28, 28, 0)[..10].to_vec()), (TL, labels(&[1, 2]))]);
+    assert!(matches!(err, Error::Truncated { expected: 16, found: 10, .. }));
     snap("truncated_header", dir.path(), &err);
 }
 
 #[test]
 fn empty_labels_file() {
     let (dir, err) = load_err(&[(TI, images(1, 28, 28, 784)), (TL, Vec::new())]);
-    assert!(matches!(
-        err,
-        Error::Truncated {
-            expected: 8,
-            found: 0,
-            ..
-        }
-    ));
+    assert!(matches!(err, Error::Truncated { expected: 8, found: 0, .. }));
     snap("empty_labels", dir.path(), &err);
 }
 
@@ -172,42 +115,21 @@ fn wrong_dimensions() {
 #[test]
 fn trailing_data() {
     let (dir, err) = load_err(&[(TI, images(1, 28, 28, 800)), (TL, labels(&[1]))]);
-    assert!(matches!(
-        err,
-        Error::TrailingData {
-            expected: 800,
-            found: 816,
-            ..
-        }
-    ));
+    assert!(matches!(err, Error::TrailingData { expected: 800, found: 816, .. }));
     snap("trailing_data", dir.path(), &err);
 }
 
 #[test]
 fn image_and_label_counts_differ() {
     let (dir, err) = load_err(&[(TI, images(3, 28, 28, 3 * 784)), (TL, labels(&[1, 2]))]);
-    assert!(matches!(
-        err,
-        Error::CountMismatch {
-            n_images: 3,
-            n_labels: 2,
-            ..
-        }
-    ));
+    assert!(matches!(err, Error::CountMismatch { n_images: 3, n_labels: 2, .. }));
     snap("count_mismatch", dir.path(), &err);
 }
 
 #[test]
 fn label_out_of_range() {
     let (dir, err) = load_err(&[(TI, images(3, 28, 28, 3 * 784)), (TL, labels(&[1, 12, 3]))]);
-    assert!(matches!(
-        err,
-        Error::BadLabel {
-            index: 1,
-            label: 12,
-            ..
-        }
-    ));
+    assert!(matches!(err, Error::BadLabel { index: 1, label: 12, .. }));
     snap("bad_label", dir.path(), &err);
 }
 
@@ -215,18 +137,12 @@ fn label_out_of_range() {
 fn well_formed_but_not_mnist_fails_the_checksum() {
     let img = images(2, 28, 28, 2 * 784);
     let (dir, err) = load_err(&[(TI, img.clone()), (TL, labels(&[1, 2]))]);
-    assert!(
-        matches!(&err, Error::ChecksumMismatch { expected, .. } if expected == "6bbc9ace898e44ae57da46a324031adb")
-    );
+    assert!(matches!(&err, Error::ChecksumMismatch { expected, .. } if expected == "6bbc9ace898e44ae57da46a324031adb"));
     snap("checksum_mismatch", dir.path(), &err);
     // Under another name the same files load: the MD5 is only checked for the four MNIST names.
     std::fs::write(dir.path().join("tiny-images"), &img).unwrap();
     std::fs::write(dir.path().join("tiny-labels"), labels(&[1, 2])).unwrap();
-    let ds = load_split(
-        &dir.path().join("tiny-images"),
-        &dir.path().join("tiny-labels"),
-    )
-    .unwrap();
+    let ds = load_split(&dir.path().join("tiny-images"), &dir.path().join("tiny-labels")).unwrap();
     assert_eq!(ds.len(), 2);
 }
 
@@ -244,19 +160,10 @@ fn one_flipped_byte_in_a_real_file_fails_the_checksum() {
 
 #[test]
 fn gz_file_that_is_not_gzip() {
-    let (dir, err) = load_err(&[
-        (
-            &format!("{TI}.gz"),
-            b"<!DOCTYPE html>\n<title>Error</title>".to_vec(),
-        ),
-        (TL, labels(&[1])),
-    ]);
+    let (dir, err) = load_err(&[(&format!("{TI}.gz"), b"<!DOCTYPE html>\n<title>Error</title>".to_vec()), (TL, labels(&[1]))]);
     assert!(matches!(err, Error::BadGzip { .. }));
     snap("gz_is_html", dir.path(), &err);
-    let (dir, err) = load_err(&[
-        (&format!("{TI}.gz"), images(1, 28, 28, 784)),
-        (TL, labels(&[1])),
-    ]);
+    let (dir, err) = load_err(&[(&format!("{TI}.gz"), images(1, 28, 28, 784)), (TL, labels(&[1]))]);
     assert!(matches!(err, Error::BadGzip { .. }));
     snap("gz_is_raw_idx", dir.path(), &err);
 }
@@ -264,10 +171,7 @@ fn gz_file_that_is_not_gzip() {
 #[test]
 fn gz_file_cut_short() {
     let full = gz(&images(50, 28, 28, 50 * 784));
-    let (dir, err) = load_err(&[
-        (&format!("{TI}.gz"), full[..full.len() / 2].to_vec()),
-        (TL, labels(&[1])),
-    ]);
+    let (dir, err) = load_err(&[(&format!("{TI}.gz"), full[..full.len() / 2].to_vec()), (TL, labels(&[1]))]);
     assert!(matches!(err, Error::BadGzip { .. }));
     snap("gz_cut_short", dir.path(), &err);
 }
@@ -277,11 +181,7 @@ fn raw_file_is_preferred_over_gz() {
     // A bad raw file shadows a good .gz: the raw name is looked for first.
     let src = ladder_core::data::mnist::workspace_data_dir();
     let dir = tempfile::tempdir().unwrap();
-    std::fs::copy(
-        src.join("t10k-labels-idx1-ubyte.gz"),
-        dir.path().join("t10k-labels-idx1-ubyte.gz"),
-    )
-    .unwrap();
+    std::fs::copy(src.join("t10k-labels-idx1-ubyte.gz"), dir.path().join("t10k-labels-idx1-ubyte.gz")).unwrap();
     std::fs::write(dir.path().join("t10k-labels-idx1-ubyte"), b"junk").unwrap();
     let found = ladder_core::data::mnist::locate(dir.path(), "t10k-labels-idx1-ubyte").unwrap();
     assert_eq!(found, dir.path().join("t10k-labels-idx1-ubyte"));
@@ -299,10 +199,7 @@ fn no_byte_sequence_panics() {
     let valid_labels = labels(&[3, 4]);
     let valid_gz = gz(&valid_images);
     let dir = tempfile::tempdir().unwrap();
-    let (ip, lp) = (
-        dir.path().join("fuzz-images.gz"),
-        dir.path().join("fuzz-labels"),
-    );
+    let (ip, lp) = (dir.path().join("fuzz-images.gz"), dir.path().join("fuzz-labels"));
     for round in 0..3000 {
         let mut bytes: Vec<u8> = match round % 4 {
             // Pure noise, mostly short.
@@ -311,11 +208,7 @@ fn no_byte_sequence_panics() {
             1 => valid_images[..rng.gen_range(0..valid_images.len())].to_vec(),
             // Valid headers with random counts/dims and random lengths.
             2 => {
-                let mut v = if rng.gen() {
-                    valid_images[..16].to_vec()
-                } else {
-                    valid_labels[..8].to_vec()
-                };
+                let mut v = if rng.gen() { valid_images[..16].to_vec() } else { valid_labels[..8].to_vec() };
                 let at = rng.gen_range(4..v.len());
                 v[at] = rng.gen();
                 v.extend((0..rng.gen_range(0..2000)).map(|_| rng.gen::<u8>()));
@@ -362,7 +255,8 @@ fn an_empty_local_data_dir_names_every_place_and_the_bundled_copy() {
     let bundled = ladder_core::data::mnist::workspace_data_dir();
     for part in [
         format!("looked for data/mnist/{TI} and data/mnist/{TI}.gz"),
-        "the data directory is --data-dir, else $MNIST_DIR, else ./data/mnist when that directory exists, else the bundled copy".to_string(),
+        "the data directory is --data-dir, else $MNIST_DIR, else ./data/mnist when that directory exists, else the bundled copy"
+            .to_string(),
         format!("({} exists in the working directory, so it was used instead of the bundled copy)", local.display()),
         format!("the bundled copy is {b}: use it with --data-dir {b} (or MNIST_DIR={b})", b = bundled.display()),
     ] {

@@ -5,8 +5,7 @@ use std::collections::HashSet;
 use std::sync::{Mutex, MutexGuard, OnceLock};
 
 use ladder_core::data::{
-    eval_shard, mnist::workspace_data_dir, DataLoader, Dataset, DistributedSampler, Mnist,
-    RandomSampler, Sampler, SequentialSampler,
+    eval_shard, mnist::workspace_data_dir, DataLoader, Dataset, DistributedSampler, Mnist, RandomSampler, Sampler, SequentialSampler,
 };
 use ladder_core::Error;
 use tch::{Kind, Tensor};
@@ -15,9 +14,7 @@ use tch::{Kind, Tensor};
 fn mnist() -> MutexGuard<'static, Mnist> {
     static MNIST: OnceLock<Mutex<Mnist>> = OnceLock::new();
     MNIST
-        .get_or_init(|| {
-            Mutex::new(Mnist::load(&workspace_data_dir()).expect("workspace MNIST loads"))
-        })
+        .get_or_init(|| Mutex::new(Mnist::load(&workspace_data_dir()).expect("workspace MNIST loads")))
         .lock()
         .unwrap_or_else(|p| p.into_inner())
 }
@@ -32,43 +29,19 @@ fn mnist_facts() {
     assert_eq!((m.train.len(), m.test.len()), (60_000, 10_000));
     assert_eq!(m.train.images().size(), [60_000, 1, 28, 28]);
     assert_eq!(m.test.images().size(), [10_000, 1, 28, 28]);
-    assert_eq!(
-        (m.train.images().kind(), m.train.labels.kind()),
-        (Kind::Float, Kind::Int64)
-    );
-    assert_eq!(
-        labels_vec(&m.train.labels.narrow(0, 0, 10)),
-        [5, 0, 4, 1, 9, 2, 1, 3, 1, 4]
-    );
-    assert_eq!(
-        labels_vec(&m.test.labels.narrow(0, 0, 10)),
-        [7, 2, 1, 0, 4, 1, 4, 9, 5, 9]
-    );
+    assert_eq!((m.train.images().kind(), m.train.labels.kind()), (Kind::Float, Kind::Int64));
+    assert_eq!(labels_vec(&m.train.labels.narrow(0, 0, 10)), [5, 0, 4, 1, 9, 2, 1, 3, 1, 4]);
+    assert_eq!(labels_vec(&m.test.labels.narrow(0, 0, 10)), [7, 2, 1, 0, 4, 1, 4, 9, 5, 9]);
     let counts = |d: &Dataset| labels_vec(&d.labels.bincount(None::<Tensor>, 10));
-    assert_eq!(
-        counts(&m.train),
-        [5923, 6742, 5958, 6131, 5842, 5421, 5918, 6265, 5851, 5949]
-    );
-    assert_eq!(
-        counts(&m.test),
-        [980, 1135, 1032, 1010, 982, 892, 958, 1028, 974, 1009]
-    );
+    assert_eq!(counts(&m.train), [5923, 6742, 5958, 6131, 5842, 5421, 5918, 6265, 5851, 5949]);
+    assert_eq!(counts(&m.test), [980, 1135, 1032, 1010, 982, 892, 958, 1028, 974, 1009]);
     let x = m.train.images().to_kind(Kind::Double);
-    let (mean, std) = (
-        x.mean(Kind::Double).double_value(&[]),
-        x.std(true).double_value(&[]),
-    );
+    let (mean, std) = (x.mean(Kind::Double).double_value(&[]), x.std(true).double_value(&[]));
     assert!(mean.abs() < 1e-3, "normalised train mean {mean}");
     assert!((std - 1.0).abs() < 1e-3, "normalised train std {std}");
     // Background pixels map to exactly -0.1307/0.3081 (f32), the brightest to (1-0.1307)/0.3081.
-    let (lo, hi) = (
-        m.train.images().min().double_value(&[]),
-        m.train.images().max().double_value(&[]),
-    );
-    assert!(
-        (lo + 0.1307 / 0.3081).abs() < 1e-6 && (hi - 0.8693 / 0.3081).abs() < 1e-6,
-        "{lo} {hi}"
-    );
+    let (lo, hi) = (m.train.images().min().double_value(&[]), m.train.images().max().double_value(&[]));
+    assert!((lo + 0.1307 / 0.3081).abs() < 1e-6 && (hi - 0.8693 / 0.3081).abs() < 1e-6, "{lo} {hi}");
 }
 
 #[test]
@@ -76,9 +49,7 @@ fn loads_raw_files_as_well_as_gz() {
     // The raw name is preferred over .gz; here only raw test files and gz train files exist.
     let dir = tempfile::tempdir().unwrap();
     for name in ["t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"] {
-        let raw =
-            ladder_core::data::idx::read_maybe_gz(&workspace_data_dir().join(format!("{name}.gz")))
-                .unwrap();
+        let raw = ladder_core::data::idx::read_maybe_gz(&workspace_data_dir().join(format!("{name}.gz"))).unwrap();
         std::fs::write(dir.path().join(name), raw).unwrap();
     }
     for name in ["train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz"] {
@@ -109,13 +80,8 @@ fn loader_batches_cover_the_train_set_once() {
     assert_eq!(sizes[937], 32);
     assert_eq!(first.unwrap(), [5, 0, 4, 1, 9, 2, 1, 3, 1, 4]);
 
-    let dropped = DataLoader::sequential(&m.train, 64)
-        .unwrap()
-        .drop_last(true);
-    assert_eq!(
-        (dropped.len(), dropped.num_samples(), dropped.iter().count()),
-        (937, 59_968, 937)
-    );
+    let dropped = DataLoader::sequential(&m.train, 64).unwrap().drop_last(true);
+    assert_eq!((dropped.len(), dropped.num_samples(), dropped.iter().count()), (937, 59_968, 937));
 }
 
 #[test]
@@ -127,18 +93,12 @@ fn shuffled_loader_visits_each_index_once_and_reshuffles_per_epoch() {
         Tensor::arange(n as i64, (Kind::Int64, tch::Device::Cpu)),
     )
     .unwrap();
-    let epoch = |loader: &DataLoader| -> Vec<i64> {
-        loader.iter().flat_map(|(_, y)| labels_vec(&y)).collect()
-    };
+    let epoch = |loader: &DataLoader| -> Vec<i64> { loader.iter().flat_map(|(_, y)| labels_vec(&y)).collect() };
     let mut a = DataLoader::shuffled(&ds, 64, 7).unwrap();
     let e0 = epoch(&a);
     let mut sorted = e0.clone();
     sorted.sort_unstable();
-    assert_eq!(
-        sorted,
-        (0..n as i64).collect::<Vec<_>>(),
-        "every index exactly once"
-    );
+    assert_eq!(sorted, (0..n as i64).collect::<Vec<_>>(), "every index exactly once");
     assert_ne!(e0, (0..n as i64).collect::<Vec<_>>(), "shuffled");
     assert_eq!(epoch(&a), e0, "same epoch, same order");
     a.set_epoch(1);
@@ -147,11 +107,7 @@ fn shuffled_loader_visits_each_index_once_and_reshuffles_per_epoch() {
     let mut b = DataLoader::shuffled(&ds, 64, 7).unwrap();
     b.set_epoch(1);
     assert_eq!(epoch(&b), e1, "same seed and epoch, same order");
-    assert_ne!(
-        epoch(&DataLoader::shuffled(&ds, 64, 8).unwrap()),
-        e0,
-        "another seed, another order"
-    );
+    assert_ne!(epoch(&DataLoader::shuffled(&ds, 64, 8).unwrap()), e0, "another seed, another order");
 }
 
 #[test]
@@ -161,10 +117,7 @@ fn loader_rejects_zero_batch_and_foreign_sampler() {
         Tensor::zeros([10], (Kind::Int64, tch::Device::Cpu)),
     )
     .unwrap();
-    assert!(matches!(
-        DataLoader::sequential(&ds, 0),
-        Err(Error::InvalidValue { .. })
-    ));
+    assert!(matches!(DataLoader::sequential(&ds, 0), Err(Error::InvalidValue { .. })));
     let err = DataLoader::new(&ds, 4, Box::new(SequentialSampler::new(11))).unwrap_err();
     assert!(err.to_string().contains("index 10"), "{err}");
 }
@@ -186,14 +139,7 @@ fn distributed_loader_world3_on_train() {
 }
 
 /// Every rank's indices for one epoch.
-fn shares(
-    n: usize,
-    w: usize,
-    shuffle: bool,
-    seed: u64,
-    drop_last: bool,
-    epoch: u64,
-) -> Vec<Vec<usize>> {
+fn shares(n: usize, w: usize, shuffle: bool, seed: u64, drop_last: bool, epoch: u64) -> Vec<Vec<usize>> {
     (0..w)
         .map(|r| {
             let mut s = DistributedSampler::new(n, w, r, shuffle, seed, drop_last).unwrap();
@@ -218,89 +164,43 @@ fn distributed_sampler_disjoint_covering_and_padding() {
                 assert_eq!(distinct, (0..n).collect(), "n={n} w={w}: covers 0..n");
                 // Exactly total - n indices repeat (the padding), and nothing else does.
                 assert_eq!(all.len() - distinct.len(), total - n, "n={n} w={w}");
-                let padding = DistributedSampler::new(n, w, 0, shuffle, 0, false)
-                    .unwrap()
-                    .padding();
+                let padding = DistributedSampler::new(n, w, 0, shuffle, 0, false).unwrap().padding();
                 assert_eq!(padding, total - n);
 
                 let dropped = shares(n, w, shuffle, 0, true, 0);
                 let all: Vec<usize> = dropped.concat();
-                assert!(
-                    dropped.iter().all(|s| s.len() == n / w),
-                    "drop_last: floor(n/w) each"
-                );
-                assert_eq!(
-                    all.iter().copied().collect::<HashSet<_>>().len(),
-                    all.len(),
-                    "disjoint"
-                );
+                assert!(dropped.iter().all(|s| s.len() == n / w), "drop_last: floor(n/w) each");
+                assert_eq!(all.iter().copied().collect::<HashSet<_>>().len(), all.len(), "disjoint");
             }
         }
     }
     // N=10, W=3: 4 per rank, 2 padded (indices 0 and 1 again in torch's order).
-    assert_eq!(
-        shares(10, 3, false, 0, false, 0),
-        [vec![0, 3, 6, 9], vec![1, 4, 7, 0], vec![2, 5, 8, 1]]
-    );
+    assert_eq!(shares(10, 3, false, 0, false, 0), [vec![0, 3, 6, 9], vec![1, 4, 7, 0], vec![2, 5, 8, 1]]);
     // N=10, W=4 drop_last: ceil((10-4)/4) = 2 per rank, total 8.
     let s = DistributedSampler::new(10, 4, 3, false, 0, true).unwrap();
-    assert_eq!(
-        (s.num_samples(), s.total_size(), s.indices()),
-        (2, 8, vec![3, 7])
-    );
+    assert_eq!((s.num_samples(), s.total_size(), s.indices()), (2, 8, vec![3, 7]));
 }
 
 #[test]
 fn distributed_sampler_epochs_and_seeds() {
     let e0 = shares(1000, 2, true, 5, false, 0);
-    assert_eq!(
-        shares(1000, 2, true, 5, false, 0),
-        e0,
-        "same seed, same order"
-    );
-    assert_ne!(
-        shares(1000, 2, true, 5, false, 1),
-        e0,
-        "set_epoch changes the order"
-    );
-    assert_ne!(
-        shares(1000, 2, true, 6, false, 0),
-        e0,
-        "another seed, another order"
-    );
+    assert_eq!(shares(1000, 2, true, 5, false, 0), e0, "same seed, same order");
+    assert_ne!(shares(1000, 2, true, 5, false, 1), e0, "set_epoch changes the order");
+    assert_ne!(shares(1000, 2, true, 6, false, 0), e0, "another seed, another order");
     // Unshuffled: the epoch does not matter.
-    assert_eq!(
-        shares(1000, 2, false, 5, false, 3),
-        shares(1000, 2, false, 9, false, 0)
-    );
+    assert_eq!(shares(1000, 2, false, 5, false, 3), shares(1000, 2, false, 9, false, 0));
     // seed + epoch decides, as torch: (seed 5, epoch 1) == (seed 6, epoch 0).
-    assert_eq!(
-        shares(1000, 2, true, 5, false, 1),
-        shares(1000, 2, true, 6, false, 0)
-    );
+    assert_eq!(shares(1000, 2, true, 5, false, 1), shares(1000, 2, true, 6, false, 0));
 }
 
 #[test]
 fn distributed_sampler_errors() {
     let err = DistributedSampler::new(10, 2, 2, true, 0, false).unwrap_err();
-    assert!(matches!(
-        err,
-        Error::RankOutOfRange {
-            rank: 2,
-            world_size: 2,
-            ..
-        }
-    ));
-    assert_eq!(
-        err.to_string(),
-        "DistributedSampler::new: rank 2 is outside 0..2"
-    );
+    assert!(matches!(err, Error::RankOutOfRange { rank: 2, world_size: 2, .. }));
+    assert_eq!(err.to_string(), "DistributedSampler::new: rank 2 is outside 0..2");
     let err = DistributedSampler::new(10, 0, 0, true, 0, false).unwrap_err();
     assert!(matches!(err, Error::InvalidValue { .. }));
-    assert_eq!(
-        err.to_string(),
-        "invalid value \"0\" for num_replicas: at least 1 (the world size)"
-    );
+    assert_eq!(err.to_string(), "invalid value \"0\" for num_replicas: at least 1 (the world size)");
 }
 
 #[test]
@@ -321,41 +221,22 @@ fn eval_shard_is_disjoint_covering_and_balanced() {
             let shards: Vec<_> = (0..w).map(|r| eval_shard(n, r, w)).collect();
             assert_eq!(shards[0].start, 0);
             assert_eq!(shards[w - 1].end, n);
-            assert!(
-                shards.windows(2).all(|p| p[0].end == p[1].start),
-                "contiguous, in order"
-            );
-            let (min, max) = (
-                shards.iter().map(|s| s.len()).min().unwrap(),
-                shards.iter().map(|s| s.len()).max().unwrap(),
-            );
+            assert!(shards.windows(2).all(|p| p[0].end == p[1].start), "contiguous, in order");
+            let (min, max) = (shards.iter().map(|s| s.len()).min().unwrap(), shards.iter().map(|s| s.len()).max().unwrap());
             assert!(max - min <= 1, "n={n} w={w}");
         }
     }
-    assert_eq!(
-        (0..3)
-            .map(|r| eval_shard(10_000, r, 3).len())
-            .collect::<Vec<_>>(),
-        [3334, 3333, 3333]
-    );
+    assert_eq!((0..3).map(|r| eval_shard(10_000, r, 3).len()).collect::<Vec<_>>(), [3334, 3333, 3333]);
     let m = mnist();
-    let total: usize = (0..3)
-        .map(|r| m.test.slice(eval_shard(10_000, r, 3)).len())
-        .sum();
+    let total: usize = (0..3).map(|r| m.test.slice(eval_shard(10_000, r, 3)).len()).sum();
     assert_eq!(total, 10_000);
     let last = m.test.slice(eval_shard(10_000, 2, 3));
-    assert_eq!(
-        labels_vec(&last.labels.narrow(0, 3332, 1)),
-        labels_vec(&m.test.labels.narrow(0, 9999, 1))
-    );
+    assert_eq!(labels_vec(&last.labels.narrow(0, 3332, 1)), labels_vec(&m.test.labels.narrow(0, 9999, 1)));
 }
 
 /// The bound: both splits (decode, verify, normalise) well under 2 s in a release build.
 #[test]
-#[cfg_attr(
-    debug_assertions,
-    ignore = "a release-build timing bound: cargo test --release"
-)]
+#[cfg_attr(debug_assertions, ignore = "a release-build timing bound: cargo test --release")]
 fn loading_is_fast_in_release() {
     let t = std::time::Instant::now();
     let m = Mnist::load(&workspace_data_dir()).unwrap();

@@ -5,9 +5,9 @@
 
 mod common;
 
+use common::{assert_close, global_batches, no_dropout};
 use ladder_core::ddp::{DdpConfig, DistributedDataParallel};
 use ladder_core::dist::{init_process_group, Backend, ProcessGroup};
-use common::{assert_close, global_batches, no_dropout};
 use ladder_core::model::{BasicNet, Model};
 use ladder_core::Error;
 use tch::nn::{self, ModuleT, OptimizerConfig};

@@ -7,17 +7,17 @@
 
 mod common;
 
+use common::{assert_close, global_batches, no_dropout};
 use ladder_core::ddp::{DdpConfig, DistributedDataParallel};
 use ladder_core::dist::local::LocalGroup;
 use ladder_core::dist::{init_process_group, Backend, ProcessGroup};
 use ladder_core::fsdp::{
     explain_units, plan_units, BackwardPrefetch, FlatParamUnit, FsdpConfig, FullyShardedDataParallel, MixedPrecision, ShardingStrategy,
 };
-use common::{assert_close, global_batches, no_dropout};
 use ladder_core::model::{BasicNet, Model, Segmented};
+use ladder_core::Error;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use ladder_core::Error;
 use tch::nn::{self, ModuleT, OptimizerConfig};
 use tch::{Device, Kind, Tensor};
 
@@ -27,8 +27,7 @@ const SEED: i64 = 100;
 const LR: f64 = 1e-3;
 /// Larger than any layer: the whole model is one unit (PyTorch's default policy).
 const WHOLE: usize = 100_000_000;
-const STRATEGIES: [ShardingStrategy; 3] =
-    [ShardingStrategy::FullShard, ShardingStrategy::ShardGradOp, ShardingStrategy::NoShard];
+const STRATEGIES: [ShardingStrategy; 3] = [ShardingStrategy::FullShard, ShardingStrategy::ShardGradOp, ShardingStrategy::NoShard];
 /// BasicNet's layer sizes in definition order: conv1, conv2, fc1, fc2.
 const LAYERS: [i64; 4] = [32 * 9 + 32, 64 * 32 * 9 + 64, 9216 * 128 + 128, 128 * 10 + 10];
 
@@ -119,11 +118,8 @@ fn assert_sd_close(what: &str, a: &[(String, Tensor)], b: &[(String, Tensor)]) {
 /// What rank `rank` should hold of `unit`, computed from a full (single-process) state dict:
 /// the unit's tensors flattened in order, zero-padded, and sliced.
 fn expected_shard(unit: &FlatParamUnit, full: &[(String, Tensor)], rank: usize, sharded: bool) -> Tensor {
-    let pieces: Vec<Tensor> = unit
-        .param_names
-        .iter()
-        .map(|n| full.iter().find(|(k, _)| k == n).expect("key in reference").1.reshape([-1]))
-        .collect();
+    let pieces: Vec<Tensor> =
+        unit.param_names.iter().map(|n| full.iter().find(|(k, _)| k == n).expect("key in reference").1.reshape([-1])).collect();
     let mut flat = Tensor::cat(&pieces, 0);
     let pad = unit.padded_numel - unit.numel;
     if pad > 0 {
@@ -223,7 +219,10 @@ fn equivalence(pg: &dyn ProcessGroup, kind: Kind, steps: usize, configs: &[(Shar
         if let Some(sgo) = sharded_grads.get(&(*min_num_params, "shard-grad-op".to_string())) {
             assert_eq!(full.len(), sgo.len());
             for (k, (a, b)) in full.iter().zip(sgo).enumerate() {
-                assert!(a.equal(b), "{kind:?} rank {rank} min_num_params {min_num_params}: full-shard gradient {k} differs from shard-grad-op's");
+                assert!(
+                    a.equal(b),
+                    "{kind:?} rank {rank} min_num_params {min_num_params}: full-shard gradient {k} differs from shard-grad-op's"
+                );
             }
         }
     }
@@ -238,8 +237,7 @@ fn rank_equivalence() {
     let every: Vec<(ShardingStrategy, usize)> = STRATEGIES.iter().flat_map(|&s| [(s, 0), (s, WHOLE)]).collect();
     equivalence(&*pg, Kind::Double, STEPS, &every);
     // f32: each strategy once, per-layer and whole-model wrapping both covered.
-    let some =
-        [(ShardingStrategy::FullShard, 0), (ShardingStrategy::ShardGradOp, WHOLE), (ShardingStrategy::NoShard, 0)];
+    let some = [(ShardingStrategy::FullShard, 0), (ShardingStrategy::ShardGradOp, WHOLE), (ShardingStrategy::NoShard, 0)];
     equivalence(&*pg, Kind::Float, 1, &some);
 }
 
@@ -253,12 +251,8 @@ fn reference_clipped_grads(x: &Tensor, y: &Tensor, max_norm: f64) -> (f64, State
     let coef = (max_norm / (total + 1e-6)).min(1.0);
     let clipped: StateDict = g.iter().map(|(n, t)| (n.clone(), t * coef)).collect();
     // One SGD step (lr LR·100) with the clipped gradients.
-    let stepped: StateDict = net
-        .named_parameters()
-        .iter()
-        .zip(&clipped)
-        .map(|((n, p), (_, c))| (n.clone(), p.detach() - c * (LR * 100.0)))
-        .collect();
+    let stepped: StateDict =
+        net.named_parameters().iter().zip(&clipped).map(|((n, p), (_, c))| (n.clone(), p.detach() - c * (LR * 100.0))).collect();
     (total, clipped, stepped)
 }
 
@@ -284,29 +278,17 @@ fn rank_clip_and_state_dicts() {
         opt.zero_grad();
         let loss = fsdp.forward_t(&xr, true).unwrap().nll_loss(&yr);
         fsdp.backward(&loss).unwrap();
-        let local: f64 = fsdp
-            .var_store()
-            .trainable_variables()
-            .iter()
-            .map(|t| t.grad().square().sum(Kind::Double).double_value(&[]))
-            .sum();
+        let local: f64 = fsdp.var_store().trainable_variables().iter().map(|t| t.grad().square().sum(Kind::Double).double_value(&[])).sum();
         let total = fsdp.clip_grad_norm(max_norm).unwrap();
         // 1e-6 relative: BasicNet's log_softmax computes in f32 even in an f64 model, so batch
         // splits differ at ~1e-8; a local-shard norm or a Sum/Avg slip is off by tens of percent.
-        assert!(
-            (total - ref_total).abs() <= 1e-6 * ref_total,
-            "{strategy}: total norm {total}, single process {ref_total}"
-        );
+        assert!((total - ref_total).abs() <= 1e-6 * ref_total, "{strategy}: total norm {total}, single process {ref_total}");
         if strategy.is_sharded() {
             // This rank's shard alone has a smaller norm: clipping by it would be wrong.
             assert!(local.sqrt() < total * (1.0 - 1e-3), "{strategy}: local {} vs global {total}", local.sqrt());
         }
-        let shard_grads: StateDict = fsdp
-            .units()
-            .iter()
-            .zip(&fsdp.var_store().trainable_variables())
-            .map(|(u, t)| (u.key(), t.grad()))
-            .collect();
+        let shard_grads: StateDict =
+            fsdp.units().iter().zip(&fsdp.var_store().trainable_variables()).map(|(u, t)| (u.key(), t.grad())).collect();
         for (unit, (key, g)) in fsdp.units().iter().zip(&shard_grads) {
             let expected = expected_shard(unit, &ref_clipped, rank, strategy.is_sharded());
             assert_close(&format!("{strategy}: rank {rank} clipped grad {key}"), g, &expected);
@@ -348,10 +330,7 @@ fn rank_clip_and_state_dicts() {
     let plain_out = plain.forward_t(&probe, false);
     let a_out = tch::no_grad(|| a.forward_t(&probe, false)).unwrap();
     assert_close("single-process BasicNet loaded from the full state dict vs FSDP outputs", &plain_out, &a_out);
-    assert!(
-        a.module().named_parameters().iter().all(|(_, p)| p.numel() == 0),
-        "evaluation frees the gathered parameters"
-    );
+    assert!(a.module().named_parameters().iter().all(|(_, p)| p.numel() == 0), "evaluation frees the gathered parameters");
 
     // Loading the full state dict into a differently wrapped, differently initialised FSDP.
     let loaded = Tensor::load_multi(&path).unwrap();
@@ -436,20 +415,15 @@ fn rank_memory() {
                     4 * units.iter().map(|&n| padded(n, w) / w).sum::<i64>(),
                     4 * if backward_prefetch == Some(BackwardPrefetch::BackwardPre) { two_units } else { one_unit },
                 ),
-                ShardingStrategy::ShardGradOp => (
-                    4 * units.iter().map(|&n| padded(n, w) / w).sum::<i64>(),
-                    4 * units.iter().map(|&n| padded(n, w)).sum::<i64>(),
-                ),
+                ShardingStrategy::ShardGradOp => {
+                    (4 * units.iter().map(|&n| padded(n, w) / w).sum::<i64>(), 4 * units.iter().map(|&n| padded(n, w)).sum::<i64>())
+                }
             };
             let (vs, net) = build(Kind::Float, SEED);
             let cfg = FsdpConfig { backward_prefetch, ..fsdp_config(strategy, min_num_params) };
             let mut fsdp = FullyShardedDataParallel::new(vs, net, pg, cfg).unwrap();
             let before = fsdp.memory();
-            assert_eq!(
-                (before.parameters, before.gradients, before.gathered_peak),
-                (params as u64, 0, 0),
-                "{what}: before"
-            );
+            assert_eq!((before.parameters, before.gradients, before.gathered_peak), (params as u64, 0, 0), "{what}: before");
             let loss = fsdp.forward_t(&xr, true).unwrap().nll_loss(&yr);
             fsdp.backward(&loss).unwrap();
             let m = fsdp.memory();
@@ -491,10 +465,7 @@ fn rank_mixed_precision_and_no_sync() {
             assert_eq!(out.kind(), Kind::Float, "BasicNet's log_softmax returns f32");
             fsdp.backward(&out.nll_loss(&yr)).unwrap();
             let vars = fsdp.var_store().trainable_variables();
-            assert!(
-                vars.iter().all(|t| t.kind() == Kind::Float && t.grad().kind() == Kind::Float),
-                "fp32 master shards"
-            );
+            assert!(vars.iter().all(|t| t.kind() == Kind::Float && t.grad().kind() == Kind::Float), "fp32 master shards");
             let g = Tensor::cat(&vars.iter().map(|t| t.grad()).collect::<Vec<_>>(), 0);
             (g, fsdp.memory())
         };
@@ -503,13 +474,9 @@ fn rank_mixed_precision_and_no_sync() {
         // bf16 keeps 8 significant bits: the gradients differ from fp32's by some percent, but
         // point the same way; a wrong scale (Sum for Avg) or a lost unit would be far off.
         let rel = ((&g16 - &g32).norm().double_value(&[])) / g32.norm().double_value(&[]);
-        let cos = (&g16 * &g32).sum(Kind::Double).double_value(&[])
-            / (g16.norm().double_value(&[]) * g32.norm().double_value(&[]));
+        let cos = (&g16 * &g32).sum(Kind::Double).double_value(&[]) / (g16.norm().double_value(&[]) * g32.norm().double_value(&[]));
         assert!(rel > 1e-4, "{strategy} rank {rank}: bf16 gradients must differ from fp32's: {rel}");
-        assert!(
-            rel < 0.25 && cos > 0.98,
-            "{strategy} rank {rank}: bf16 gradients near fp32's: relative error {rel}, cosine {cos}"
-        );
+        assert!(rel < 0.25 && cos > 0.98, "{strategy} rank {rank}: bf16 gradients near fp32's: relative error {rel}, cosine {cos}");
         assert_eq!(m16.parameters, m32.parameters, "{strategy}: master shards stay fp32");
         let expected_peak = match strategy {
             // The largest unit (fc1) and conv2, prefetched while fc1's gradients are computed
@@ -534,11 +501,7 @@ fn rank_mixed_precision_and_no_sync() {
     let loss = fsdp.forward_t(&x0, true).unwrap().nll_loss(&y0);
     fsdp.no_sync(|f| f.backward(&loss)).unwrap();
     let m = fsdp.memory();
-    assert_eq!(
-        m.gradients,
-        8 * LAYERS.iter().map(|&n| padded(n, w)).sum::<i64>() as u64,
-        "unsharded f64 gradients held"
-    );
+    assert_eq!(m.gradients, 8 * LAYERS.iter().map(|&n| padded(n, w)).sum::<i64>() as u64, "unsharded f64 gradients held");
     let (x1, y1) = rank_share(pg, &batches[1].0.to_kind(Kind::Double), &batches[1].1);
     let loss = fsdp.forward_t(&x1, true).unwrap().nll_loss(&y1);
     fsdp.backward(&loss).unwrap();
@@ -577,10 +540,7 @@ fn single_rank_training_moves_the_loss_and_the_optimizer_holds_only_shards() {
     let vars = fsdp.var_store().trainable_variables();
     assert_eq!(vars.len(), 4, "one shard variable per unit");
     let names: std::collections::BTreeSet<String> = fsdp.var_store().variables().into_keys().collect();
-    assert_eq!(
-        names.into_iter().collect::<Vec<_>>(),
-        ["conv1._flat_param", "conv2._flat_param", "fc1._flat_param", "fc2._flat_param"]
-    );
+    assert_eq!(names.into_iter().collect::<Vec<_>>(), ["conv1._flat_param", "conv2._flat_param", "fc1._flat_param", "fc2._flat_param"]);
     let mut opt = fsdp.adamw(LR).unwrap();
     let (x, y) = &global_batches(1, B, 1)[0];
     let mut losses = Vec::new();
@@ -636,8 +596,7 @@ fn full_shard_backward_runs_no_second_forward_and_frees_parameters_in_between() 
             let (vs, net) = build(Kind::Float, 3);
             let calls = std::sync::Arc::new(AtomicUsize::new(0));
             let model = Counting { net, calls: calls.clone() };
-            let mut fsdp =
-                FullyShardedDataParallel::new(vs, model, &pg, fsdp_config(strategy, min_num_params)).unwrap();
+            let mut fsdp = FullyShardedDataParallel::new(vs, model, &pg, fsdp_config(strategy, min_num_params)).unwrap();
             let loss = fsdp.forward_t(x, true).unwrap().nll_loss(y);
             assert_eq!(calls.load(Ordering::SeqCst), 6, "one forward: six segments");
             let emptied = fsdp.module().named_parameters().iter().all(|(_, p)| p.numel() == 0);
@@ -688,10 +647,8 @@ fn state_dict_errors_name_the_key_and_the_shapes() {
     extra.push(("module.fc3.weight".into(), Tensor::zeros([1], (Kind::Float, Device::Cpu))));
     let mut prefixed = copies(&full);
     prefixed[0].0 = "_fsdp_wrapped_module.conv1.weight".into();
-    let errors: Vec<String> = [missing, bad_shape, extra, prefixed]
-        .iter()
-        .map(|sd| fsdp.load_full_state_dict(sd).unwrap_err().to_string())
-        .collect();
+    let errors: Vec<String> =
+        [missing, bad_shape, extra, prefixed].iter().map(|sd| fsdp.load_full_state_dict(sd).unwrap_err().to_string()).collect();
     let mut wrong_shard = fsdp.sharded_state_dict();
     wrong_shard[2].1 = Tensor::zeros([10], (Kind::Float, Device::Cpu));
     let mut wrong_key = fsdp.sharded_state_dict();
@@ -718,11 +675,7 @@ fn prefetch_is_bit_identical_and_counted_at_world_size_3() {
 }
 
 /// Every shard gradient and shard after every step, then one evaluation forward's output.
-fn prefetch_trajectory(
-    pg: &dyn ProcessGroup,
-    cfg: FsdpConfig,
-    batches: &[(Tensor, Tensor)],
-) -> (Vec<Tensor>, u64, usize) {
+fn prefetch_trajectory(pg: &dyn ProcessGroup, cfg: FsdpConfig, batches: &[(Tensor, Tensor)]) -> (Vec<Tensor>, u64, usize) {
     let (vs, net) = build(Kind::Float, SEED);
     let mut fsdp = FullyShardedDataParallel::new(vs, net, pg, cfg).unwrap();
     let mut opt = fsdp.adamw(LR).unwrap();
@@ -755,7 +708,14 @@ fn rank_prefetch() {
             let base_cfg = FsdpConfig { backward_prefetch: None, forward_prefetch: false, ..fsdp_config(strategy, min_num_params) };
             let (base, none, units) = prefetch_trajectory(&*pg, base_cfg.clone(), &batches);
             assert_eq!(none, 0, "rank {rank} {strategy}: prefetched without being asked to");
-            assert_eq!(units, match min_num_params { 0 => LAYERS.len(), FC1_ALONE => 2, _ => 1 });
+            assert_eq!(
+                units,
+                match min_num_params {
+                    0 => LAYERS.len(),
+                    FC1_ALONE => 2,
+                    _ => 1,
+                }
+            );
             for (backward_prefetch, forward_prefetch) in
                 [(Some(BackwardPre), false), (Some(BackwardPost), false), (None, true), (Some(BackwardPre), true)]
             {

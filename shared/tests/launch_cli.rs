@@ -30,13 +30,8 @@ struct Output {
 /// Runs ladder-run with `args`; fails the test if it runs past `limit`.
 fn ladder_run(args: &[&str], limit: Duration) -> Output {
     let start = Instant::now();
-    let mut child = Command::new(BIN)
-        .args(args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start ladder-run");
+    let mut child =
+        Command::new(BIN).args(args).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("start ladder-run");
     let mut out = child.stdout.take().unwrap();
     let mut err = child.stderr.take().unwrap();
     let t_out = std::thread::spawn(move || {
@@ -162,11 +157,8 @@ fn a_free_master_port_is_picked_and_shared() {
             Duration::from_secs(60),
         );
         assert_eq!(out.code, Some(0), "{out:#?}");
-        let ports: Vec<u16> = out
-            .stdout
-            .lines()
-            .map(|l| l.rsplit(' ').next().unwrap().parse().unwrap_or_else(|_| panic!("no port in {l:?}")))
-            .collect();
+        let ports: Vec<u16> =
+            out.stdout.lines().map(|l| l.rsplit(' ').next().unwrap().parse().unwrap_or_else(|_| panic!("no port in {l:?}"))).collect();
         assert_eq!(ports.len(), 2, "{out:#?}");
         assert_eq!(ports[0], ports[1], "{out:#?}");
         assert!(out.stdout.lines().all(|l| l.contains(" 127.0.0.1 ")), "{out:#?}");
@@ -294,7 +286,8 @@ fn program_not_found_is_named() {
     let out = ladder_run(&["--nproc-per-node", "2", "no-such-program-7f3a"], Duration::from_secs(20));
     assert_eq!(out.code, Some(1), "{out:#?}");
     assert!(
-        out.stderr.starts_with("ladder-run: error: invalid value \"no-such-program-7f3a\" for PROGRAM: not found; expected a program in PATH ("),
+        out.stderr
+            .starts_with("ladder-run: error: invalid value \"no-such-program-7f3a\" for PROGRAM: not found; expected a program in PATH ("),
         "{}",
         out.stderr
     );
@@ -314,13 +307,16 @@ fn help_snapshot() {
 #[test]
 fn command_line_parsing() {
     // Everything after PROGRAM belongs to PROGRAM, flags included.
-    let cfg = LaunchConfig::try_parse_from(["ladder-run", "--nproc_per_node", "4", "--master_port", "1234", "train", "--help", "-n", "3"]).unwrap();
+    let cfg = LaunchConfig::try_parse_from(["ladder-run", "--nproc_per_node", "4", "--master_port", "1234", "train", "--help", "-n", "3"])
+        .unwrap();
     assert_eq!(cfg.nproc_per_node, 4);
     assert_eq!(cfg.master_port, Some(1234));
     assert_eq!(cfg.program(), "train");
     assert_eq!(cfg.args(), ["--help", "-n", "3"]);
     assert_eq!(cfg.backend, LaunchBackend::Mpi);
-    let cfg = LaunchConfig::try_parse_from(["ladder-run", "--node_rank", "1", "--nnodes", "2", "--master_addr", "n0", "--backend", "nccl", "p"]).unwrap();
+    let cfg =
+        LaunchConfig::try_parse_from(["ladder-run", "--node_rank", "1", "--nnodes", "2", "--master_addr", "n0", "--backend", "nccl", "p"])
+            .unwrap();
     assert_eq!((cfg.node_rank, cfg.nnodes, cfg.master_addr.as_deref(), cfg.backend), (1, 2, Some("n0"), LaunchBackend::Nccl));
     // As a config file: missing fields take the defaults.
     let cfg: LaunchConfig = serde_json::from_str(r#"{"nproc_per_node": 2, "backend": "nccl", "command": ["true", "-x"]}"#).unwrap();
@@ -347,7 +343,10 @@ fn configuration_errors_snapshot() {
     }
     let base = LaunchConfig { command: vec!["true".into()], ..LaunchConfig::default() };
     let cases = [
-        ("node rank outside nnodes", LaunchConfig { nnodes: 2, node_rank: 2, backend: LaunchBackend::Nccl, master_addr: Some("n0".into()), ..base.clone() }),
+        (
+            "node rank outside nnodes",
+            LaunchConfig { nnodes: 2, node_rank: 2, backend: LaunchBackend::Nccl, master_addr: Some("n0".into()), ..base.clone() },
+        ),
         ("mpi over nodes without hostfile", LaunchConfig { nnodes: 2, ..base.clone() }),
         ("mpi with a node rank", LaunchConfig { nnodes: 2, node_rank: 1, hostfile: Some("/etc/hostname".into()), ..base.clone() }),
         ("missing hostfile", LaunchConfig { nnodes: 2, hostfile: Some("/no/such/hostfile".into()), ..base.clone() }),

@@ -68,14 +68,9 @@ fn mpirun_variables() {
     assert_eq!(env.launcher, Launcher::Mpirun);
     assert!(env.under_mpirun());
     // Agreeing torchrun variables alongside (as ladder-run's worker sets them) are fine.
-    let env = parse(&[
-        ("OMPI_COMM_WORLD_RANK", "1"),
-        ("OMPI_COMM_WORLD_SIZE", "2"),
-        ("RANK", "1"),
-        ("WORLD_SIZE", "2"),
-        ("LOCAL_RANK", "1"),
-    ])
-    .unwrap();
+    let env =
+        parse(&[("OMPI_COMM_WORLD_RANK", "1"), ("OMPI_COMM_WORLD_SIZE", "2"), ("RANK", "1"), ("WORLD_SIZE", "2"), ("LOCAL_RANK", "1")])
+            .unwrap();
     assert_eq!((env.rank, env.world_size, env.local_rank, env.local_world_size), (1, 2, 1, 2));
     // mpirun -n 1 is still "under mpirun": MPI must be initialised.
     let env = parse(&[("OMPI_COMM_WORLD_RANK", "0"), ("OMPI_COMM_WORLD_SIZE", "1")]).unwrap();
@@ -98,9 +93,15 @@ fn contradictions_are_typed_errors() {
         ("local world size above world size", &[("RANK", "0"), ("WORLD_SIZE", "2"), ("LOCAL_WORLD_SIZE", "4")]),
         ("local world size zero", &[("RANK", "0"), ("WORLD_SIZE", "2"), ("LOCAL_WORLD_SIZE", "0")]),
         ("local rank alone", &[("LOCAL_RANK", "1")]),
-        ("world size disagrees with mpirun", &[("OMPI_COMM_WORLD_RANK", "0"), ("OMPI_COMM_WORLD_SIZE", "2"), ("RANK", "0"), ("WORLD_SIZE", "3")]),
+        (
+            "world size disagrees with mpirun",
+            &[("OMPI_COMM_WORLD_RANK", "0"), ("OMPI_COMM_WORLD_SIZE", "2"), ("RANK", "0"), ("WORLD_SIZE", "3")],
+        ),
         ("rank disagrees with mpirun", &[("OMPI_COMM_WORLD_RANK", "1"), ("OMPI_COMM_WORLD_SIZE", "2"), ("RANK", "0"), ("WORLD_SIZE", "2")]),
-        ("local rank disagrees with mpirun", &[("OMPI_COMM_WORLD_RANK", "1"), ("OMPI_COMM_WORLD_SIZE", "2"), ("OMPI_COMM_WORLD_LOCAL_RANK", "1"), ("LOCAL_RANK", "0")]),
+        (
+            "local rank disagrees with mpirun",
+            &[("OMPI_COMM_WORLD_RANK", "1"), ("OMPI_COMM_WORLD_SIZE", "2"), ("OMPI_COMM_WORLD_LOCAL_RANK", "1"), ("LOCAL_RANK", "0")],
+        ),
         ("mpirun rank without size", &[("OMPI_COMM_WORLD_RANK", "0")]),
         ("mpirun size without rank", &[("OMPI_COMM_WORLD_SIZE", "2")]),
         ("mpirun rank not below size", &[("OMPI_COMM_WORLD_RANK", "2"), ("OMPI_COMM_WORLD_SIZE", "2")]),

@@ -110,14 +110,23 @@ fn max_pool_equals_libtorch_max_pool_with_ties_and_special_values() {
         for input in ["random", "ties", "special"] {
             let ties = input == "ties";
             let (x, g) = match input {
-                "random" => (Tensor::randn([4, 8, 24, 24], (kind, Device::Cpu)), Tensor::randn([4, 8, 12, 12], (Kind::Float, Device::Cpu)).to_kind(kind)),
+                "random" => (
+                    Tensor::randn([4, 8, 24, 24], (kind, Device::Cpu)),
+                    Tensor::randn([4, 8, 12, 12], (Kind::Float, Device::Cpu)).to_kind(kind),
+                ),
                 "ties" => (
                     Tensor::randint(3, [4, 8, 24, 24], (Kind::Int64, Device::Cpu)).to_kind(kind),
                     Tensor::randn([4, 8, 12, 12], (Kind::Float, Device::Cpu)).to_kind(kind),
                 ),
                 _ => (
-                    specials.index_select(0, &Tensor::randint(8, [4 * 8 * 24 * 24], (Kind::Int64, Device::Cpu))).view([4, 8, 24, 24]).to_kind(kind),
-                    specials.index_select(0, &Tensor::randint(8, [4 * 8 * 12 * 12], (Kind::Int64, Device::Cpu))).view([4, 8, 12, 12]).to_kind(kind),
+                    specials
+                        .index_select(0, &Tensor::randint(8, [4 * 8 * 24 * 24], (Kind::Int64, Device::Cpu)))
+                        .view([4, 8, 24, 24])
+                        .to_kind(kind),
+                    specials
+                        .index_select(0, &Tensor::randint(8, [4 * 8 * 12 * 12], (Kind::Int64, Device::Cpu)))
+                        .view([4, 8, 12, 12])
+                        .to_kind(kind),
                 ),
             };
             let grad_of = |pool: &dyn Fn(&Tensor) -> Tensor| {

@@ -74,8 +74,7 @@ fn bit_identical_to_pytorch_fused_adamw() {
     let dir = tempfile::tempdir().unwrap();
     let shapes: [&[i64]; 3] = [&[7, 5], &[13], &[4, 3, 3]];
     tch::manual_seed(11);
-    let ps: Vec<Tensor> =
-        shapes.iter().map(|s| Tensor::randn(*s, (Kind::Float, Device::Cpu)).set_requires_grad(true)).collect();
+    let ps: Vec<Tensor> = shapes.iter().map(|s| Tensor::randn(*s, (Kind::Float, Device::Cpu)).set_requires_grad(true)).collect();
     for (i, p) in ps.iter().enumerate() {
         write_f32(&dir.path().join(format!("p{i}.bin")), p);
     }
@@ -154,4 +153,3 @@ fn state_dict_resumes_exactly() {
     let err = b.load_state_dict(&names, &sd).unwrap_err().to_string();
     assert!(err.contains("parameter p0 has only part of its state"), "{err}");
 }
-

@@ -159,7 +159,8 @@ fn rank_blocking_times_out() {
 #[test]
 fn timeout_error_snapshot() {
     let dir = tempfile::tempdir().unwrap();
-    let (r0, r1, r2) = (Recorder::open(dir.path(), 0).unwrap(), Recorder::open(dir.path(), 1).unwrap(), Recorder::open(dir.path(), 2).unwrap());
+    let (r0, r1, r2) =
+        (Recorder::open(dir.path(), 0).unwrap(), Recorder::open(dir.path(), 1).unwrap(), Recorder::open(dir.path(), 2).unwrap());
     progress::set_step(37);
     r1.enter(111, "all_reduce");
     r1.leave(111);

@@ -25,8 +25,8 @@ mod run;
 pub use plots::write_plots;
 
 pub use render::{
-    render_allreduce, render_buckets, render_csv, render_markdown, render_memory, render_steps, render_targets, render_targets_csv, render_terminal,
-    render_throughput,
+    render_allreduce, render_buckets, render_csv, render_markdown, render_memory, render_steps, render_targets, render_targets_csv,
+    render_terminal, render_throughput,
 };
 pub use run::run_matrix;
 
@@ -727,7 +727,11 @@ pub fn aggregate(cases: &[Case], ours: &Ours, theirs: &Theirs) -> Vec<Row> {
         }
         if c.precision == Precision::Bf16 {
             let fp32 = twin(&|o| {
-                o.level == c.level && o.strategy == c.strategy && o.world_size == c.world_size && o.width == c.width && o.precision == Precision::Fp32
+                o.level == c.level
+                    && o.strategy == c.strategy
+                    && o.world_size == c.world_size
+                    && o.width == c.width
+                    && o.precision == Precision::Fp32
             });
             row.vs_fp32 = over(ours, fp32.and_then(median));
         }
@@ -862,11 +866,8 @@ mod tests {
         assert_eq!(full.vs_ddp_rss_growth, Some(0.5));
         let sgo = rows.iter().find(|r| r.case.id == "l1-fsdp-shard-grad-op-w2-4096-fp32").unwrap();
         assert_eq!(sgo.vs_ddp_peak_rss, Some(1.1));
-        let memory: Vec<(String, bool)> = targets(&rows)
-            .into_iter()
-            .filter(|t| t.what.contains("RSS"))
-            .map(|t| (format!("{} · {}", t.what, t.cell), t.met))
-            .collect();
+        let memory: Vec<(String, bool)> =
+            targets(&rows).into_iter().filter(|t| t.what.contains("RSS")).map(|t| (format!("{} · {}", t.what, t.cell), t.met)).collect();
         assert_eq!(
             memory,
             [

@@ -76,20 +76,25 @@ pub fn render_throughput(summary: &MatrixSummary, markdown: bool) -> String {
     for r in &summary.rows {
         let c = &r.case;
         let failed = r.samples_per_s.is_none();
-        t.add_row(case_cells(c).into_iter().chain([
-            c.steps.to_string(),
-            if failed { "FAILED".into() } else { spread_cell(r.samples_per_s, 0, "") },
-            c.peer.map_or("—".into(), peer_short),
-            spread_cell(r.peer_samples_per_s, 0, ""),
-            spread_cell(r.ratio, 2, "×"),
-            opt(r.vs_level1, |v| format!("{v:.2}×")),
-            opt(r.vs_ddp, |v| format!("{v:.2}×")),
-            opt(r.vs_fp32, |v| format!("{v:.2}×")),
-            opt(r.comm_share, |v| format!("{:.1}%", 100.0 * v)),
-            opt(r.accuracy, |v| format!("{:.2}%", 100.0 * v)),
-            opt(r.peer_accuracy, |v| format!("{:.2}%", 100.0 * v)),
-            r.eval_samples.map_or("—".into(), |n| n.to_string()),
-        ]).collect::<Vec<String>>());
+        t.add_row(
+            case_cells(c)
+                .into_iter()
+                .chain([
+                    c.steps.to_string(),
+                    if failed { "FAILED".into() } else { spread_cell(r.samples_per_s, 0, "") },
+                    c.peer.map_or("—".into(), peer_short),
+                    spread_cell(r.peer_samples_per_s, 0, ""),
+                    spread_cell(r.ratio, 2, "×"),
+                    opt(r.vs_level1, |v| format!("{v:.2}×")),
+                    opt(r.vs_ddp, |v| format!("{v:.2}×")),
+                    opt(r.vs_fp32, |v| format!("{v:.2}×")),
+                    opt(r.comm_share, |v| format!("{:.1}%", 100.0 * v)),
+                    opt(r.accuracy, |v| format!("{:.2}%", 100.0 * v)),
+                    opt(r.peer_accuracy, |v| format!("{:.2}%", 100.0 * v)),
+                    r.eval_samples.map_or("—".into(), |n| n.to_string()),
+                ])
+                .collect::<Vec<String>>(),
+        );
     }
     right_align(&mut t, 2);
     t.to_string()
@@ -132,19 +137,24 @@ pub fn render_steps(summary: &MatrixSummary, markdown: bool) -> String {
     for r in &summary.rows {
         let c = &r.case;
         let f = |g: fn(&StepFigures) -> f64| r.step.as_ref().map_or("—".into(), |s| ms(g(s)));
-        t.add_row(case_cells(c).into_iter().chain([
-            f(|s| s.step_p50_s),
-            f(|s| s.step_p95_s),
-            f(|s| s.first_step_s),
-            f(|s| s.phases.data_s),
-            f(|s| s.phases.forward_s),
-            f(|s| s.phases.backward_s),
-            f(|s| s.phases.comm_s),
-            f(|s| s.phases.optimizer_s),
-            r.step.as_ref().map_or("—".into(), |s| format!("{:.0}", s.comm_bytes_per_step / 1024.0)),
-            r.peer_step.as_ref().map_or("—".into(), |s| ms(s.step_p50_s)),
-            r.peer_step.as_ref().map_or("—".into(), |s| ms(s.first_step_s)),
-        ]).collect::<Vec<String>>());
+        t.add_row(
+            case_cells(c)
+                .into_iter()
+                .chain([
+                    f(|s| s.step_p50_s),
+                    f(|s| s.step_p95_s),
+                    f(|s| s.first_step_s),
+                    f(|s| s.phases.data_s),
+                    f(|s| s.phases.forward_s),
+                    f(|s| s.phases.backward_s),
+                    f(|s| s.phases.comm_s),
+                    f(|s| s.phases.optimizer_s),
+                    r.step.as_ref().map_or("—".into(), |s| format!("{:.0}", s.comm_bytes_per_step / 1024.0)),
+                    r.peer_step.as_ref().map_or("—".into(), |s| ms(s.step_p50_s)),
+                    r.peer_step.as_ref().map_or("—".into(), |s| ms(s.first_step_s)),
+                ])
+                .collect::<Vec<String>>(),
+        );
     }
     right_align(&mut t, 2);
     t.to_string()
@@ -193,15 +203,20 @@ pub fn render_memory(summary: &MatrixSummary, markdown: bool) -> String {
     for r in &summary.rows {
         let c = &r.case;
         let ms = |f: fn(&ModelState) -> u64| r.model_state.map_or("—".into(), |m| format!("{:.1}", f(&m) as f64 / MIB));
-        t.add_row(case_cells(c).into_iter().chain([
-            ms(|m| m.parameters),
-            ms(|m| m.gradients),
-            ms(|m| m.optimizer),
-            ms(|m| m.gathered_peak),
-            per_rank(&r.train_peak_rss_per_rank),
-            per_rank(&r.peak_rss_per_rank),
-            peer_rss(r),
-        ]).collect::<Vec<String>>());
+        t.add_row(
+            case_cells(c)
+                .into_iter()
+                .chain([
+                    ms(|m| m.parameters),
+                    ms(|m| m.gradients),
+                    ms(|m| m.optimizer),
+                    ms(|m| m.gathered_peak),
+                    per_rank(&r.train_peak_rss_per_rank),
+                    per_rank(&r.peak_rss_per_rank),
+                    peer_rss(r),
+                ])
+                .collect::<Vec<String>>(),
+        );
     }
     right_align(&mut t, 2);
     t.to_string()
@@ -321,7 +336,11 @@ pub fn render_terminal(summary: &MatrixSummary) -> String {
         s.push_str(&format!("\nAll-reduce (f32, sum)\n{}\n", render_allreduce(summary, false)));
     }
     if let Some(b) = &summary.buckets {
-        s.push_str(&format!("\nDDP gradient all-reduce of BasicNet vs bucket_cap_mb ({} ranks; time of one sync)\n{}\n", b.world_size, render_buckets(summary, false)));
+        s.push_str(&format!(
+            "\nDDP gradient all-reduce of BasicNet vs bucket_cap_mb ({} ranks; time of one sync)\n{}\n",
+            b.world_size,
+            render_buckets(summary, false)
+        ));
     }
     if !targets(&summary.rows).is_empty() {
         s.push_str(&format!("\nTargets (issues #10, #11)\n{}\n", render_targets(summary, false)));
@@ -341,10 +360,7 @@ pub fn render_markdown(summary: &MatrixSummary) -> String {
         render_memory(summary, true)
     );
     if !targets(&summary.rows).is_empty() {
-        s.push_str(&format!(
-            "\n## Targets (issues #10, #11; measured in this run, met or not)\n\n{}\n",
-            render_targets(summary, true)
-        ));
+        s.push_str(&format!("\n## Targets (issues #10, #11; measured in this run, met or not)\n\n{}\n", render_targets(summary, true)));
     }
     if let Some(a) = &summary.allreduce {
         s.push_str(&format!(

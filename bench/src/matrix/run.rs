@@ -356,10 +356,7 @@ fn run_allreduce(ranks: usize, paths: &Paths, timeout: Duration) -> Result<AllRe
     let json = paths.out_dir.join(format!("allreduce-{ranks}.json"));
     let _ = std::fs::remove_file(&json);
     let mut cmd = mpirun(ranks);
-    cmd.arg(allreduce_binary(&paths.bin_dir))
-        .arg("--json")
-        .arg(&json)
-        .current_dir(&paths.root);
+    cmd.arg(allreduce_binary(&paths.bin_dir)).arg("--json").arg(&json).current_dir(&paths.root);
     let log = paths.out_dir.join("logs").join(format!("allreduce-{ranks}.log"));
     process::run_logged("all-reduce", &mut cmd, &log, timeout)?;
     let text = std::fs::read_to_string(&json).map_err(Error::io(&json))?;

@@ -360,7 +360,11 @@ mod tests {
         assert_eq!((f.fsdp_backward_prefetch, f.fsdp_forward_prefetch), (Some(FsdpBackwardPrefetch::NoPrefetch), Some(false)));
         // Without FSDP no FSDP setting is written; a given one is kept.
         assert_eq!((cpu.fsdp_backward_prefetch, cpu.fsdp_forward_prefetch), (None, None));
-        let given = AcceleratorConfig { use_fsdp: Some(true), fsdp_backward_prefetch: Some(FsdpBackwardPrefetch::BackwardPre), ..Default::default() };
+        let given = AcceleratorConfig {
+            use_fsdp: Some(true),
+            fsdp_backward_prefetch: Some(FsdpBackwardPrefetch::BackwardPre),
+            ..Default::default()
+        };
         assert_eq!(with_defaults(&given, &Machine { gpus: 0 }).fsdp_backward_prefetch, Some(FsdpBackwardPrefetch::BackwardPre));
         assert_eq!((f.num_processes, f.seed), (Some(2), Some(1)));
         let two_cpu = with_defaults(&AcceleratorConfig { num_processes: Some(2), ..Default::default() }, &Machine { gpus: 0 });

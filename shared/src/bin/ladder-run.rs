@@ -9,8 +9,8 @@
 //! rank failed or the launch could not start; 128 + signal when interrupted.
 
 use clap::Parser;
-use std::io::Write;
 use ladder_core::launch::{run, LaunchConfig};
+use std::io::Write;
 
 fn main() {
     let cfg = LaunchConfig::parse();

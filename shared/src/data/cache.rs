@@ -137,10 +137,8 @@ fn cached(gz: &Path, cache: &Path, md5: &str) -> std::io::Result<Option<SharedBy
     }
     let dir = cache.parent().unwrap_or(Path::new("."));
     std::fs::create_dir_all(dir)?;
-    let mut tmp = tempfile::Builder::new()
-        .prefix(".ladder-")
-        .permissions(std::os::unix::fs::PermissionsExt::from_mode(0o644))
-        .tempfile_in(dir)?;
+    let mut tmp =
+        tempfile::Builder::new().prefix(".ladder-").permissions(std::os::unix::fs::PermissionsExt::from_mode(0o644)).tempfile_in(dir)?;
     let Some(digest) = gunzip_into(&mut src, tmp.as_file_mut())? else { return Ok(None) };
     if digest != md5 {
         return Ok(None);
@@ -149,10 +147,7 @@ fn cached(gz: &Path, cache: &Path, md5: &str) -> std::io::Result<Option<SharedBy
     // Map before the rename: the mapping follows the inode, whatever happens to the name.
     let map = crate::sys::map_read_only(tmp.as_file())?;
     tmp.persist(cache).map_err(|e| e.error)?;
-    Ok(Some(SharedBytes {
-        storage: Arc::new(Storage::Mapped { map, path: cache.to_path_buf() }),
-        verified: true,
-    }))
+    Ok(Some(SharedBytes { storage: Arc::new(Storage::Mapped { map, path: cache.to_path_buf() }), verified: true }))
 }
 
 /// The mapping of `cache` when it exists and its MD5 is `md5`; `Ok(None)` when it is missing or
@@ -170,10 +165,7 @@ fn map_if_valid(cache: &Path, md5: &str) -> std::io::Result<Option<SharedBytes>>
     if super::mnist::md5_hex(&map) != md5 {
         return Ok(None);
     }
-    Ok(Some(SharedBytes {
-        storage: Arc::new(Storage::Mapped { map, path: cache.to_path_buf() }),
-        verified: true,
-    }))
+    Ok(Some(SharedBytes { storage: Arc::new(Storage::Mapped { map, path: cache.to_path_buf() }), verified: true }))
 }
 
 /// Streams the gzip file `src` decompressed into `dst` through a 64 KiB buffer and returns the

@@ -19,18 +19,13 @@ use crate::{Error, Result};
 
 /// torchvision's MNIST mirrors, in its order.
 pub fn default_mirrors() -> Vec<String> {
-    vec![
-        "https://ossci-datasets.s3.amazonaws.com/mnist/".into(),
-        "http://yann.lecun.com/exdb/mnist/".into(),
-    ]
+    vec!["https://ossci-datasets.s3.amazonaws.com/mnist/".into(), "http://yann.lecun.com/exdb/mnist/".into()]
 }
 
 /// The mirrors in `$MNIST_MIRRORS` (comma-separated) when it is set and names at least one,
 /// else [`default_mirrors`].
 pub fn mirrors_from_env() -> Vec<String> {
-    let parsed = std::env::var("MNIST_MIRRORS")
-        .map(|v| parse_mirrors(&v))
-        .unwrap_or_default();
+    let parsed = std::env::var("MNIST_MIRRORS").map(|v| parse_mirrors(&v)).unwrap_or_default();
     if parsed.is_empty() {
         default_mirrors()
     } else {
@@ -41,11 +36,7 @@ pub fn mirrors_from_env() -> Vec<String> {
 /// Splits a comma-separated mirror list (as `MNIST_MIRRORS` or `--mirror a,b`), trimming blanks
 /// and dropping empty entries.
 pub fn parse_mirrors(list: &str) -> Vec<String> {
-    list.split(',')
-        .map(str::trim)
-        .filter(|m| !m.is_empty())
-        .map(String::from)
-        .collect()
+    list.split(',').map(str::trim).filter(|m| !m.is_empty()).map(String::from).collect()
 }
 
 /// The most bytes one download may hold (64 MiB; the largest MNIST `.gz` is 9.9 MB).
@@ -99,9 +90,9 @@ pub fn download_missing(dir: &Path, mirrors: &[String]) -> Result<Vec<PathBuf>> 
 fn check_present(path: &Path, md5: &str) -> std::result::Result<(), String> {
     let mut file = std::fs::File::open(path).map_err(|e| format!("cannot be read ({e})"))?;
     let actual = if path.extension().is_some_and(|e| e == "gz") {
-        super::cache::md5_of_gunzipped(&mut file).map_err(|e| format!("cannot be read ({e})"))?.ok_or_else(|| {
-            "fails its integrity check: not a whole gzip stream (corrupt or cut short)".to_string()
-        })?
+        super::cache::md5_of_gunzipped(&mut file)
+            .map_err(|e| format!("cannot be read ({e})"))?
+            .ok_or_else(|| "fails its integrity check: not a whole gzip stream (corrupt or cut short)".to_string())?
     } else {
         super::cache::md5_of_reader(&mut file).map_err(|e| format!("cannot be read ({e})"))?
     };
@@ -133,11 +124,7 @@ pub fn download_file_with(dir: &Path, name: &str, mirrors: &[String], stall: Dur
     let stem = name.strip_suffix(".gz").unwrap_or(name);
     let Some(md5) = known_md5(stem) else {
         let names: Vec<&str> = FILES.iter().map(|(n, _)| *n).collect();
-        return Err(Error::invalid(
-            "MNIST file name",
-            name,
-            format!("one of {}", names.join(", ")),
-        ));
+        return Err(Error::invalid("MNIST file name", name, format!("one of {}", names.join(", "))));
     };
     let file_name = format!("{stem}.gz");
     let mut attempts = Vec::new();
@@ -162,10 +149,7 @@ pub fn download_file_with(dir: &Path, name: &str, mirrors: &[String], stall: Dur
             }
         }
     }
-    Err(Error::DownloadFailed {
-        file: file_name,
-        attempts: attempts.join("\n"),
-    })
+    Err(Error::DownloadFailed { file: file_name, attempts: attempts.join("\n") })
 }
 
 /// `mirror` + `/` (if missing) + `file`.
@@ -183,14 +167,8 @@ fn fetch(url: &str, stall: Duration) -> std::result::Result<Vec<u8>, String> {
         let file = std::fs::File::open(path).map_err(|e| format!("cannot open {path}: {e}"))?;
         let _ = stall; // a local file does not stall
         let mut bytes = Vec::new();
-        file.take(MAX_BODY + 1)
-            .read_to_end(&mut bytes)
-            .map_err(|e| format!("cannot read {path}: {e}"))?;
-        return if bytes.len() as u64 > MAX_BODY {
-            Err(format!("larger than {MAX_BODY} bytes"))
-        } else {
-            Ok(bytes)
-        };
+        file.take(MAX_BODY + 1).read_to_end(&mut bytes).map_err(|e| format!("cannot read {path}: {e}"))?;
+        return if bytes.len() as u64 > MAX_BODY { Err(format!("larger than {MAX_BODY} bytes")) } else { Ok(bytes) };
     }
     if !(url.starts_with("http://") || url.starts_with("https://")) {
         return Err("unsupported URL scheme (expected https://, http:// or file://)".into());
@@ -211,9 +189,7 @@ fn fetch(url: &str, stall: Duration) -> std::result::Result<Vec<u8>, String> {
         e => format!("request failed: {e}"),
     })?;
     response.body_mut().with_config().limit(MAX_BODY).read_to_vec().map_err(|e| match e {
-        ureq::Error::Timeout(ureq::Timeout::PerRead | ureq::Timeout::RecvBody) => {
-            silent("the body stopped coming")
-        }
+        ureq::Error::Timeout(ureq::Timeout::PerRead | ureq::Timeout::RecvBody) => silent("the body stopped coming"),
         e => format!("reading the body failed: {e}"),
     })
 }
@@ -228,29 +204,15 @@ fn check_body(body: Vec<u8>, md5: &str) -> std::result::Result<(Vec<u8>, bool), 
         if actual == md5 {
             Ok((body, true))
         } else {
-            Err(format!(
-                "checksum mismatch: MD5 of the decompressed bytes is {actual}, expected {md5}"
-            ))
+            Err(format!("checksum mismatch: MD5 of the decompressed bytes is {actual}, expected {md5}"))
         }
     } else {
         let actual = md5_hex(&body);
         if actual == md5 {
             return Ok((body, false));
         }
-        let head: String = body
-            .iter()
-            .take(40)
-            .map(|&b| {
-                if b.is_ascii_graphic() || b == b' ' {
-                    b as char
-                } else {
-                    '.'
-                }
-            })
-            .collect();
-        Err(format!(
-            "checksum mismatch: the {len}-byte body is not gzip (starts with {head:?}) and its MD5 is {actual}, expected {md5}"
-        ))
+        let head: String = body.iter().take(40).map(|&b| if b.is_ascii_graphic() || b == b' ' { b as char } else { '.' }).collect();
+        Err(format!("checksum mismatch: the {len}-byte body is not gzip (starts with {head:?}) and its MD5 is {actual}, expected {md5}"))
     }
 }
 
@@ -270,10 +232,7 @@ mod tests {
     #[test]
     fn rejects_unknown_names_and_empty_mirror_lists() {
         let dir = tempfile::tempdir().unwrap();
-        assert!(matches!(
-            download_file(dir.path(), "foo", &[]),
-            Err(Error::InvalidValue { .. })
-        ));
+        assert!(matches!(download_file(dir.path(), "foo", &[]), Err(Error::InvalidValue { .. })));
         let err = download_file(dir.path(), "t10k-labels-idx1-ubyte", &[]).unwrap_err();
         assert!(err.to_string().contains("no mirrors given"), "{err}");
         assert!(matches!(fetch("ftp://x/y", STALL_TIMEOUT), Err(e) if e.contains("unsupported")));

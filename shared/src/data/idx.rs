@@ -48,17 +48,11 @@ pub fn is_gzip(bytes: &[u8]) -> bool {
 /// more than [`MAX_DECOMPRESSED`] bytes.
 pub fn read_maybe_gz(path: &Path) -> Result<Vec<u8>> {
     let bytes = std::fs::read(path).map_err(|e| match e.kind() {
-        std::io::ErrorKind::NotFound => Error::MissingFile {
-            file: path.to_path_buf(),
-            hint: "expected an MNIST IDX file here".into(),
-        },
+        std::io::ErrorKind::NotFound => Error::MissingFile { file: path.to_path_buf(), hint: "expected an MNIST IDX file here".into() },
         _ => Error::io(path, e),
     })?;
     if path.extension().is_some_and(|e| e == "gz") {
-        gunzip(&bytes).map_err(|problem| Error::BadGzip {
-            file: path.to_path_buf(),
-            problem,
-        })
+        gunzip(&bytes).map_err(|problem| Error::BadGzip { file: path.to_path_buf(), problem })
     } else {
         Ok(bytes)
     }
@@ -78,30 +72,17 @@ pub fn gunzip(bytes: &[u8]) -> std::result::Result<Vec<u8>, String> {
         return Err(format!("it does not start with the gzip magic 1f 8b{what}"));
     }
     // The gzip trailer's ISIZE (length mod 2^32) is a good capacity hint for MNIST-sized files.
-    let hint = bytes
-        .len()
-        .checked_sub(4)
-        .map(|i| be_u32_le(bytes, i) as u64)
-        .unwrap_or(0)
-        .min(MAX_DECOMPRESSED) as usize;
+    let hint = bytes.len().checked_sub(4).map(|i| be_u32_le(bytes, i) as u64).unwrap_or(0).min(MAX_DECOMPRESSED) as usize;
     let mut out = Vec::with_capacity(hint);
     let decoder = flate2::read::GzDecoder::new(bytes);
-    decoder
-        .take(MAX_DECOMPRESSED + 1)
-        .read_to_end(&mut out)
-        .map_err(|e| match e.kind() {
-            std::io::ErrorKind::UnexpectedEof => {
-                format!(
-                    "the gzip stream is cut short after {} compressed bytes ({e})",
-                    bytes.len()
-                )
-            }
-            _ => format!("corrupt gzip stream ({e})"),
-        })?;
+    decoder.take(MAX_DECOMPRESSED + 1).read_to_end(&mut out).map_err(|e| match e.kind() {
+        std::io::ErrorKind::UnexpectedEof => {
+            format!("the gzip stream is cut short after {} compressed bytes ({e})", bytes.len())
+        }
+        _ => format!("corrupt gzip stream ({e})"),
+    })?;
     if out.len() as u64 > MAX_DECOMPRESSED {
-        return Err(format!(
-            "it decompresses to more than {MAX_DECOMPRESSED} bytes, larger than any MNIST file"
-        ));
+        return Err(format!("it decompresses to more than {MAX_DECOMPRESSED} bytes, larger than any MNIST file"));
     }
     Ok(out)
 }
@@ -154,46 +135,25 @@ pub fn parse_labels<'b>(bytes: &'b [u8], file: &Path) -> Result<&'b [u8]> {
 /// [`Error::BadLabel`] naming the first offending index and value.
 pub fn check_labels(labels: &[u8], file: &Path) -> Result<()> {
     match labels.iter().position(|&l| l > 9) {
-        Some(index) => Err(Error::BadLabel {
-            file: file.to_path_buf(),
-            index,
-            label: labels[index],
-        }),
+        Some(index) => Err(Error::BadLabel { file: file.to_path_buf(), index, label: labels[index] }),
         None => Ok(()),
     }
 }
 
 fn check_magic(bytes: &[u8], file: &Path, expected: u32, what: &'static str) -> Result<()> {
     if is_gzip(bytes) {
-        let found = if bytes.len() >= 4 {
-            be_u32(bytes, 0)
-        } else {
-            0x1f8b_0000
-        };
-        let name = file
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_default();
+        let found = if bytes.len() >= 4 { be_u32(bytes, 0) } else { 0x1f8b_0000 };
+        let name = file.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
         return Err(Error::BadMagic {
             file: file.to_path_buf(),
             expected,
             found,
             what,
-            extra: format!(
-                "; the file is still gzip-compressed: rename it to {name}.gz or decompress it (gunzip)"
-            ),
+            extra: format!("; the file is still gzip-compressed: rename it to {name}.gz or decompress it (gunzip)"),
         });
     }
     if bytes.len() < 4 {
-        return Err(truncated(
-            file,
-            if expected == IMAGES_MAGIC {
-                IMAGES_HEADER
-            } else {
-                LABELS_HEADER
-            } as u64,
-            bytes.len(),
-        ));
+        return Err(truncated(file, if expected == IMAGES_MAGIC { IMAGES_HEADER } else { LABELS_HEADER } as u64, bytes.len()));
     }
     let found = be_u32(bytes, 0);
     if found == expected {
@@ -204,13 +164,7 @@ fn check_magic(bytes: &[u8], file: &Path, expected: u32, what: &'static str) -> 
         LABELS_MAGIC => "; this is a labels file, not an images file".to_string(),
         _ => describe_start(bytes),
     };
-    Err(Error::BadMagic {
-        file: file.to_path_buf(),
-        expected,
-        found,
-        what,
-        extra,
-    })
+    Err(Error::BadMagic { file: file.to_path_buf(), expected, found, what, extra })
 }
 
 /// The data after the header, when the file holds exactly `expected` bytes.
@@ -219,32 +173,20 @@ fn check_len<'b>(bytes: &'b [u8], file: &Path, expected: u64, header: usize) -> 
     if found < expected {
         Err(truncated(file, expected, bytes.len()))
     } else if found > expected {
-        Err(Error::TrailingData {
-            file: file.to_path_buf(),
-            expected,
-            found,
-        })
+        Err(Error::TrailingData { file: file.to_path_buf(), expected, found })
     } else {
         Ok(&bytes[header..])
     }
 }
 
 fn truncated(file: &Path, expected: u64, found: usize) -> Error {
-    Error::Truncated {
-        file: file.to_path_buf(),
-        expected,
-        found: found as u64,
-    }
+    Error::Truncated { file: file.to_path_buf(), expected, found: found as u64 }
 }
 
 /// A hint for bytes that look like text (an HTML error page saved in place of the data).
 fn describe_start(bytes: &[u8]) -> String {
     let head: String = bytes.iter().take(16).map(|&b| b as char).collect();
-    let texty = !bytes.is_empty()
-        && bytes
-            .iter()
-            .take(64)
-            .all(|&b| b.is_ascii_graphic() || b.is_ascii_whitespace());
+    let texty = !bytes.is_empty() && bytes.iter().take(64).all(|&b| b.is_ascii_graphic() || b.is_ascii_whitespace());
     if texty {
         format!("; the file starts with the text {head:?}: an HTML or text page, not MNIST data")
     } else {
@@ -286,57 +228,19 @@ mod tests {
         l.extend_from_slice(&[0, 9, 4]);
         assert_eq!(parse_labels(&l, f).unwrap(), &[0, 9, 4]);
         check_labels(&[0, 9, 4], f).unwrap();
-        assert!(matches!(
-            check_labels(&[0, 10], f),
-            Err(Error::BadLabel {
-                index: 1,
-                label: 10,
-                ..
-            })
-        ));
+        assert!(matches!(check_labels(&[0, 10], f), Err(Error::BadLabel { index: 1, label: 10, .. })));
     }
 
     #[test]
     fn length_errors_carry_exact_byte_counts() {
         let f = Path::new("x");
         let short = images(2, 28, 28, 784);
-        assert!(matches!(
-            parse_images(&short, f),
-            Err(Error::Truncated {
-                expected: 1584,
-                found: 800,
-                ..
-            })
-        ));
+        assert!(matches!(parse_images(&short, f), Err(Error::Truncated { expected: 1584, found: 800, .. })));
         let long = images(1, 28, 28, 785);
-        assert!(matches!(
-            parse_images(&long, f),
-            Err(Error::TrailingData {
-                expected: 800,
-                found: 801,
-                ..
-            })
-        ));
-        assert!(matches!(
-            parse_images(&images(1, 28, 27, 756), f),
-            Err(Error::BadDims { .. })
-        ));
-        assert!(matches!(
-            parse_labels(&[0, 0, 8], f),
-            Err(Error::Truncated {
-                expected: 8,
-                found: 3,
-                ..
-            })
-        ));
-        assert!(matches!(
-            parse_labels(&[], f),
-            Err(Error::Truncated {
-                expected: 8,
-                found: 0,
-                ..
-            })
-        ));
+        assert!(matches!(parse_images(&long, f), Err(Error::TrailingData { expected: 800, found: 801, .. })));
+        assert!(matches!(parse_images(&images(1, 28, 27, 756), f), Err(Error::BadDims { .. })));
+        assert!(matches!(parse_labels(&[0, 0, 8], f), Err(Error::Truncated { expected: 8, found: 3, .. })));
+        assert!(matches!(parse_labels(&[], f), Err(Error::Truncated { expected: 8, found: 0, .. })));
     }
 
     #[test]
@@ -346,9 +250,7 @@ mod tests {
         enc.write_all(b"hello idx").unwrap();
         let gz = enc.finish().unwrap();
         assert_eq!(gunzip(&gz).unwrap(), b"hello idx");
-        assert!(gunzip(&gz[..gz.len() - 6])
-            .unwrap_err()
-            .contains("cut short"));
+        assert!(gunzip(&gz[..gz.len() - 6]).unwrap_err().contains("cut short"));
         assert!(gunzip(b"<html>").unwrap_err().contains("HTML"));
     }
 }

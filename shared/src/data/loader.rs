@@ -34,17 +34,9 @@ impl<'a> DataLoader<'a> {
     /// # Errors
     /// [`Error::InvalidValue`] when `batch_size` is 0, or when the sampler yields an index outside
     /// `0..dataset.len()` (e.g. a sampler built for another dataset).
-    pub fn new(
-        dataset: &'a Dataset,
-        batch_size: usize,
-        sampler: Box<dyn Sampler + 'a>,
-    ) -> Result<Self> {
+    pub fn new(dataset: &'a Dataset, batch_size: usize, sampler: Box<dyn Sampler + 'a>) -> Result<Self> {
         if batch_size == 0 {
-            return Err(Error::invalid(
-                "batch_size",
-                0,
-                "a positive number of samples per batch",
-            ));
+            return Err(Error::invalid("batch_size", 0, "a positive number of samples per batch"));
         }
         let n = dataset.len();
         if let Some(&bad) = sampler.indices().iter().find(|&&i| i >= n) {
@@ -54,12 +46,7 @@ impl<'a> DataLoader<'a> {
                 format!("indices in 0..{n}, the dataset's length (was the sampler built for another dataset?)"),
             ));
         }
-        Ok(DataLoader {
-            dataset,
-            batch_size,
-            sampler,
-            drop_last: false,
-        })
+        Ok(DataLoader { dataset, batch_size, sampler, drop_last: false })
     }
 
     /// A loader that reshuffles every epoch ([`RandomSampler`] seeded by `seed + epoch`), as
@@ -68,11 +55,7 @@ impl<'a> DataLoader<'a> {
     /// # Errors
     /// [`Error::InvalidValue`] when `batch_size` is 0.
     pub fn shuffled(dataset: &'a Dataset, batch_size: usize, seed: u64) -> Result<Self> {
-        Self::new(
-            dataset,
-            batch_size,
-            Box::new(RandomSampler::new(dataset.len(), seed)),
-        )
+        Self::new(dataset, batch_size, Box::new(RandomSampler::new(dataset.len(), seed)))
     }
 
     /// A loader in index order ([`SequentialSampler`]), as `DataLoader(dataset, batch_size)`.
@@ -80,11 +63,7 @@ impl<'a> DataLoader<'a> {
     /// # Errors
     /// [`Error::InvalidValue`] when `batch_size` is 0.
     pub fn sequential(dataset: &'a Dataset, batch_size: usize) -> Result<Self> {
-        Self::new(
-            dataset,
-            batch_size,
-            Box::new(SequentialSampler::new(dataset.len())),
-        )
+        Self::new(dataset, batch_size, Box::new(SequentialSampler::new(dataset.len())))
     }
 
     /// Whether to drop the last batch when it holds fewer than `batch_size` samples (default
@@ -137,12 +116,7 @@ impl<'a> DataLoader<'a> {
     /// `b = batch_size` except perhaps for the last batch. The order is drawn once when `iter` is
     /// called.
     pub fn iter(&self) -> impl ExactSizeIterator<Item = (Tensor, Tensor)> + '_ {
-        let indices: Vec<i64> = self
-            .sampler
-            .indices()
-            .into_iter()
-            .map(|i| i as i64)
-            .collect();
+        let indices: Vec<i64> = self.sampler.indices().into_iter().map(|i| i as i64).collect();
         let batches = self.len();
         let bs = self.batch_size;
         (0..batches).map(move |b| {

@@ -43,15 +43,11 @@ pub fn known_md5(file_name: &str) -> Option<&'static str> {
 
 /// Hex MD5 of `bytes`.
 pub fn md5_hex(bytes: &[u8]) -> String {
-    Md5::digest(bytes)
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
+    Md5::digest(bytes).iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// What to do when an MNIST file is missing.
-pub(crate) const MISSING_HINT: &str =
-    "get the MNIST files with --download (mirrors from --mirror or \
+pub(crate) const MISSING_HINT: &str = "get the MNIST files with --download (mirrors from --mirror or \
 MNIST_MIRRORS, comma-separated), or point --data-dir (or MNIST_DIR) at a directory holding them";
 
 /// One split of MNIST: the raw pixel bytes (uint8, 47 MB for the training split, usually a
@@ -179,9 +175,7 @@ impl Dataset {
     /// the cache file they map when shared; `None` for a dataset built [`Dataset::from_tensors`].
     pub fn pixels(&self) -> Option<(&[u8], Option<&Path>)> {
         match &self.images {
-            Images::Pixels { bytes, offset } => {
-                Some((&bytes.as_slice()[*offset..*offset + self.len() * PIXELS], bytes.mapped_path()))
-            }
+            Images::Pixels { bytes, offset } => Some((&bytes.as_slice()[*offset..*offset + self.len() * PIXELS], bytes.mapped_path())),
             Images::Tensor(_) => None,
         }
     }
@@ -228,11 +222,7 @@ impl Dataset {
     /// # Panics
     /// When `range` is not within `0..len()`, like slice indexing.
     pub fn slice(&self, range: std::ops::Range<usize>) -> Dataset {
-        assert!(
-            range.start <= range.end && range.end <= self.len(),
-            "Dataset::slice: range {range:?} is not within 0..{}",
-            self.len()
-        );
+        assert!(range.start <= range.end && range.end <= self.len(), "Dataset::slice: range {range:?} is not within 0..{}", self.len());
         let (start, len) = (range.start as i64, (range.end - range.start) as i64);
         let images = match &self.images {
             Images::Pixels { bytes, offset } => Images::Pixels { bytes: bytes.clone(), offset: offset + range.start * PIXELS },
@@ -286,8 +276,7 @@ impl Mnist {
     /// [`Error::CountMismatch`], [`Error::BadLabel`], [`Error::ChecksumMismatch`], naming the file.
     pub fn load(dir: &Path) -> Result<Mnist> {
         let (train, test) = std::thread::scope(|s| {
-            let test =
-                s.spawn(|| load_split(&locate(dir, TEST_IMAGES)?, &locate(dir, TEST_LABELS)?));
+            let test = s.spawn(|| load_split(&locate(dir, TEST_IMAGES)?, &locate(dir, TEST_LABELS)?));
             let train = load_split(&locate(dir, TRAIN_IMAGES)?, &locate(dir, TRAIN_LABELS)?);
             let test = test.join().unwrap_or_else(|p| std::panic::resume_unwind(p));
             Ok::<_, Error>((train?, test?))
@@ -318,12 +307,7 @@ pub fn locate(dir: &Path, name: &str) -> Result<PathBuf> {
         return Ok(gz);
     }
     Err(Error::MissingFile {
-        hint: format!(
-            "looked for {} and {}; {}{MISSING_HINT}",
-            raw.display(),
-            gz.display(),
-            bundled_hint(dir, name)
-        ),
+        hint: format!("looked for {} and {}; {}{MISSING_HINT}", raw.display(), gz.display(), bundled_hint(dir, name)),
         file: gz,
     })
 }
@@ -344,10 +328,7 @@ fn bundled_hint(dir: &Path, name: &str) -> String {
     } else {
         String::new()
     };
-    format!(
-        "{order}{shadow}; the bundled copy is {ws}: use it with --data-dir {ws} (or MNIST_DIR={ws}); or ",
-        ws = ws.display()
-    )
+    format!("{order}{shadow}; the bundled copy is {ws}: use it with --data-dir {ws} (or MNIST_DIR={ws}); or ", ws = ws.display())
 }
 
 /// Reads one split from an images and a labels IDX file (raw, or gzip when the name ends in `.gz`).
@@ -389,11 +370,7 @@ fn verify_md5(path: &Path, bytes: &[u8]) -> Result<()> {
     if actual == expected {
         Ok(())
     } else {
-        Err(Error::ChecksumMismatch {
-            file: path.to_path_buf(),
-            expected: expected.into(),
-            actual,
-        })
+        Err(Error::ChecksumMismatch { file: path.to_path_buf(), expected: expected.into(), actual })
     }
 }
 
@@ -408,11 +385,7 @@ pub fn resolve_data_dir(flag: Option<&Path>) -> PathBuf {
 
 /// The precedence of [`resolve_data_dir`] with its inputs injected: `flag`, the value of
 /// `MNIST_DIR` (`None` or empty: unset), and whether `./data/mnist` exists.
-pub fn resolve_data_dir_with(
-    flag: Option<&Path>,
-    mnist_dir: Option<&OsStr>,
-    local_exists: bool,
-) -> PathBuf {
+pub fn resolve_data_dir_with(flag: Option<&Path>, mnist_dir: Option<&OsStr>, local_exists: bool) -> PathBuf {
     if let Some(flag) = flag {
         return flag.to_path_buf();
     }
@@ -440,18 +413,9 @@ mod tests {
         let flag = Path::new("/flag");
         let env = OsStr::new("/env");
         assert_eq!(resolve_data_dir_with(Some(flag), Some(env), true), flag);
-        assert_eq!(
-            resolve_data_dir_with(None, Some(env), true),
-            Path::new("/env")
-        );
-        assert_eq!(
-            resolve_data_dir_with(None, Some(OsStr::new("")), true),
-            Path::new("data/mnist")
-        );
-        assert_eq!(
-            resolve_data_dir_with(None, None, true),
-            Path::new("data/mnist")
-        );
+        assert_eq!(resolve_data_dir_with(None, Some(env), true), Path::new("/env"));
+        assert_eq!(resolve_data_dir_with(None, Some(OsStr::new("")), true), Path::new("data/mnist"));
+        assert_eq!(resolve_data_dir_with(None, None, true), Path::new("data/mnist"));
         let ws = resolve_data_dir_with(None, None, false);
         assert_eq!(ws, workspace_data_dir());
         assert!(ws.ends_with("data/mnist"), "{}", ws.display());
@@ -460,25 +424,15 @@ mod tests {
 
     #[test]
     fn known_md5_accepts_gz_and_raw_names_only() {
-        assert_eq!(
-            known_md5("t10k-labels-idx1-ubyte.gz"),
-            Some("27ae3e4e09519cfbb04c329615203637")
-        );
-        assert_eq!(
-            known_md5("t10k-labels-idx1-ubyte"),
-            Some("27ae3e4e09519cfbb04c329615203637")
-        );
+        assert_eq!(known_md5("t10k-labels-idx1-ubyte.gz"), Some("27ae3e4e09519cfbb04c329615203637"));
+        assert_eq!(known_md5("t10k-labels-idx1-ubyte"), Some("27ae3e4e09519cfbb04c329615203637"));
         assert_eq!(known_md5("other"), None);
         assert_eq!(md5_hex(b""), "d41d8cd98f00b204e9800998ecf8427e");
     }
 
     #[test]
     fn from_bytes_normalises_as_torchvision() {
-        let pixels = [0u8; 784]
-            .iter()
-            .chain([255u8; 784].iter())
-            .copied()
-            .collect::<Vec<_>>();
+        let pixels = [0u8; 784].iter().chain([255u8; 784].iter()).copied().collect::<Vec<_>>();
         let d = Dataset::from_bytes(&pixels, &[3, 7]).unwrap();
         let images = d.images();
         assert_eq!(images.size(), [2, 1, 28, 28]);

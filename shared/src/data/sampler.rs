@@ -67,11 +67,7 @@ pub struct RandomSampler {
 impl RandomSampler {
     /// A sampler over `0..len`, at epoch 0.
     pub fn new(len: usize, seed: u64) -> Self {
-        RandomSampler {
-            len,
-            seed,
-            epoch: 0,
-        }
+        RandomSampler { len, seed, epoch: 0 }
     }
 }
 
@@ -115,27 +111,12 @@ impl DistributedSampler {
     /// # Errors
     /// [`Error::InvalidValue`] when `num_replicas` is 0; [`Error::RankOutOfRange`] when
     /// `rank >= num_replicas`.
-    pub fn new(
-        dataset_len: usize,
-        num_replicas: usize,
-        rank: usize,
-        shuffle: bool,
-        seed: u64,
-        drop_last: bool,
-    ) -> Result<Self> {
+    pub fn new(dataset_len: usize, num_replicas: usize, rank: usize, shuffle: bool, seed: u64, drop_last: bool) -> Result<Self> {
         if num_replicas == 0 {
-            return Err(Error::invalid(
-                "num_replicas",
-                0,
-                "at least 1 (the world size)",
-            ));
+            return Err(Error::invalid("num_replicas", 0, "at least 1 (the world size)"));
         }
         if rank >= num_replicas {
-            return Err(Error::RankOutOfRange {
-                op: "DistributedSampler::new",
-                rank,
-                world_size: num_replicas,
-            });
+            return Err(Error::RankOutOfRange { op: "DistributedSampler::new", rank, world_size: num_replicas });
         }
         let num_samples = if drop_last {
             // torch: ceil((N - W) / W) when N % W != 0, else N / W; both are floor(N / W).
@@ -143,16 +124,7 @@ impl DistributedSampler {
         } else {
             dataset_len.div_ceil(num_replicas)
         };
-        Ok(DistributedSampler {
-            dataset_len,
-            num_replicas,
-            rank,
-            shuffle,
-            seed,
-            drop_last,
-            epoch: 0,
-            num_samples,
-        })
+        Ok(DistributedSampler { dataset_len, num_replicas, rank, shuffle, seed, drop_last, epoch: 0, num_samples })
     }
 
     /// Indices per rank and epoch.
@@ -182,16 +154,9 @@ impl Sampler for DistributedSampler {
         if n == 0 {
             return Vec::new();
         }
-        let base: Vec<usize> = if self.shuffle {
-            permutation(n, self.seed, self.epoch)
-        } else {
-            (0..n).collect()
-        };
+        let base: Vec<usize> = if self.shuffle { permutation(n, self.seed, self.epoch) } else { (0..n).collect() };
         // Position i of the padded (or cut) list is base[i % n]: padding repeats from the start.
-        (self.rank..self.total_size())
-            .step_by(self.num_replicas)
-            .map(|i| base[i % n])
-            .collect()
+        (self.rank..self.total_size()).step_by(self.num_replicas).map(|i| base[i % n]).collect()
     }
     fn len(&self) -> usize {
         self.num_samples
@@ -224,53 +189,26 @@ mod tests {
     #[test]
     fn torch_example_n10_w3() {
         // torch: DistributedSampler(range(10), 3, r, shuffle=False) -> [0,3,6,9] [1,4,7,0] [2,5,8,1]
-        let got: Vec<Vec<usize>> = (0..3)
-            .map(|r| {
-                DistributedSampler::new(10, 3, r, false, 0, false)
-                    .unwrap()
-                    .indices()
-            })
-            .collect();
+        let got: Vec<Vec<usize>> = (0..3).map(|r| DistributedSampler::new(10, 3, r, false, 0, false).unwrap().indices()).collect();
         assert_eq!(got, [vec![0, 3, 6, 9], vec![1, 4, 7, 0], vec![2, 5, 8, 1]]);
         // drop_last: [0,3,6] [1,4,7] [2,5,8]
-        let got: Vec<Vec<usize>> = (0..3)
-            .map(|r| {
-                DistributedSampler::new(10, 3, r, false, 0, true)
-                    .unwrap()
-                    .indices()
-            })
-            .collect();
+        let got: Vec<Vec<usize>> = (0..3).map(|r| DistributedSampler::new(10, 3, r, false, 0, true).unwrap().indices()).collect();
         assert_eq!(got, [vec![0, 3, 6], vec![1, 4, 7], vec![2, 5, 8]]);
     }
 
     #[test]
     fn padding_repeats_the_whole_list_when_world_exceeds_n() {
         // N=2, W=5: total 5, list [0,1,0,1,0].
-        let got: Vec<usize> = (0..5)
-            .flat_map(|r| {
-                DistributedSampler::new(2, 5, r, false, 0, false)
-                    .unwrap()
-                    .indices()
-            })
-            .collect();
+        let got: Vec<usize> = (0..5).flat_map(|r| DistributedSampler::new(2, 5, r, false, 0, false).unwrap().indices()).collect();
         assert_eq!(got, [0, 1, 0, 1, 0]);
         let s = DistributedSampler::new(2, 5, 4, false, 0, true).unwrap();
-        assert_eq!(
-            (s.num_samples(), s.total_size(), s.indices()),
-            (0, 0, vec![])
-        );
-        assert!(DistributedSampler::new(0, 2, 1, true, 0, false)
-            .unwrap()
-            .indices()
-            .is_empty());
+        assert_eq!((s.num_samples(), s.total_size(), s.indices()), (0, 0, vec![]));
+        assert!(DistributedSampler::new(0, 2, 1, true, 0, false).unwrap().indices().is_empty());
     }
 
     #[test]
     fn eval_shard_examples() {
-        assert_eq!(
-            (0..3).map(|r| eval_shard(10, r, 3)).collect::<Vec<_>>(),
-            [0..4, 4..7, 7..10]
-        );
+        assert_eq!((0..3).map(|r| eval_shard(10, r, 3)).collect::<Vec<_>>(), [0..4, 4..7, 7..10]);
         assert_eq!(eval_shard(10, 3, 3), 10..10);
         assert_eq!(eval_shard(10, 0, 0), 10..10);
         assert_eq!(eval_shard(2, 2, 3), 2..2);

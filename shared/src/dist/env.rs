@@ -104,9 +104,7 @@ impl DistEnv {
         let num = |name: &str| -> Result<Option<usize>> {
             match get(name) {
                 None => Ok(None),
-                Some(v) => v.parse::<usize>().map(Some).map_err(|_| {
-                    Error::Env(format!("{name}={v:?} is not a non-negative integer"))
-                }),
+                Some(v) => v.parse::<usize>().map(Some).map_err(|_| Error::Env(format!("{name}={v:?} is not a non-negative integer"))),
             }
         };
         let rank = num("RANK")?;
@@ -198,9 +196,7 @@ impl DistEnv {
                 (r, Some(w)) => {
                     let r = r.unwrap_or(0);
                     if r >= w {
-                        return Err(Error::Env(format!(
-                            "RANK={r} is not below WORLD_SIZE={w}; expected a rank in 0..{w}"
-                        )));
+                        return Err(Error::Env(format!("RANK={r} is not below WORLD_SIZE={w}; expected a rank in 0..{w}")));
                     }
                     (Launcher::Torchrun, r, w)
                 }

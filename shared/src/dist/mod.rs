@@ -192,12 +192,7 @@ pub trait ProcessGroup: std::fmt::Debug {
 }
 
 /// Packs `tensors` into one flat buffer, runs `f` on it, and copies the result back.
-fn coalesced(
-    tensors: &mut [Tensor],
-    op: &'static str,
-    rank: usize,
-    f: impl FnOnce(&mut Tensor) -> Result<()>,
-) -> Result<()> {
+fn coalesced(tensors: &mut [Tensor], op: &'static str, rank: usize, f: impl FnOnce(&mut Tensor) -> Result<()>) -> Result<()> {
     let Some(first) = tensors.first() else { return Ok(()) };
     let (kind, device) = (first.kind(), first.device());
     for (i, t) in tensors.iter().enumerate() {

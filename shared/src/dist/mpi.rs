@@ -60,9 +60,8 @@ impl MpiGroup {
     /// # Errors
     /// As [`MpiGroup::init`].
     pub fn init_with_timeout(env: &DistEnv, timeout: std::time::Duration) -> Result<Self> {
-        let universe = mpi::initialize().ok_or_else(|| {
-            Error::Env("MPI is already initialised in this process (one process group per process)".into())
-        })?;
+        let universe = mpi::initialize()
+            .ok_or_else(|| Error::Env("MPI is already initialised in this process (one process group per process)".into()))?;
         let world = universe.world();
         let (rank, world_size) = (world.rank() as usize, world.size() as usize);
         if rank != env.rank || world_size != env.world_size {
@@ -283,12 +282,7 @@ impl MpiGroup {
     /// Starts `MPI_Iallgather` of `input` into `output` (both checked by the caller); `finish`
     /// runs once it completed. The raw pointers are valid while the caller's borrows (or the
     /// tensors `finish` owns) live, which the returned Work outlives on every path.
-    fn iallgather<'a>(
-        &'a self,
-        output: &Tensor,
-        input: &Tensor,
-        finish: Option<Box<dyn FnOnce() + 'a>>,
-    ) -> Result<Work<'a>> {
+    fn iallgather<'a>(&'a self, output: &Tensor, input: &Tensor, finish: Option<Box<dyn FnOnce() + 'a>>) -> Result<Work<'a>> {
         let (n, kind, numel) = (self.count("all_gather", input)?, input.kind(), input.numel() as i64);
         let (i, o) = (input.data_ptr(), output.data_ptr());
         let main = Box::new(move || {
@@ -314,7 +308,14 @@ impl MpiGroup {
     }
 
     /// `MPI_Ireduce_scatter_block` from `input` (world_size·n elements) to `output` (n).
-    fn ireduce_scatter(&self, input: *mut c_void, output: *mut c_void, n: c_int, ty: ffi::MPI_Datatype, op: ReduceOp) -> Result<ffi::MPI_Request> {
+    fn ireduce_scatter(
+        &self,
+        input: *mut c_void,
+        output: *mut c_void,
+        n: c_int,
+        ty: ffi::MPI_Datatype,
+        op: ReduceOp,
+    ) -> Result<ffi::MPI_Request> {
         let mut req = null_request();
         // SAFETY: as `iallreduce`; input and output do not overlap.
         let rc = unsafe { ffi::MPI_Ireduce_scatter_block(input, output, n, ty, mpi_op(op), self.comm, &mut req) };
@@ -587,14 +588,7 @@ impl MpiGroup {
         let mut v = agreement_probe(numel, kind);
         // SAFETY: `v` is 4 contiguous i64 used in place; the communicator is live.
         let rc = unsafe {
-            ffi::MPI_Allreduce(
-                ladder_mpi_in_place(),
-                v.as_mut_ptr() as *mut c_void,
-                4,
-                ffi::RSMPI_INT64_T,
-                ffi::RSMPI_MAX,
-                self.comm,
-            )
+            ffi::MPI_Allreduce(ladder_mpi_in_place(), v.as_mut_ptr() as *mut c_void, 4, ffi::RSMPI_INT64_T, ffi::RSMPI_MAX, self.comm)
         };
         self.check("MPI_Allreduce", rc)?;
         check_agreement(op, self.rank, numel, kind, &v)
@@ -605,9 +599,7 @@ impl MpiGroup {
         let n = self.count("all_reduce", t)?;
         // SAFETY: `t` is contiguous on the CPU with `n` elements of the datatype's size (checked by
         // the caller), and nothing else touches it during the call.
-        let rc = unsafe {
-            ffi::MPI_Allreduce(ladder_mpi_in_place(), t.data_ptr(), n, raw_type(t.kind()), mpi_op(op), self.comm)
-        };
+        let rc = unsafe { ffi::MPI_Allreduce(ladder_mpi_in_place(), t.data_ptr(), n, raw_type(t.kind()), mpi_op(op), self.comm) };
         self.check("MPI_Allreduce", rc)
     }
 
@@ -615,16 +607,8 @@ impl MpiGroup {
         let n = self.count("reduce_scatter", output)?;
         // SAFETY: input holds world_size·n and output n contiguous CPU elements of one datatype
         // (checked by the caller); they do not overlap.
-        let rc = unsafe {
-            ffi::MPI_Reduce_scatter_block(
-                input.data_ptr(),
-                output.data_ptr(),
-                n,
-                raw_type(input.kind()),
-                mpi_op(op),
-                self.comm,
-            )
-        };
+        let rc =
+            unsafe { ffi::MPI_Reduce_scatter_block(input.data_ptr(), output.data_ptr(), n, raw_type(input.kind()), mpi_op(op), self.comm) };
         self.check("MPI_Reduce_scatter_block", rc)
     }
 

@@ -113,7 +113,8 @@ impl NcclGroup {
         self.wait_stream(op, seq)?;
         self.watch.end(seq);
         let v = Vec::<i64>::try_from(v.to_device(Device::Cpu))?;
-        let v: [i64; 4] = v.try_into().map_err(|_| Error::BadTensor { op, rank: self.rank, problem: "agreement probe lost its shape".into() })?;
+        let v: [i64; 4] =
+            v.try_into().map_err(|_| Error::BadTensor { op, rank: self.rank, problem: "agreement probe lost its shape".into() })?;
         check_agreement(op, self.rank, numel, kind, &v)
     }
 
@@ -129,7 +130,13 @@ impl NcclGroup {
                 return Ok(());
             }
             if rc != cudarc::driver::sys::CUresult::CUDA_ERROR_NOT_READY {
-                return Err(Error::Backend { backend: "nccl", call: "cuStreamQuery", rank: self.rank, code: rc as i64, message: format!("{rc:?}") });
+                return Err(Error::Backend {
+                    backend: "nccl",
+                    call: "cuStreamQuery",
+                    rank: self.rank,
+                    code: rc as i64,
+                    message: format!("{rc:?}"),
+                });
             }
             let mut async_err = sys::ncclResult_t::ncclSuccess;
             // SAFETY: a live communicator and a valid out-pointer.
@@ -137,7 +144,13 @@ impl NcclGroup {
             if async_err != sys::ncclResult_t::ncclSuccess && async_err != sys::ncclResult_t::ncclInProgress {
                 self.abort();
                 self.watch.fail(format!("NCCL reported {async_err:?} in {op} #{seq}"));
-                return Err(Error::Backend { backend: "nccl", call: "ncclCommGetAsyncError", rank: self.rank, code: async_err as i64, message: format!("{async_err:?}") });
+                return Err(Error::Backend {
+                    backend: "nccl",
+                    call: "ncclCommGetAsyncError",
+                    rank: self.rank,
+                    code: async_err as i64,
+                    message: format!("{async_err:?}"),
+                });
             }
             let waited = start.elapsed();
             if waited >= self.watch.timeout() {
@@ -168,7 +181,11 @@ impl NcclGroup {
     fn check(&self, op: &'static str, reduce: Option<ReduceOp>, t: &Tensor) -> Result<()> {
         check_tensor(op, self.rank, self.device, t)?;
         if reduce == Some(ReduceOp::Avg) && t.kind() == Kind::Int64 {
-            return Err(Error::BadTensor { op, rank: self.rank, problem: "ReduceOp::Avg needs a floating-point tensor, found Int64".into() });
+            return Err(Error::BadTensor {
+                op,
+                rank: self.rank,
+                problem: "ReduceOp::Avg needs a floating-point tensor, found Int64".into(),
+            });
         }
         Ok(())
     }

@@ -269,9 +269,7 @@ pub fn stuck_summary(dir: &Path, world_size: usize, stopped: &[usize]) -> Vec<St
                 lines.push(format!("rank {r} {} (it was stopped: SIGSTOP or a debugger)", s.describe()))
             }
             Some(s) if s.seq >= front.seq && !s.is_stopped() => {}
-            Some(s) if s.seq + 1 == front.seq && !s.waiting => {
-                lines.push(format!("rank {r} {}", before(s, front.seq, front.op)))
-            }
+            Some(s) if s.seq + 1 == front.seq && !s.waiting => lines.push(format!("rank {r} {}", before(s, front.seq, front.op))),
             Some(s) => lines.push(format!("rank {r} {}", s.describe())),
             None => lines.push(format!("rank {r} never recorded progress")),
         }
@@ -282,13 +280,7 @@ pub fn stuck_summary(dir: &Path, world_size: usize, stopped: &[usize]) -> Vec<St
             .filter(|s| s.waiting && s.seq == front.seq && !stopped.contains(&s.rank) && !s.is_stopped())
             .map(|s| s.rank.to_string())
             .collect();
-        lines.push(format!(
-            "rank(s) {} waited for it in {} #{} (step {})",
-            waiting.join(", "),
-            front.op,
-            front.seq,
-            front.step
-        ));
+        lines.push(format!("rank(s) {} waited for it in {} #{} (step {})", waiting.join(", "), front.op, front.seq, front.step));
     }
     lines
 }

@@ -155,15 +155,12 @@ impl TcpStore {
         let err = |problem: String| Error::Rendezvous { addr: self.addr.clone(), problem };
         let mut conn = self.conn.lock().unwrap_or_else(|p| p.into_inner());
         let io = |e: std::io::Error| match e.kind() {
-            ErrorKind::WouldBlock | ErrorKind::TimedOut => err(format!(
-                "rank {}: {what}: no answer from the store within {:?}",
-                self.rank,
-                wait + GRACE
-            )),
-            ErrorKind::UnexpectedEof | ErrorKind::ConnectionReset | ErrorKind::BrokenPipe => err(format!(
-                "rank {}: {what}: the store closed the connection (did rank 0 exit?)",
-                self.rank
-            )),
+            ErrorKind::WouldBlock | ErrorKind::TimedOut => {
+                err(format!("rank {}: {what}: no answer from the store within {:?}", self.rank, wait + GRACE))
+            }
+            ErrorKind::UnexpectedEof | ErrorKind::ConnectionReset | ErrorKind::BrokenPipe => {
+                err(format!("rank {}: {what}: the store closed the connection (did rank 0 exit?)", self.rank))
+            }
             _ => err(format!("rank {}: {what}: {e}", self.rank)),
         };
         conn.writer.write_all(req).and_then(|_| conn.writer.flush()).map_err(io)?;
@@ -174,10 +171,7 @@ impl TcpStore {
         match status[0] {
             0 => Ok(body),
             1 => Err(err(format!("rank {}: {what}: {}", self.rank, String::from_utf8_lossy(&body)))),
-            s => Err(err(format!(
-                "rank {}: {what}: reply status {s} is not a TcpStore's; is another service using the port?",
-                self.rank
-            ))),
+            s => Err(err(format!("rank {}: {what}: reply status {s} is not a TcpStore's; is another service using the port?", self.rank))),
         }
     }
 }
@@ -285,7 +279,10 @@ impl Server {
         self.shared.changed.notify_all();
         // Wake the accept loop with a connection of our own.
         let wake = if self.local.ip().is_unspecified() {
-            SocketAddr::new(if self.local.is_ipv4() { [127, 0, 0, 1].into() } else { std::net::Ipv6Addr::LOCALHOST.into() }, self.local.port())
+            SocketAddr::new(
+                if self.local.is_ipv4() { [127, 0, 0, 1].into() } else { std::net::Ipv6Addr::LOCALHOST.into() },
+                self.local.port(),
+            )
         } else {
             self.local
         };

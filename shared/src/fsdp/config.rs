@@ -153,10 +153,8 @@ mod tests {
     #[test]
     fn strategy_names_match_pytorch_in_kebab_case() {
         use clap::ValueEnum;
-        let names: Vec<String> = ShardingStrategy::value_variants()
-            .iter()
-            .map(|v| v.to_possible_value().expect("named").get_name().to_string())
-            .collect();
+        let names: Vec<String> =
+            ShardingStrategy::value_variants().iter().map(|v| v.to_possible_value().expect("named").get_name().to_string()).collect();
         assert_eq!(names, ["full-shard", "shard-grad-op", "no-shard"]);
         for v in ShardingStrategy::value_variants() {
             assert_eq!(serde_json::to_string(v).unwrap(), format!("\"{v}\""));

@@ -68,8 +68,8 @@ use crate::memory::ModelStateBytes;
 use crate::model::Segmented;
 use crate::{Error, Result};
 use plan::{flatten_padded, segment_params};
-use storage::FlatStorage;
 use std::time::{Duration, Instant};
+use storage::FlatStorage;
 use tch::nn::{self, OptimizerConfig};
 use tch::{Device, Kind, Tensor};
 
@@ -410,8 +410,7 @@ impl<'pg, M: Segmented> FullyShardedDataParallel<'pg, M> {
 
     /// True when unit `u`'s gathered parameters are allocated (and not still in flight).
     fn is_gathered(&self, u: usize) -> bool {
-        self.gathered[u].as_ref().is_some_and(|g| g.tensor().is_some())
-            && !self.inflight.as_ref().is_some_and(|f| f.unit == u)
+        self.gathered[u].as_ref().is_some_and(|g| g.tensor().is_some()) && !self.inflight.as_ref().is_some_and(|f| f.unit == u)
     }
 
     /// Points the model's parameters of unit `u` at views of its gathered flat parameter.
@@ -434,10 +433,7 @@ impl<'pg, M: Segmented> FullyShardedDataParallel<'pg, M> {
     /// storage before. At most one prefetch is in flight: a previous one is completed first.
     /// No-op when `u` is already gathered or in flight, or nothing is sharded.
     fn prefetch(&mut self, u: usize) -> Result<()> {
-        if !self.config.sharding_strategy.is_sharded()
-            || self.inflight.as_ref().is_some_and(|f| f.unit == u)
-            || self.is_gathered(u)
-        {
+        if !self.config.sharding_strategy.is_sharded() || self.inflight.as_ref().is_some_and(|f| f.unit == u) || self.is_gathered(u) {
             return Ok(());
         }
         self.finish_prefetch()?;
@@ -685,16 +681,13 @@ impl<'pg, M: Segmented> FullyShardedDataParallel<'pg, M> {
             if let Some(u) = unit {
                 let unit_ref = &self.units[u];
                 let pkind = self.param_kind(u);
-                let fg = self.full_grads[u]
-                    .get_or_insert_with(|| Tensor::zeros([unit_ref.padded_numel], (pkind, self.shards[u].device())));
+                let fg = self.full_grads[u].get_or_insert_with(|| Tensor::zeros([unit_ref.padded_numel], (pkind, self.shards[u].device())));
                 tch::no_grad(|| {
                     for (k, &p) in self.seg_params[i].iter().enumerate() {
                         if let Some(gp) = grad_of(usize::from(want_x) + k) {
-                            let j =
-                                unit_ref.params.iter().position(|&q| q == p).expect("segment params are in the unit");
+                            let j = unit_ref.params.iter().position(|&q| q == p).expect("segment params are in the unit");
                             let n: i64 = unit_ref.shapes[j].iter().product();
-                            let _ =
-                                fg.narrow(0, unit_ref.offsets[j], n).view(unit_ref.shapes[j].as_slice()).f_add_(gp)?;
+                            let _ = fg.narrow(0, unit_ref.offsets[j], n).view(unit_ref.shapes[j].as_slice()).f_add_(gp)?;
                         }
                     }
                     Ok::<(), tch::TchError>(())
@@ -836,8 +829,7 @@ impl<'pg, M: Segmented> FullyShardedDataParallel<'pg, M> {
                 .collect();
             check_in_sync(self.pg, &layout)
         } else {
-            let named: Vec<(String, Tensor)> =
-                self.units.iter().zip(&self.shards).map(|(u, s)| (u.key(), s.detach())).collect();
+            let named: Vec<(String, Tensor)> = self.units.iter().zip(&self.shards).map(|(u, s)| (u.key(), s.detach())).collect();
             check_in_sync(self.pg, &named)
         }
     }

@@ -149,11 +149,7 @@ pub fn plan_units<M: Segmented + ?Sized>(
 }
 
 /// Validated `segment_params` for every segment.
-pub(super) fn segment_params<M: Segmented + ?Sized>(
-    module: &M,
-    params: &[(String, Tensor)],
-    rank: usize,
-) -> Result<Vec<Vec<usize>>> {
+pub(super) fn segment_params<M: Segmented + ?Sized>(module: &M, params: &[(String, Tensor)], rank: usize) -> Result<Vec<Vec<usize>>> {
     let bad = |problem: String| Error::Fsdp { rank, problem };
     let n = module.num_segments();
     if n == 0 {
@@ -165,10 +161,7 @@ pub(super) fn segment_params<M: Segmented + ?Sized>(
         let ps = module.segment_params(i);
         for &p in &ps {
             let Some(slot) = owner.get_mut(p) else {
-                return Err(bad(format!(
-                    "segment {i} uses parameter index {p}, but the model has {} parameters",
-                    params.len()
-                )));
+                return Err(bad(format!("segment {i} uses parameter index {p}, but the model has {} parameters", params.len())));
             };
             if let Some(j) = *slot {
                 return Err(bad(format!(
@@ -181,10 +174,7 @@ pub(super) fn segment_params<M: Segmented + ?Sized>(
         out.push(ps);
     }
     if let Some(p) = owner.iter().position(Option::is_none) {
-        return Err(bad(format!(
-            "parameter {} is used by no segment; expected every parameter in exactly one segment",
-            params[p].0
-        )));
+        return Err(bad(format!("parameter {} is used by no segment; expected every parameter in exactly one segment", params[p].0)));
     }
     Ok(out)
 }
@@ -204,12 +194,7 @@ fn segment_name(ps: &[usize], params: &[(String, Tensor)]) -> String {
 
 /// Renders a unit layout as a table, for `--explain`: one row per unit with its parameters,
 /// numel, padded numel, and what each rank keeps.
-pub fn explain_units(
-    units: &[FlatParamUnit],
-    strategy: ShardingStrategy,
-    world_size: usize,
-    min_num_params: usize,
-) -> String {
+pub fn explain_units(units: &[FlatParamUnit], strategy: ShardingStrategy, world_size: usize, min_num_params: usize) -> String {
     let mut table = comfy_table::Table::new();
     table.load_preset(comfy_table::presets::ASCII_MARKDOWN);
     table.set_header(["unit", "parameters", "numel", "padded numel", "shard numel per rank", "bytes per rank"]);
@@ -239,12 +224,8 @@ pub fn explain_units(
         bytes.to_string(),
     ]);
     let what = match strategy {
-        ShardingStrategy::FullShard => {
-            "all-gather before forward and again before backward, reduce-scatter(Avg) gradients"
-        }
-        ShardingStrategy::ShardGradOp => {
-            "all-gather before forward, keep until backward, reduce-scatter(Avg) gradients"
-        }
+        ShardingStrategy::FullShard => "all-gather before forward and again before backward, reduce-scatter(Avg) gradients",
+        ShardingStrategy::ShardGradOp => "all-gather before forward, keep until backward, reduce-scatter(Avg) gradients",
         ShardingStrategy::NoShard => "full parameters on every rank, all-reduce(Avg) gradients",
     };
     format!(

@@ -1,8 +1,8 @@
 //! FSDP's state dicts: the full one (gathered, unwrapped keys, on rank 0), the sharded one
 //! (each rank's `FlatParameter` shards), and loading either.
 
-use super::FullyShardedDataParallel;
 use super::plan::flatten_padded;
+use super::FullyShardedDataParallel;
 use crate::model::Segmented;
 use crate::{Error, Result};
 use std::collections::BTreeMap;
@@ -32,9 +32,7 @@ impl<M: Segmented> FullyShardedDataParallel<'_, M> {
     /// errors.
     pub fn gather_full(&self, per_unit: &[Tensor]) -> Result<Option<Vec<(String, Tensor)>>> {
         let rank = self.pg.rank();
-        if per_unit.len() != self.units.len()
-            || per_unit.iter().zip(&self.units).any(|(t, u)| t.numel() as i64 != u.shard_numel)
-        {
+        if per_unit.len() != self.units.len() || per_unit.iter().zip(&self.units).any(|(t, u)| t.numel() as i64 != u.shard_numel) {
             return Err(Error::Fsdp {
                 rank,
                 problem: format!(
@@ -67,13 +65,7 @@ impl<M: Segmented> FullyShardedDataParallel<'_, M> {
         if rank != 0 {
             return Ok(None);
         }
-        Ok(Some(
-            self.params
-                .iter()
-                .zip(per_param)
-                .map(|((name, _), t)| (name.clone(), t.expect("every parameter is in a unit")))
-                .collect(),
-        ))
+        Ok(Some(self.params.iter().zip(per_param).map(|((name, _), t)| (name.clone(), t.expect("every parameter is in a unit"))).collect()))
     }
 
     /// The inverse of [`gather_full`](Self::gather_full): from per-parameter tensors with the
@@ -84,11 +76,8 @@ impl<M: Segmented> FullyShardedDataParallel<'_, M> {
     /// [`Error::StateDict`] naming missing, duplicated or unexpected keys, or shapes that differ.
     pub fn shard_full(&self, full: &[(String, Tensor)]) -> Result<Vec<Tensor>> {
         let map = by_key(full, "full")?;
-        let expected: BTreeMap<&str, &[i64]> = self
-            .units
-            .iter()
-            .flat_map(|u| u.param_names.iter().zip(&u.shapes).map(|(n, s)| (n.as_str(), s.as_slice())))
-            .collect();
+        let expected: BTreeMap<&str, &[i64]> =
+            self.units.iter().flat_map(|u| u.param_names.iter().zip(&u.shapes).map(|(n, s)| (n.as_str(), s.as_slice()))).collect();
         check_keys(&map, &expected, "full", "the unwrapped model's named_parameters()")?;
         let (rank, sharded) = (self.pg.rank(), self.config.sharding_strategy.is_sharded());
         tch::no_grad(|| {
@@ -97,11 +86,8 @@ impl<M: Segmented> FullyShardedDataParallel<'_, M> {
                 .enumerate()
                 .map(|(u, unit)| {
                     let (kind, device) = (self.shards[u].kind(), self.shards[u].device());
-                    let pieces: Vec<Tensor> = unit
-                        .param_names
-                        .iter()
-                        .map(|n| map[n.as_str()].to_device(device).to_kind(kind).reshape([-1]))
-                        .collect();
+                    let pieces: Vec<Tensor> =
+                        unit.param_names.iter().map(|n| map[n.as_str()].to_device(device).to_kind(kind).reshape([-1])).collect();
                     let flat = flatten_padded(&pieces, unit);
                     let (start, len) = unit.shard_range(rank, sharded);
                     Ok(flat.narrow(0, start, len).copy())
@@ -161,7 +147,6 @@ impl<M: Segmented> FullyShardedDataParallel<'_, M> {
             Ok(())
         })
     }
-
 }
 
 fn by_key<'a>(state_dict: &'a [(String, Tensor)], which: &str) -> Result<BTreeMap<&'a str, &'a Tensor>> {
@@ -188,16 +173,10 @@ fn check_keys(map: &BTreeMap<&str, &Tensor>, expected: &BTreeMap<&str, &[i64]>, 
                 )));
             }
             Some(t) if t.size().as_slice() != *shape => {
-                return Err(Error::StateDict(format!(
-                    "{which} state dict key {k}: expected shape {shape:?}, found {:?}",
-                    t.size()
-                )))
+                return Err(Error::StateDict(format!("{which} state dict key {k}: expected shape {shape:?}, found {:?}", t.size())))
             }
             Some(t) if !t.is_floating_point() => {
-                return Err(Error::StateDict(format!(
-                    "{which} state dict key {k}: expected a floating-point tensor, found {:?}",
-                    t.kind()
-                )))
+                return Err(Error::StateDict(format!("{which} state dict key {k}: expected a floating-point tensor, found {:?}", t.kind())))
             }
             Some(_) => {}
         }

@@ -98,8 +98,9 @@ impl FlatStorage {
         // touches that tensor's StorageImpl and writes at most `len` bytes (NUL included) into
         // `err`. Resizing is what makes views unreadable until refilled: see the module's
         // `# Safety`.
-        crate::shim::call(|err, len| unsafe { ladder_storage_resize_bytes(self.flat.as_ptr() as *const c_void, nbytes, err, len) })
-            .map_err(|msg| Error::Fsdp { rank, problem: format!("resizing a gathered FlatParameter's storage to {nbytes} bytes failed: {msg}") })
+        crate::shim::call(|err, len| unsafe { ladder_storage_resize_bytes(self.flat.as_ptr() as *const c_void, nbytes, err, len) }).map_err(
+            |msg| Error::Fsdp { rank, problem: format!("resizing a gathered FlatParameter's storage to {nbytes} bytes failed: {msg}") },
+        )
     }
 }
 

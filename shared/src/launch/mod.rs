@@ -37,9 +37,6 @@ mod supervise;
 mod worker;
 
 use crate::dist::env::{DistEnv, DEFAULT_MASTER_ADDR, VARS};
-use summary::summary;
-use supervise::{exitcode, join_all, Job};
-use worker::{report_exit, worker};
 use crate::{sys, Error, Result};
 use serde::{Deserialize, Serialize};
 use std::collections::VecDeque;
@@ -51,6 +48,9 @@ use std::sync::mpsc::{channel, Sender};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
+use summary::summary;
+use supervise::{exitcode, join_all, Job};
+use worker::{report_exit, worker};
 
 /// The process-group backend the ranks will use — the same values, and the same meaning, as
 /// the level binaries' `--backend` — which decides how `ladder-run` starts them.
@@ -302,8 +302,7 @@ pub fn launch<F: FnOnce() -> Result<()>>(num_processes: usize, f: F) -> Result<(
             std::process::exit(code)
         }
         Ok("worker") => {
-            let exe = std::env::current_exe()
-                .map_err(|e| Error::Launch(format!("launch: cannot find the current executable: {e}")))?;
+            let exe = std::env::current_exe().map_err(|e| Error::Launch(format!("launch: cannot find the current executable: {e}")))?;
             let args: Vec<OsString> = std::env::args_os().skip(1).collect();
             std::process::exit(worker(exe.as_os_str(), &args, &[(ROLE_VAR, "rank".to_string())], true))
         }
@@ -315,8 +314,7 @@ pub fn launch<F: FnOnce() -> Result<()>>(num_processes: usize, f: F) -> Result<(
             if num_processes == 1 {
                 return f();
             }
-            let exe = std::env::current_exe()
-                .map_err(|e| Error::Launch(format!("launch: cannot find the current executable: {e}")))?;
+            let exe = std::env::current_exe().map_err(|e| Error::Launch(format!("launch: cannot find the current executable: {e}")))?;
             let job = Job {
                 label: program_label(&exe.to_string_lossy()),
                 worker_exe: exe,
@@ -432,7 +430,9 @@ pub fn check_hostfile(path: &Path, nnodes: usize, nproc_per_node: usize) -> Resu
         for w in words {
             let count = |v: &str| v.parse::<usize>().ok().filter(|n| *n >= 1);
             match w.split_once('=') {
-                Some(("slots", v)) => slots = Some(count(v).ok_or_else(|| bad(format!("line {}: `{w}`: slots must be a whole number of at least 1", i + 1)))?),
+                Some(("slots", v)) => {
+                    slots = Some(count(v).ok_or_else(|| bad(format!("line {}: `{w}`: slots must be a whole number of at least 1", i + 1)))?)
+                }
                 Some(("max_slots" | "max-slots", v)) if count(v).is_some() => {}
                 _ => return Err(bad(format!("line {}: `{line}`: expected `host [slots=N] [max_slots=N]`", i + 1))),
             }
@@ -446,7 +446,11 @@ pub fn check_hostfile(path: &Path, nnodes: usize, nproc_per_node: usize) -> Resu
         return Err(bad(format!(
             "{nnodes} hosts (--nnodes {nnodes}), one per line as `host slots=N`; it lists {}{}",
             hosts.len(),
-            if hosts.is_empty() { String::new() } else { format!(": {}", hosts.iter().map(|h| h.host.as_str()).collect::<Vec<_>>().join(", ")) }
+            if hosts.is_empty() {
+                String::new()
+            } else {
+                format!(": {}", hosts.iter().map(|h| h.host.as_str()).collect::<Vec<_>>().join(", "))
+            }
         )));
     }
     hosts.truncate(nnodes);

@@ -78,7 +78,11 @@ impl Outcome {
             return Err(Error::RankFailed { rank: first.rank, exitcode: first.exitcode, summary });
         }
         if let Some(sig) = self.interrupted {
-            let why = if sig == libc::SIGPIPE { "its standard output was closed (SIGPIPE)".to_string() } else { format!("received {}", sys::signal_name(sig)) };
+            let why = if sig == libc::SIGPIPE {
+                "its standard output was closed (SIGPIPE)".to_string()
+            } else {
+                format!("received {}", sys::signal_name(sig))
+            };
             let _ = writeln!(std::io::stderr(), "ladder-run: {why}; stopped all {} ranks", self.ranks);
             return Ok(128 + sig);
         }

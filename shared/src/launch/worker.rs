@@ -21,10 +21,7 @@ pub(super) fn worker(program: &OsStr, args: &[OsString], extra_env: &[(&str, Str
     let env = match DistEnv::from_env() {
         Ok(env) => env,
         Err(e) => {
-            let rank = ["OMPI_COMM_WORLD_RANK", "RANK"]
-                .iter()
-                .find_map(|v| std::env::var(v).ok()?.parse().ok())
-                .unwrap_or(0);
+            let rank = ["OMPI_COMM_WORLD_RANK", "RANK"].iter().find_map(|v| std::env::var(v).ok()?.parse().ok()).unwrap_or(0);
             report(&FailureRecord {
                 rank,
                 local_rank: 0,

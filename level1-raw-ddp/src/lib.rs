@@ -218,7 +218,7 @@ pub fn run(cfg: &Config) -> Result<Report> {
         fsdp_backward_prefetch,
         fsdp_forward_prefetch: cfg.fsdp_forward_prefetch,
     };
-    let mut model = WrappedModel::new(vs, net, &*pg, &wrap)?;
+    let mut model = WrappedModel::new(vs, net, pg, &wrap)?;
     if cfg.explain && rank == 0 {
         println!("{}\n", model.explain());
     }
@@ -228,7 +228,7 @@ pub fn run(cfg: &Config) -> Result<Report> {
     // 5. A DistributedSampler: each rank sees its own 1/W of every epoch.
     let sampler = DistributedSampler::new(train.len(), world_size, rank, true, cfg.train.seed, false)?;
     let mut loader = DataLoader::new(&train, cfg.train.batch_size, Box::new(sampler))?;
-    ladder_core::train::check_batch_counts(&*pg, loader.len())?; // every rank runs as many steps
+    ladder_core::train::check_batch_counts(pg, loader.len())?; // every rank runs as many steps
 
     // 6. The loop: zero_grad → forward → backward + gradient all-reduce → step; after every
     //    epoch, test() — exact evaluation: disjoint slices, counts all-reduced.
@@ -252,7 +252,7 @@ pub fn run(cfg: &Config) -> Result<Report> {
             timer.lap(Phase::Backward, model.comm());
             let l = loss.double_value(&[]);
             if !cfg.train.allow_non_finite {
-                model.check_finite(&*pg, steps as u64 + 1, l, true)?; // a NaN/inf stops every rank
+                model.check_finite(pg, steps as u64 + 1, l, true)?; // a NaN/inf stops every rank
             }
             optimizer.step();
             timer.end_step(Phase::Optimizer, model.comm(), images.size()[0] as u64);
@@ -272,7 +272,7 @@ pub fn run(cfg: &Config) -> Result<Report> {
         }
         (train_s, train_loss) = (train_s + t0.elapsed().as_secs_f64(), loss_sum / n.max(1) as f64);
         // 7. test(): every image once at any world size.
-        eval = model.evaluate(&*pg, &test, 1000)?;
+        eval = model.evaluate(pg, &test, 1000)?;
         history.push(end_of_epoch(Some(pg), epoch, n, train_loss, &eval)?);
         if stop {
             break;
@@ -285,7 +285,7 @@ pub fn run(cfg: &Config) -> Result<Report> {
         }
     }
     if let Some(path) = &cfg.train.save_model {
-        if let Some(weights) = model.full_state_dict(&*pg)? {
+        if let Some(weights) = model.full_state_dict(pg)? {
             ladder_core::train::save_weights(path, &weights)?;
         }
     }
@@ -299,7 +299,7 @@ pub fn run(cfg: &Config) -> Result<Report> {
         model_state: model.memory(),
         timing: timer.finish(),
     };
-    let mut report = gather_report(&*pg, &local, &eval, steps as u64, cfg.strategy.name(), start.elapsed().as_secs_f64())?;
+    let mut report = gather_report(pg, &local, &eval, steps as u64, cfg.strategy.name(), start.elapsed().as_secs_f64())?;
     report.history = history;
     if rank == 0 {
         if let Some(path) = &cfg.train.metrics_json {

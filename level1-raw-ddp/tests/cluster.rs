@@ -151,7 +151,7 @@ impl Drop for Cluster {
         let gone = !Path::new(&format!("/run/ddp-ladder-cluster/{}", self.name)).exists()
             && (0..self.nodes).all(|i| !Path::new(&format!("/run/netns/{}", self.host(i))).exists())
             && !Path::new(&format!("/run/netns/{}-hub", self.name)).exists();
-        if !(ok && gone) && !std::thread::panicking() {
+        if !(std::thread::panicking() || ok && gone) {
             panic!("cluster.sh down left cluster {} behind: {out:?}", self.name);
         }
     }

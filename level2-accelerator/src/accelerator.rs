@@ -535,7 +535,7 @@ impl Accelerator {
         let window = self.shared.window_len.get();
         let mut scaled = if window > 1 { loss / window as f64 } else { loss.shallow_clone() };
         if let Some(s) = *self.shared.scaler.borrow() {
-            scaled = scaled * s.scale;
+            scaled *= s.scale;
         }
         self.shared.unscaled.set(false);
         if self.shared.check_finite.get() {
@@ -558,7 +558,7 @@ impl Accelerator {
     }
 
     fn prepared_model(&self, op: &'static str) -> Result<Rc<RefCell<WrappedModel<'static>>>> {
-        self.model.borrow().clone().ok_or(Error::Usage { op: op, problem: "no model prepared; call prepare_model first".into() })
+        self.model.borrow().clone().ok_or(Error::Usage { op, problem: "no model prepared; call prepare_model first".into() })
     }
 
     /// Clips the gradients by their global L2 norm (`clip_grad_norm_`), after unscaling them

@@ -24,7 +24,7 @@ const LAUNCH: &str = env!("CARGO_BIN_EXE_ladder-accelerate");
 fn indexed_dataset(n: i64) -> Dataset {
     tch::manual_seed(99);
     let images = Tensor::randn([n, 1, 28, 28], (Kind::Float, Device::Cpu));
-    let _ = images.select(1, 0).select(1, 0).select(1, 0).copy_(&Tensor::arange(n, (Kind::Float, Device::Cpu)));
+    images.select(1, 0).select(1, 0).select(1, 0).copy_(&Tensor::arange(n, (Kind::Float, Device::Cpu)));
     let labels = Tensor::randint(10, [n], (Kind::Int64, Device::Cpu));
     Dataset::from_tensors(images, labels).unwrap()
 }

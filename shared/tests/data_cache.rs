@@ -89,7 +89,8 @@ fn cache_is_built_once_then_mapped_and_a_corrupt_or_cut_short_one_is_rebuilt() {
     drop(again);
 
     // One byte changed in the middle, cut to half, emptied: each is detected and rebuilt.
-    let damage: [(&str, fn(&Path)); 3] = [
+    type Damage = (&'static str, fn(&Path));
+    let damage: [Damage; 3] = [
         ("a flipped byte", |p| {
             let mut b = std::fs::read(p).unwrap();
             b[20_000_000] ^= 0x5a;
@@ -126,6 +127,7 @@ fn cache_is_built_once_then_mapped_and_a_corrupt_or_cut_short_one_is_rebuilt() {
 }
 
 /// Starts this test binary as a child that loads MNIST from `dir` and reports its mapping.
+#[allow(clippy::zombie_processes)] // `Running::finish` waits for it; a failed read ends the test (and the child with it)
 fn spawn_child(dir: &Path, xdg: &Path) -> (Running, String) {
     let mut child = Command::new(std::env::current_exe().unwrap())
         .args(["--exact", "child_loads_and_reports_its_mapping", "--ignored", "--nocapture", "--test-threads", "1"])

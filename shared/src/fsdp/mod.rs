@@ -410,7 +410,7 @@ impl<'pg, M: Segmented> FullyShardedDataParallel<'pg, M> {
 
     /// True when unit `u`'s gathered parameters are allocated (and not still in flight).
     fn is_gathered(&self, u: usize) -> bool {
-        self.gathered[u].as_ref().is_some_and(|g| g.tensor().is_some()) && !self.inflight.as_ref().is_some_and(|f| f.unit == u)
+        self.gathered[u].as_ref().is_some_and(|g| g.tensor().is_some()) && self.inflight.as_ref().is_none_or(|f| f.unit != u)
     }
 
     /// Points the model's parameters of unit `u` at views of its gathered flat parameter.

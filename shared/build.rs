@@ -16,14 +16,14 @@ fn main() {
 }
 
 /// The C++ shims over libtorch for what tch has no binding for: FSDP's storage shim
-/// (src/fsdp/storage_shim.cpp: frees and re-allocates a storage in place, see
-/// src/fsdp/storage.rs), AdamW's fused step (src/optim_shim.cpp, see src/optim.rs), two CPU
+/// (src/parallel/fsdp/storage_shim.cpp: frees and re-allocates a storage in place, see
+/// src/parallel/fsdp/storage.rs), AdamW's fused step (src/optim_shim.cpp, see src/optim.rs), two CPU
 /// kernels of the model (src/model_shim.cpp: dropout's noise and a 2×2 max-pool, see
 /// src/model.rs) and backward with a given gradient (src/autograd_shim.cpp, see
 /// src/autograd.rs). Compiled against the headers of the libtorch that tch links (`LIBTORCH`, set by .cargo/config.toml), with its C++ ABI (`LIBTORCH_CXX11_ABI`,
 /// default 1, as torch-sys).
 fn libtorch_shims() {
-    println!("cargo:rerun-if-changed=src/fsdp/storage_shim.cpp");
+    println!("cargo:rerun-if-changed=src/parallel/fsdp/storage_shim.cpp");
     println!("cargo:rerun-if-changed=src/optim_shim.cpp");
     println!("cargo:rerun-if-changed=src/model_shim.cpp");
     println!("cargo:rerun-if-changed=src/autograd_shim.cpp");
@@ -43,7 +43,7 @@ fn libtorch_shims() {
         // test builds too (workspace members build at -O0 there).
         .opt_level(3)
         .flag_if_supported("-w")
-        .file("src/fsdp/storage_shim.cpp")
+        .file("src/parallel/fsdp/storage_shim.cpp")
         .file("src/optim_shim.cpp")
         .file("src/model_shim.cpp")
         .file("src/autograd_shim.cpp")

@@ -8,9 +8,9 @@
 //! is DDP's bookkeeping, not communication; `bench run` measures communication at 2 and 4 ranks.
 
 use criterion::{criterion_group, criterion_main, Criterion};
-use ladder_core::ddp::{DdpConfig, DistributedDataParallel};
 use ladder_core::dist::{init_with_env, Backend, DistEnv};
 use ladder_core::model::{BasicNet, BasicNetConfig};
+use ladder_core::parallel::{DdpOptions, DistributedDataParallel};
 use ladder_core::train::adamw;
 use tch::{nn, Device, Kind, Tensor};
 
@@ -41,7 +41,7 @@ fn step(c: &mut Criterion) {
     let vs = nn::VarStore::new(Device::Cpu);
     let net = BasicNet::new(&vs.root(), BasicNetConfig::default());
     let mut opt = adamw(&vs, 1e-3).expect("AdamW");
-    let mut ddp = DistributedDataParallel::new(net, &*pg, DdpConfig::default()).expect("DDP");
+    let mut ddp = DistributedDataParallel::new(net, &*pg, DdpOptions::default()).expect("DDP");
     group.bench_function("ddp_world_size_1", |b| {
         b.iter(|| {
             opt.zero_grad();

@@ -11,9 +11,9 @@
 //! as JSON. A plain harness rather than criterion: every rank must run the same rounds in
 //! lock-step, which criterion's adaptive sampling on one rank would break.
 
-use ladder_core::ddp::{DdpConfig, DistributedDataParallel};
 use ladder_core::dist::{self, Backend, ProcessGroup, ReduceOp};
 use ladder_core::model::{BasicNet, BasicNetConfig};
+use ladder_core::parallel::{DdpOptions, DistributedDataParallel};
 use std::time::Instant;
 use tch::{nn, Device, Kind, Tensor};
 
@@ -62,7 +62,7 @@ fn main() -> ladder_core::Result<()> {
         tch::manual_seed(1);
         let vs = nn::VarStore::new(Device::Cpu);
         let net = BasicNet::new(&vs.root(), BasicNetConfig::default());
-        let mut ddp = DistributedDataParallel::new(net, pg, DdpConfig { bucket_cap_mb: cap })?;
+        let mut ddp = DistributedDataParallel::new(net, pg, DdpOptions { bucket_cap_mb: cap, ..DdpOptions::default() })?;
         let loss = ddp.forward_t(&x, true).nll_loss(&y);
         ddp.no_sync(|d| d.backward(&loss))?;
         let buckets = ddp.buckets().len();

@@ -16,15 +16,15 @@ use ladder_core::dist::{self, Backend, DistEnv, ProcessGroup};
 use ladder_core::metrics::{gather_report, LocalFigures, Report};
 use ladder_core::model::{BasicNet, BasicNetConfig};
 use ladder_core::optim::AdamWConfig;
+use ladder_core::parallel::{BackwardPrefetch, Precision, StrategyOptions, WrapConfig, WrappedModel};
 use ladder_core::timing::{Phase, StepTimer};
 use ladder_core::train::{end_of_epoch, seed_batch, EvalSums, TrainArgs};
-use ladder_core::wrapped::{check_strategy_flags, WrapConfig, WrappedModel};
 use ladder_core::{Error, Result};
 use serde::{Deserialize, Serialize};
 use std::time::Instant;
 use tch::nn;
 
-pub use ladder_core::wrapped::Strategy;
+pub use ladder_core::parallel::Strategy;
 
 /// Level 1's command line: the baseline's training flags plus the distributed ones.
 #[derive(Debug, Clone, Parser, Serialize, Deserialize)]
@@ -44,7 +44,7 @@ pub struct Config {
     #[arg(long, value_enum, value_parser = ladder_core::cli::choice::<Backend>())]
     pub backend: Option<Backend>,
     /// How the model is replicated across ranks.
-    #[arg(long, value_enum, value_parser = ladder_core::cli::choice::<Strategy>(), default_value_t = Strategy::Ddp)]
+    #[arg(long, value_parser = ladder_core::cli::spelling::<Strategy>(), default_value_t = Strategy::default())]
     pub strategy: Strategy,
     /// DDP gradient bucket size cap in MiB (PyTorch's bucket_cap_mb; the first bucket is 1 MiB)
     /// [default: 25; --strategy ddp only].
@@ -57,8 +57,8 @@ pub struct Config {
     pub fsdp_min_num_params: Option<usize>,
     /// FSDP's backward_prefetch: when FULL_SHARD's backward starts all-gathering the next
     /// unit [default: backward-pre, PyTorch's; FSDP strategies only].
-    #[arg(long, value_enum, value_parser = ladder_core::cli::choice::<BackwardPrefetchMode>())]
-    pub fsdp_backward_prefetch: Option<BackwardPrefetchMode>,
+    #[arg(long, value_parser = ladder_core::cli::spelling::<BackwardPrefetch>())]
+    pub fsdp_backward_prefetch: Option<BackwardPrefetch>,
     /// FSDP's forward_prefetch: start the next unit's all-gather before the current unit's
     /// forward [default: off, PyTorch's; FSDP strategies only].
     #[arg(long)]
@@ -72,7 +72,7 @@ pub struct Config {
     /// weights, fp32 AdamW state and fp32 gradient reduction (FSDP's
     /// `MixedPrecision(param_dtype=bfloat16, reduce_dtype=float32)`; with --strategy ddp it runs
     /// on FSDP's NO_SHARD path). The same policy as the Accelerator's and the Trainer's bf16.
-    #[arg(long, value_enum, value_parser = ladder_core::cli::choice::<Precision>(), default_value_t = Precision::No)]
+    #[arg(long, value_parser = ladder_core::cli::spelling_among(&[Precision::No, Precision::Bf16]), default_value_t = Precision::No)]
     #[serde(default)]
     pub mixed_precision: Precision,
     /// Print the gradient bucket layout (DDP) or the FlatParameter shard layout (FSDP) at
@@ -85,51 +85,35 @@ pub struct Config {
     pub check_sync: bool,
 }
 
-/// Level 1's `--mixed-precision` values (Accelerate's names; fp16 needs a GPU's loss scaling,
-/// which is the Accelerator's business at level 2).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Precision {
-    /// fp32 throughout, as the tutorial.
-    #[default]
-    No,
-    /// bf16 compute, fp32 master weights, optimizer state and gradient reduction.
-    Bf16,
-}
+/// Level 1's flag for each option [`Strategy::with_options`] and the core name (the
+/// core's errors say `bucket_cap_mb`; the user typed `--bucket-cap-mb`).
+pub const FLAG_NAMES: &[(&str, &str)] = &[
+    ("bucket_cap_mb", "--bucket-cap-mb"),
+    ("min_num_params", "--fsdp-min-num-params"),
+    ("backward_prefetch", "--fsdp-backward-prefetch"),
+    ("forward_prefetch", "--fsdp-forward-prefetch"),
+];
 
-impl Precision {
-    /// The core's mixed-precision policy for this value (`None`: fp32).
-    pub fn policy(self) -> Option<ladder_core::fsdp::MixedPrecision> {
-        use ladder_core::fsdp::{Dtype, MixedPrecision};
-        match self {
-            Precision::No => None,
-            Precision::Bf16 => Some(MixedPrecision { param_dtype: Dtype::Bf16, reduce_dtype: Dtype::F32 }),
-        }
-    }
-}
-
-/// Level 1's `--fsdp-backward-prefetch` values: PyTorch's `BackwardPrefetch` members and
-/// `None` (Accelerate's `NO_PREFETCH`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum BackwardPrefetchMode {
-    /// `BackwardPrefetch.BACKWARD_PRE`: before the current unit's gradient computation.
-    BackwardPre,
-    /// `BackwardPrefetch.BACKWARD_POST`: after it, once the unit's parameters are freed.
-    BackwardPost,
-    /// `backward_prefetch=None`: each unit is all-gathered when backward reaches it.
-    NoPrefetch,
-}
-
-impl BackwardPrefetchMode {
-    /// The core's setting for this value.
-    pub fn policy(self) -> Option<ladder_core::fsdp::BackwardPrefetch> {
-        use ladder_core::fsdp::BackwardPrefetch;
-        match self {
-            BackwardPrefetchMode::BackwardPre => Some(BackwardPrefetch::BackwardPre),
-            BackwardPrefetchMode::BackwardPost => Some(BackwardPrefetch::BackwardPost),
-            BackwardPrefetchMode::NoPrefetch => None,
-        }
+impl Config {
+    /// The strategy these flags stand for: `--strategy` with the DDP or FSDP flags given laid
+    /// over its defaults (PyTorch's: `bucket_cap_mb` 25; one FSDP unit, `BACKWARD_PRE`).
+    ///
+    /// # Errors
+    /// A flag of the other kind of strategy, or a bad `--bucket-cap-mb`, named by its flag.
+    pub fn wrap_config(&self) -> Result<WrapConfig> {
+        let given = StrategyOptions {
+            bucket_cap_mb: self.bucket_cap_mb,
+            min_num_params: self.fsdp_min_num_params,
+            backward_prefetch: self.fsdp_backward_prefetch,
+            forward_prefetch: self.fsdp_forward_prefetch.then_some(true),
+        };
+        let strategy = self.strategy.with_options(&given).map_err(|e| match e.named_by(FLAG_NAMES) {
+            Error::OptionNotForStrategy { option, belongs_to, .. } => {
+                Error::OptionNotForStrategy { option, strategy: format!("--strategy {}", self.strategy), belongs_to }
+            }
+            other => other,
+        })?;
+        Ok(WrapConfig { strategy, mixed_precision: self.mixed_precision })
     }
 }
 
@@ -167,16 +151,7 @@ pub fn run(cfg: &Config) -> Result<Report> {
     if cfg.width < 1 {
         return Err(Error::invalid("--width", cfg.width, "at least 1 output feature for fc1"));
     }
-    let fsdp_flag = [
-        ("--fsdp-min-num-params", cfg.fsdp_min_num_params.is_some()),
-        ("--fsdp-backward-prefetch", cfg.fsdp_backward_prefetch.is_some()),
-        ("--fsdp-forward-prefetch", cfg.fsdp_forward_prefetch),
-    ]
-    .into_iter()
-    .find_map(|(flag, given)| given.then_some(flag));
-    check_strategy_flags(cfg.strategy, "--strategy", cfg.bucket_cap_mb.is_some(), fsdp_flag)?;
-    let fsdp_backward_prefetch =
-        cfg.fsdp_backward_prefetch.map_or(WrapConfig::default().fsdp_backward_prefetch, BackwardPrefetchMode::policy);
+    let wrap = cfg.wrap_config()?;
     let device_kind = cfg.train.device_kind();
     let backend = cfg.backend.unwrap_or(match device_kind {
         DeviceKind::Cuda => Backend::Nccl,
@@ -210,14 +185,6 @@ pub fn run(cfg: &Config) -> Result<Report> {
     let net = BasicNet::new(&vs.root(), BasicNetConfig { width: cfg.width, ..Default::default() });
 
     // 3. Wrap it. DDP: broadcast from rank 0, gradient buckets. FSDP: FlatParameters, shards.
-    let wrap = WrapConfig {
-        strategy: cfg.strategy,
-        bucket_cap_mb: cfg.bucket_cap_mb.unwrap_or(25.0),
-        fsdp_min_num_params: cfg.fsdp_min_num_params.unwrap_or(100_000_000),
-        mixed_precision: cfg.mixed_precision.policy(),
-        fsdp_backward_prefetch,
-        fsdp_forward_prefetch: cfg.fsdp_forward_prefetch,
-    };
     let mut model = WrappedModel::new(vs, net, pg, &wrap)?;
     if cfg.explain && rank == 0 {
         println!("{}\n", model.explain());
@@ -252,7 +219,7 @@ pub fn run(cfg: &Config) -> Result<Report> {
             timer.lap(Phase::Backward, model.comm());
             let l = loss.double_value(&[]);
             if !cfg.train.allow_non_finite {
-                model.check_finite(pg, steps as u64 + 1, l, true)?; // a NaN/inf stops every rank
+                model.check_finite(steps as u64 + 1, l)?; // a NaN/inf stops every rank
             }
             optimizer.step();
             timer.end_step(Phase::Optimizer, model.comm(), images.size()[0] as u64);
@@ -272,7 +239,7 @@ pub fn run(cfg: &Config) -> Result<Report> {
         }
         (train_s, train_loss) = (train_s + t0.elapsed().as_secs_f64(), loss_sum / n.max(1) as f64);
         // 7. test(): every image once at any world size.
-        eval = model.evaluate(pg, &test, 1000)?;
+        eval = model.evaluate(&test, 1000)?;
         history.push(end_of_epoch(Some(pg), epoch, n, train_loss, &eval)?);
         if stop {
             break;
@@ -285,7 +252,7 @@ pub fn run(cfg: &Config) -> Result<Report> {
         }
     }
     if let Some(path) = &cfg.train.save_model {
-        if let Some(weights) = model.full_state_dict(pg)? {
+        if let Some(weights) = model.full_state_dict()? {
             ladder_core::train::save_weights(path, &weights)?;
         }
     }

@@ -173,15 +173,15 @@ fn bad_flags_are_clear_errors() {
         (vec!["--bucket-cap-mb=-1"], "error: invalid value \"-1\" for --bucket-cap-mb: a positive number of MiB"),
         (
             vec!["--strategy", "ddp", "--fsdp-min-num-params", "0"],
-            "error: invalid value \"given with --strategy ddp\" for --fsdp-min-num-params: an FSDP strategy (fsdp-full-shard, fsdp-shard-grad-op, fsdp-no-shard): the flag configures FSDP",
+            "error: --fsdp-min-num-params does not apply to --strategy ddp: it is an option of the FSDP strategies (fsdp-full-shard, fsdp-shard-grad-op, fsdp-no-shard)",
         ),
         (
             vec!["--fsdp-backward-prefetch", "backward-post"],
-            "error: invalid value \"given with --strategy ddp\" for --fsdp-backward-prefetch: an FSDP strategy",
+            "error: --fsdp-backward-prefetch does not apply to --strategy ddp: it is an option of the FSDP strategies",
         ),
         (
             vec!["--fsdp-forward-prefetch"],
-            "error: invalid value \"given with --strategy ddp\" for --fsdp-forward-prefetch: an FSDP strategy",
+            "error: --fsdp-forward-prefetch does not apply to --strategy ddp: it is an option of the FSDP strategies",
         ),
         (
             vec!["--strategy", "fsdp-full-shard", "--fsdp-backward-prefetch", "backward-later"],
@@ -189,7 +189,7 @@ fn bad_flags_are_clear_errors() {
         ),
         (
             vec!["--strategy", "fsdp-full-shard", "--bucket-cap-mb", "5"],
-            "error: invalid value \"given with --strategy fsdp-full-shard\" for --bucket-cap-mb: --strategy ddp (gradient buckets are DDP's; FSDP reduces one FlatParameter per unit)",
+            "error: --bucket-cap-mb does not apply to --strategy fsdp-full-shard: it is an option of ddp (gradient buckets are DDP's; FSDP reduces one FlatParameter per unit)",
         ),
         (
             vec!["--device", "cpu", "--batch-size", "60001"],

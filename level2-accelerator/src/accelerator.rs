@@ -29,7 +29,7 @@
 //! * `gather_for_metrics` is exact for any batch size, world size and `drop_last`: it removes
 //!   exactly the samples the sampler's padding duplicated, wherever they fall.
 
-use crate::config::{AcceleratorConfig, MixedPrecision, ResolvedConfig};
+use crate::config::{AcceleratorConfig, ResolvedConfig};
 use crate::scaler::GradScaler;
 use crate::{Error, Result};
 use ladder_core::checkpoint::{self, Checkpoint, TrainingState};
@@ -39,27 +39,19 @@ use ladder_core::memory::ModelStateBytes;
 use ladder_core::metrics::{gather_report, LocalFigures, Report};
 use ladder_core::model::{BasicNet, BasicNetConfig};
 use ladder_core::optim::{AdamW, AdamWConfig};
+use ladder_core::parallel::{Precision, Strategy, WrapConfig, WrappedModel};
 use ladder_core::timing::{Comm, Phase, StepTimer, StepTiming};
 use ladder_core::train::{seed_batch, EvalSums};
-use ladder_core::wrapped::{Strategy, WrapConfig, WrappedModel};
 use serde::{Deserialize, Serialize};
 use std::cell::{Cell, RefCell};
 use std::path::Path;
 use std::rc::Rc;
 use tch::{nn, Device, Tensor};
 
-/// DDP's keyword arguments, as Accelerate's `DistributedDataParallelKwargs`.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
-pub struct DistributedDataParallelKwargs {
-    /// Gradient bucket cap in MiB (PyTorch's `bucket_cap_mb`, 25).
-    pub bucket_cap_mb: f64,
-}
-
-impl Default for DistributedDataParallelKwargs {
-    fn default() -> Self {
-        Self { bucket_cap_mb: 25.0 }
-    }
-}
+/// DDP's keyword arguments, as Accelerate's `DistributedDataParallelKwargs`: the core's
+/// [`DdpOptions`](ladder_core::parallel::DdpOptions) (`bucket_cap_mb`, 25 MiB) under
+/// Accelerate's name.
+pub use ladder_core::parallel::DdpOptions as DistributedDataParallelKwargs;
 
 /// Process-group keyword arguments, as Accelerate's `InitProcessGroupKwargs`.
 #[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
@@ -261,7 +253,7 @@ impl Accelerator {
             Some(pg) => pg.device().is_cuda(),
             None => !config.cpu && ladder_core::device::cuda_available(),
         };
-        if config.mixed_precision == MixedPrecision::Fp16 && !use_cuda {
+        if config.mixed_precision == Precision::Fp16 && !use_cuda {
             return Err(Error::Conflict {
                 first: format!("mixed_precision=fp16 ({})", config.describe_source("mixed_precision")),
                 second: if config.cpu {
@@ -285,7 +277,7 @@ impl Accelerator {
             }
         };
         let device = pg.device();
-        let wrap = config.wrap_config(ddp.bucket_cap_mb);
+        let wrap = config.wrap_config(ddp);
         let shared = Rc::new(Shared {
             rank: pg.rank(),
             world_size: pg.world_size(),
@@ -297,7 +289,7 @@ impl Accelerator {
             batches_seen: Cell::new(0),
             global_step: Cell::new(0),
             current: RefCell::new(None),
-            scaler: RefCell::new((config.mixed_precision == MixedPrecision::Fp16).then(GradScaler::default)),
+            scaler: RefCell::new((config.mixed_precision == Precision::Fp16).then(GradScaler::default)),
             step_was_skipped: Cell::new(false),
             unscaled: Cell::new(false),
             check_finite: Cell::new(true),
@@ -384,7 +376,7 @@ impl Accelerator {
     }
 
     /// The mixed-precision mode.
-    pub fn mixed_precision(&self) -> MixedPrecision {
+    pub fn mixed_precision(&self) -> Precision {
         self.config.mixed_precision
     }
 
@@ -533,10 +525,12 @@ impl Accelerator {
     pub fn backward(&self, loss: &Tensor) -> Result<()> {
         let model = self.prepared_model("backward")?;
         let window = self.shared.window_len.get();
-        let mut scaled = if window > 1 { loss / window as f64 } else { loss.shallow_clone() };
-        if let Some(s) = *self.shared.scaler.borrow() {
-            scaled *= s.scale;
-        }
+        let per_window = if window > 1 { loss / window as f64 } else { loss.shallow_clone() };
+        // A new tensor (not `*=` on a shallow clone): the caller's loss keeps its value.
+        let scaled = match *self.shared.scaler.borrow() {
+            Some(s) => &per_window * s.scale,
+            None => per_window,
+        };
         self.shared.unscaled.set(false);
         if self.shared.check_finite.get() {
             let (l, prev) = (loss.double_value(&[]), self.shared.window_loss.get());
@@ -729,7 +723,7 @@ impl Accelerator {
     /// No prepared model; collective errors.
     pub fn get_state_dict(&self) -> Result<Option<Vec<(String, Tensor)>>> {
         let model = self.prepared_model("get_state_dict")?;
-        let sd = model.borrow().full_state_dict(self.pg)?;
+        let sd = model.borrow().full_state_dict()?;
         Ok(sd)
     }
 
@@ -740,7 +734,7 @@ impl Accelerator {
     /// No prepared model; collective errors.
     pub fn unwrap_model(&self, config: BasicNetConfig) -> Result<Option<(nn::VarStore, BasicNet)>> {
         let model = self.prepared_model("unwrap_model")?;
-        let sd = model.borrow().full_state_dict(self.pg)?;
+        let sd = model.borrow().full_state_dict()?;
         let Some(sd) = sd else { return Ok(None) };
         let mut vs = nn::VarStore::new(Device::Cpu);
         let net = BasicNet::new(&vs.root(), config);
@@ -759,7 +753,7 @@ impl Accelerator {
     /// Runs `f` under autocast: on CUDA with mixed precision, libtorch's autocast; on CPU the
     /// prepared model already computes in the mixed-precision dtype, so `f` runs as it is.
     pub fn autocast<R>(&self, f: impl FnOnce() -> R) -> R {
-        if self.device.is_cuda() && self.config.mixed_precision != MixedPrecision::No {
+        if self.device.is_cuda() && self.config.mixed_precision != Precision::No {
             tch::autocast(true, f)
         } else {
             f()
@@ -830,8 +824,8 @@ impl Accelerator {
     pub fn save_state_with(&self, dir: &Path, extra: serde_json::Map<String, serde_json::Value>, files: &[(&str, Vec<u8>)]) -> Result<()> {
         let model = self.prepared_model("save_state")?;
         let opt = self.optimizer.borrow().clone().ok_or(Error::Usage { op: "save_state", problem: "no optimizer prepared".into() })?;
-        let weights = model.borrow().full_state_dict(self.pg)?;
-        let moments = model.borrow().optimizer_state_dict(&opt.borrow(), self.pg)?;
+        let weights = model.borrow().full_state_dict()?;
+        let moments = model.borrow().optimizer_state_dict(&opt.borrow())?;
         let mut state = self.training_state();
         state.extra.extend(extra);
         let result = match (weights, moments) {
@@ -920,7 +914,7 @@ impl Accelerator {
         }
         let local = &local;
         let mut report = gather_report(self.pg, local, eval, self.global_step(), self.wrap.strategy.name(), wall_s)?;
-        report.extra.insert("mixed_precision".into(), self.config.mixed_precision.as_str().into());
+        report.extra.insert("mixed_precision".into(), self.config.mixed_precision.to_string().into());
         report.extra.insert("gradient_accumulation_steps".into(), self.shared.accumulation_steps.into());
         report.extra.insert("num_processes".into(), self.shared.world_size.into());
         Ok(report)
@@ -1023,13 +1017,18 @@ impl AcceleratedOptimizer {
         }
         if self.shared.check_finite.get() {
             let loss = self.shared.window_loss.replace(0.0);
-            let check_grads = self.shared.scaler.borrow().is_none();
-            self.model.borrow().check_finite(self.pg, self.shared.global_step.get() + 1, loss, check_grads)?;
+            let (model, step) = (self.model.borrow(), self.shared.global_step.get() + 1);
+            // Under fp16 loss scaling an infinite gradient is the scaler's business.
+            if self.shared.scaler.borrow().is_none() {
+                model.check_finite(step, loss)?;
+            } else {
+                model.check_finite_loss(step, loss)?;
+            }
         }
         let found_inf = if self.shared.scaler.borrow().is_some() {
             let model = self.model.borrow();
             unscale(&self.shared, &model)?;
-            !model.grads_finite(self.pg)?
+            !model.grads_finite()?
         } else {
             false
         };

@@ -38,6 +38,8 @@
 //! default config is read by `ladder-accelerate launch`, which turns it into the variables above.
 
 use crate::{Error, Result};
+pub use ladder_core::parallel::{BackwardPrefetch, Precision, ShardingStrategy};
+use ladder_core::parallel::{Choice, ChoiceError, DdpOptions, FsdpOptions, Strategy};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::fmt;
@@ -45,187 +47,6 @@ use std::path::{Path, PathBuf};
 
 /// The variable naming the config file a program reads (see [`ResolvedConfig::resolve`]).
 pub const CONFIG_FILE_VAR: &str = "ACCELERATE_CONFIG_FILE";
-
-/// Mixed precision, as Accelerate's `mixed_precision` ("no" | "bf16" | "fp16").
-///
-/// `bf16` is the core's bf16 policy (fp32 master weights, fp32 optimizer state and
-/// reduction) on CPU and CUDA; `fp16` needs CUDA and comes with dynamic loss scaling.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, clap::ValueEnum, Default)]
-#[serde(rename_all = "lowercase")]
-pub enum MixedPrecision {
-    /// Full fp32.
-    #[default]
-    No,
-    /// bfloat16 compute, fp32 master weights.
-    Bf16,
-    /// float16 compute with dynamic loss scaling (CUDA only).
-    Fp16,
-}
-
-impl MixedPrecision {
-    /// The name Accelerate uses: `no`, `bf16`, `fp16`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            MixedPrecision::No => "no",
-            MixedPrecision::Bf16 => "bf16",
-            MixedPrecision::Fp16 => "fp16",
-        }
-    }
-}
-
-impl fmt::Display for MixedPrecision {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-impl std::str::FromStr for MixedPrecision {
-    type Err = String;
-    /// Case-insensitive `no` | `bf16` | `fp16`, as Accelerate's `PrecisionType(value.lower())`.
-    fn from_str(s: &str) -> std::result::Result<Self, String> {
-        match s.trim().to_ascii_lowercase().as_str() {
-            "no" => Ok(MixedPrecision::No),
-            "bf16" => Ok(MixedPrecision::Bf16),
-            "fp16" => Ok(MixedPrecision::Fp16),
-            "fp8" => Err("no, bf16 or fp16 (fp8 is not supported by ddp-ladder)".into()),
-            _ => Err("no, bf16 or fp16".into()),
-        }
-    }
-}
-
-/// FSDP sharding strategy names as Accelerate writes them (`FULL_SHARD`, `SHARD_GRAD_OP`,
-/// `NO_SHARD`); kebab-case `full-shard` etc. are accepted too (on the CLI and in files), and
-/// in `FSDP_SHARDING_STRATEGY` also PyTorch's numbers 1, 2, 3 as Accelerate accepts them.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, clap::ValueEnum, Default)]
-#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
-pub enum FsdpShardingStrategy {
-    /// ZeRO-3: parameters, gradients and optimizer state sharded (PyTorch's default).
-    #[default]
-    #[serde(alias = "full-shard", alias = "full_shard")]
-    #[value(name = "full-shard", alias = "FULL_SHARD", alias = "full_shard")]
-    FullShard,
-    /// ZeRO-2: gradients and optimizer state sharded, parameters kept whole after forward.
-    #[serde(alias = "shard-grad-op", alias = "shard_grad_op")]
-    #[value(name = "shard-grad-op", alias = "SHARD_GRAD_OP", alias = "shard_grad_op")]
-    ShardGradOp,
-    /// No sharding: DDP's all-reduce through the FSDP wrapper.
-    #[serde(alias = "no-shard", alias = "no_shard")]
-    #[value(name = "no-shard", alias = "NO_SHARD", alias = "no_shard")]
-    NoShard,
-}
-
-impl FsdpShardingStrategy {
-    /// Accelerate's spelling: `FULL_SHARD`, `SHARD_GRAD_OP`, `NO_SHARD`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            FsdpShardingStrategy::FullShard => "FULL_SHARD",
-            FsdpShardingStrategy::ShardGradOp => "SHARD_GRAD_OP",
-            FsdpShardingStrategy::NoShard => "NO_SHARD",
-        }
-    }
-}
-
-impl fmt::Display for FsdpShardingStrategy {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-impl std::str::FromStr for FsdpShardingStrategy {
-    type Err = String;
-    /// `FULL_SHARD` | `SHARD_GRAD_OP` | `NO_SHARD` in any case, with `_` or `-`, or PyTorch's
-    /// `ShardingStrategy` numbers `1` | `2` | `3` (Accelerate accepts both).
-    fn from_str(s: &str) -> std::result::Result<Self, String> {
-        let norm = s.trim().to_ascii_uppercase().replace('-', "_");
-        match norm.as_str() {
-            "FULL_SHARD" | "1" => Ok(FsdpShardingStrategy::FullShard),
-            "SHARD_GRAD_OP" | "2" => Ok(FsdpShardingStrategy::ShardGradOp),
-            "NO_SHARD" | "3" => Ok(FsdpShardingStrategy::NoShard),
-            "HYBRID_SHARD" | "HYBRID_SHARD_ZERO2" | "4" | "5" => {
-                Err("FULL_SHARD, SHARD_GRAD_OP or NO_SHARD (hybrid sharding is not supported by ddp-ladder)".into())
-            }
-            _ => Err("FULL_SHARD, SHARD_GRAD_OP or NO_SHARD (or 1, 2, 3)".into()),
-        }
-    }
-}
-
-impl From<FsdpShardingStrategy> for ladder_core::fsdp::ShardingStrategy {
-    fn from(s: FsdpShardingStrategy) -> Self {
-        match s {
-            FsdpShardingStrategy::FullShard => ladder_core::fsdp::ShardingStrategy::FullShard,
-            FsdpShardingStrategy::ShardGradOp => ladder_core::fsdp::ShardingStrategy::ShardGradOp,
-            FsdpShardingStrategy::NoShard => ladder_core::fsdp::ShardingStrategy::NoShard,
-        }
-    }
-}
-
-/// FSDP's backward prefetch, as Accelerate's `fsdp_backward_prefetch` (`BACKWARD_PRE`,
-/// `BACKWARD_POST`, `NO_PREFETCH`: `torch.distributed.fsdp.BackwardPrefetch`'s members, and
-/// `None`). When `FULL_SHARD`'s backward starts all-gathering the next unit's parameters; the
-/// other strategies keep their parameters from forward to backward and gather none there.
-/// Kebab-case `backward-pre` etc. are accepted too (on the CLI and in files), and in
-/// `FSDP_BACKWARD_PREFETCH` also PyTorch's numbers 1, 2 as Accelerate accepts them.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, clap::ValueEnum, Default)]
-#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
-pub enum FsdpBackwardPrefetch {
-    /// `BackwardPrefetch.BACKWARD_PRE`: the next unit's all-gather starts before the current
-    /// unit's gradient computation (most overlap, two units' parameters alive at once).
-    #[serde(alias = "backward-pre", alias = "backward_pre")]
-    #[value(name = "backward-pre", alias = "BACKWARD_PRE", alias = "backward_pre")]
-    BackwardPre,
-    /// `BackwardPrefetch.BACKWARD_POST`: it starts after the current unit's gradient
-    /// computation, once that unit's parameters are freed (less memory).
-    #[serde(alias = "backward-post", alias = "backward_post")]
-    #[value(name = "backward-post", alias = "BACKWARD_POST", alias = "backward_post")]
-    BackwardPost,
-    /// `backward_prefetch=None`: each unit is all-gathered when backward reaches it
-    /// (Accelerate's default).
-    #[default]
-    #[serde(alias = "no-prefetch", alias = "no_prefetch")]
-    #[value(name = "no-prefetch", alias = "NO_PREFETCH", alias = "no_prefetch")]
-    NoPrefetch,
-}
-
-impl FsdpBackwardPrefetch {
-    /// Accelerate's spelling: `BACKWARD_PRE`, `BACKWARD_POST`, `NO_PREFETCH`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            FsdpBackwardPrefetch::BackwardPre => "BACKWARD_PRE",
-            FsdpBackwardPrefetch::BackwardPost => "BACKWARD_POST",
-            FsdpBackwardPrefetch::NoPrefetch => "NO_PREFETCH",
-        }
-    }
-
-    /// The core's setting: PyTorch's `BackwardPrefetch` member, `None` for `NO_PREFETCH`.
-    pub fn policy(self) -> Option<ladder_core::fsdp::BackwardPrefetch> {
-        match self {
-            FsdpBackwardPrefetch::BackwardPre => Some(ladder_core::fsdp::BackwardPrefetch::BackwardPre),
-            FsdpBackwardPrefetch::BackwardPost => Some(ladder_core::fsdp::BackwardPrefetch::BackwardPost),
-            FsdpBackwardPrefetch::NoPrefetch => None,
-        }
-    }
-}
-
-impl fmt::Display for FsdpBackwardPrefetch {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-impl std::str::FromStr for FsdpBackwardPrefetch {
-    type Err = String;
-    /// `BACKWARD_PRE` | `BACKWARD_POST` | `NO_PREFETCH` in any case, with `_` or `-`, or
-    /// PyTorch's `BackwardPrefetch` numbers `1` | `2` (Accelerate accepts both).
-    fn from_str(s: &str) -> std::result::Result<Self, String> {
-        let norm = s.trim().to_ascii_uppercase().replace('-', "_");
-        match norm.as_str() {
-            "BACKWARD_PRE" | "1" => Ok(FsdpBackwardPrefetch::BackwardPre),
-            "BACKWARD_POST" | "2" => Ok(FsdpBackwardPrefetch::BackwardPost),
-            "NO_PREFETCH" => Ok(FsdpBackwardPrefetch::NoPrefetch),
-            _ => Err("BACKWARD_PRE, BACKWARD_POST or NO_PREFETCH (or 1, 2)".into()),
-        }
-    }
-}
 
 /// Accelerate's `distributed_type`, as `accelerate config` asks for it. It picks how
 /// `ladder-accelerate launch` starts the ranks (`MULTI_GPU`: the nccl backend; `MULTI_CPU`,
@@ -299,7 +120,7 @@ pub struct AcceleratorConfig {
     pub main_process_port: Option<u16>,
     /// `no` | `bf16` | `fp16` (fp16 needs CUDA). Default `no`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub mixed_precision: Option<MixedPrecision>,
+    pub mixed_precision: Option<Precision>,
     /// Micro-batches per optimizer step, at least 1. Default 1.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gradient_accumulation_steps: Option<usize>,
@@ -311,16 +132,16 @@ pub struct AcceleratorConfig {
     pub use_fsdp: Option<bool>,
     /// FSDP sharding strategy. Default `FULL_SHARD`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub fsdp_sharding_strategy: Option<FsdpShardingStrategy>,
+    pub fsdp_sharding_strategy: Option<ShardingStrategy>,
     /// FSDP `size_based_auto_wrap_policy` threshold: a layer with at least this many parameters
     /// becomes its own unit. Default 100,000,000 (PyTorch's).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fsdp_min_num_params: Option<usize>,
     /// FSDP backward prefetch (`BACKWARD_PRE`, `BACKWARD_POST`, `NO_PREFETCH`; see
-    /// [`FsdpBackwardPrefetch`]). Default `NO_PREFETCH`, Accelerate's (its
+    /// [`BackwardPrefetch`]). Default `NO_PREFETCH`, Accelerate's (its
     /// `FullyShardedDataParallelPlugin(backward_prefetch=None)`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub fsdp_backward_prefetch: Option<FsdpBackwardPrefetch>,
+    pub fsdp_backward_prefetch: Option<BackwardPrefetch>,
     /// FSDP forward prefetch: start the next unit's all-gather before the current unit's
     /// forward computation (sharded strategies). Default false, Accelerate's and PyTorch's.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -536,7 +357,7 @@ impl AcceleratorConfig {
                 });
             }
         }
-        if self.mixed_precision == Some(MixedPrecision::Fp16) && self.cpu == Some(true) {
+        if self.mixed_precision == Some(Precision::Fp16) && self.cpu == Some(true) {
             return Err(fp16_cpu_conflict(&origin.describe("mixed_precision"), &origin.describe("cpu")));
         }
         if self.distributed_type == Some(DistributedType::Fsdp) && self.use_fsdp == Some(false) {
@@ -637,7 +458,7 @@ pub fn env_var(setting: &str) -> Option<&'static str> {
 
 /// Default of [`ResolvedConfig::fsdp_min_num_params`]: PyTorch's, from the core's `FsdpConfig`.
 pub fn default_fsdp_min_num_params() -> usize {
-    ladder_core::fsdp::FsdpConfig::default().min_num_params
+    FsdpOptions::default().min_num_params
 }
 
 /// Concrete values + the source of each, after precedence builder > launcher env > config
@@ -645,7 +466,7 @@ pub fn default_fsdp_min_num_params() -> usize {
 #[derive(Debug, Clone, PartialEq)]
 pub struct ResolvedConfig {
     /// `no` | `bf16` | `fp16`.
-    pub mixed_precision: MixedPrecision,
+    pub mixed_precision: Precision,
     /// Micro-batches per optimizer step (≥ 1).
     pub gradient_accumulation_steps: usize,
     /// Train on the CPU even when a GPU is available.
@@ -653,11 +474,11 @@ pub struct ResolvedConfig {
     /// FSDP instead of DDP.
     pub use_fsdp: bool,
     /// FSDP sharding strategy (meaningful when `use_fsdp`).
-    pub fsdp_sharding_strategy: FsdpShardingStrategy,
+    pub fsdp_sharding_strategy: ShardingStrategy,
     /// FSDP auto-wrap threshold in parameters (meaningful when `use_fsdp`).
     pub fsdp_min_num_params: usize,
     /// FSDP backward prefetch (meaningful when `use_fsdp` with `FULL_SHARD`).
-    pub fsdp_backward_prefetch: FsdpBackwardPrefetch,
+    pub fsdp_backward_prefetch: BackwardPrefetch,
     /// FSDP forward prefetch (meaningful when `use_fsdp` with a sharded strategy).
     pub fsdp_forward_prefetch: bool,
     /// The loader's batch size is global, split between the processes.
@@ -683,6 +504,12 @@ pub fn str_to_bool(s: &str) -> std::result::Result<bool, String> {
         "n" | "no" | "f" | "false" | "off" | "0" => Ok(false),
         _ => Err("a boolean: true or false (also 1/0, yes/no, on/off)".into()),
     }
+}
+
+/// A choice of the core's vocabulary from its text, the error being what was expected in
+/// Accelerate's spelling (`FULL_SHARD, SHARD_GRAD_OP or NO_SHARD`).
+fn choice<T: Choice>(s: &str) -> std::result::Result<T, String> {
+    ladder_core::parallel::choice::parse(s).map_err(|e: ChoiceError| e.names)
 }
 
 fn parse_count(s: &str, min: usize) -> std::result::Result<usize, String> {
@@ -762,8 +589,7 @@ impl ResolvedConfig {
 
         let env: &dyn Fn(&str) -> Option<String> = &env;
         let s = &mut sources;
-        let mixed_precision =
-            pick(s, env, "mixed_precision", builder.mixed_precision, file.mixed_precision, MixedPrecision::No, str::parse)?;
+        let mixed_precision = pick(s, env, "mixed_precision", builder.mixed_precision, file.mixed_precision, Precision::No, choice)?;
         let gradient_accumulation_steps =
             pick(s, env, "gradient_accumulation_steps", builder.gradient_accumulation_steps, file.gradient_accumulation_steps, 1, |v| {
                 parse_count(v, 1)
@@ -776,8 +602,8 @@ impl ResolvedConfig {
             "fsdp_sharding_strategy",
             builder.fsdp_sharding_strategy,
             file.fsdp_sharding_strategy,
-            FsdpShardingStrategy::FullShard,
-            str::parse,
+            ShardingStrategy::FullShard,
+            choice,
         )?;
         let fsdp_min_num_params = pick(
             s,
@@ -794,8 +620,8 @@ impl ResolvedConfig {
             "fsdp_backward_prefetch",
             builder.fsdp_backward_prefetch,
             file.fsdp_backward_prefetch,
-            FsdpBackwardPrefetch::NoPrefetch,
-            str::parse,
+            BackwardPrefetch::NoPrefetch,
+            choice,
         )?;
         let fsdp_forward_prefetch =
             pick(s, env, "fsdp_forward_prefetch", builder.fsdp_forward_prefetch, file.fsdp_forward_prefetch, false, str_to_bool)?;
@@ -818,46 +644,38 @@ impl ResolvedConfig {
             config_file,
             sources,
         };
-        if resolved.mixed_precision == MixedPrecision::Fp16 && resolved.cpu {
+        if resolved.mixed_precision == Precision::Fp16 && resolved.cpu {
             return Err(fp16_cpu_conflict(&resolved.describe_source("mixed_precision"), &resolved.describe_source("cpu")));
         }
         Ok(resolved)
     }
 
-    /// How the model is wrapped: DDP, or FSDP with `fsdp_sharding_strategy` when `use_fsdp`.
-    pub fn strategy(&self) -> ladder_core::wrapped::Strategy {
-        use ladder_core::wrapped::Strategy;
+    /// How the model is wrapped: DDP (PyTorch's options), or FSDP with
+    /// `fsdp_sharding_strategy`, `fsdp_min_num_params`, `fsdp_backward_prefetch` and
+    /// `fsdp_forward_prefetch` when `use_fsdp`.
+    pub fn strategy(&self) -> Strategy {
         if !self.use_fsdp {
-            return Strategy::Ddp;
+            return Strategy::default();
         }
-        match self.fsdp_sharding_strategy {
-            FsdpShardingStrategy::FullShard => Strategy::FsdpFullShard,
-            FsdpShardingStrategy::ShardGradOp => Strategy::FsdpShardGradOp,
-            FsdpShardingStrategy::NoShard => Strategy::FsdpNoShard,
-        }
+        Strategy::Fsdp(FsdpOptions {
+            sharding_strategy: self.fsdp_sharding_strategy,
+            min_num_params: self.fsdp_min_num_params,
+            backward_prefetch: self.fsdp_backward_prefetch,
+            forward_prefetch: self.fsdp_forward_prefetch,
+            ..FsdpOptions::default()
+        })
     }
 
-    /// The core's wrapping settings these values stand for, with DDP's `bucket_cap_mb` (MiB,
-    /// from [`DistributedDataParallelKwargs`](crate::DistributedDataParallelKwargs)): the
-    /// [`strategy`](Self::strategy), the FSDP auto-wrap threshold, backward prefetch
-    /// (`NO_PREFETCH` → `None`) and forward prefetch, and mixed precision (`bf16` / `fp16`
-    /// compute with fp32 reduction; `no` → `None`). What
+    /// The core's wrapping settings these values stand for, with DDP's options (from
+    /// [`DistributedDataParallelKwargs`](crate::DistributedDataParallelKwargs)) when the
+    /// [`strategy`](Self::strategy) is DDP, and the mixed precision. What
     /// [`Accelerator::prepare_model`](crate::Accelerator::prepare_model) wraps the model with.
-    pub fn wrap_config(&self, bucket_cap_mb: f64) -> ladder_core::wrapped::WrapConfig {
-        use ladder_core::fsdp::{Dtype, MixedPrecision as CoreMixedPrecision};
-        let mixed_precision = match self.mixed_precision {
-            MixedPrecision::No => None,
-            MixedPrecision::Bf16 => Some(CoreMixedPrecision { param_dtype: Dtype::Bf16, reduce_dtype: Dtype::F32 }),
-            MixedPrecision::Fp16 => Some(CoreMixedPrecision { param_dtype: Dtype::F16, reduce_dtype: Dtype::F32 }),
+    pub fn wrap_config(&self, ddp: DdpOptions) -> ladder_core::parallel::WrapConfig {
+        let strategy = match self.strategy() {
+            Strategy::Ddp(_) => Strategy::Ddp(ddp),
+            fsdp => fsdp,
         };
-        ladder_core::wrapped::WrapConfig {
-            strategy: self.strategy(),
-            bucket_cap_mb,
-            fsdp_min_num_params: self.fsdp_min_num_params,
-            mixed_precision,
-            fsdp_backward_prefetch: self.fsdp_backward_prefetch.policy(),
-            fsdp_forward_prefetch: self.fsdp_forward_prefetch,
-        }
+        ladder_core::parallel::WrapConfig { strategy, mixed_precision: self.mixed_precision }
     }
 
     /// Where `setting` came from (`Source::Default` for a name that is not a setting).

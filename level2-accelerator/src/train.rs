@@ -2,15 +2,15 @@
 //! rank, no device, no setup/cleanup, no sampler, no wrapper in this code: the
 //! [`Accelerator`] reads them from the launcher and the config.
 
-use crate::config::{AcceleratorConfig, FsdpBackwardPrefetch, FsdpShardingStrategy, MixedPrecision};
+use crate::config::AcceleratorConfig;
 use crate::{Accelerator, DistributedDataParallelKwargs, InitProcessGroupKwargs, Result};
 use clap::Parser;
 use ladder_core::device::DeviceKind;
 use ladder_core::metrics::{EpochFigures, LocalFigures, Report};
 use ladder_core::model::{BasicNet, BasicNetConfig};
 use ladder_core::optim::AdamWConfig;
+use ladder_core::parallel::{BackwardPrefetch, Precision, Strategy, StrategyOptions};
 use ladder_core::train::{EvalSums, TrainArgs};
-use ladder_core::wrapped::{check_strategy_flags, Strategy};
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 use std::time::Instant;
@@ -32,12 +32,12 @@ pub struct Config {
     pub train: TrainArgs,
     /// How the model is replicated (sets use_fsdp and fsdp_sharding_strategy). Default: the
     /// launcher's or config file's setting, else ddp.
-    #[arg(long, value_enum, value_parser = ladder_core::cli::choice::<Strategy>())]
+    #[arg(long, value_parser = ladder_core::cli::spelling::<Strategy>())]
     pub strategy: Option<Strategy>,
     /// Mixed precision (fp16 needs CUDA). Default: the launcher's or config file's setting,
     /// else no.
-    #[arg(long, value_enum, value_parser = ladder_core::cli::choice::<MixedPrecision>())]
-    pub mixed_precision: Option<MixedPrecision>,
+    #[arg(long, value_parser = ladder_core::cli::spelling::<Precision>())]
+    pub mixed_precision: Option<Precision>,
     /// Micro-batches per optimizer step. Default: the launcher's or config file's, else 1.
     #[arg(long, value_name = "K")]
     pub gradient_accumulation_steps: Option<usize>,
@@ -47,8 +47,8 @@ pub struct Config {
     /// FSDP backward prefetch: when FULL_SHARD's backward starts all-gathering the next unit
     /// (Accelerate's fsdp_backward_prefetch; FSDP strategies only). Default: the launcher's or
     /// config file's, else no-prefetch (Accelerate's).
-    #[arg(long, value_enum, value_parser = ladder_core::cli::choice::<FsdpBackwardPrefetch>(), value_name = "POLICY")]
-    pub fsdp_backward_prefetch: Option<FsdpBackwardPrefetch>,
+    #[arg(long, value_parser = ladder_core::cli::spelling::<BackwardPrefetch>(), value_name = "POLICY")]
+    pub fsdp_backward_prefetch: Option<BackwardPrefetch>,
     /// FSDP forward prefetch: start the next unit's all-gather before the current unit's
     /// forward (Accelerate's fsdp_forward_prefetch; FSDP strategies only); alone it means true.
     /// Default: the launcher's or config file's, else false.
@@ -75,16 +75,22 @@ pub struct Config {
     pub check_sync: bool,
 }
 
+/// Level 2's flag for each option [`Strategy::with_options`] names.
+const FLAG_NAMES: &[(&str, &str)] = &[
+    ("bucket_cap_mb", "--bucket-cap-mb"),
+    ("min_num_params", "--fsdp-min-num-params"),
+    ("backward_prefetch", "--fsdp-backward-prefetch"),
+    ("forward_prefetch", "--fsdp-forward-prefetch"),
+];
+
 impl Config {
     /// The settings this command line gives the Accelerator explicitly (flags not given stay
     /// `None`, so the launcher's environment and the config file still apply).
     pub fn accelerator_config(&self) -> AcceleratorConfig {
+        // --strategy is Accelerate's use_fsdp and fsdp_sharding_strategy at once.
         let (use_fsdp, sharding) = match self.strategy {
             None => (None, None),
-            Some(Strategy::Ddp) => (Some(false), None),
-            Some(Strategy::FsdpFullShard) => (Some(true), Some(FsdpShardingStrategy::FullShard)),
-            Some(Strategy::FsdpShardGradOp) => (Some(true), Some(FsdpShardingStrategy::ShardGradOp)),
-            Some(Strategy::FsdpNoShard) => (Some(true), Some(FsdpShardingStrategy::NoShard)),
+            Some(s) => (Some(s.sharding().is_some()), s.sharding()),
         };
         AcceleratorConfig {
             mixed_precision: self.mixed_precision,
@@ -115,15 +121,29 @@ pub fn run(cfg: &Config) -> Result<Report> {
     }
     // The strategy may come from the launcher or the config file: check the flags against it.
     let resolved = crate::config::ResolvedConfig::resolve(&cfg.accelerator_config(), |k| std::env::var(k).ok())?;
-    let fsdp_given = [
-        ("--fsdp-min-num-params", cfg.fsdp_min_num_params.is_some()),
-        ("--fsdp-backward-prefetch", cfg.fsdp_backward_prefetch.is_some()),
-        ("--fsdp-forward-prefetch", cfg.fsdp_forward_prefetch.is_some()),
-    ]
-    .into_iter()
-    .find_map(|(flag, given)| given.then_some(flag));
-    check_strategy_flags(resolved.strategy(), "the resolved strategy", cfg.bucket_cap_mb.is_some(), fsdp_given)?;
-    let kwargs = DistributedDataParallelKwargs { bucket_cap_mb: cfg.bucket_cap_mb.unwrap_or(25.0) };
+    let flags = StrategyOptions {
+        bucket_cap_mb: cfg.bucket_cap_mb,
+        min_num_params: cfg.fsdp_min_num_params,
+        backward_prefetch: cfg.fsdp_backward_prefetch,
+        forward_prefetch: cfg.fsdp_forward_prefetch,
+    };
+    let strategy = resolved.strategy().with_options(&flags).map_err(|e| match e.named_by(FLAG_NAMES) {
+        ladder_core::Error::OptionNotForStrategy { option, belongs_to, .. } => ladder_core::Error::OptionNotForStrategy {
+            option,
+            strategy: format!(
+                "the resolved strategy {} (use_fsdp {}, {})",
+                resolved.strategy().name(),
+                resolved.use_fsdp,
+                resolved.describe_source("use_fsdp")
+            ),
+            belongs_to,
+        },
+        other => other,
+    })?;
+    let kwargs = match strategy {
+        Strategy::Ddp(o) => o,
+        Strategy::Fsdp(_) => DistributedDataParallelKwargs::default(),
+    };
     let args = &cfg.train;
 
     // ANCHOR: user_code

@@ -2,12 +2,11 @@
 //! (with "given as the default" kept apart from "not given"), config file round-trips, the
 //! written files, the banner, and every error message (insta snapshots, reviewed).
 
-use ladder_core::fsdp::BackwardPrefetch;
-use ladder_core::wrapped::Strategy;
+use ladder_core::parallel::{Dtype, FsdpOptions, Strategy, WrapConfig};
 use level2_accelerator::config::{
-    AcceleratorConfig, ConfigFormat, DistributedType, FsdpBackwardPrefetch, FsdpShardingStrategy, MixedPrecision, ResolvedConfig, Source,
-    SETTINGS,
+    AcceleratorConfig, BackwardPrefetch, ConfigFormat, DistributedType, Precision, ResolvedConfig, ShardingStrategy, Source, SETTINGS,
 };
+use level2_accelerator::DistributedDataParallelKwargs;
 use std::collections::HashMap;
 use std::path::Path;
 
@@ -39,14 +38,14 @@ fn resolve_with(builder: &AcceleratorConfig, vars: &[(&str, &str)], file: Option
 #[test]
 fn nothing_given_gives_accelerates_defaults() {
     let r = ResolvedConfig::resolve(&AcceleratorConfig::default(), env_of(&[])).unwrap();
-    assert_eq!(r.mixed_precision, MixedPrecision::No);
+    assert_eq!(r.mixed_precision, Precision::No);
     assert_eq!(r.gradient_accumulation_steps, 1);
     assert!(!r.cpu);
     assert!(!r.use_fsdp);
-    assert_eq!(r.fsdp_sharding_strategy, FsdpShardingStrategy::FullShard);
+    assert_eq!(r.fsdp_sharding_strategy, ShardingStrategy::FullShard);
     assert_eq!(r.fsdp_min_num_params, 100_000_000);
     // Accelerate's FullyShardedDataParallelPlugin: backward_prefetch=None, forward_prefetch=False.
-    assert_eq!(r.fsdp_backward_prefetch, FsdpBackwardPrefetch::NoPrefetch);
+    assert_eq!(r.fsdp_backward_prefetch, BackwardPrefetch::NoPrefetch);
     assert!(!r.fsdp_forward_prefetch);
     assert!(!r.split_batches);
     assert!(r.even_batches);
@@ -62,22 +61,22 @@ fn nothing_given_gives_accelerates_defaults() {
 fn precedence_table_mixed_precision() {
     let b = |mp| AcceleratorConfig { mixed_precision: mp, ..Default::default() };
     let env = |v: &'static str| vec![("ACCELERATE_MIXED_PRECISION", v)];
-    type Row = (AcceleratorConfig, Vec<(&'static str, &'static str)>, Option<&'static str>, MixedPrecision, Source);
+    type Row = (AcceleratorConfig, Vec<(&'static str, &'static str)>, Option<&'static str>, Precision, Source);
     #[rustfmt::skip]
     let rows: Vec<Row> = vec![
         // builder                           env           file                        -> value                 source
-        (b(None),                           vec![],        None,                          MixedPrecision::No,   Source::Default),
-        (b(None),                           vec![],        Some("mixed_precision: bf16"), MixedPrecision::Bf16, Source::ConfigFile),
-        (b(None),                           vec![],        Some("mixed_precision: 'no'"), MixedPrecision::No,   Source::ConfigFile),
-        (b(None),                           env("bf16"),   Some("mixed_precision: fp16"), MixedPrecision::Bf16, Source::Env),
-        (b(None),                           env("no"),     Some("mixed_precision: bf16"), MixedPrecision::No,   Source::Env),
-        (b(None),                           env("BF16"),   None,                          MixedPrecision::Bf16, Source::Env),
-        (b(Some(MixedPrecision::Fp16)),     env("bf16"),   Some("mixed_precision: bf16"), MixedPrecision::Fp16, Source::Builder),
-        (b(Some(MixedPrecision::No)),       env("bf16"),   Some("mixed_precision: bf16"), MixedPrecision::No,   Source::Builder),
-        (b(Some(MixedPrecision::No)),       vec![],        Some("mixed_precision: fp16"), MixedPrecision::No,   Source::Builder),
-        (b(Some(MixedPrecision::Bf16)),     vec![],        None,                          MixedPrecision::Bf16, Source::Builder),
+        (b(None),                           vec![],        None,                          Precision::No,   Source::Default),
+        (b(None),                           vec![],        Some("mixed_precision: bf16"), Precision::Bf16, Source::ConfigFile),
+        (b(None),                           vec![],        Some("mixed_precision: 'no'"), Precision::No,   Source::ConfigFile),
+        (b(None),                           env("bf16"),   Some("mixed_precision: fp16"), Precision::Bf16, Source::Env),
+        (b(None),                           env("no"),     Some("mixed_precision: bf16"), Precision::No,   Source::Env),
+        (b(None),                           env("BF16"),   None,                          Precision::Bf16, Source::Env),
+        (b(Some(Precision::Fp16)),     env("bf16"),   Some("mixed_precision: bf16"), Precision::Fp16, Source::Builder),
+        (b(Some(Precision::No)),       env("bf16"),   Some("mixed_precision: bf16"), Precision::No,   Source::Builder),
+        (b(Some(Precision::No)),       vec![],        Some("mixed_precision: fp16"), Precision::No,   Source::Builder),
+        (b(Some(Precision::Bf16)),     vec![],        None,                          Precision::Bf16, Source::Builder),
         // A file that does not mention the setting leaves it to the default.
-        (b(None),                           vec![],        Some("seed: 3"),               MixedPrecision::No,   Source::Default),
+        (b(None),                           vec![],        Some("seed: 3"),               Precision::No,   Source::Default),
     ];
     for (i, (builder, vars, file, want, src)) in rows.into_iter().enumerate() {
         let r = resolve_with(&builder, &vars, file);
@@ -143,14 +142,14 @@ fn precedence_table_every_setting() {
         },
         Row {
             setting: "fsdp_sharding_strategy",
-            builder: AcceleratorConfig { fsdp_sharding_strategy: Some(FsdpShardingStrategy::NoShard), ..d() },
+            builder: AcceleratorConfig { fsdp_sharding_strategy: Some(ShardingStrategy::NoShard), ..d() },
             builder_v: "NO_SHARD",
             env: "2",
             env_v: "SHARD_GRAD_OP",
             file: "fsdp_sharding_strategy: NO_SHARD",
             file_v: "NO_SHARD",
             default_v: "FULL_SHARD",
-            builder_default: AcceleratorConfig { fsdp_sharding_strategy: Some(FsdpShardingStrategy::FullShard), ..d() },
+            builder_default: AcceleratorConfig { fsdp_sharding_strategy: Some(ShardingStrategy::FullShard), ..d() },
             env_default: "FULL_SHARD",
         },
         Row {
@@ -167,14 +166,14 @@ fn precedence_table_every_setting() {
         },
         Row {
             setting: "fsdp_backward_prefetch",
-            builder: AcceleratorConfig { fsdp_backward_prefetch: Some(FsdpBackwardPrefetch::BackwardPost), ..d() },
+            builder: AcceleratorConfig { fsdp_backward_prefetch: Some(BackwardPrefetch::BackwardPost), ..d() },
             builder_v: "BACKWARD_POST",
             env: "backward_pre", // Accelerate upper-cases the variable
             env_v: "BACKWARD_PRE",
             file: "fsdp_backward_prefetch: BACKWARD_POST",
             file_v: "BACKWARD_POST",
             default_v: "NO_PREFETCH",
-            builder_default: AcceleratorConfig { fsdp_backward_prefetch: Some(FsdpBackwardPrefetch::NoPrefetch), ..d() },
+            builder_default: AcceleratorConfig { fsdp_backward_prefetch: Some(BackwardPrefetch::NoPrefetch), ..d() },
             env_default: "NO_PREFETCH",
         },
         Row {
@@ -268,13 +267,13 @@ fn full_config() -> AcceleratorConfig {
         machine_rank: Some(1),
         main_process_ip: Some("10.0.0.1".into()),
         main_process_port: Some(29501),
-        mixed_precision: Some(MixedPrecision::Bf16),
+        mixed_precision: Some(Precision::Bf16),
         gradient_accumulation_steps: Some(4),
         cpu: Some(true),
         use_fsdp: Some(true),
-        fsdp_sharding_strategy: Some(FsdpShardingStrategy::ShardGradOp),
+        fsdp_sharding_strategy: Some(ShardingStrategy::ShardGradOp),
         fsdp_min_num_params: Some(0),
-        fsdp_backward_prefetch: Some(FsdpBackwardPrefetch::BackwardPost),
+        fsdp_backward_prefetch: Some(BackwardPrefetch::BackwardPost),
         fsdp_forward_prefetch: Some(true),
         split_batches: Some(false),
         even_batches: Some(true),
@@ -285,7 +284,7 @@ fn full_config() -> AcceleratorConfig {
 #[test]
 fn config_files_round_trip_in_every_format() {
     let dir = tempfile::tempdir().unwrap();
-    let partial = AcceleratorConfig { num_processes: Some(2), mixed_precision: Some(MixedPrecision::No), ..Default::default() };
+    let partial = AcceleratorConfig { num_processes: Some(2), mixed_precision: Some(Precision::No), ..Default::default() };
     for name in ["c.yaml", "c.yml", "c.toml", "c.json", "sub/dir/c.YAML"] {
         for cfg in [full_config(), partial.clone(), AcceleratorConfig::default()] {
             let path = dir.path().join(name);
@@ -305,7 +304,7 @@ fn written_files_hold_exactly_the_given_settings() {
     insta::assert_snapshot!("full_yaml", full_config().to_string_as(ConfigFormat::Yaml).unwrap());
     insta::assert_snapshot!("full_toml", full_config().to_string_as(ConfigFormat::Toml).unwrap());
     // Given as the default is written; not given is not.
-    let partial = AcceleratorConfig { mixed_precision: Some(MixedPrecision::No), even_batches: Some(true), ..Default::default() };
+    let partial = AcceleratorConfig { mixed_precision: Some(Precision::No), even_batches: Some(true), ..Default::default() };
     assert_eq!(partial.to_string_as(ConfigFormat::Yaml).unwrap(), "mixed_precision: no\neven_batches: true\n");
     assert_eq!(AcceleratorConfig::default().to_string_as(ConfigFormat::Yaml).unwrap(), "{}\n");
 }
@@ -321,40 +320,40 @@ fn accelerates_own_spellings_are_read() {
     let c = AcceleratorConfig::load(&p).unwrap();
     assert_eq!(c.distributed_type, Some(DistributedType::MultiCpu));
     assert_eq!(c.cpu, Some(true));
-    assert_eq!(c.fsdp_sharding_strategy, Some(FsdpShardingStrategy::ShardGradOp));
+    assert_eq!(c.fsdp_sharding_strategy, Some(ShardingStrategy::ShardGradOp));
     // An empty file is the empty config.
     assert_eq!(AcceleratorConfig::load(write(dir.path(), "e.toml", "\n")).unwrap(), AcceleratorConfig::default());
     for (text, want) in [
-        ("FULL_SHARD", FsdpShardingStrategy::FullShard),
-        ("full-shard", FsdpShardingStrategy::FullShard),
-        ("1", FsdpShardingStrategy::FullShard),
-        ("shard_grad_op", FsdpShardingStrategy::ShardGradOp),
-        ("3", FsdpShardingStrategy::NoShard),
+        ("FULL_SHARD", ShardingStrategy::FullShard),
+        ("full-shard", ShardingStrategy::FullShard),
+        ("1", ShardingStrategy::FullShard),
+        ("shard_grad_op", ShardingStrategy::ShardGradOp),
+        ("3", ShardingStrategy::NoShard),
     ] {
-        assert_eq!(text.parse::<FsdpShardingStrategy>(), Ok(want), "{text}");
+        assert_eq!(text.parse::<ShardingStrategy>(), Ok(want), "{text}");
     }
     // Backward prefetch: Accelerate's names in any case (it upper-cases them), PyTorch's
     // BackwardPrefetch numbers 1 and 2, and our kebab-case; in files the names.
     for (text, want) in [
-        ("BACKWARD_PRE", FsdpBackwardPrefetch::BackwardPre),
-        ("backward_pre", FsdpBackwardPrefetch::BackwardPre),
-        ("1", FsdpBackwardPrefetch::BackwardPre),
-        ("BACKWARD_POST", FsdpBackwardPrefetch::BackwardPost),
-        ("backward-post", FsdpBackwardPrefetch::BackwardPost),
-        ("2", FsdpBackwardPrefetch::BackwardPost),
-        ("NO_PREFETCH", FsdpBackwardPrefetch::NoPrefetch),
-        ("No_Prefetch", FsdpBackwardPrefetch::NoPrefetch),
+        ("BACKWARD_PRE", BackwardPrefetch::BackwardPre),
+        ("backward_pre", BackwardPrefetch::BackwardPre),
+        ("1", BackwardPrefetch::BackwardPre),
+        ("BACKWARD_POST", BackwardPrefetch::BackwardPost),
+        ("backward-post", BackwardPrefetch::BackwardPost),
+        ("2", BackwardPrefetch::BackwardPost),
+        ("NO_PREFETCH", BackwardPrefetch::NoPrefetch),
+        ("No_Prefetch", BackwardPrefetch::NoPrefetch),
     ] {
-        assert_eq!(text.parse::<FsdpBackwardPrefetch>(), Ok(want), "{text}");
+        assert_eq!(text.parse::<BackwardPrefetch>(), Ok(want), "{text}");
     }
     for bad in ["3", "0", "BACKWARD", "PRE", "none", ""] {
-        assert!(bad.parse::<FsdpBackwardPrefetch>().is_err(), "{bad:?} must be refused");
+        assert!(bad.parse::<BackwardPrefetch>().is_err(), "{bad:?} must be refused");
     }
     let p = write(dir.path(), "p.yaml", "fsdp_backward_prefetch: backward_pre\nfsdp_forward_prefetch: true\n");
     let c = AcceleratorConfig::load(&p).unwrap();
-    assert_eq!((c.fsdp_backward_prefetch, c.fsdp_forward_prefetch), (Some(FsdpBackwardPrefetch::BackwardPre), Some(true)));
+    assert_eq!((c.fsdp_backward_prefetch, c.fsdp_forward_prefetch), (Some(BackwardPrefetch::BackwardPre), Some(true)));
     let p = write(dir.path(), "p.toml", "fsdp_backward_prefetch = \"NO_PREFETCH\"\n");
-    assert_eq!(AcceleratorConfig::load(&p).unwrap().fsdp_backward_prefetch, Some(FsdpBackwardPrefetch::NoPrefetch));
+    assert_eq!(AcceleratorConfig::load(&p).unwrap().fsdp_backward_prefetch, Some(BackwardPrefetch::NoPrefetch));
 }
 
 /// The resolved settings reach the core's WrapConfig (what `prepare_model` wraps with), from
@@ -363,40 +362,46 @@ fn accelerates_own_spellings_are_read() {
 fn resolved_prefetch_settings_reach_the_wrap_config() {
     let fsdp = |extra: AcceleratorConfig| AcceleratorConfig {
         use_fsdp: Some(true),
-        fsdp_sharding_strategy: Some(FsdpShardingStrategy::FullShard),
+        fsdp_sharding_strategy: Some(ShardingStrategy::FullShard),
         fsdp_min_num_params: Some(0),
         ..extra
     };
+    let fsdp_options = |w: WrapConfig| match w.strategy {
+        Strategy::Fsdp(o) => o,
+        other => panic!("expected FSDP, got {other:?}"),
+    };
+    let ddp = |bucket_cap_mb| DistributedDataParallelKwargs { bucket_cap_mb, ..Default::default() };
     // Nothing given: Accelerate's defaults, not the core's (PyTorch's BACKWARD_PRE).
-    let w = resolve_with(&fsdp(AcceleratorConfig::default()), &[], None).wrap_config(25.0);
-    assert_eq!((w.strategy, w.fsdp_min_num_params), (Strategy::FsdpFullShard, 0));
-    assert_eq!((w.fsdp_backward_prefetch, w.fsdp_forward_prefetch), (None, false));
-    assert_ne!(w.fsdp_backward_prefetch, ladder_core::wrapped::WrapConfig::default().fsdp_backward_prefetch);
+    let o = fsdp_options(resolve_with(&fsdp(AcceleratorConfig::default()), &[], None).wrap_config(ddp(25.0)));
+    assert_eq!((o.sharding_strategy, o.min_num_params), (ShardingStrategy::FullShard, 0));
+    assert_eq!((o.backward_prefetch, o.forward_prefetch), (BackwardPrefetch::NoPrefetch, false));
+    assert_ne!(o.backward_prefetch, FsdpOptions::default().backward_prefetch);
     // From the builder.
     let b = fsdp(AcceleratorConfig {
-        fsdp_backward_prefetch: Some(FsdpBackwardPrefetch::BackwardPre),
+        fsdp_backward_prefetch: Some(BackwardPrefetch::BackwardPre),
         fsdp_forward_prefetch: Some(true),
         ..Default::default()
     });
-    let w = resolve_with(&b, &[("FSDP_BACKWARD_PREFETCH", "BACKWARD_POST")], None).wrap_config(25.0);
-    assert_eq!((w.fsdp_backward_prefetch, w.fsdp_forward_prefetch), (Some(BackwardPrefetch::BackwardPre), true));
+    let o = fsdp_options(resolve_with(&b, &[("FSDP_BACKWARD_PREFETCH", "BACKWARD_POST")], None).wrap_config(ddp(25.0)));
+    assert_eq!((o.backward_prefetch, o.forward_prefetch), (BackwardPrefetch::BackwardPre, true));
     // From the launcher's variables, over the file.
     let w = resolve_with(
         &fsdp(AcceleratorConfig::default()),
         &[("FSDP_BACKWARD_PREFETCH", "BACKWARD_POST"), ("FSDP_FORWARD_PREFETCH", "true")],
         Some("fsdp_backward_prefetch: BACKWARD_PRE\nfsdp_forward_prefetch: false\n"),
     )
-    .wrap_config(25.0);
-    assert_eq!((w.fsdp_backward_prefetch, w.fsdp_forward_prefetch), (Some(BackwardPrefetch::BackwardPost), true));
+    .wrap_config(ddp(25.0));
+    let o = fsdp_options(w);
+    assert_eq!((o.backward_prefetch, o.forward_prefetch), (BackwardPrefetch::BackwardPost, true));
     // From the file.
-    let w = resolve_with(&fsdp(AcceleratorConfig::default()), &[], Some("fsdp_backward_prefetch: BACKWARD_PRE\n")).wrap_config(25.0);
-    assert_eq!(w.fsdp_backward_prefetch, Some(BackwardPrefetch::BackwardPre));
+    let w = resolve_with(&fsdp(AcceleratorConfig::default()), &[], Some("fsdp_backward_prefetch: BACKWARD_PRE\n")).wrap_config(ddp(25.0));
+    assert_eq!(fsdp_options(w).backward_prefetch, BackwardPrefetch::BackwardPre);
     // The rest of the wrap config: DDP with its bucket cap, bf16 compute with fp32 reduction.
     let w =
-        resolve_with(&AcceleratorConfig { mixed_precision: Some(MixedPrecision::Bf16), ..Default::default() }, &[], None).wrap_config(10.0);
-    assert_eq!((w.strategy, w.bucket_cap_mb), (Strategy::Ddp, 10.0));
-    let mp = w.mixed_precision.expect("bf16 policy");
-    assert_eq!((mp.param_dtype, mp.reduce_dtype), (ladder_core::fsdp::Dtype::Bf16, ladder_core::fsdp::Dtype::F32));
+        resolve_with(&AcceleratorConfig { mixed_precision: Some(Precision::Bf16), ..Default::default() }, &[], None).wrap_config(ddp(10.0));
+    assert_eq!(w.strategy, Strategy::Ddp(ddp(10.0)));
+    let mp = w.mixed_precision.policy().expect("bf16 policy");
+    assert_eq!((mp.param_dtype, mp.reduce_dtype), (Dtype::Bf16, Dtype::F32));
 }
 
 #[test]
@@ -445,11 +450,7 @@ fn error_messages() {
     case("bad seed", resolve_err(&none, &[("ACCELERATE_SEED", "abc")], None));
     case(
         "fp16 from the builder with cpu from the env",
-        resolve_err(
-            &AcceleratorConfig { mixed_precision: Some(MixedPrecision::Fp16), ..none.clone() },
-            &[("ACCELERATE_USE_CPU", "true")],
-            None,
-        ),
+        resolve_err(&AcceleratorConfig { mixed_precision: Some(Precision::Fp16), ..none.clone() }, &[("ACCELERATE_USE_CPU", "true")], None),
     );
     case("fp16 and cpu in one file", resolve_err(&none, &[], Some(("c.yaml", "mixed_precision: fp16\ncpu: true\n"))));
     case(
@@ -506,9 +507,9 @@ fn env_vars_for_launch_read_back_to_the_same_values() {
     assert!(r.sources.values().all(|s| *s == Source::Env));
     assert_eq!(
         (r.mixed_precision, r.gradient_accumulation_steps, r.cpu, r.use_fsdp, r.fsdp_sharding_strategy, r.fsdp_min_num_params),
-        (MixedPrecision::Bf16, 4, true, true, FsdpShardingStrategy::ShardGradOp, 0)
+        (Precision::Bf16, 4, true, true, ShardingStrategy::ShardGradOp, 0)
     );
-    assert_eq!((r.fsdp_backward_prefetch, r.fsdp_forward_prefetch), (FsdpBackwardPrefetch::BackwardPost, true));
+    assert_eq!((r.fsdp_backward_prefetch, r.fsdp_forward_prefetch), (BackwardPrefetch::BackwardPost, true));
     assert_eq!((r.split_batches, r.even_batches, r.seed), (false, true, Some(42)));
     // Nothing given, nothing exported.
     assert!(AcceleratorConfig::default().to_env_vars().is_empty());

@@ -10,6 +10,7 @@
 use crate::error::{Error, Result};
 use clap::parser::ValueSource;
 use clap::{ArgMatches, CommandFactory, FromArgMatches, Parser};
+use ladder_core::parallel::{BackwardPrefetch, ShardingStrategy, Strategy};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 
@@ -53,79 +54,44 @@ pub enum ReportTo {
     Csv,
 }
 
-/// Fully Sharded Data Parallel instead of DDP (Transformers' `fsdp` option, the two sharding
-/// strategies this project implements).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
-#[serde(rename_all = "snake_case")]
-pub enum FsdpOption {
-    /// ZeRO-3: parameters, gradients and optimizer state sharded.
-    #[value(name = "full_shard")]
-    FullShard,
-    /// ZeRO-2: gradients and optimizer state sharded, parameters kept from forward to backward.
-    #[value(name = "shard_grad_op")]
-    ShardGradOp,
-    /// No sharding: full replicas, gradients all-reduced through FSDP's code path.
-    #[value(name = "no_shard")]
-    NoShard,
-}
-
-/// FSDP's backward prefetch as Transformers' `fsdp_config["backward_prefetch"]` names it:
-/// `backward_pre`, `backward_post` (`torch.distributed.fsdp.BackwardPrefetch`'s members).
-/// When `full_shard`'s backward starts all-gathering the next unit's parameters.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum BackwardPrefetch {
-    /// Before the current unit's gradient computation (most overlap; two units' parameters
-    /// alive at once).
-    BackwardPre,
-    /// After the current unit's gradient computation, once its parameters are freed (less
-    /// memory).
-    BackwardPost,
-}
-
-impl BackwardPrefetch {
-    /// Reads a `backward_prefetch` value as Transformers does (it upper-cases the text and
-    /// hands it to Accelerate): `backward_pre`, `backward_post` in any case; `no_prefetch`
-    /// (Accelerate's name for none) gives `None`, as leaving the key out does.
-    ///
-    /// # Errors
-    /// The message for any other text, naming the key and the accepted values.
-    pub fn parse(text: &str) -> std::result::Result<Option<Self>, String> {
-        match text.trim().to_ascii_uppercase().as_str() {
-            "BACKWARD_PRE" => Ok(Some(BackwardPrefetch::BackwardPre)),
-            "BACKWARD_POST" => Ok(Some(BackwardPrefetch::BackwardPost)),
-            "NO_PREFETCH" => Ok(None),
-            _ => Err(format!(
-                "invalid value {text:?} for fsdp_config.backward_prefetch: expected backward_pre or backward_post \
-                 (or no_prefetch, or no key, for no prefetch)"
-            )),
-        }
-    }
-}
-
-/// `backward_prefetch` from its text (see [`BackwardPrefetch::parse`]); `null` is no prefetch.
-fn backward_prefetch_from_text<'de, D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Option<BackwardPrefetch>, D::Error> {
+/// `backward_prefetch` as Transformers reads it (it upper-cases the text and hands it to
+/// Accelerate: `backward_pre`, `backward_post`, `no_prefetch`, any spelling of the core's
+/// [`BackwardPrefetch`]); `null` is no prefetch, as leaving the key out.
+fn backward_prefetch_from_text<'de, D: serde::Deserializer<'de>>(d: D) -> std::result::Result<BackwardPrefetch, D::Error> {
     let text: Option<String> = Option::deserialize(d)?;
-    match text {
-        None => Ok(None),
-        Some(t) => BackwardPrefetch::parse(&t).map_err(serde::de::Error::custom),
-    }
+    let Some(text) = text else { return Ok(BackwardPrefetch::NoPrefetch) };
+    ladder_core::parallel::choice::parse(&text).map_err(|e: ladder_core::parallel::ChoiceError| {
+        serde::de::Error::custom(format!(
+            "invalid value {text:?} for fsdp_config.backward_prefetch: expected {} (no key: no prefetch)",
+            e.expected.replace('-', "_")
+        ))
+    })
+}
+
+fn is_no_prefetch(p: &BackwardPrefetch) -> bool {
+    *p == BackwardPrefetch::NoPrefetch
 }
 
 /// Transformers' `TrainingArguments.fsdp_config`: FSDP settings beside `fsdp`, with
 /// Transformers' key names (an `fsdp_` prefix is accepted too, as Transformers strips it).
 /// The keys this Trainer implements; any other key is an error. Used when `fsdp` is set.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct FsdpConfig {
     /// `backward_prefetch`: `backward_pre` or `backward_post`. Absent (or `no_prefetch`): no
     /// prefetch, Transformers' and Accelerate's default (PyTorch's own is `backward_pre`).
-    #[serde(alias = "fsdp_backward_prefetch", deserialize_with = "backward_prefetch_from_text", skip_serializing_if = "Option::is_none")]
-    pub backward_prefetch: Option<BackwardPrefetch>,
+    #[serde(alias = "fsdp_backward_prefetch", deserialize_with = "backward_prefetch_from_text", skip_serializing_if = "is_no_prefetch")]
+    pub backward_prefetch: BackwardPrefetch,
     /// `forward_prefetch`: start the next unit's all-gather before the current unit's forward
     /// computation. Default false, Transformers'.
     #[serde(alias = "fsdp_forward_prefetch")]
     pub forward_prefetch: bool,
+}
+
+impl Default for FsdpConfig {
+    fn default() -> Self {
+        Self { backward_prefetch: BackwardPrefetch::NoPrefetch, forward_prefetch: false }
+    }
 }
 
 impl FsdpConfig {
@@ -266,8 +232,8 @@ pub struct TrainingArguments {
     #[arg(long, value_enum, value_parser = ladder_core::cli::choice::<ReportTo>(), default_value_t = ReportTo::None)]
     pub report_to: ReportTo,
     /// Shard the model with FSDP instead of replicating it with DDP.
-    #[arg(long, value_enum, value_parser = ladder_core::cli::choice::<FsdpOption>())]
-    pub fsdp: Option<FsdpOption>,
+    #[arg(long, value_parser = ladder_core::cli::spelling::<ShardingStrategy>())]
+    pub fsdp: Option<ShardingStrategy>,
     /// FSDP auto-wrap: a layer with at least this many parameters becomes its own unit
     /// (Transformers' `fsdp_min_num_params` / `fsdp_config.min_num_params`; default: the
     /// Accelerator's, 1e8, i.e. one unit for BasicNet). 0 wraps every layer.
@@ -460,15 +426,9 @@ impl TrainingArguments {
         }
     }
 
-    /// The replication strategy: DDP, or FSDP FULL_SHARD / SHARD_GRAD_OP as `fsdp` says.
-    pub fn strategy(&self) -> ladder_core::wrapped::Strategy {
-        use ladder_core::wrapped::Strategy;
-        match self.fsdp {
-            None => Strategy::Ddp,
-            Some(FsdpOption::FullShard) => Strategy::FsdpFullShard,
-            Some(FsdpOption::ShardGradOp) => Strategy::FsdpShardGradOp,
-            Some(FsdpOption::NoShard) => Strategy::FsdpNoShard,
-        }
+    /// The replication strategy: DDP, or FSDP with the sharding strategy `fsdp` names.
+    pub fn strategy(&self) -> Strategy {
+        self.fsdp.map_or_else(Strategy::default, Strategy::fsdp)
     }
 
     /// AdamW's hyper-parameters (`learning_rate` is the schedule's peak).

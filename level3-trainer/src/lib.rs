@@ -31,22 +31,12 @@ use clap::{CommandFactory, FromArgMatches, Parser};
 use ladder_core::device::DeviceKind;
 use ladder_core::metrics::{LocalFigures, Report};
 use ladder_core::model::{BasicNet, BasicNetConfig};
+use ladder_core::parallel::{BackwardPrefetch, Precision, Strategy};
 use ladder_core::train::{EvalSums, TrainArgs};
-use ladder_core::wrapped::Strategy;
-use level2_accelerator::config::FsdpBackwardPrefetch;
 use std::collections::BTreeSet;
 use std::path::PathBuf;
 use std::time::Instant;
 use tch::{nn, Device, Kind, Tensor};
-
-/// `--mixed-precision`: the values TrainingArguments can express.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum MixedPrecisionFlag {
-    /// fp32 throughout.
-    No,
-    /// bf16 compute (TrainingArguments.bf16).
-    Bf16,
-}
 
 /// Level 3's command line: level 1's training flags mapped onto [`TrainingArguments`], plus
 /// the Trainer's own.
@@ -64,7 +54,7 @@ pub struct Config {
     #[command(flatten)]
     pub train: TrainArgs,
     /// How the model is replicated across ranks (TrainingArguments.fsdp).
-    #[arg(long, value_enum, value_parser = ladder_core::cli::choice::<Strategy>(), default_value_t = Strategy::Ddp)]
+    #[arg(long, value_parser = ladder_core::cli::spelling::<Strategy>(), default_value_t = Strategy::default())]
     pub strategy: Strategy,
     /// FSDP auto-wrap threshold in parameters (TrainingArguments.fsdp_min_num_params; default
     /// the Accelerator's, 1e8: one unit). 0 wraps every layer.
@@ -73,8 +63,8 @@ pub struct Config {
     /// FSDP backward prefetch (TrainingArguments.fsdp_config.backward_prefetch): when
     /// fsdp-full-shard's backward starts all-gathering the next unit [default: no-prefetch,
     /// Transformers' and Accelerate's].
-    #[arg(long, value_enum, value_parser = ladder_core::cli::choice::<FsdpBackwardPrefetch>(), value_name = "POLICY")]
-    pub fsdp_backward_prefetch: Option<FsdpBackwardPrefetch>,
+    #[arg(long, value_parser = ladder_core::cli::spelling::<BackwardPrefetch>(), value_name = "POLICY")]
+    pub fsdp_backward_prefetch: Option<BackwardPrefetch>,
     /// FSDP forward prefetch (TrainingArguments.fsdp_config.forward_prefetch): start the next
     /// unit's all-gather before the current unit's forward [default: off].
     #[arg(long)]
@@ -84,8 +74,8 @@ pub struct Config {
     #[arg(long, default_value_t = 128)]
     pub width: i64,
     /// Mixed precision (TrainingArguments.bf16): `no` or `bf16`.
-    #[arg(long, value_enum, value_parser = ladder_core::cli::choice::<MixedPrecisionFlag>(), default_value_t = MixedPrecisionFlag::No)]
-    pub mixed_precision: MixedPrecisionFlag,
+    #[arg(long, value_parser = ladder_core::cli::spelling_among(&[Precision::No, Precision::Bf16]), default_value_t = Precision::No)]
+    pub mixed_precision: Precision,
     /// TrainingArguments.output_dir: checkpoints, trainer_state.json, training_args.json, the
     /// loss plot, model.safetensors.
     #[arg(long, default_value = "basic-trainer", value_name = "DIR")]
@@ -138,11 +128,11 @@ impl Config {
             "seed" => self.train.seed != d.seed,
             "max_steps" => self.train.max_steps.is_some(),
             "log_interval" => self.train.log_interval != d.log_interval,
-            "strategy" => self.strategy != Strategy::Ddp,
+            "strategy" => self.strategy != Strategy::default(),
             "fsdp_min_num_params" => self.fsdp_min_num_params.is_some(),
             "fsdp_backward_prefetch" => self.fsdp_backward_prefetch.is_some(),
             "fsdp_forward_prefetch" => self.fsdp_forward_prefetch,
-            "mixed_precision" => self.mixed_precision != MixedPrecisionFlag::No,
+            "mixed_precision" => self.mixed_precision != Precision::No,
             _ => false,
         }
     }
@@ -220,28 +210,19 @@ impl Config {
             }
         }
         if apply("strategy") {
-            a.fsdp = match self.strategy {
-                Strategy::Ddp => None,
-                Strategy::FsdpFullShard => Some(args::FsdpOption::FullShard),
-                Strategy::FsdpShardGradOp => Some(args::FsdpOption::ShardGradOp),
-                Strategy::FsdpNoShard => Some(args::FsdpOption::NoShard),
-            };
+            a.fsdp = self.strategy.sharding();
         }
         if apply("fsdp_min_num_params") && self.fsdp_min_num_params.is_some() {
             a.fsdp_min_num_params = self.fsdp_min_num_params;
         }
         if let (true, Some(p)) = (apply("fsdp_backward_prefetch"), self.fsdp_backward_prefetch) {
-            a.fsdp_config.backward_prefetch = match p {
-                FsdpBackwardPrefetch::BackwardPre => Some(args::BackwardPrefetch::BackwardPre),
-                FsdpBackwardPrefetch::BackwardPost => Some(args::BackwardPrefetch::BackwardPost),
-                FsdpBackwardPrefetch::NoPrefetch => None,
-            };
+            a.fsdp_config.backward_prefetch = p;
         }
         if apply("fsdp_forward_prefetch") {
             a.fsdp_config.forward_prefetch = self.fsdp_forward_prefetch;
         }
         if apply("mixed_precision") {
-            a.bf16 = self.mixed_precision == MixedPrecisionFlag::Bf16;
+            a.bf16 = self.mixed_precision == Precision::Bf16;
         }
         Ok(())
     }

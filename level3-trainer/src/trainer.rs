@@ -37,8 +37,8 @@ use ladder_core::checkpoint as core_ckpt;
 use ladder_core::data::Dataset;
 use ladder_core::memory::ModelStateBytes;
 use ladder_core::model::{BasicNet, BasicNetConfig};
-use level2_accelerator::config::{FsdpBackwardPrefetch, FsdpShardingStrategy};
-use level2_accelerator::{AcceleratedOptimizer, Accelerator, AcceleratorConfig, MixedPrecision, PreparedModel};
+use ladder_core::parallel::Precision;
+use level2_accelerator::{AcceleratedOptimizer, Accelerator, AcceleratorConfig, PreparedModel};
 use std::path::PathBuf;
 use std::time::Instant;
 use tch::{nn, Device, Kind, Tensor};
@@ -248,20 +248,12 @@ impl Trainer {
     pub fn accelerator_config(args: &TrainingArguments) -> AcceleratorConfig {
         AcceleratorConfig {
             cpu: Some(args.use_cpu),
-            mixed_precision: Some(if args.bf16 { MixedPrecision::Bf16 } else { MixedPrecision::No }),
+            mixed_precision: Some(if args.bf16 { Precision::Bf16 } else { Precision::No }),
             gradient_accumulation_steps: Some(args.gradient_accumulation_steps),
             use_fsdp: Some(args.fsdp.is_some()),
-            fsdp_sharding_strategy: args.fsdp.map(|f| match f {
-                crate::args::FsdpOption::FullShard => FsdpShardingStrategy::FullShard,
-                crate::args::FsdpOption::ShardGradOp => FsdpShardingStrategy::ShardGradOp,
-                crate::args::FsdpOption::NoShard => FsdpShardingStrategy::NoShard,
-            }),
+            fsdp_sharding_strategy: args.fsdp,
             fsdp_min_num_params: args.fsdp_min_num_params,
-            fsdp_backward_prefetch: Some(match args.fsdp_config.backward_prefetch {
-                None => FsdpBackwardPrefetch::NoPrefetch,
-                Some(crate::args::BackwardPrefetch::BackwardPre) => FsdpBackwardPrefetch::BackwardPre,
-                Some(crate::args::BackwardPrefetch::BackwardPost) => FsdpBackwardPrefetch::BackwardPost,
-            }),
+            fsdp_backward_prefetch: Some(args.fsdp_config.backward_prefetch),
             fsdp_forward_prefetch: Some(args.fsdp_config.forward_prefetch),
             seed: Some(args.seed),
             ..AcceleratorConfig::default()

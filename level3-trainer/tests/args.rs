@@ -104,25 +104,25 @@ fn validation_errors_name_the_field() {
 /// file; what the Accelerator then wraps the model with; bad values named.
 #[test]
 fn fsdp_config_prefetch_keys() {
-    use ladder_core::fsdp::BackwardPrefetch as Core;
-    use level2_accelerator::config::{FsdpBackwardPrefetch, ResolvedConfig};
-    use level3_trainer::args::{BackwardPrefetch, FsdpConfig};
+    use ladder_core::parallel::{BackwardPrefetch, FsdpOptions, ShardingStrategy, Strategy};
+    use level2_accelerator::config::ResolvedConfig;
+    use level3_trainer::args::FsdpConfig;
     use level3_trainer::Trainer;
 
     let d = TrainingArguments::default();
-    assert_eq!(d.fsdp_config, FsdpConfig { backward_prefetch: None, forward_prefetch: false });
+    assert_eq!(d.fsdp_config, FsdpConfig { backward_prefetch: BackwardPrefetch::NoPrefetch, forward_prefetch: false });
 
     let a =
         parse(&["--fsdp", "full_shard", "--fsdp-config", r#"{"backward_prefetch": "backward_post", "forward_prefetch": true}"#]).unwrap();
-    assert_eq!(a.fsdp_config, FsdpConfig { backward_prefetch: Some(BackwardPrefetch::BackwardPost), forward_prefetch: true });
+    assert_eq!(a.fsdp_config, FsdpConfig { backward_prefetch: BackwardPrefetch::BackwardPost, forward_prefetch: true });
     // Transformers upper-cases the value and strips an `fsdp_` prefix from the keys;
     // no_prefetch (Accelerate's name) and null are no prefetch.
     for (json, want) in [
-        (r#"{"backward_prefetch": "BACKWARD_PRE"}"#, Some(BackwardPrefetch::BackwardPre)),
-        (r#"{"fsdp_backward_prefetch": "backward_pre"}"#, Some(BackwardPrefetch::BackwardPre)),
-        (r#"{"backward_prefetch": "no_prefetch"}"#, None),
-        (r#"{"backward_prefetch": null}"#, None),
-        ("{}", None),
+        (r#"{"backward_prefetch": "BACKWARD_PRE"}"#, BackwardPrefetch::BackwardPre),
+        (r#"{"fsdp_backward_prefetch": "backward_pre"}"#, BackwardPrefetch::BackwardPre),
+        (r#"{"backward_prefetch": "no_prefetch"}"#, BackwardPrefetch::NoPrefetch),
+        (r#"{"backward_prefetch": null}"#, BackwardPrefetch::NoPrefetch),
+        ("{}", BackwardPrefetch::NoPrefetch),
     ] {
         assert_eq!(parse(&["--fsdp-config", json]).unwrap().fsdp_config.backward_prefetch, want, "{json}");
     }
@@ -132,14 +132,14 @@ fn fsdp_config_prefetch_keys() {
     let fsdp_json = dir.path().join("fsdp_config.json");
     std::fs::write(&fsdp_json, r#"{"fsdp_forward_prefetch": true}"#).unwrap();
     let a = parse(&["--fsdp-config", fsdp_json.to_str().unwrap()]).unwrap();
-    assert_eq!(a.fsdp_config, FsdpConfig { backward_prefetch: None, forward_prefetch: true });
+    assert_eq!(a.fsdp_config, FsdpConfig { backward_prefetch: BackwardPrefetch::NoPrefetch, forward_prefetch: true });
     // In the args file as a table; the flag replaces the whole table, as in Transformers.
     let toml = dir.path().join("args.toml");
     std::fs::write(&toml, "fsdp = \"full_shard\"\n[fsdp_config]\nbackward_prefetch = \"backward_pre\"\nforward_prefetch = true\n").unwrap();
     let a = parse(&["--args-file", toml.to_str().unwrap()]).unwrap();
-    assert_eq!(a.fsdp_config, FsdpConfig { backward_prefetch: Some(BackwardPrefetch::BackwardPre), forward_prefetch: true });
+    assert_eq!(a.fsdp_config, FsdpConfig { backward_prefetch: BackwardPrefetch::BackwardPre, forward_prefetch: true });
     let a = parse(&["--args-file", toml.to_str().unwrap(), "--fsdp-config", r#"{"backward_prefetch": "backward_post"}"#]).unwrap();
-    assert_eq!(a.fsdp_config, FsdpConfig { backward_prefetch: Some(BackwardPrefetch::BackwardPost), forward_prefetch: false });
+    assert_eq!(a.fsdp_config, FsdpConfig { backward_prefetch: BackwardPrefetch::BackwardPost, forward_prefetch: false });
     // Written to training_args.json and read back.
     let a = TrainingArguments { output_dir: dir.path().join("out"), ..a };
     let back = TrainingArguments::from_file(&a.write_json().unwrap()).unwrap();
@@ -151,23 +151,29 @@ fn fsdp_config_prefetch_keys() {
         let env: Vec<(String, String)> = env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
         let cfg = Trainer::accelerator_config(a);
         let r = ResolvedConfig::resolve(&cfg, |k| env.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone())).unwrap();
-        (cfg, r.wrap_config(25.0))
+        (cfg, r.wrap_config(Default::default()))
     };
     let (cfg, w) = wrap_of(&a, &[("FSDP_BACKWARD_PREFETCH", "BACKWARD_PRE"), ("FSDP_FORWARD_PREFETCH", "true")]);
-    assert_eq!((cfg.fsdp_backward_prefetch, cfg.fsdp_forward_prefetch), (Some(FsdpBackwardPrefetch::BackwardPost), Some(false)));
+    assert_eq!((cfg.fsdp_backward_prefetch, cfg.fsdp_forward_prefetch), (Some(BackwardPrefetch::BackwardPost), Some(false)));
+    let fsdp_options = |s: Strategy| match s {
+        Strategy::Fsdp(o) => o,
+        other => panic!("expected FSDP, got {other:?}"),
+    };
+    let o: FsdpOptions = fsdp_options(w.strategy);
     assert_eq!(
-        (w.strategy, w.fsdp_backward_prefetch, w.fsdp_forward_prefetch),
-        (ladder_core::wrapped::Strategy::FsdpFullShard, Some(Core::BackwardPost), false)
+        (o.sharding_strategy, o.backward_prefetch, o.forward_prefetch),
+        (ShardingStrategy::FullShard, BackwardPrefetch::BackwardPost, false)
     );
-    let full_shard = TrainingArguments { fsdp: Some(level3_trainer::args::FsdpOption::FullShard), ..TrainingArguments::default() };
+    let full_shard = TrainingArguments { fsdp: Some(ShardingStrategy::FullShard), ..TrainingArguments::default() };
     let (cfg, w) = wrap_of(&full_shard, &[("FSDP_BACKWARD_PREFETCH", "BACKWARD_PRE")]);
-    assert_eq!(cfg.fsdp_backward_prefetch, Some(FsdpBackwardPrefetch::NoPrefetch));
-    assert_eq!((w.fsdp_backward_prefetch, w.fsdp_forward_prefetch), (None, false));
+    assert_eq!(cfg.fsdp_backward_prefetch, Some(BackwardPrefetch::NoPrefetch));
+    let o = fsdp_options(w.strategy);
+    assert_eq!((o.backward_prefetch, o.forward_prefetch), (BackwardPrefetch::NoPrefetch, false));
 
     // Bad values, named.
     let err = |flags: &[&str]| parse(flags).unwrap_err().to_string();
     let msg = err(&["--fsdp-config", r#"{"backward_prefetch": "backward"}"#]);
-    assert!(msg.starts_with(r#"error: invalid value '{"backward_prefetch": "backward"}' for '--fsdp-config <JSON|FILE>': fsdp_config: invalid value "backward" for fsdp_config.backward_prefetch: expected backward_pre or backward_post (or no_prefetch, or no key, for no prefetch)"#), "{msg}");
+    assert!(msg.starts_with(r#"error: invalid value '{"backward_prefetch": "backward"}' for '--fsdp-config <JSON|FILE>': fsdp_config: invalid value "backward" for fsdp_config.backward_prefetch: expected backward_pre, backward_post or no_prefetch (no key: no prefetch)"#), "{msg}");
     let msg = err(&["--fsdp-config", r#"{"forward_prefetch": "yes"}"#]);
     assert!(msg.contains("fsdp_config: invalid type: string \"yes\", expected a boolean"), "{msg}");
     let msg = err(&["--fsdp-config", r#"{"limit_all_gathers": true}"#]);
@@ -179,7 +185,7 @@ fn fsdp_config_prefetch_keys() {
     std::fs::write(&bad, r#"{"fsdp_config": {"backward_prefetch": "BACKWARD_PREFETCH"}}"#).unwrap();
     let msg = err(&["--args-file", bad.to_str().unwrap()]);
     assert!(
-        msg.starts_with(&format!("{}: cannot read training arguments: invalid value \"BACKWARD_PREFETCH\" for fsdp_config.backward_prefetch: expected backward_pre or backward_post", bad.display())),
+        msg.starts_with(&format!("{}: cannot read training arguments: invalid value \"BACKWARD_PREFETCH\" for fsdp_config.backward_prefetch: expected backward_pre, backward_post or no_prefetch", bad.display())),
         "{msg}"
     );
 }

@@ -171,11 +171,11 @@ fn recipe_and_transformers_defaults_map_onto_training_arguments() {
         .training_arguments()
         .unwrap();
     assert_eq!(t.learning_rate, 2e-4);
-    assert_eq!(t.fsdp, Some(level3_trainer::args::FsdpOption::FullShard));
+    assert_eq!(t.fsdp, Some(ladder_core::parallel::ShardingStrategy::FullShard));
 
     let n =
         parse(&["--strategy", "fsdp-no-shard", "--fsdp-min-num-params", "0", "--mixed-precision", "bf16"]).training_arguments().unwrap();
-    assert_eq!((n.fsdp, n.fsdp_min_num_params, n.bf16), (Some(level3_trainer::args::FsdpOption::NoShard), Some(0), true));
+    assert_eq!((n.fsdp, n.fsdp_min_num_params, n.bf16), (Some(ladder_core::parallel::ShardingStrategy::NoShard), Some(0), true));
     // Level 1's prefetch flags become fsdp_config's keys; not given: Transformers' default.
     assert_eq!(n.fsdp_config, level3_trainer::args::FsdpConfig::default());
     let p = parse(&["--strategy", "fsdp-full-shard", "--fsdp-backward-prefetch", "backward-post", "--fsdp-forward-prefetch"])
@@ -183,10 +183,10 @@ fn recipe_and_transformers_defaults_map_onto_training_arguments() {
         .unwrap();
     assert_eq!(
         (p.fsdp_config.backward_prefetch, p.fsdp_config.forward_prefetch),
-        (Some(level3_trainer::args::BackwardPrefetch::BackwardPost), true)
+        (ladder_core::parallel::BackwardPrefetch::BackwardPost, true)
     );
     let p = parse(&["--strategy", "fsdp-full-shard", "--fsdp-backward-prefetch", "no-prefetch"]).training_arguments().unwrap();
-    assert_eq!(p.fsdp_config.backward_prefetch, None);
+    assert_eq!(p.fsdp_config.backward_prefetch, ladder_core::parallel::BackwardPrefetch::NoPrefetch);
     let err = parse(&["--width", "0"]).training_arguments().unwrap_err().to_string();
     insta::assert_snapshot!(err, @r#"invalid value "0" for --width: at least 1 output feature for fc1"#);
     let resumed = parse(&["--resume-from-checkpoint"]).training_arguments().unwrap();
@@ -217,7 +217,7 @@ fn args_file_lies_over_the_recipe_and_given_flags_lie_over_it() {
     let a = cfg.training_arguments().unwrap();
     assert_eq!(
         (a.fsdp_config.backward_prefetch, a.fsdp_config.forward_prefetch),
-        (Some(level3_trainer::args::BackwardPrefetch::BackwardPost), true)
+        (ladder_core::parallel::BackwardPrefetch::BackwardPost, true)
     );
 }
 

@@ -32,26 +32,60 @@ impl<E: ValueEnum + Clone + Send + Sync + 'static> TypedValueParser for Choice<E
         let ignore_case = arg.is_some_and(|a| a.is_ignore_case_set());
         let text = value.to_string_lossy();
         let found = E::value_variants().iter().find(|v| v.to_possible_value().is_some_and(|p| p.matches(&text, ignore_case)));
-        if let Some(v) = found {
-            return Ok(v.clone());
-        }
-        let mut err = clap::Error::new(ErrorKind::InvalidValue).with_cmd(cmd);
-        let name = arg.map(ToString::to_string).unwrap_or_else(|| "...".to_string());
-        err.insert(ContextKind::InvalidArg, ContextValue::String(name));
-        err.insert(ContextKind::InvalidValue, ContextValue::String(text.into_owned()));
-        let valid = E::value_variants()
-            .iter()
-            .filter_map(|v| v.to_possible_value())
-            .filter(|p| !p.is_hide_set())
-            .map(|p| p.get_name().to_string())
-            .collect();
-        err.insert(ContextKind::ValidValue, ContextValue::Strings(valid));
-        Err(err)
+        found.cloned().ok_or_else(|| invalid_value(cmd, arg, &text, E::value_variants()))
     }
 
     fn possible_values(&self) -> Option<Box<dyn Iterator<Item = PossibleValue> + '_>> {
         Some(Box::new(E::value_variants().iter().filter_map(|v| v.to_possible_value())))
     }
+}
+
+/// clap value parser for a choice of the vocabulary ([`crate::parallel::Choice`]: strategy,
+/// sharding strategy, backward prefetch, precision): every spelling the references use is
+/// read, in any case, `_` and `-` alike ([`crate::parallel::choice::parse`]); `--help` and a
+/// wrong value list the command-line spellings, as [`choice`] does. Use it as
+/// `#[arg(long, value_parser = ladder_core::cli::spelling::<Precision>())]`.
+pub fn spelling<T: crate::parallel::Choice>() -> Spelling<T> {
+    Spelling { among: T::value_variants() }
+}
+
+/// [`spelling`] restricted to some of the choice's values (level 1's `--mixed-precision` takes
+/// `no` and `bf16`: fp16 needs the Accelerator's loss scaling): the others are refused as a
+/// wrong value is, and `--help` lists only these.
+pub fn spelling_among<T: crate::parallel::Choice>(among: &'static [T]) -> Spelling<T> {
+    Spelling { among }
+}
+
+/// See [`spelling`].
+#[derive(Debug, Clone)]
+pub struct Spelling<T: 'static> {
+    among: &'static [T],
+}
+
+impl<T: crate::parallel::Choice> TypedValueParser for Spelling<T> {
+    type Value = T;
+
+    fn parse_ref(&self, cmd: &clap::Command, arg: Option<&clap::Arg>, value: &OsStr) -> Result<T, clap::Error> {
+        let text = value.to_string_lossy();
+        let found = crate::parallel::choice::parse::<T>(&text).ok().filter(|v| self.among.contains(v));
+        found.ok_or_else(|| invalid_value(cmd, arg, &text, self.among))
+    }
+
+    fn possible_values(&self) -> Option<Box<dyn Iterator<Item = PossibleValue> + '_>> {
+        Some(Box::new(self.among.iter().filter_map(|v| v.to_possible_value())))
+    }
+}
+
+/// clap's "invalid value" error for `text`, listing the visible values of `among` (no "similar
+/// value" tip).
+fn invalid_value<E: ValueEnum>(cmd: &clap::Command, arg: Option<&clap::Arg>, text: &str, among: &[E]) -> clap::Error {
+    let mut err = clap::Error::new(ErrorKind::InvalidValue).with_cmd(cmd);
+    let name = arg.map(ToString::to_string).unwrap_or_else(|| "...".to_string());
+    err.insert(ContextKind::InvalidArg, ContextValue::String(name));
+    err.insert(ContextKind::InvalidValue, ContextValue::String(text.to_string()));
+    let valid = among.iter().filter_map(|v| v.to_possible_value()).filter(|p| !p.is_hide_set()).map(|p| p.get_name().to_string()).collect();
+    err.insert(ContextKind::ValidValue, ContextValue::Strings(valid));
+    err
 }
 
 #[cfg(test)]

@@ -60,6 +60,15 @@ pub enum Error {
     /// A flag, option or environment variable holds a value that cannot be used.
     #[error("invalid value {value:?} for {name}: {expected}")]
     InvalidValue { name: String, value: String, expected: String },
+    /// An option given for a strategy it does not belong to (see
+    /// [`Strategy::with_options`](crate::parallel::Strategy::with_options)): `option` is its
+    /// PyTorch name (`bucket_cap_mb`), `strategy` the strategy as the user gave it (`strategy
+    /// fsdp-full-shard`), `belongs_to` the strategies it applies to.
+    #[error("{option} does not apply to {strategy}: it is an option of {belongs_to}")]
+    OptionNotForStrategy { option: &'static str, strategy: String, belongs_to: &'static str },
+    /// A spelling that names no value of a choice (strategy, precision, …).
+    #[error(transparent)]
+    Choice(#[from] crate::parallel::ChoiceError),
     /// One training step's activations would need more memory than the machine has free: a
     /// clear error instead of the kernel's OOM killer. `estimate_mib` is per rank (from
     /// [`crate::memory::activation_bytes_per_sample`]), `ranks` the ranks on this node,
@@ -171,6 +180,23 @@ impl Error {
     pub fn io(file: impl Into<PathBuf>, source: std::io::Error) -> Self {
         Error::Io { file: file.into(), source }
     }
+    /// This error with the core's names for values and options (`bucket_cap_mb`) replaced by
+    /// the caller's (`--bucket-cap-mb`, a config key): each level maps the core's words to its
+    /// own flag or argument names with a table of `(core name, level name)`.
+    #[must_use]
+    pub fn named_by(self, names: &[(&str, &'static str)]) -> Self {
+        let rename = |n: &str| names.iter().find(|(core, _)| *core == n).map(|(_, theirs)| *theirs);
+        match self {
+            Error::InvalidValue { name, value, expected } => {
+                Error::InvalidValue { name: rename(&name).map_or(name, str::to_string), value, expected }
+            }
+            Error::OptionNotForStrategy { option, strategy, belongs_to } => {
+                Error::OptionNotForStrategy { option: rename(option).unwrap_or(option), strategy, belongs_to }
+            }
+            other => other,
+        }
+    }
+
     /// An [`Error::InvalidValue`].
     pub fn invalid(name: impl Into<String>, value: impl ToString, expected: impl Into<String>) -> Self {
         Error::InvalidValue { name: name.into(), value: value.to_string(), expected: expected.into() }

@@ -6,9 +6,9 @@
 mod common;
 
 use common::{assert_close, global_batches, no_dropout};
-use ladder_core::ddp::{DdpConfig, DistributedDataParallel};
 use ladder_core::dist::{init_process_group, Backend, ProcessGroup};
 use ladder_core::model::{BasicNet, Model};
+use ladder_core::parallel::{DdpOptions, DistributedDataParallel};
 use ladder_core::Error;
 use tch::nn::{self, ModuleT, OptimizerConfig};
 use tch::{Device, Kind, Tensor};
@@ -49,7 +49,7 @@ fn equivalence(pg: &dyn ProcessGroup, sgd: bool, kind: Kind, steps: usize) {
     let ddp_net = BasicNet::new(&vs.root(), no_dropout());
     let mut vs = vs;
     vs.set_kind(kind);
-    let mut ddp = DistributedDataParallel::new(ddp_net, pg, DdpConfig::default()).unwrap();
+    let mut ddp = DistributedDataParallel::new(ddp_net, pg, DdpOptions::default()).unwrap();
     ddp.check_parameters_in_sync().unwrap();
 
     // The single-process reference starts from the broadcast weights.
@@ -116,13 +116,13 @@ fn rank_no_sync() {
     tch::manual_seed(7);
     let vs = nn::VarStore::new(Device::Cpu);
     let net = BasicNet::new(&vs.root(), no_dropout());
-    let mut ddp = DistributedDataParallel::new(net, &*pg, DdpConfig::default()).unwrap();
+    let mut ddp = DistributedDataParallel::new(net, &*pg, DdpOptions::default()).unwrap();
     let (x, y) = &global_batches(2, B, 1)[0];
     let (xr, yr) = (x.narrow(0, rank * B, B), y.narrow(0, rank * B, B));
     let loss = ddp.forward_t(&xr, true).nll_loss(&yr);
     ddp.no_sync(|ddp| ddp.backward(&loss)).unwrap();
     let grads: Vec<(String, Tensor)> = ddp.named_parameters().iter().map(|(n, p)| (n.clone(), p.grad().copy())).collect();
-    match ladder_core::ddp::check_in_sync(&*pg, &grads) {
+    match ladder_core::parallel::ddp::check_in_sync(&*pg, &grads) {
         Err(Error::CollectiveMismatch { detail, .. }) => assert!(detail.contains("differs across ranks"), "{detail}"),
         other => panic!("under no_sync the ranks' gradients must differ, got {other:?}"),
     }
@@ -130,7 +130,7 @@ fn rank_no_sync() {
     let loss = ddp.forward_t(&xr, true).nll_loss(&yr);
     ddp.backward(&loss).unwrap();
     let grads: Vec<(String, Tensor)> = ddp.named_parameters().iter().map(|(n, p)| (n.clone(), p.grad().copy())).collect();
-    ladder_core::ddp::check_in_sync(&*pg, &grads).unwrap();
+    ladder_core::parallel::ddp::check_in_sync(&*pg, &grads).unwrap();
 }
 
 /// `steps` AdamW steps of DDP from seed 100 (dropout on, the same seed per rank for its masks):
@@ -143,7 +143,7 @@ fn ddp_run(pg: &dyn ProcessGroup, kind: Kind, overlap: bool, bucket_cap_mb: f64,
     let net = BasicNet::new(&vs.root(), ladder_core::model::BasicNetConfig::default());
     let mut vs = vs;
     vs.set_kind(kind);
-    let mut ddp = DistributedDataParallel::new(net, pg, DdpConfig { bucket_cap_mb }).unwrap();
+    let mut ddp = DistributedDataParallel::new(net, pg, DdpOptions { bucket_cap_mb, ..DdpOptions::default() }).unwrap();
     let mut opt = nn::AdamW::default().build(&vs, 1e-3).unwrap();
     let mut out = Vec::new();
     let batches = global_batches(pg.world_size() as i64, B, steps);

@@ -8,13 +8,12 @@
 mod common;
 
 use common::{assert_close, global_batches, no_dropout};
-use ladder_core::ddp::{DdpConfig, DistributedDataParallel};
 use ladder_core::dist::local::LocalGroup;
 use ladder_core::dist::{init_process_group, Backend, ProcessGroup};
-use ladder_core::fsdp::{
-    explain_units, plan_units, BackwardPrefetch, FlatParamUnit, FsdpConfig, FullyShardedDataParallel, MixedPrecision, ShardingStrategy,
-};
 use ladder_core::model::{BasicNet, Model, Segmented};
+use ladder_core::parallel::fsdp::{explain_units, plan_units, FlatParamUnit, FullyShardedDataParallel};
+use ladder_core::parallel::{BackwardPrefetch, FsdpOptions, MixedPrecision, ShardingStrategy};
+use ladder_core::parallel::{DdpOptions, DistributedDataParallel};
 use ladder_core::Error;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -90,8 +89,8 @@ fn build(kind: Kind, seed: i64) -> (nn::VarStore, BasicNet) {
     (vs, net)
 }
 
-fn fsdp_config(strategy: ShardingStrategy, min_num_params: usize) -> FsdpConfig {
-    FsdpConfig { sharding_strategy: strategy, min_num_params, ..Default::default() }
+fn fsdp_config(strategy: ShardingStrategy, min_num_params: usize) -> FsdpOptions {
+    FsdpOptions { sharding_strategy: strategy, min_num_params, ..Default::default() }
 }
 
 fn rank_share(pg: &dyn ProcessGroup, x: &Tensor, y: &Tensor) -> (Tensor, Tensor) {
@@ -164,7 +163,7 @@ fn reference_trajectory(kind: Kind, batches: &[(Tensor, Tensor)]) -> Vec<StateDi
 /// DDP at this world size (rank seeds differ; the initial broadcast makes them rank 0's).
 fn ddp_trajectory(pg: &dyn ProcessGroup, kind: Kind, batches: &[(Tensor, Tensor)]) -> Vec<StateDict> {
     let (vs, net) = build(kind, SEED + pg.rank() as i64);
-    let mut ddp = DistributedDataParallel::new(net, pg, DdpConfig::default()).unwrap();
+    let mut ddp = DistributedDataParallel::new(net, pg, DdpOptions::default()).unwrap();
     let mut opt = nn::AdamW::default().build(&vs, LR).unwrap();
     let mut out = vec![copies(ddp.named_parameters())];
     for (x, y) in batches {
@@ -335,7 +334,7 @@ fn rank_clip_and_state_dicts() {
     // Loading the full state dict into a differently wrapped, differently initialised FSDP.
     let loaded = Tensor::load_multi(&path).unwrap();
     let (vs, net) = build(Kind::Float, 777 + rank as i64);
-    let cfg = FsdpConfig { sync_module_states: false, ..fsdp_config(ShardingStrategy::ShardGradOp, WHOLE) };
+    let cfg = FsdpOptions { sync_module_states: false, ..fsdp_config(ShardingStrategy::ShardGradOp, WHOLE) };
     let mut b = FullyShardedDataParallel::new(vs, net, pg, cfg).unwrap();
     b.load_full_state_dict(&loaded).unwrap();
     let b_full = b.full_state_dict().unwrap();
@@ -350,7 +349,7 @@ fn rank_clip_and_state_dicts() {
     // ---- sharded state dict round trip at the same world size and wrapping ----
     let shards = a.sharded_state_dict();
     let (vs, net) = build(Kind::Float, 555 + rank as i64);
-    let cfg = FsdpConfig { sync_module_states: false, ..fsdp_config(ShardingStrategy::FullShard, 0) };
+    let cfg = FsdpOptions { sync_module_states: false, ..fsdp_config(ShardingStrategy::FullShard, 0) };
     let mut c = FullyShardedDataParallel::new(vs, net, pg, cfg).unwrap();
     c.load_sharded_state_dict(&shards).unwrap();
     for ((k, s), (_, t)) in c.sharded_state_dict().iter().zip(&shards) {
@@ -366,7 +365,7 @@ fn rank_clip_and_state_dicts() {
 
     // ---- sync_module_states: without it every rank keeps its own initialisation ----
     let (vs, net) = build(Kind::Float, SEED + rank as i64);
-    let cfg = FsdpConfig { sync_module_states: false, ..fsdp_config(ShardingStrategy::FullShard, WHOLE) };
+    let cfg = FsdpOptions { sync_module_states: false, ..fsdp_config(ShardingStrategy::FullShard, WHOLE) };
     let d = FullyShardedDataParallel::new(vs, net, pg, cfg).unwrap();
     if let Some(full) = d.full_state_dict().unwrap() {
         let (_vs0, init0) = build(Kind::Float, SEED);
@@ -395,7 +394,7 @@ fn rank_memory() {
     let total = BasicNet::num_parameters(128);
     assert_eq!(LAYERS.iter().sum::<i64>(), total);
     let mut persistent = std::collections::BTreeMap::new();
-    let prefetch_modes = [Some(BackwardPrefetch::BackwardPre), Some(BackwardPrefetch::BackwardPost), None];
+    let prefetch_modes = [BackwardPrefetch::BackwardPre, BackwardPrefetch::BackwardPost, BackwardPrefetch::NoPrefetch];
     let cases = STRATEGIES.iter().flat_map(|&s| {
         let modes = if s == ShardingStrategy::FullShard { &prefetch_modes[..] } else { &prefetch_modes[..1] };
         modes.iter().flat_map(move |&bp| [(s, 0, bp), (s, WHOLE, bp)])
@@ -413,14 +412,14 @@ fn rank_memory() {
                 ShardingStrategy::NoShard => (4 * total, 0),
                 ShardingStrategy::FullShard => (
                     4 * units.iter().map(|&n| padded(n, w) / w).sum::<i64>(),
-                    4 * if backward_prefetch == Some(BackwardPrefetch::BackwardPre) { two_units } else { one_unit },
+                    4 * if backward_prefetch == BackwardPrefetch::BackwardPre { two_units } else { one_unit },
                 ),
                 ShardingStrategy::ShardGradOp => {
                     (4 * units.iter().map(|&n| padded(n, w) / w).sum::<i64>(), 4 * units.iter().map(|&n| padded(n, w)).sum::<i64>())
                 }
             };
             let (vs, net) = build(Kind::Float, SEED);
-            let cfg = FsdpConfig { backward_prefetch, ..fsdp_config(strategy, min_num_params) };
+            let cfg = FsdpOptions { backward_prefetch, ..fsdp_config(strategy, min_num_params) };
             let mut fsdp = FullyShardedDataParallel::new(vs, net, pg, cfg).unwrap();
             let before = fsdp.memory();
             assert_eq!((before.parameters, before.gradients, before.gathered_peak), (params as u64, 0, 0), "{what}: before");
@@ -440,8 +439,8 @@ fn rank_memory() {
         }
     }
     for min_num_params in [0, WHOLE] {
-        let full = persistent[&("full-shard".to_string(), min_num_params)] as f64;
-        let none = persistent[&("no-shard".to_string(), min_num_params)] as f64;
+        let full = persistent[&(ShardingStrategy::FullShard.to_string(), min_num_params)] as f64;
+        let none = persistent[&(ShardingStrategy::NoShard.to_string(), min_num_params)] as f64;
         assert!(full <= none / w as f64 * 1.02, "FullShard persistent {full} vs NoShard {none} / {w}");
     }
 }
@@ -459,8 +458,8 @@ fn rank_mixed_precision_and_no_sync() {
     for strategy in [ShardingStrategy::FullShard, ShardingStrategy::NoShard] {
         let shard_grads = |mp: Option<MixedPrecision>| {
             let (vs, net) = build(Kind::Float, SEED);
-            let cfg = FsdpConfig { mixed_precision: mp, ..fsdp_config(strategy, 0) };
-            let mut fsdp = FullyShardedDataParallel::new(vs, net, pg, cfg).unwrap();
+            let cfg = fsdp_config(strategy, 0);
+            let mut fsdp = FullyShardedDataParallel::new(vs, net, pg, cfg).unwrap().with_mixed_precision(mp);
             let out = fsdp.forward_t(&xr, true).unwrap();
             assert_eq!(out.kind(), Kind::Float, "BasicNet's log_softmax returns f32");
             fsdp.backward(&out.nll_loss(&yr)).unwrap();
@@ -616,7 +615,7 @@ fn full_shard_backward_runs_no_second_forward_and_frees_parameters_in_between() 
 fn backward_without_forward_and_a_foreign_var_store_are_errors() {
     let pg = LocalGroup::new(Backend::Mpi, Device::Cpu);
     let (vs, net) = build(Kind::Float, 3);
-    let mut fsdp = FullyShardedDataParallel::new(vs, net, &pg, FsdpConfig::default()).unwrap();
+    let mut fsdp = FullyShardedDataParallel::new(vs, net, &pg, FsdpOptions::default()).unwrap();
     let loss = Tensor::from(1.0f32).set_requires_grad(true);
     let err = fsdp.backward(&loss).unwrap_err();
     insta::assert_snapshot!("backward_without_forward", err);
@@ -627,7 +626,7 @@ fn backward_without_forward_and_a_foreign_var_store_are_errors() {
 
     let (_vs, net) = build(Kind::Float, 3);
     let (other_vs, _other) = build(Kind::Float, 4);
-    let err = FullyShardedDataParallel::new(other_vs, net, &pg, FsdpConfig::default()).unwrap_err();
+    let err = FullyShardedDataParallel::new(other_vs, net, &pg, FsdpOptions::default()).unwrap_err();
     insta::assert_snapshot!("foreign_var_store", err);
 }
 
@@ -675,7 +674,7 @@ fn prefetch_is_bit_identical_and_counted_at_world_size_3() {
 }
 
 /// Every shard gradient and shard after every step, then one evaluation forward's output.
-fn prefetch_trajectory(pg: &dyn ProcessGroup, cfg: FsdpConfig, batches: &[(Tensor, Tensor)]) -> (Vec<Tensor>, u64, usize) {
+fn prefetch_trajectory(pg: &dyn ProcessGroup, cfg: FsdpOptions, batches: &[(Tensor, Tensor)]) -> (Vec<Tensor>, u64, usize) {
     let (vs, net) = build(Kind::Float, SEED);
     let mut fsdp = FullyShardedDataParallel::new(vs, net, pg, cfg).unwrap();
     let mut opt = fsdp.adamw(LR).unwrap();
@@ -697,7 +696,7 @@ fn prefetch_trajectory(pg: &dyn ProcessGroup, cfg: FsdpConfig, batches: &[(Tenso
 #[test]
 #[ignore = "rank body: run under mpirun by prefetch_is_bit_identical_and_counted_at_world_size_{2,3}"]
 fn rank_prefetch() {
-    use ladder_core::fsdp::BackwardPrefetch::{BackwardPost, BackwardPre};
+    use ladder_core::parallel::BackwardPrefetch::{BackwardPost, BackwardPre, NoPrefetch};
     let pg = rank_group();
     let rank = pg.rank();
     let batches = global_batches(pg.world_size() as i64, B, STEPS);
@@ -705,8 +704,8 @@ fn rank_prefetch() {
     const FC1_ALONE: usize = 1_000_000;
     for strategy in [ShardingStrategy::FullShard, ShardingStrategy::ShardGradOp] {
         for min_num_params in [0, FC1_ALONE, WHOLE] {
-            let base_cfg = FsdpConfig { backward_prefetch: None, forward_prefetch: false, ..fsdp_config(strategy, min_num_params) };
-            let (base, none, units) = prefetch_trajectory(&*pg, base_cfg.clone(), &batches);
+            let base_cfg = FsdpOptions { backward_prefetch: NoPrefetch, forward_prefetch: false, ..fsdp_config(strategy, min_num_params) };
+            let (base, none, units) = prefetch_trajectory(&*pg, base_cfg, &batches);
             assert_eq!(none, 0, "rank {rank} {strategy}: prefetched without being asked to");
             assert_eq!(
                 units,
@@ -717,12 +716,12 @@ fn rank_prefetch() {
                 }
             );
             for (backward_prefetch, forward_prefetch) in
-                [(Some(BackwardPre), false), (Some(BackwardPost), false), (None, true), (Some(BackwardPre), true)]
+                [(BackwardPre, false), (BackwardPost, false), (NoPrefetch, true), (BackwardPre, true)]
             {
                 let what = format!(
                     "rank {rank} {strategy} min_num_params {min_num_params} backward_prefetch {backward_prefetch:?} forward_prefetch {forward_prefetch}"
                 );
-                let cfg = FsdpConfig { backward_prefetch, forward_prefetch, ..base_cfg.clone() };
+                let cfg = FsdpOptions { backward_prefetch, forward_prefetch, ..base_cfg };
                 let (got, prefetches, _) = prefetch_trajectory(&*pg, cfg, &batches);
                 assert_eq!(got.len(), base.len());
                 for (k, (a, b)) in got.iter().zip(&base).enumerate() {
@@ -736,8 +735,8 @@ fn rank_prefetch() {
                 let later_units = units as u64 - 1;
                 let per_forward = if forward_prefetch { later_units } else { 0 };
                 let per_backward = match (strategy, backward_prefetch, min_num_params) {
-                    (ShardingStrategy::FullShard, Some(BackwardPost), FC1_ALONE) => 0,
-                    (ShardingStrategy::FullShard, Some(_), _) => later_units,
+                    (ShardingStrategy::FullShard, BackwardPost, FC1_ALONE) => 0,
+                    (ShardingStrategy::FullShard, BackwardPre | BackwardPost, _) => later_units,
                     _ => 0,
                 };
                 let steps = STEPS as u64;

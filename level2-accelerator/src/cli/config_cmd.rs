@@ -3,8 +3,8 @@
 
 use super::{CmdResult, SettingsArgs};
 use level2_accelerator::config::{
-    default_config_file, default_fsdp_min_num_params, AcceleratorConfig, ConfigFormat, DistributedType, FsdpBackwardPrefetch,
-    FsdpShardingStrategy, MixedPrecision, Origin,
+    default_config_file, default_fsdp_min_num_params, AcceleratorConfig, BackwardPrefetch, ConfigFormat, DistributedType, Origin,
+    Precision, ShardingStrategy,
 };
 use level2_accelerator::{Error, Result};
 use std::io::IsTerminal;
@@ -97,13 +97,13 @@ pub fn with_defaults(flags: &AcceleratorConfig, machine: &Machine) -> Accelerato
         num_processes: Some(num_processes),
         num_machines: Some(1),
         machine_rank: Some(0),
-        mixed_precision: Some(MixedPrecision::No),
+        mixed_precision: Some(Precision::No),
         gradient_accumulation_steps: Some(1),
         cpu: Some(cpu),
         use_fsdp: Some(use_fsdp),
-        fsdp_sharding_strategy: use_fsdp.then_some(FsdpShardingStrategy::FullShard),
+        fsdp_sharding_strategy: use_fsdp.then_some(ShardingStrategy::FullShard),
         fsdp_min_num_params: use_fsdp.then(default_fsdp_min_num_params),
-        fsdp_backward_prefetch: use_fsdp.then_some(FsdpBackwardPrefetch::NoPrefetch),
+        fsdp_backward_prefetch: use_fsdp.then_some(BackwardPrefetch::NoPrefetch),
         fsdp_forward_prefetch: use_fsdp.then_some(false),
         ..AcceleratorConfig::default()
     };
@@ -195,8 +195,8 @@ pub fn ask(p: &mut dyn Prompter, machine: &Machine) -> Result<AcceleratorConfig>
     if distributed {
         use_fsdp = p.confirm("Do you want to use FullyShardedDataParallel?", false)?;
         if use_fsdp {
-            let strategies = [FsdpShardingStrategy::FullShard, FsdpShardingStrategy::ShardGradOp, FsdpShardingStrategy::NoShard];
-            let names: Vec<&str> = strategies.iter().map(|s| s.as_str()).collect();
+            let strategies = [ShardingStrategy::FullShard, ShardingStrategy::ShardGradOp, ShardingStrategy::NoShard];
+            let names: Vec<&str> = strategies.iter().map(|s| ladder_core::parallel::Choice::name(*s)).collect();
             let i = p.select("What should be your sharding strategy?", &names, 0)?;
             cfg.fsdp_sharding_strategy = Some(strategies[i]);
             let n = p.input(
@@ -207,8 +207,8 @@ pub fn ask(p: &mut dyn Prompter, machine: &Machine) -> Result<AcceleratorConfig>
             cfg.fsdp_min_num_params = n.trim().parse().ok();
             // Accelerate offers BACKWARD_PRE first (its questionnaire's default); the
             // plugin's default when nothing is given is NO_PREFETCH.
-            let prefetches = [FsdpBackwardPrefetch::BackwardPre, FsdpBackwardPrefetch::BackwardPost, FsdpBackwardPrefetch::NoPrefetch];
-            let names: Vec<&str> = prefetches.iter().map(|p| p.as_str()).collect();
+            let prefetches = [BackwardPrefetch::BackwardPre, BackwardPrefetch::BackwardPost, BackwardPrefetch::NoPrefetch];
+            let names: Vec<&str> = prefetches.iter().map(|p| ladder_core::parallel::Choice::name(*p)).collect();
             let i = p.select("What should be your FSDP's backward prefetch policy?", &names, 0)?;
             cfg.fsdp_backward_prefetch = Some(prefetches[i]);
             cfg.fsdp_forward_prefetch = Some(p.confirm("Do you want to enable FSDP's forward prefetch policy?", false)?);
@@ -240,9 +240,8 @@ pub fn ask(p: &mut dyn Prompter, machine: &Machine) -> Result<AcceleratorConfig>
     } else {
         [DistributedType::No, DistributedType::MultiCpu, DistributedType::MultiGpu][kind]
     });
-    let precisions: &[MixedPrecision] =
-        if cpu { &[MixedPrecision::No, MixedPrecision::Bf16] } else { &[MixedPrecision::No, MixedPrecision::Fp16, MixedPrecision::Bf16] };
-    let names: Vec<&str> = precisions.iter().map(|m| m.as_str()).collect();
+    let precisions: &[Precision] = if cpu { &[Precision::No, Precision::Bf16] } else { &[Precision::No, Precision::Fp16, Precision::Bf16] };
+    let names: Vec<&str> = precisions.iter().map(|m| ladder_core::parallel::Choice::name(*m)).collect();
     let prompt = if cpu { "Do you wish to use mixed precision? (fp16 needs a GPU)" } else { "Do you wish to use mixed precision?" };
     let i = p.select(prompt, &names, 0)?;
     cfg.mixed_precision = Some(precisions[i]);
@@ -295,7 +294,7 @@ mod tests {
             distributed_type: Some(DistributedType::No),
             num_processes: Some(1),
             cpu: Some(true),
-            mixed_precision: Some(MixedPrecision::Bf16),
+            mixed_precision: Some(Precision::Bf16),
             ..Default::default()
         };
         assert_eq!(cfg, want);
@@ -314,11 +313,11 @@ mod tests {
                 machine_rank: Some(0),
                 cpu: Some(true),
                 use_fsdp: Some(true),
-                fsdp_sharding_strategy: Some(FsdpShardingStrategy::ShardGradOp),
+                fsdp_sharding_strategy: Some(ShardingStrategy::ShardGradOp),
                 fsdp_min_num_params: Some(0),
-                fsdp_backward_prefetch: Some(FsdpBackwardPrefetch::BackwardPost),
+                fsdp_backward_prefetch: Some(BackwardPrefetch::BackwardPost),
                 fsdp_forward_prefetch: Some(true),
-                mixed_precision: Some(MixedPrecision::No),
+                mixed_precision: Some(Precision::No),
                 ..Default::default()
             }
         );
@@ -337,7 +336,7 @@ mod tests {
         assert_eq!(cfg.main_process_port, Some(29500));
         assert_eq!(cfg.num_processes, Some(8)); // 4 GPUs × 2 machines, the default
         assert_eq!(cfg.distributed_type, Some(DistributedType::MultiGpu));
-        assert_eq!((cfg.cpu, cfg.mixed_precision), (Some(false), Some(MixedPrecision::Fp16)));
+        assert_eq!((cfg.cpu, cfg.mixed_precision), (Some(false), Some(Precision::Fp16)));
         cfg.validate(&Origin::Flags).unwrap();
         // 3 processes on 2 machines is refused; rank 2 of 2 machines too.
         let mut s = Script::new(&["multi-GPU (nccl)", "2", "0", "h", "29500", "no", "3"]);
@@ -356,16 +355,13 @@ mod tests {
         let flags = AcceleratorConfig { num_processes: Some(2), use_fsdp: Some(true), seed: Some(1), ..Default::default() };
         let f = with_defaults(&flags, &Machine { gpus: 0 });
         assert_eq!(f.distributed_type, Some(DistributedType::Fsdp));
-        assert_eq!((f.fsdp_sharding_strategy, f.fsdp_min_num_params), (Some(FsdpShardingStrategy::FullShard), Some(100_000_000)));
-        assert_eq!((f.fsdp_backward_prefetch, f.fsdp_forward_prefetch), (Some(FsdpBackwardPrefetch::NoPrefetch), Some(false)));
+        assert_eq!((f.fsdp_sharding_strategy, f.fsdp_min_num_params), (Some(ShardingStrategy::FullShard), Some(100_000_000)));
+        assert_eq!((f.fsdp_backward_prefetch, f.fsdp_forward_prefetch), (Some(BackwardPrefetch::NoPrefetch), Some(false)));
         // Without FSDP no FSDP setting is written; a given one is kept.
         assert_eq!((cpu.fsdp_backward_prefetch, cpu.fsdp_forward_prefetch), (None, None));
-        let given = AcceleratorConfig {
-            use_fsdp: Some(true),
-            fsdp_backward_prefetch: Some(FsdpBackwardPrefetch::BackwardPre),
-            ..Default::default()
-        };
-        assert_eq!(with_defaults(&given, &Machine { gpus: 0 }).fsdp_backward_prefetch, Some(FsdpBackwardPrefetch::BackwardPre));
+        let given =
+            AcceleratorConfig { use_fsdp: Some(true), fsdp_backward_prefetch: Some(BackwardPrefetch::BackwardPre), ..Default::default() };
+        assert_eq!(with_defaults(&given, &Machine { gpus: 0 }).fsdp_backward_prefetch, Some(BackwardPrefetch::BackwardPre));
         assert_eq!((f.num_processes, f.seed), (Some(2), Some(1)));
         let two_cpu = with_defaults(&AcceleratorConfig { num_processes: Some(2), ..Default::default() }, &Machine { gpus: 0 });
         assert_eq!(two_cpu.distributed_type, Some(DistributedType::MultiCpu));

@@ -12,7 +12,7 @@ mod env_cmd;
 mod launch_cmd;
 
 use clap::{Args, Parser, Subcommand};
-use level2_accelerator::config::{AcceleratorConfig, DistributedType, FsdpBackwardPrefetch, FsdpShardingStrategy, MixedPrecision};
+use level2_accelerator::config::{AcceleratorConfig, BackwardPrefetch, DistributedType, Precision, ShardingStrategy};
 use level2_accelerator::{Error, Result};
 use std::io::Write;
 use std::path::PathBuf;
@@ -66,8 +66,8 @@ pub struct SettingsArgs {
     #[arg(long = "main-process-port", alias = "main_process_port", value_name = "PORT", value_parser = clap::value_parser!(u16).range(1..))]
     pub main_process_port: Option<u16>,
     /// Mixed precision: no, bf16, fp16 (fp16 needs CUDA) [default: no].
-    #[arg(long = "mixed-precision", alias = "mixed_precision", value_enum, value_parser = ladder_core::cli::choice::<MixedPrecision>(), value_name = "MODE", ignore_case = true)]
-    pub mixed_precision: Option<MixedPrecision>,
+    #[arg(long = "mixed-precision", alias = "mixed_precision", value_parser = ladder_core::cli::spelling::<Precision>(), value_name = "MODE")]
+    pub mixed_precision: Option<Precision>,
     /// Micro-batches per optimizer step [default: 1].
     #[arg(long = "gradient-accumulation-steps", alias = "gradient_accumulation_steps", value_name = "K", value_parser = at_least_one)]
     pub gradient_accumulation_steps: Option<usize>,
@@ -78,14 +78,14 @@ pub struct SettingsArgs {
     #[arg(long = "use-fsdp", alias = "use_fsdp", value_name = "BOOL", num_args = 0..=1, require_equals = true, default_missing_value = "true", value_parser = bool_value)]
     pub use_fsdp: Option<bool>,
     /// FSDP sharding strategy: full-shard, shard-grad-op, no-shard [default: full-shard].
-    #[arg(long = "fsdp-sharding-strategy", alias = "fsdp_sharding_strategy", value_enum, value_parser = ladder_core::cli::choice::<FsdpShardingStrategy>(), value_name = "STRATEGY", ignore_case = true)]
-    pub fsdp_sharding_strategy: Option<FsdpShardingStrategy>,
+    #[arg(long = "fsdp-sharding-strategy", alias = "fsdp_sharding_strategy", value_parser = ladder_core::cli::spelling::<ShardingStrategy>(), value_name = "STRATEGY")]
+    pub fsdp_sharding_strategy: Option<ShardingStrategy>,
     /// FSDP auto-wrap threshold: layers with at least this many parameters get their own unit [default: 100000000].
     #[arg(long = "fsdp-min-num-params", alias = "fsdp_min_num_params", value_name = "N")]
     pub fsdp_min_num_params: Option<usize>,
     /// FSDP backward prefetch: backward-pre, backward-post, no-prefetch [default: no-prefetch].
-    #[arg(long = "fsdp-backward-prefetch", alias = "fsdp_backward_prefetch", value_enum, value_parser = ladder_core::cli::choice::<FsdpBackwardPrefetch>(), value_name = "POLICY", ignore_case = true)]
-    pub fsdp_backward_prefetch: Option<FsdpBackwardPrefetch>,
+    #[arg(long = "fsdp-backward-prefetch", alias = "fsdp_backward_prefetch", value_parser = ladder_core::cli::spelling::<BackwardPrefetch>(), value_name = "POLICY")]
+    pub fsdp_backward_prefetch: Option<BackwardPrefetch>,
     /// FSDP forward prefetch: start the next unit's all-gather before the current unit's forward [default: false].
     #[arg(long = "fsdp-forward-prefetch", alias = "fsdp_forward_prefetch", value_name = "BOOL", num_args = 0..=1, require_equals = true, default_missing_value = "true", value_parser = bool_value)]
     pub fsdp_forward_prefetch: Option<bool>,

@@ -34,6 +34,7 @@
 
 use crate::dist::{ProcessGroup, ReduceOp, Work};
 use crate::model::{Model, Segmented};
+use crate::parallel::DdpOptions;
 use crate::{Error, Result};
 use serde::{Deserialize, Serialize};
 use std::cell::RefCell;
@@ -43,19 +44,6 @@ use tch::{Device, Kind, Tensor};
 /// PyTorch's `dist._DEFAULT_FIRST_BUCKET_BYTES`: the first bucket is small so that the first
 /// all-reduce can start early.
 pub const FIRST_BUCKET_BYTES: u64 = 1024 * 1024;
-
-/// DDP options, as `DistributedDataParallel(...)`'s keyword arguments.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
-pub struct DdpConfig {
-    /// Bucket size cap in MiB (PyTorch's `bucket_cap_mb`, default 25).
-    pub bucket_cap_mb: f64,
-}
-
-impl Default for DdpConfig {
-    fn default() -> Self {
-        Self { bucket_cap_mb: 25.0 }
-    }
-}
 
 /// One gradient bucket: parameter indices (into [`Model::named_parameters`]) in the order they
 /// are packed, and the bucket's size.
@@ -98,7 +86,7 @@ pub fn compute_bucket_assignment(sizes: &[(i64, u64)], bucket_cap_mb: f64) -> Ve
 ///
 /// Usage, as the tutorial (with the sync made visible):
 /// ```ignore
-/// let ddp = DistributedDataParallel::new(net, &*pg, DdpConfig::default())?;
+/// let ddp = DistributedDataParallel::new(net, &*pg, DdpOptions::default())?;
 /// let mut opt = adamw(&vs, lr)?;      // over the wrapped model's parameters
 /// opt.zero_grad();
 /// let loss = ddp.forward_t(&x, true).nll_loss(&y);
@@ -110,6 +98,7 @@ pub struct DistributedDataParallel<'pg, M: Model> {
     params: Vec<(String, Tensor)>,
     buckets: Vec<Bucket>,
     pg: &'pg dyn ProcessGroup,
+    options: DdpOptions,
     require_backward_grad_sync: bool,
     comm: Duration,
     /// Payload bytes all-reduced since construction.
@@ -173,9 +162,9 @@ impl<'pg, M: Model> DistributedDataParallel<'pg, M> {
     /// # Errors
     /// [`Error::InvalidValue`] for a non-positive `bucket_cap_mb`; collective errors (e.g. ranks
     /// whose models differ in shape get [`Error::CollectiveMismatch`]).
-    pub fn new(module: M, pg: &'pg dyn ProcessGroup, config: DdpConfig) -> Result<Self> {
+    pub fn new(module: M, pg: &'pg dyn ProcessGroup, config: DdpOptions) -> Result<Self> {
         if !(config.bucket_cap_mb.is_finite() && config.bucket_cap_mb > 0.0) {
-            return Err(Error::invalid("--bucket-cap-mb", config.bucket_cap_mb, "a positive number of MiB"));
+            return Err(Error::invalid("bucket_cap_mb", config.bucket_cap_mb, "a positive number of MiB"));
         }
         let params = module.named_parameters();
         // sync_module_states: every replica starts from rank 0's weights.
@@ -199,6 +188,7 @@ impl<'pg, M: Model> DistributedDataParallel<'pg, M> {
             params,
             buckets,
             pg,
+            options: config,
             require_backward_grad_sync: true,
             comm: Duration::ZERO,
             comm_bytes: 0,
@@ -210,6 +200,16 @@ impl<'pg, M: Model> DistributedDataParallel<'pg, M> {
     /// The wrapped model (PyTorch's `ddp.module`).
     pub fn module(&self) -> &M {
         &self.module
+    }
+
+    /// The options it was built with.
+    pub fn options(&self) -> &DdpOptions {
+        &self.options
+    }
+
+    /// The process group it averages gradients over.
+    pub fn pg(&self) -> &'pg dyn ProcessGroup {
+        self.pg
     }
 
     /// The bucket layout, in reduction order.

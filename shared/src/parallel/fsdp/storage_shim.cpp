@@ -10,7 +10,7 @@
 #include <cstring>
 #include <exception>
 
-#include "../shim.h"
+#include "../../shim.h"
 
 // `t` is tch's tensor handle (torch-sys's `tensor` is `at::Tensor *`). Sets the byte size of
 // `t`'s storage to `nbytes`: 0 frees its memory; otherwise fresh memory is allocated with the

@@ -54,18 +54,17 @@
 //! `param_dtype` (the root input is cast too, as FSDP's `cast_root_forward_inputs`); gradients
 //! are reduced in `reduce_dtype` and cast back to the shard's dtype.
 
-mod config;
 mod plan;
 mod state_dict;
 mod storage;
 
-pub use config::{BackwardPrefetch, Dtype, FsdpConfig, MixedPrecision, ShardingStrategy};
 pub use plan::{explain_units, plan_units, FlatParamUnit};
 
-use crate::ddp::check_in_sync;
 use crate::dist::{ProcessGroup, ReduceOp, Work};
 use crate::memory::ModelStateBytes;
 use crate::model::Segmented;
+use crate::parallel::ddp::check_in_sync;
+use crate::parallel::{BackwardPrefetch, FsdpOptions, MixedPrecision};
 use crate::{Error, Result};
 use plan::{flatten_padded, segment_params};
 use std::time::{Duration, Instant};
@@ -123,7 +122,7 @@ impl Gathered {
 /// ```ignore
 /// let vs = nn::VarStore::new(Device::Cpu);
 /// let net = BasicNet::new(&vs.root(), BasicNetConfig::default());
-/// let mut fsdp = FullyShardedDataParallel::new(vs, net, &*pg, FsdpConfig::default())?;
+/// let mut fsdp = FullyShardedDataParallel::new(vs, net, &*pg, FsdpOptions::default())?;
 /// let mut opt = fsdp.adamw(1e-3)?;          // over this rank's shards only
 /// opt.zero_grad();
 /// let loss = fsdp.forward_t(&x, true)?.nll_loss(&y);
@@ -154,7 +153,9 @@ pub struct FullyShardedDataParallel<'pg, M: Segmented> {
     output: Option<Tensor>,
     train: bool,
     pg: &'pg dyn ProcessGroup,
-    config: FsdpConfig,
+    config: FsdpOptions,
+    /// The mixed-precision policy (`None`: the model's dtype).
+    mixed_precision: Option<MixedPrecision>,
     live_gathered: u64,
     peak_gathered: u64,
     require_backward_grad_sync: bool,
@@ -198,7 +199,7 @@ impl<'pg, M: Segmented> FullyShardedDataParallel<'pg, M> {
     /// lives on another device than the group, or the segments are inconsistent (see
     /// [`plan_units`]); collective errors ([`Error::CollectiveMismatch`] when ranks' models
     /// differ in shape).
-    pub fn new(vs: nn::VarStore, module: M, pg: &'pg dyn ProcessGroup, config: FsdpConfig) -> Result<Self> {
+    pub fn new(vs: nn::VarStore, module: M, pg: &'pg dyn ProcessGroup, config: FsdpOptions) -> Result<Self> {
         let (rank, w) = (pg.rank(), pg.world_size());
         let bad = |problem: String| Error::Fsdp { rank, problem };
         if vs.device() != pg.device() {
@@ -266,6 +267,7 @@ impl<'pg, M: Segmented> FullyShardedDataParallel<'pg, M> {
             train: false,
             pg,
             config,
+            mixed_precision: None,
             live_gathered: 0,
             peak_gathered: 0,
             require_backward_grad_sync: true,
@@ -283,6 +285,11 @@ impl<'pg, M: Segmented> FullyShardedDataParallel<'pg, M> {
         &self.module
     }
 
+    /// The process group it shards over.
+    pub fn pg(&self) -> &'pg dyn ProcessGroup {
+        self.pg
+    }
+
     /// This process's rank in the group.
     pub fn rank(&self) -> usize {
         self.pg.rank()
@@ -293,9 +300,23 @@ impl<'pg, M: Segmented> FullyShardedDataParallel<'pg, M> {
         self.pg.world_size()
     }
 
-    /// The configuration it was built with.
-    pub fn config(&self) -> &FsdpConfig {
+    /// The options it was built with.
+    pub fn config(&self) -> &FsdpOptions {
         &self.config
+    }
+
+    /// The mixed-precision policy it applies (`None`: the model's dtype).
+    pub fn mixed_precision(&self) -> Option<MixedPrecision> {
+        self.mixed_precision
+    }
+
+    /// Computes in `policy`'s dtypes (FSDP's `mixed_precision=` keyword; `None`: the model's
+    /// dtype). Call it before the first forward: the shards stay in the model's dtype (fp32
+    /// master weights); gathers cast them to `param_dtype`, gradients are reduced in
+    /// `reduce_dtype`.
+    pub fn with_mixed_precision(mut self, policy: Option<MixedPrecision>) -> Self {
+        self.mixed_precision = policy;
+        self
     }
 
     /// The unit layout (children in segment order, then the root unit).
@@ -338,11 +359,11 @@ impl<'pg, M: Segmented> FullyShardedDataParallel<'pg, M> {
     }
 
     fn param_kind(&self, u: usize) -> Kind {
-        self.config.mixed_precision.map_or(self.shards[u].kind(), |mp| mp.param_dtype.kind())
+        self.mixed_precision.map_or(self.shards[u].kind(), |mp| mp.param_dtype.kind())
     }
 
     fn reduce_kind(&self, u: usize) -> Kind {
-        self.config.mixed_precision.map_or(self.shards[u].kind(), |mp| mp.reduce_dtype.kind())
+        self.mixed_precision.map_or(self.shards[u].kind(), |mp| mp.reduce_dtype.kind())
     }
 
     /// All-gathers unit `u` (in the compute dtype) and points the model's parameters at it. A
@@ -566,7 +587,7 @@ impl<'pg, M: Segmented> FullyShardedDataParallel<'pg, M> {
         self.free_all()?;
         let grad = grad_enabled();
         let strategy = self.config.sharding_strategy;
-        let mut x = match self.config.mixed_precision {
+        let mut x = match self.mixed_precision {
             Some(mp) if xs.is_floating_point() => xs.to_kind(mp.param_dtype.kind()),
             _ => xs.shallow_clone(),
         };
@@ -642,7 +663,7 @@ impl<'pg, M: Segmented> FullyShardedDataParallel<'pg, M> {
                 // FullShard: refill the storage forward's graph views (no-op when gathered).
                 self.gather(u)?;
             }
-            if self.config.backward_prefetch == Some(BackwardPrefetch::BackwardPre) {
+            if self.config.backward_prefetch == BackwardPrefetch::BackwardPre {
                 // BACKWARD_PRE: the next unit's all-gather starts before this segment's
                 // gradient computation.
                 if let Some(v) = self.next_unit_backward(i, unit) {
@@ -670,7 +691,7 @@ impl<'pg, M: Segmented> FullyShardedDataParallel<'pg, M> {
                 // is flattened and reduced (peak: per-parameter gradients + flat gradient, not
                 // those and the gathered parameters too).
                 self.free(u)?;
-                if self.config.backward_prefetch == Some(BackwardPrefetch::BackwardPost) {
+                if self.config.backward_prefetch == BackwardPrefetch::BackwardPost {
                     // BACKWARD_POST: with this unit's parameters freed, the next unit's
                     // all-gather starts before this unit's gradient is reduced.
                     if let Some(v) = self.next_unit_backward(i, Some(u)) {
@@ -813,7 +834,7 @@ impl<'pg, M: Segmented> FullyShardedDataParallel<'pg, M> {
 
     /// Debug check that the ranks agree: for `NoShard` every rank's full parameters must be
     /// bit-identical; for the sharded strategies the unit layouts must match (the shards
-    /// themselves differ by design). Uses [`crate::ddp::check_in_sync`].
+    /// themselves differ by design). Uses [`crate::parallel::ddp::check_in_sync`].
     ///
     /// # Errors
     /// [`Error::CollectiveMismatch`] naming what differs.

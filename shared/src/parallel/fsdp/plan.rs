@@ -2,8 +2,8 @@
 //! (`size_based_auto_wrap_policy`), their offsets in the flat parameter, its padding and each
 //! rank's shard — pure functions of the model and the world size, no communication.
 
-use super::ShardingStrategy;
 use crate::model::Segmented;
+use crate::parallel::ShardingStrategy;
 use crate::{Error, Result};
 use tch::Tensor;
 

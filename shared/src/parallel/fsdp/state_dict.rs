@@ -4,6 +4,7 @@
 use super::plan::flatten_padded;
 use super::FullyShardedDataParallel;
 use crate::model::Segmented;
+use crate::optim::AdamW;
 use crate::{Error, Result};
 use std::collections::BTreeMap;
 use tch::Tensor;
@@ -111,6 +112,78 @@ impl<M: Segmented> FullyShardedDataParallel<'_, M> {
             }
             Ok(())
         })
+    }
+
+    /// The optimizer's state with the unwrapped model's keys on rank 0 (`None` elsewhere), as
+    /// `FSDP.optim_state_dict` with `FULL_OPTIM_STATE_DICT`: this rank's shards' moments are
+    /// gathered and unflattened to `conv1.weight.exp_avg`, `conv1.weight.exp_avg_sq` (the
+    /// parameter's shape) and `conv1.weight.step` (0-d i64) per parameter — the same dict DDP
+    /// gives, at any world size. Collective (one all-gather per unit and moment).
+    ///
+    /// # Errors
+    /// Collective errors.
+    pub fn optim_state_dict(&self, opt: &AdamW) -> Result<Option<Vec<(String, Tensor)>>> {
+        let names: Vec<String> = self.units.iter().map(|u| u.key()).collect();
+        let local = opt.state_dict(&names);
+        if local.is_empty() {
+            return Ok((self.pg.rank() == 0).then(Vec::new));
+        }
+        let map: BTreeMap<String, Tensor> = local.into_iter().collect();
+        let step = map[&format!("{}.step", names[0])].shallow_clone();
+        let mut per_moment = Vec::new();
+        for moment in ["exp_avg", "exp_avg_sq"] {
+            let shards: Vec<Tensor> = names.iter().map(|n| map[&format!("{n}.{moment}")].shallow_clone()).collect();
+            per_moment.push((moment, self.gather_full(&shards)?));
+        }
+        if self.pg.rank() != 0 {
+            return Ok(None);
+        }
+        let gathered: Vec<(&str, BTreeMap<String, Tensor>)> =
+            per_moment.into_iter().map(|(k, v)| (k, v.unwrap_or_default().into_iter().collect())).collect();
+        let mut out = Vec::new();
+        for p in self.param_names() {
+            for (moment, full) in &gathered {
+                out.push((format!("{p}.{moment}"), full[&p].shallow_clone()));
+            }
+            out.push((format!("{p}.step"), step.copy()));
+        }
+        Ok(Some(out))
+    }
+
+    /// Loads what [`optim_state_dict`](Self::optim_state_dict) returned (every rank passes the
+    /// same dict) into `opt`, built over this rank's shards: each moment is flattened and this
+    /// rank keeps its shard of it. No communication.
+    ///
+    /// # Errors
+    /// [`Error::StateDict`] naming a missing key, an unexpected key or a shape that differs.
+    pub fn load_optim_state_dict(&self, opt: &mut AdamW, state_dict: &[(String, Tensor)]) -> Result<()> {
+        let names: Vec<String> = self.units.iter().map(|u| u.key()).collect();
+        if state_dict.is_empty() {
+            return opt.load_state_dict(&names, &[]);
+        }
+        let map: BTreeMap<&str, &Tensor> = state_dict.iter().map(|(k, t)| (k.as_str(), t)).collect();
+        let params = self.param_names();
+        let step = params
+            .first()
+            .and_then(|p| map.get(format!("{p}.step").as_str()))
+            .ok_or_else(|| Error::StateDict(format!("optimizer: no {}.step entry", params.first().map_or("", |s| s))))?;
+        let mut local = Vec::new();
+        for moment in ["exp_avg", "exp_avg_sq"] {
+            let mut full = Vec::new();
+            for p in &params {
+                let t = map
+                    .get(format!("{p}.{moment}").as_str())
+                    .ok_or_else(|| Error::StateDict(format!("optimizer: missing key {p}.{moment}")))?;
+                full.push((p.clone(), t.shallow_clone()));
+            }
+            for (name, shard) in names.iter().zip(self.shard_full(&full)?) {
+                local.push((format!("{name}.{moment}"), shard));
+            }
+        }
+        for name in &names {
+            local.push((format!("{name}.step"), step.copy()));
+        }
+        opt.load_state_dict(&names, &local)
     }
 
     /// This rank's shards as a state dict (PyTorch's local state dict): one entry per unit,

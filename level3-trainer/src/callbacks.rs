@@ -2,7 +2,8 @@
 //! the loop, each receiving the arguments, the state and a [`TrainerControl`] whose flags steer
 //! the loop. [`DefaultFlowCallback`] turns the logging/eval/save strategies into those flags
 //! (the Trainer always runs it first); [`EarlyStoppingCallback`] stops training when the best
-//! metric stops improving.
+//! metric stops improving; [`CallbackHandler`] holds a Trainer's callbacks and calls each event
+//! on all of them.
 
 use crate::args::{IntervalStrategy, TrainingArguments};
 use crate::error::{Error, Result};
@@ -166,6 +167,107 @@ impl TrainerCallback for EarlyStoppingCallback {
     }
 }
 
+/// The callbacks of one Trainer, as Transformers' `CallbackHandler`: [`DefaultFlowCallback`]
+/// first, then the callbacks added, in order. Each event is called on every callback with the
+/// same [`TrainerControl`], so a callback sees the flags the ones before it set; the event
+/// returns the control they leave.
+pub struct CallbackHandler {
+    callbacks: Vec<Box<dyn TrainerCallback>>,
+}
+
+impl Default for CallbackHandler {
+    fn default() -> Self {
+        Self { callbacks: vec![Box::new(DefaultFlowCallback)] }
+    }
+}
+
+impl std::fmt::Debug for CallbackHandler {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list().entries(self.callbacks.iter().map(|cb| cb.name())).finish()
+    }
+}
+
+impl CallbackHandler {
+    /// Adds a callback after the ones already held (Transformers' `add_callback`).
+    pub fn add_callback(&mut self, callback: impl TrainerCallback + 'static) {
+        self.callbacks.push(Box::new(callback));
+    }
+
+    /// The callbacks' names, in calling order (Transformers' `callback_list`, as a list).
+    pub fn callback_list(&self) -> Vec<&'static str> {
+        self.callbacks.iter().map(|cb| cb.name()).collect()
+    }
+
+    fn call_event(
+        &mut self,
+        mut control: TrainerControl,
+        mut event: impl FnMut(&mut dyn TrainerCallback, &mut TrainerControl),
+    ) -> TrainerControl {
+        for cb in &mut self.callbacks {
+            event(cb.as_mut(), &mut control);
+        }
+        control
+    }
+
+    /// [`TrainerCallback::on_train_begin`] on every callback.
+    ///
+    /// # Errors
+    /// The first callback's refusal; the callbacks after it are not called.
+    pub fn on_train_begin(
+        &mut self,
+        args: &TrainingArguments,
+        state: &TrainerState,
+        mut control: TrainerControl,
+    ) -> Result<TrainerControl> {
+        for cb in &mut self.callbacks {
+            cb.on_train_begin(args, state, &mut control)?;
+        }
+        Ok(control)
+    }
+
+    /// [`TrainerCallback::on_step_end`] on every callback.
+    #[must_use]
+    pub fn on_step_end(&mut self, args: &TrainingArguments, state: &TrainerState, control: TrainerControl) -> TrainerControl {
+        self.call_event(control, |cb, c| cb.on_step_end(args, state, c))
+    }
+
+    /// [`TrainerCallback::on_epoch_end`] on every callback.
+    #[must_use]
+    pub fn on_epoch_end(&mut self, args: &TrainingArguments, state: &TrainerState, control: TrainerControl) -> TrainerControl {
+        self.call_event(control, |cb, c| cb.on_epoch_end(args, state, c))
+    }
+
+    /// [`TrainerCallback::on_log`] on every callback.
+    #[must_use]
+    pub fn on_log(&mut self, args: &TrainingArguments, state: &TrainerState, control: TrainerControl, logs: &LogEntry) -> TrainerControl {
+        self.call_event(control, |cb, c| cb.on_log(args, state, c, logs))
+    }
+
+    /// [`TrainerCallback::on_evaluate`] on every callback.
+    #[must_use]
+    pub fn on_evaluate(
+        &mut self,
+        args: &TrainingArguments,
+        state: &TrainerState,
+        control: TrainerControl,
+        metrics: &Metrics,
+    ) -> TrainerControl {
+        self.call_event(control, |cb, c| cb.on_evaluate(args, state, c, metrics))
+    }
+
+    /// [`TrainerCallback::on_save`] on every callback.
+    #[must_use]
+    pub fn on_save(&mut self, args: &TrainingArguments, state: &TrainerState, control: TrainerControl) -> TrainerControl {
+        self.call_event(control, |cb, c| cb.on_save(args, state, c))
+    }
+
+    /// [`TrainerCallback::on_train_end`] on every callback.
+    #[must_use]
+    pub fn on_train_end(&mut self, args: &TrainingArguments, state: &TrainerState, control: TrainerControl) -> TrainerControl {
+        self.call_event(control, |cb, c| cb.on_train_end(args, state, c))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -248,6 +350,44 @@ mod tests {
         let mut cb = EarlyStoppingCallback::new(1, 0.0);
         assert!(!evaluate(&mut cb, &acc, Some(0.9), 0.95));
         assert!(evaluate(&mut cb, &acc, Some(0.95), 0.94));
+    }
+
+    /// Records the should_log it sees at each event, then clears it.
+    struct Probe {
+        name: &'static str,
+        seen: std::rc::Rc<std::cell::RefCell<Vec<(&'static str, bool)>>>,
+    }
+
+    impl TrainerCallback for Probe {
+        fn on_train_begin(&mut self, _: &TrainingArguments, _: &TrainerState, control: &mut TrainerControl) -> Result<()> {
+            self.seen.borrow_mut().push((self.name, control.should_log));
+            Ok(())
+        }
+        fn on_step_end(&mut self, _: &TrainingArguments, _: &TrainerState, control: &mut TrainerControl) {
+            self.seen.borrow_mut().push((self.name, control.should_log));
+            control.should_log = false;
+        }
+    }
+
+    #[test]
+    fn handler_runs_default_flow_first_then_the_callbacks_in_order_on_one_control() {
+        let seen = std::rc::Rc::new(std::cell::RefCell::new(Vec::new()));
+        let mut handler = CallbackHandler::default();
+        handler.add_callback(Probe { name: "a", seen: seen.clone() });
+        handler.add_callback(Probe { name: "b", seen: seen.clone() });
+        assert_eq!(handler.callback_list(), ["DefaultFlowCallback", "TrainerCallback", "TrainerCallback"]);
+        let state = TrainerState { global_step: 10, max_steps: 50, ..Default::default() };
+        // DefaultFlowCallback asks for a log at step 10; `a` sees it and clears it, `b` sees it cleared.
+        let control = handler.on_step_end(&steps_args(), &state, TrainerControl::default());
+        assert_eq!(*seen.borrow(), [("a", true), ("b", false)]);
+        assert_eq!(control, TrainerControl::default());
+        // A refusal in on_train_begin stops the event: the callbacks after it are not called.
+        handler.add_callback(EarlyStoppingCallback::new(1, 0.0));
+        handler.add_callback(Probe { name: "c", seen: seen.clone() });
+        seen.borrow_mut().clear();
+        let err = handler.on_train_begin(&TrainingArguments::default(), &TrainerState::default(), TrainerControl::default()).unwrap_err();
+        assert_eq!(err.to_string(), "EarlyStoppingCallback: needs load_best_model_at_end = true");
+        assert_eq!(*seen.borrow(), [("a", false), ("b", false)]);
     }
 
     #[test]

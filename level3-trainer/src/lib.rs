@@ -6,8 +6,8 @@
 //! Modules: [`args`] (TrainingArguments), [`schedule`] (planning and learning-rate schedules),
 //! [`trainer`] (the Trainer, its hooks and collator), [`state`] (TrainerState, log history),
 //! [`output`] (banner, table, log writers, loss plot, progress), [`callbacks`]
-//! (TrainerCallback, DefaultFlowCallback, EarlyStoppingCallback), [`checkpoints`]
-//! (checkpoint-<step> naming and save_total_limit rotation). [`run`] is the binary's job: the
+//! (TrainerCallback, CallbackHandler, DefaultFlowCallback, EarlyStoppingCallback), [`checkpoints`]
+//! (`checkpoint-<step>` naming and save_total_limit rotation). [`run`] is the binary's job: the
 //! tutorial's Trainer example with level 1's flags mapped onto TrainingArguments.
 
 pub mod args;

@@ -6,13 +6,21 @@
 //! flags (`--per-device-train-batch-size 64`, …). [`TrainingArguments::validate`] checks what
 //! clap and serde cannot and names the field at fault; [`TrainingArguments::write_json`] writes
 //! the resolved arguments to `output_dir/training_args.json` at the start of training.
+//!
+//! Files: this one holds the struct, its defaults and the values derived from it;
+//! `fsdp_config` the `fsdp_config` object; `sources` the argument file and command-line
+//! merging and `training_args.json`; `validate` the checks.
 
-use crate::error::{Error, Result};
-use clap::parser::ValueSource;
-use clap::{ArgMatches, CommandFactory, FromArgMatches, Parser};
-use ladder_core::parallel::{BackwardPrefetch, ShardingStrategy, Strategy};
+mod fsdp_config;
+mod sources;
+mod validate;
+
+pub use fsdp_config::FsdpConfig;
+
+use clap::Parser;
+use ladder_core::parallel::{ShardingStrategy, Strategy};
 use serde::{Deserialize, Serialize};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 /// When to evaluate, log or save (Transformers' `IntervalStrategy`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
@@ -52,65 +60,6 @@ pub enum ReportTo {
     Jsonl,
     /// `output_dir/log_history.csv`, one row per log entry.
     Csv,
-}
-
-/// `backward_prefetch` as Transformers reads it (it upper-cases the text and hands it to
-/// Accelerate: `backward_pre`, `backward_post`, `no_prefetch`, any spelling of the core's
-/// [`BackwardPrefetch`]); `null` is no prefetch, as leaving the key out.
-fn backward_prefetch_from_text<'de, D: serde::Deserializer<'de>>(d: D) -> std::result::Result<BackwardPrefetch, D::Error> {
-    let text: Option<String> = Option::deserialize(d)?;
-    let Some(text) = text else { return Ok(BackwardPrefetch::NoPrefetch) };
-    ladder_core::parallel::choice::parse(&text).map_err(|e: ladder_core::parallel::ChoiceError| {
-        serde::de::Error::custom(format!(
-            "invalid value {text:?} for fsdp_config.backward_prefetch: expected {} (no key: no prefetch)",
-            e.expected.replace('-', "_")
-        ))
-    })
-}
-
-fn is_no_prefetch(p: &BackwardPrefetch) -> bool {
-    *p == BackwardPrefetch::NoPrefetch
-}
-
-/// Transformers' `TrainingArguments.fsdp_config`: FSDP settings beside `fsdp`, with
-/// Transformers' key names (an `fsdp_` prefix is accepted too, as Transformers strips it).
-/// The keys this Trainer implements; any other key is an error. Used when `fsdp` is set.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct FsdpConfig {
-    /// `backward_prefetch`: `backward_pre` or `backward_post`. Absent (or `no_prefetch`): no
-    /// prefetch, Transformers' and Accelerate's default (PyTorch's own is `backward_pre`).
-    #[serde(alias = "fsdp_backward_prefetch", deserialize_with = "backward_prefetch_from_text", skip_serializing_if = "is_no_prefetch")]
-    pub backward_prefetch: BackwardPrefetch,
-    /// `forward_prefetch`: start the next unit's all-gather before the current unit's forward
-    /// computation. Default false, Transformers'.
-    #[serde(alias = "fsdp_forward_prefetch")]
-    pub forward_prefetch: bool,
-}
-
-impl Default for FsdpConfig {
-    fn default() -> Self {
-        Self { backward_prefetch: BackwardPrefetch::NoPrefetch, forward_prefetch: false }
-    }
-}
-
-impl FsdpConfig {
-    /// The `--fsdp-config` value, as Transformers reads `fsdp_config` given as text: a JSON
-    /// object (`{"backward_prefetch": "backward_pre"}`), else the path of a JSON file holding
-    /// one.
-    ///
-    /// # Errors
-    /// An unreadable file; malformed JSON, an unknown key or a bad value, named.
-    pub fn from_arg(text: &str) -> std::result::Result<Self, String> {
-        let json = if text.trim_start().starts_with('{') {
-            text.to_string()
-        } else {
-            std::fs::read_to_string(text).map_err(|e| {
-                format!("cannot read {text}: {e} (expected a JSON object such as {{\"backward_prefetch\": \"backward_pre\"}}, or the path of a JSON file holding one)")
-            })?
-        };
-        serde_json::from_str(&json).map_err(|e| format!("fsdp_config: {e}"))
-    }
 }
 
 /// The arguments of a [`Trainer`](crate::Trainer) run, as Transformers' `TrainingArguments`.
@@ -315,101 +264,6 @@ impl TrainingArguments {
         Self { output_dir: output_dir.into(), ..Self::default() }
     }
 
-    /// Parses command-line arguments (the first item is the program name), reading
-    /// `--args-file` if given: defaults < file < flags given on the command line.
-    ///
-    /// # Errors
-    /// [`Error::CommandLine`] for unknown flags or bad values, [`Error::ArgsFile`] for an unreadable or unknown-key file, and
-    /// [`TrainingArguments::validate`]'s errors.
-    pub fn parse_from_cli<I, T>(args: I) -> Result<Self>
-    where
-        I: IntoIterator<Item = T>,
-        T: Into<std::ffi::OsString> + Clone,
-    {
-        let matches = Self::command().try_get_matches_from(args).map_err(|e| Error::CommandLine { message: e.render().to_string() })?;
-        Self::from_matches(&matches)
-    }
-
-    /// [`Self::parse_from_cli`] from clap matches of a command that flattens
-    /// `TrainingArguments` (`#[command(flatten)]`): the file (if any) with every flag whose
-    /// value came from the command line laid over it.
-    ///
-    /// # Errors
-    /// As [`Self::parse_from_cli`].
-    pub fn from_matches(matches: &ArgMatches) -> Result<Self> {
-        let cli =
-            <Self as FromArgMatches>::from_arg_matches(matches).map_err(|e| Error::CommandLine { message: e.render().to_string() })?;
-        let args = match &cli.args_file {
-            None => cli,
-            Some(file) => {
-                let mut merged = serde_json::to_value(Self::from_file(file)?).expect("TrainingArguments serialise");
-                let given = serde_json::to_value(&cli).expect("TrainingArguments serialise");
-                let (merged_map, given_map) = (merged.as_object_mut().expect("an object"), given.as_object().expect("an object"));
-                for (key, value) in given_map {
-                    if matches!(matches.value_source(key), Some(ValueSource::CommandLine)) {
-                        merged_map.insert(key.clone(), value.clone());
-                    }
-                }
-                let mut args: Self = serde_json::from_value(merged).expect("a merge of two valid argument sets");
-                args.args_file = cli.args_file.clone();
-                args
-            }
-        };
-        args.validate()?;
-        Ok(args)
-    }
-
-    /// Reads arguments from a JSON file, or a TOML file when the name ends in `.toml`; missing
-    /// keys take their defaults, unknown keys are errors. Not validated.
-    ///
-    /// # Errors
-    /// [`Error::ArgsFile`] naming the file and the parser's complaint.
-    pub fn from_file(file: &Path) -> Result<Self> {
-        Self::default().overlay_file(file)
-    }
-
-    /// These arguments with every key present in `file` (JSON, or TOML when the name ends in
-    /// `.toml`) replaced by the file's value. Not validated.
-    ///
-    /// # Errors
-    /// [`Error::ArgsFile`] naming the file and the parser's complaint (unknown key, bad value).
-    pub fn overlay_file(&self, file: &Path) -> Result<Self> {
-        let bad = |problem: String| Error::ArgsFile { file: file.into(), problem };
-        let text = std::fs::read_to_string(file).map_err(|e| bad(e.to_string()))?;
-        let value: serde_json::Value = if file.extension().is_some_and(|e| e == "toml") {
-            let t: toml::Value = toml::from_str(&text).map_err(|e| bad(e.message().to_string()))?;
-            serde_json::to_value(t).map_err(|e| bad(e.to_string()))?
-        } else {
-            serde_json::from_str(&text).map_err(|e| bad(e.to_string()))?
-        };
-        let serde_json::Value::Object(keys) = value else {
-            return Err(bad("expected a table of TrainingArguments fields".into()));
-        };
-        // Unknown keys and bad values, reported against the file alone.
-        serde_json::from_value::<Self>(serde_json::Value::Object(keys.clone())).map_err(|e| bad(e.to_string()))?;
-        let mut merged = serde_json::to_value(self).expect("TrainingArguments serialise");
-        let map = merged.as_object_mut().expect("an object");
-        for (k, v) in keys {
-            map.insert(k, v);
-        }
-        let mut out: Self = serde_json::from_value(merged).map_err(|e| bad(e.to_string()))?;
-        out.args_file = self.args_file.clone();
-        Ok(out)
-    }
-
-    /// Writes the arguments as pretty JSON to `output_dir/training_args.json` (atomically),
-    /// creating output_dir.
-    ///
-    /// # Errors
-    /// [`Error::Io`] naming the directory or file.
-    pub fn write_json(&self) -> Result<PathBuf> {
-        std::fs::create_dir_all(&self.output_dir).map_err(|e| Error::io(&self.output_dir, e))?;
-        let path = self.output_dir.join("training_args.json");
-        let json = serde_json::to_string_pretty(self).expect("TrainingArguments serialise");
-        ladder_core::atomic::write_atomic(&path, json.as_bytes())?;
-        Ok(path)
-    }
-
     /// The evaluation interval with eval_strategy=steps: eval_steps, else logging_steps (as
     /// Transformers).
     pub fn eval_steps(&self) -> usize {
@@ -464,121 +318,5 @@ impl TrainingArguments {
     /// metric ending in `loss` and true otherwise (as Transformers).
     pub fn greater_is_better(&self) -> bool {
         self.greater_is_better.unwrap_or_else(|| !self.best_metric_key().is_some_and(|m| m.ends_with("loss")))
-    }
-
-    /// Checks that metric_for_best_model (if any) names one of `available` (without the
-    /// `eval_` prefix, e.g. `["loss", "accuracy"]`).
-    ///
-    /// # Errors
-    /// [`Error::UnknownMetric`] listing the available names.
-    pub fn validate_metric(&self, available: &[&str]) -> Result<()> {
-        if let Some(key) = self.best_metric_key() {
-            let bare = key.strip_prefix("eval_").unwrap_or(&key);
-            if !available.contains(&bare) {
-                return Err(Error::UnknownMetric {
-                    metric: self.metric_for_best_model.clone().unwrap_or_else(|| "loss".into()),
-                    available: available.iter().map(|m| format!("{m} (or eval_{m})")).collect::<Vec<_>>().join(", "),
-                });
-            }
-        }
-        Ok(())
-    }
-
-    /// Checks the values clap and serde cannot, as Transformers' `__post_init__` does.
-    ///
-    /// # Errors
-    /// [`Error::InvalidArgument`] naming the first field at fault and what it accepts.
-    pub fn validate(&self) -> Result<()> {
-        if self.ddp_timeout == 0 {
-            return Err(Error::invalid("ddp_timeout", 0, "a positive number of seconds (default 600)"));
-        }
-        let positive = |field: &'static str, v: usize| {
-            if v == 0 {
-                Err(Error::invalid(field, v, "at least 1"))
-            } else {
-                Ok(())
-            }
-        };
-        positive("per_device_train_batch_size", self.per_device_train_batch_size)?;
-        positive("per_device_eval_batch_size", self.per_device_eval_batch_size)?;
-        positive("gradient_accumulation_steps", self.gradient_accumulation_steps)?;
-        if self.max_steps == 0 || self.max_steps < -1 {
-            return Err(Error::invalid(
-                "max_steps",
-                self.max_steps,
-                "a positive number of optimization steps, or -1 to use num_train_epochs",
-            ));
-        }
-        if self.max_steps < 0 && !(self.num_train_epochs.is_finite() && self.num_train_epochs > 0.0) {
-            return Err(Error::invalid(
-                "num_train_epochs",
-                self.num_train_epochs,
-                "a positive, finite number of epochs (or set max_steps)",
-            ));
-        }
-        if !(self.learning_rate.is_finite() && self.learning_rate >= 0.0) {
-            return Err(Error::invalid("learning_rate", self.learning_rate, "a finite learning rate ≥ 0"));
-        }
-        if !(self.weight_decay.is_finite() && self.weight_decay >= 0.0) {
-            return Err(Error::invalid("weight_decay", self.weight_decay, "a finite weight decay ≥ 0"));
-        }
-        for (field, beta) in [("adam_beta1", self.adam_beta1), ("adam_beta2", self.adam_beta2)] {
-            if !(0.0..1.0).contains(&beta) {
-                return Err(Error::invalid(field, beta, "a value in [0, 1)"));
-            }
-        }
-        if !(self.adam_epsilon.is_finite() && self.adam_epsilon > 0.0) {
-            return Err(Error::invalid("adam_epsilon", self.adam_epsilon, "a positive, finite epsilon"));
-        }
-        if !(self.max_grad_norm.is_finite() && self.max_grad_norm >= 0.0) {
-            return Err(Error::invalid("max_grad_norm", self.max_grad_norm, "a finite norm ≥ 0 (0: no clipping)"));
-        }
-        if !(0.0..=1.0).contains(&self.warmup_ratio) {
-            return Err(Error::invalid("warmup_ratio", self.warmup_ratio, "a fraction of the total steps in [0, 1]"));
-        }
-        if self.logging_strategy == IntervalStrategy::Steps {
-            positive("logging_steps", self.logging_steps)?;
-        }
-        if self.eval_strategy == IntervalStrategy::Steps && self.eval_steps() == 0 {
-            return Err(Error::invalid("eval_steps", self.eval_steps(), "at least 1 with eval_strategy=steps"));
-        }
-        if self.save_strategy == IntervalStrategy::Steps {
-            positive("save_steps", self.save_steps)?;
-        }
-        if self.save_total_limit == Some(0) {
-            return Err(Error::invalid("save_total_limit", 0, "at least 1 checkpoint kept (or leave it unset to keep all)"));
-        }
-        if self.load_best_model_at_end {
-            if self.eval_strategy == IntervalStrategy::No {
-                return Err(Error::invalid(
-                    "load_best_model_at_end",
-                    true,
-                    "an eval_strategy other than `no` (the best model is chosen by evaluation)",
-                ));
-            }
-            if self.eval_strategy != self.save_strategy {
-                return Err(Error::invalid(
-                    "load_best_model_at_end",
-                    true,
-                    format!("save_strategy equal to eval_strategy (they are {:?} and {:?})", self.save_strategy, self.eval_strategy),
-                ));
-            }
-            if self.eval_strategy == IntervalStrategy::Steps && self.save_steps % self.eval_steps() != 0 {
-                return Err(Error::invalid(
-                    "save_steps",
-                    self.save_steps,
-                    format!("a round multiple of eval_steps ({}) with load_best_model_at_end", self.eval_steps()),
-                ));
-            }
-        }
-        if let Some(m) = &self.metric_for_best_model {
-            if m.is_empty() || m == "eval_" {
-                return Err(Error::invalid("metric_for_best_model", format!("{m:?}"), "a metric name such as `loss` or `eval_accuracy`"));
-            }
-        }
-        if self.output_dir.as_os_str().is_empty() {
-            return Err(Error::invalid("output_dir", "\"\"", "a directory path"));
-        }
-        Ok(())
     }
 }

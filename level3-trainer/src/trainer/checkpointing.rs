@@ -1,0 +1,128 @@
+//! What a run saves and restores: the output directory at the start of training (existing
+//! checkpoints refused or cleared, training_args.json), `checkpoint-<step>/` through the
+//! Accelerator's `save_state` with the Trainer's own files, and resuming from one.
+
+use super::loss_sums::LossSums;
+use super::{ResumeFrom, Trainer, SCHEDULER_FILE, TRAINER_STATE_FILE, TRAINING_ARGS_FILE};
+use crate::checkpoints;
+use crate::error::{Error, Result};
+use crate::schedule::TrainingPlan;
+use crate::state::TrainerState;
+use std::path::{Path, PathBuf};
+
+/// Where a resumed run picks up: the loader's position, the global step and the loss sums.
+#[derive(Debug, Clone, Copy, Default)]
+pub(super) struct Resumed {
+    /// The epoch the checkpoint was written in.
+    pub(super) epoch: usize,
+    /// Micro-batches of that epoch already trained.
+    pub(super) step_in_epoch: usize,
+    /// Optimization steps done.
+    pub(super) global_step: u64,
+    /// The loss sums at the checkpoint (rank 0 carries the sums over ranks).
+    pub(super) sums: LossSums,
+}
+
+impl Trainer {
+    /// The checkpoint directory `resume_from_checkpoint` names, if any.
+    ///
+    /// # Errors
+    /// [`Error::NoCheckpoint`] for [`ResumeFrom::Last`] in an output_dir without one.
+    pub(super) fn resume_dir(&self, resume_from_checkpoint: Option<&ResumeFrom>) -> Result<Option<PathBuf>> {
+        let out_dir = &self.args.output_dir;
+        Ok(match resume_from_checkpoint {
+            None => None,
+            Some(ResumeFrom::Dir(d)) => Some(d.clone()),
+            Some(ResumeFrom::Last) => {
+                Some(checkpoints::last_checkpoint(out_dir)?.ok_or_else(|| Error::NoCheckpoint { dir: out_dir.clone() })?)
+            }
+        })
+    }
+
+    /// Makes output_dir ready for a run: a fresh run refuses the checkpoints it holds (or, with
+    /// overwrite_output_dir, removes them on rank 0); then rank 0 writes training_args.json.
+    /// Collective.
+    pub(super) fn prepare_output_dir(&self, resuming: bool) -> Result<()> {
+        let out_dir = &self.args.output_dir;
+        let existing = checkpoints::sorted_checkpoints(out_dir, None)?;
+        if !resuming && !existing.is_empty() {
+            if !self.args.overwrite_output_dir {
+                let found =
+                    existing.iter().filter_map(|p| p.file_name()).map(|n| n.to_string_lossy().into_owned()).collect::<Vec<_>>().join(", ");
+                return Err(Error::OutputDirNotEmpty { dir: out_dir.clone(), found });
+            }
+            self.accelerator.wait_for_everyone()?;
+            if self.accelerator.is_main_process() {
+                for dir in &existing {
+                    std::fs::remove_dir_all(dir).map_err(|e| Error::io(dir, e))?;
+                }
+            }
+        }
+        self.accelerator.wait_for_everyone()?;
+        if self.accelerator.is_main_process() {
+            self.args.write_json()?;
+        }
+        Ok(())
+    }
+
+    /// Restores a checkpoint: weights, optimizer, loader position and counters (the
+    /// Accelerator's `load_state`), then the Trainer's own state and loss sums.
+    ///
+    /// # Errors
+    /// Unreadable checkpoint files; a trainer_state.json whose global_step disagrees with the
+    /// Accelerator's training_state.json.
+    pub(super) fn resume(&mut self, dir: &Path, plan: &TrainingPlan) -> Result<Resumed> {
+        let rank = self.accelerator.process_index();
+        let position = self.accelerator.load_state(dir)?;
+        let state_file = dir.join(TRAINER_STATE_FILE);
+        self.state = TrainerState::load(&state_file)?;
+        self.state.is_world_process_zero = rank == 0;
+        self.state.max_steps = plan.max_steps as u64;
+        if position.global_step != self.state.global_step {
+            return Err(Error::BadCheckpoint {
+                file: state_file,
+                problem: format!("global_step {} but training_state.json says {}", self.state.global_step, position.global_step),
+            });
+        }
+        self.say(&format!(
+            "Resuming from {} at step {} (epoch {}, batch {} of the epoch)",
+            dir.display(),
+            position.global_step,
+            position.epoch,
+            position.step_in_epoch
+        ));
+        Ok(Resumed {
+            epoch: position.epoch as usize,
+            step_in_epoch: position.step_in_epoch as usize,
+            global_step: position.global_step,
+            sums: LossSums::from_extra(&position.extra, rank),
+        })
+    }
+
+    /// Writes output_dir/checkpoint-<step>/ through `accelerator.save_state` (the main
+    /// process, atomically) with trainer_state.json, scheduler.json and training_args.json,
+    /// then rotates. Collective.
+    pub(super) fn save_checkpoint(&mut self, sums: &LossSums, new_best: bool) -> Result<()> {
+        let dir = checkpoints::checkpoint_dir(&self.args.output_dir, self.state.global_step);
+        let extra = sums.checkpoint_extra(&self.accelerator)?;
+        if new_best || self.state.best_global_step == Some(self.state.global_step) {
+            self.state.best_model_checkpoint = Some(dir.clone());
+        }
+        let scheduler = serde_json::json!({ "last_epoch": self.state.global_step, "lr_scheduler_type": self.args.lr_scheduler_type });
+        let files = [
+            (TRAINER_STATE_FILE, serde_json::to_vec_pretty(&self.state).expect("TrainerState serialises")),
+            (SCHEDULER_FILE, serde_json::to_vec_pretty(&scheduler).expect("json")),
+            (TRAINING_ARGS_FILE, serde_json::to_vec_pretty(&self.args).expect("TrainingArguments serialise")),
+        ];
+        self.accelerator.save_state_with(&dir, extra, &files)?;
+        if self.accelerator.is_main_process() {
+            checkpoints::rotate_checkpoints(
+                &self.args.output_dir,
+                self.args.save_total_limit,
+                self.state.best_model_checkpoint.as_deref(),
+            )?;
+        }
+        self.accelerator.wait_for_everyone()?;
+        Ok(())
+    }
+}

@@ -17,6 +17,6 @@ mod train;
 pub use accelerator::{
     AcceleratedDataLoader, AcceleratedOptimizer, Accelerator, DistributedDataParallelKwargs, InitProcessGroupKwargs, PreparedModel,
 };
-pub use config::AcceleratorConfig;
+pub use config::{AcceleratorConfig, ResolvedConfig};
 pub use error::{Error, Result};
 pub use train::{run, Config};

@@ -61,7 +61,7 @@ impl AcceleratorConfig {
             AcceleratorConfig::default()
         } else {
             match format {
-                ConfigFormat::Yaml => serde_yaml::from_str(&text).map_err(|e| parse_err(e.to_string()))?,
+                ConfigFormat::Yaml => serde_norway::from_str(&text).map_err(|e| parse_err(e.to_string()))?,
                 ConfigFormat::Toml => toml::from_str(&text)
                     .map_err(|e| parse_err(e.message().trim().replace('\n', "; ") + &toml_location(&text, e.span())))?,
                 ConfigFormat::Json => serde_json::from_str(&text).map_err(|e| parse_err(e.to_string()))?,
@@ -92,7 +92,7 @@ impl AcceleratorConfig {
     /// The serializer's message (not expected for this struct).
     pub fn to_string_as(&self, format: ConfigFormat) -> std::result::Result<String, String> {
         match format {
-            ConfigFormat::Yaml => serde_yaml::to_string(self).map_err(|e| e.to_string()),
+            ConfigFormat::Yaml => serde_norway::to_string(self).map_err(|e| e.to_string()),
             ConfigFormat::Toml => toml::to_string(self).map_err(|e| e.to_string()),
             ConfigFormat::Json => serde_json::to_string_pretty(self).map(|s| s + "\n").map_err(|e| e.to_string()),
         }

@@ -15,7 +15,8 @@ pub mod scaler;
 mod train;
 
 pub use accelerator::{
-    AcceleratedDataLoader, AcceleratedOptimizer, Accelerator, DistributedDataParallelKwargs, InitProcessGroupKwargs, PreparedModel,
+    AcceleratedDataLoader, AcceleratedOptimizer, Accelerator, DataLoaderOptions, DistributedDataParallelKwargs, InitProcessGroupKwargs,
+    PreparedModel,
 };
 pub use config::{AcceleratorConfig, ResolvedConfig};
 pub use error::{Error, Result};

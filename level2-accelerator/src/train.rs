@@ -3,9 +3,10 @@
 //! [`Accelerator`] reads them from the launcher and the config.
 
 use crate::config::AcceleratorConfig;
-use crate::{Accelerator, DistributedDataParallelKwargs, InitProcessGroupKwargs, Result};
+use crate::{Accelerator, DataLoaderOptions, DistributedDataParallelKwargs, InitProcessGroupKwargs, Result};
 use clap::Parser;
 use ladder_core::device::DeviceKind;
+use ladder_core::dist::ReduceOp;
 use ladder_core::metrics::{EpochFigures, LocalFigures, Report};
 use ladder_core::model::{BasicNet, BasicNetConfig};
 use ladder_core::optim::AdamWConfig;
@@ -159,8 +160,9 @@ pub fn run(cfg: &Config) -> Result<Report> {
     let net = BasicNet::new(&vs.root(), BasicNetConfig { width: cfg.width, ..Default::default() });
     let model = accelerator.prepare_model(vs, net)?;
     let mut optimizer = accelerator.prepare_optimizer(&model, AdamWConfig { lr: args.lr, ..Default::default() })?;
-    let train_loader = accelerator.prepare_data_loader(&mnist.train, args.batch_size, true)?;
-    let test_loader = accelerator.prepare_data_loader(&mnist.test, 1000, false)?;
+    let train_loader = accelerator
+        .prepare_data_loader(&mnist.train, DataLoaderOptions { batch_size: args.batch_size, shuffle: true, ..Default::default() })?;
+    let test_loader = accelerator.prepare_data_loader(&mnist.test, DataLoaderOptions { batch_size: 1000, ..Default::default() })?;
 
     let mut first_epoch = 1;
     if let Some(dir) = &cfg.resume_from {
@@ -214,7 +216,7 @@ pub fn run(cfg: &Config) -> Result<Report> {
             eval.correct += correct.sum(Kind::Int64).int64_value(&[]);
             eval.count += losses.size()[0];
         }
-        let train_loss = accelerator.reduce(&tch::Tensor::from(loss_sum / n.max(1) as f64), "mean")?.double_value(&[]);
+        let train_loss = accelerator.reduce(&tch::Tensor::from(loss_sum / n.max(1) as f64), ReduceOp::Avg)?.double_value(&[]);
         let figures = EpochFigures {
             epoch,
             steps: n,

@@ -35,10 +35,11 @@ use crate::schedule::{LrSchedule, TrainingPlan};
 use crate::state::{LogEntry, Metrics, TrainerState};
 use ladder_core::checkpoint as core_ckpt;
 use ladder_core::data::Dataset;
+use ladder_core::dist::ReduceOp;
 use ladder_core::memory::ModelStateBytes;
 use ladder_core::model::{BasicNet, BasicNetConfig};
 use ladder_core::parallel::Precision;
-use level2_accelerator::{AcceleratedOptimizer, Accelerator, AcceleratorConfig, PreparedModel};
+use level2_accelerator::{AcceleratedOptimizer, Accelerator, AcceleratorConfig, DataLoaderOptions, PreparedModel};
 use std::path::PathBuf;
 use std::time::Instant;
 use tch::{nn, Device, Kind, Tensor};
@@ -469,7 +470,9 @@ impl Trainer {
             ..Default::default()
         };
 
-        let loader = self.accelerator.prepare_data_loader(&train_dataset, batch, true)?;
+        let loader = self
+            .accelerator
+            .prepare_data_loader(&train_dataset, DataLoaderOptions { batch_size: batch, shuffle: true, ..Default::default() })?;
         debug_assert_eq!(loader.len(), plan.batches_per_epoch);
 
         // Resume: weights, optimizer, loader position and counters (the Accelerator), then the
@@ -813,7 +816,7 @@ impl Trainer {
         // Rank r's p-th sample is dataset position p·W + r; positions ≥ n are padding.
         let real_on_rank = if rank < n { (n - rank).div_ceil(w) } else { 0 };
         let bs = self.args.per_device_eval_batch_size;
-        let loader = self.accelerator.prepare_data_loader(data, bs, false)?;
+        let loader = self.accelerator.prepare_data_loader(data, DataLoaderOptions { batch_size: bs, ..Default::default() })?;
         let (mut loss_sum, mut count, mut outputs, mut labels, mut steps) = (0.0f64, 0usize, Vec::new(), Vec::new(), 0usize);
         tch::no_grad(|| -> Result<()> {
             for (b, (images, ys)) in loader.iter().enumerate() {
@@ -844,7 +847,8 @@ impl Trainer {
             }
             Ok(())
         })?;
-        let sums = self.accelerator.reduce(&Tensor::from_slice(&[loss_sum, count as f64]).to_device(self.accelerator.device()), "sum")?;
+        let sums =
+            self.accelerator.reduce(&Tensor::from_slice(&[loss_sum, count as f64]).to_device(self.accelerator.device()), ReduceOp::Sum)?;
         let sums = Vec::<f64>::try_from(sums.to_device(Device::Cpu))?;
         let predictions = if outputs.is_empty() { Tensor::zeros([0, 10], (Kind::Float, Device::Cpu)) } else { Tensor::cat(&outputs, 0) };
         let label_ids = if labels.is_empty() { Tensor::zeros([0], (Kind::Int64, Device::Cpu)) } else { Tensor::cat(&labels, 0) };
@@ -908,7 +912,7 @@ impl LossSums {
 
     /// The window's mean step loss over all ranks; resets the window. Collective.
     fn take_window(&mut self, acc: &Accelerator) -> Result<f64> {
-        let t = acc.reduce(&Tensor::from_slice(&[self.window_sum]).to_device(acc.device()), "sum")?;
+        let t = acc.reduce(&Tensor::from_slice(&[self.window_sum]).to_device(acc.device()), ReduceOp::Sum)?;
         let loss = t.double_value(&[0]) / (acc.num_processes() as f64 * self.window_steps as f64);
         self.window_sum = 0.0;
         self.window_steps = 0;
@@ -917,13 +921,13 @@ impl LossSums {
 
     /// `(Σ over ranks of total_sum, total_steps)`. Collective.
     fn all_reduced_total(&self, acc: &Accelerator) -> Result<(f64, f64)> {
-        let t = acc.reduce(&Tensor::from_slice(&[self.total_sum]).to_device(acc.device()), "sum")?;
+        let t = acc.reduce(&Tensor::from_slice(&[self.total_sum]).to_device(acc.device()), ReduceOp::Sum)?;
         Ok((t.double_value(&[0]), self.total_steps as f64))
     }
 
     /// The sums over ranks, for a checkpoint. Collective.
     fn checkpoint_extra(&self, acc: &Accelerator) -> Result<serde_json::Map<String, serde_json::Value>> {
-        let t = acc.reduce(&Tensor::from_slice(&[self.window_sum, self.total_sum]).to_device(acc.device()), "sum")?;
+        let t = acc.reduce(&Tensor::from_slice(&[self.window_sum, self.total_sum]).to_device(acc.device()), ReduceOp::Sum)?;
         let v = Vec::<f64>::try_from(t.to_device(Device::Cpu))?;
         let mut m = serde_json::Map::new();
         m.insert("loss_window_sum".into(), v[0].into());

@@ -1,3 +1,5 @@
+//! Build script: links the libtorch of the cached torch venv (see `shared/build_support.rs`).
+
 include!("../shared/build_support.rs");
 
 fn main() {

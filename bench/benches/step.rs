@@ -11,7 +11,7 @@ use criterion::{criterion_group, criterion_main, Criterion};
 use ladder_core::dist::{init_with_env, Backend, DistEnv};
 use ladder_core::model::{BasicNet, BasicNetConfig};
 use ladder_core::parallel::{DdpOptions, DistributedDataParallel};
-use ladder_core::train::adamw;
+use ladder_core::recipe::adamw;
 use tch::{nn, Device, Kind, Tensor};
 
 fn batch() -> (Tensor, Tensor) {

@@ -13,12 +13,13 @@ use clap::Parser;
 use ladder_core::data::{DataLoader, DistributedSampler};
 use ladder_core::device::DeviceKind;
 use ladder_core::dist::{self, Backend, DistEnv, ProcessGroup};
+use ladder_core::eval::EvalSums;
 use ladder_core::metrics::{gather_report, LocalFigures, Report};
 use ladder_core::model::{BasicNet, BasicNetConfig};
 use ladder_core::optim::AdamWConfig;
 use ladder_core::parallel::{BackwardPrefetch, Precision, StrategyOptions, WrapConfig, WrappedModel};
+use ladder_core::recipe::{end_of_epoch, seed_batch, TrainArgs};
 use ladder_core::timing::{Phase, StepTimer};
-use ladder_core::train::{end_of_epoch, seed_batch, EvalSums, TrainArgs};
 use ladder_core::{Error, Result};
 use serde::{Deserialize, Serialize};
 use std::time::Instant;
@@ -195,7 +196,7 @@ pub fn run(cfg: &Config) -> Result<Report> {
     // 5. A DistributedSampler: each rank sees its own 1/W of every epoch.
     let sampler = DistributedSampler::new(train.len(), world_size, rank, true, cfg.train.seed, false)?;
     let mut loader = DataLoader::new(&train, cfg.train.batch_size, Box::new(sampler))?;
-    ladder_core::train::check_batch_counts(pg, loader.len())?; // every rank runs as many steps
+    ladder_core::recipe::check_batch_counts(pg, loader.len())?; // every rank runs as many steps
 
     // 6. The loop: zero_grad → forward → backward + gradient all-reduce → step; after every
     //    epoch, test() — exact evaluation: disjoint slices, counts all-reduced.
@@ -253,7 +254,7 @@ pub fn run(cfg: &Config) -> Result<Report> {
     }
     if let Some(path) = &cfg.train.save_model {
         if let Some(weights) = model.full_state_dict()? {
-            ladder_core::train::save_weights(path, &weights)?;
+            ladder_core::recipe::save_weights(path, &weights)?;
         }
     }
 

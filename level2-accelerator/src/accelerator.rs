@@ -35,13 +35,14 @@ use crate::{Error, Result};
 use ladder_core::checkpoint::{self, Checkpoint, TrainingState};
 use ladder_core::data::{Dataset, DistributedSampler, Sampler};
 use ladder_core::dist::{self, Backend, DistEnv, ProcessGroup, ReduceOp};
+use ladder_core::eval::EvalSums;
 use ladder_core::memory::ModelStateBytes;
 use ladder_core::metrics::{gather_report, LocalFigures, Report};
 use ladder_core::model::{BasicNet, BasicNetConfig};
 use ladder_core::optim::{AdamW, AdamWConfig};
 use ladder_core::parallel::{Precision, Strategy, WrapConfig, WrappedModel};
+use ladder_core::recipe::seed_batch;
 use ladder_core::timing::{Comm, Phase, StepTimer, StepTiming};
-use ladder_core::train::{seed_batch, EvalSums};
 use serde::{Deserialize, Serialize};
 use std::cell::{Cell, RefCell};
 use std::path::Path;
@@ -473,7 +474,7 @@ impl Accelerator {
         let data = if dataset.device() == self.device { dataset.shallow_clone() } else { dataset.to_device(self.device) };
         if shuffle {
             // Every process must run as many training batches (one tiny collective).
-            ladder_core::train::check_batch_counts(self.pg, sampler.num_samples().div_ceil(per_process))?;
+            ladder_core::recipe::check_batch_counts(self.pg, sampler.num_samples().div_ceil(per_process))?;
         }
         Ok(AcceleratedDataLoader {
             data,

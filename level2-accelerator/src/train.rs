@@ -6,11 +6,12 @@ use crate::config::AcceleratorConfig;
 use crate::{Accelerator, DistributedDataParallelKwargs, InitProcessGroupKwargs, Result};
 use clap::Parser;
 use ladder_core::device::DeviceKind;
+use ladder_core::eval::EvalSums;
 use ladder_core::metrics::{EpochFigures, LocalFigures, Report};
 use ladder_core::model::{BasicNet, BasicNetConfig};
 use ladder_core::optim::AdamWConfig;
 use ladder_core::parallel::{BackwardPrefetch, Precision, Strategy, StrategyOptions};
-use ladder_core::train::{EvalSums, TrainArgs};
+use ladder_core::recipe::TrainArgs;
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 use std::time::Instant;
@@ -233,7 +234,7 @@ pub fn run(cfg: &Config) -> Result<Report> {
 
     if let Some(path) = &args.save_model {
         if let Some(weights) = accelerator.get_state_dict()? {
-            ladder_core::train::save_weights(path, &weights)?;
+            ladder_core::recipe::save_weights(path, &weights)?;
         }
     }
     if cfg.check_sync {

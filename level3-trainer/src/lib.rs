@@ -29,10 +29,11 @@ pub use trainer::{
 
 use clap::{CommandFactory, FromArgMatches, Parser};
 use ladder_core::device::DeviceKind;
+use ladder_core::eval::EvalSums;
 use ladder_core::metrics::{LocalFigures, Report};
 use ladder_core::model::{BasicNet, BasicNetConfig};
 use ladder_core::parallel::{BackwardPrefetch, Precision, Strategy};
-use ladder_core::train::{EvalSums, TrainArgs};
+use ladder_core::recipe::TrainArgs;
 use std::collections::BTreeSet;
 use std::path::PathBuf;
 use std::time::Instant;
@@ -296,7 +297,7 @@ pub fn run(cfg: &Config) -> Result<Report> {
     // ANCHOR_END: user_code
     if let Some(path) = &cfg.train.save_model {
         if let Some(weights) = trainer.accelerator().get_state_dict()? {
-            ladder_core::train::save_weights(path, &weights)?;
+            ladder_core::recipe::save_weights(path, &weights)?;
         }
     }
 

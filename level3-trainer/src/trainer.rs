@@ -301,13 +301,13 @@ impl Trainer {
         let accelerator = Accelerator::with_kwargs_handlers(Self::accelerator_config(&args), Default::default(), init)?;
         accelerator.set_check_finite(!args.allow_non_finite);
         if let Some(train) = &train_dataset {
-            ladder_core::train::check_batch_size(
+            ladder_core::recipe::check_batch_size(
                 "per_device_train_batch_size",
                 args.per_device_train_batch_size,
                 train.len(),
                 accelerator.num_processes(),
             )?;
-            ladder_core::train::check_batch_fits_memory(
+            ladder_core::recipe::check_batch_fits_memory(
                 "per_device_train_batch_size",
                 args.per_device_train_batch_size,
                 net.config().width,
@@ -871,7 +871,7 @@ impl Trainer {
         let path = self.args.output_dir.join(core_ckpt::MODEL_FILE);
         if let Some(weights) = self.accelerator.get_state_dict()? {
             std::fs::create_dir_all(&self.args.output_dir).map_err(|e| Error::io(&self.args.output_dir, e))?;
-            ladder_core::train::save_weights(&path, &weights)?;
+            ladder_core::recipe::save_weights(&path, &weights)?;
         }
         self.accelerator.wait_for_everyone()?;
         Ok(path)

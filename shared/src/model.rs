@@ -154,7 +154,7 @@ extern "C" {
 /// generator (SplitMix64 words keyed by one draw from libtorch's default CPU generator, see
 /// src/model_shim.cpp): 32 random bits per element, so the keep probability is 1 − p rounded
 /// to 2^-32 (exact for BasicNet's 0.25 and 0.5). The masks are a function of the generator's
-/// state, which [`crate::train::seed_batch`] sets before each batch, and do not depend on the
+/// state, which [`crate::recipe::seed_batch`] sets before each batch, and do not depend on the
 /// number of threads. They differ from the masks PyTorch would draw for the same seed (neither
 /// library promises its masks across versions). On other devices libtorch's fused dropout runs.
 ///

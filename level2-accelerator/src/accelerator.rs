@@ -1144,6 +1144,7 @@ impl AcceleratedDataLoader<'_> {
             *self.shared.current.borrow_mut() = Some(pos);
             if self.training {
                 let seen = self.shared.batches_seen.get();
+                ladder_core::dist::progress::set_step(seen + 1);
                 seed_batch(self.shared.seed.get(), self.shared.rank, seen);
                 self.shared.batches_seen.set(seen + 1);
                 self.state.in_progress.set((b + 1 < n_batches).then_some((epoch, b + 1)));

@@ -328,11 +328,10 @@ pub fn end_of_epoch(
 /// (`seed`, `rank`, `batch_index`) alone: a run resumed from a checkpoint at batch k draws the
 /// same masks as one that never stopped, without saving generator state (tch cannot read it).
 /// `batch_index` counts micro-batches from 0 over all epochs. Ranks draw different masks, as
-/// independent workers do. Every level calls it before each batch's forward.
+/// independent workers do. Every level calls it before each batch's forward (the distributed
+/// levels beside [`crate::dist::progress::set_step`], which records where the rank is).
 // ANCHOR: seed_batch
 pub fn seed_batch(seed: u64, rank: usize, batch_index: u64) {
-    // Where this rank is, for collective timeouts and ladder-run's summary (1-based step).
-    crate::dist::progress::set_step(batch_index + 1);
     // splitmix64 of the three inputs: well-spread seeds for neighbouring batches.
     let mut z = seed
         .wrapping_mul(0x9E37_79B9_7F4A_7C15)

@@ -167,6 +167,7 @@ pub fn run(cfg: &Config) -> Result<Report> {
         }
         _ => {}
     }
+    cfg.train.check_device()?; // before setup() asks the backend for it, so that the error names --device
 
     // ANCHOR: user_code
     // 1. setup(): the process group. Every rank runs this same code.
@@ -256,7 +257,8 @@ pub fn run(cfg: &Config) -> Result<Report> {
     }
     if let Some(path) = &cfg.train.save_model {
         if let Some(weights) = model.full_state_dict()? {
-            ladder_core::recipe::save_weights(path, &weights)?;
+            ladder_core::recipe::save_weights(path, &weights)
+                .map_err(|e| e.named_by(&[(ladder_core::recipe::WEIGHTS_FILE, "--save-model")]))?;
         }
     }
 

@@ -117,9 +117,7 @@ pub fn run(cfg: &Config) -> Result<Report> {
     if cfg.width < 1 {
         return Err(ladder_core::Error::invalid("--width", cfg.width, "at least 1 output feature for fc1").into());
     }
-    if cfg.train.device == Some(DeviceKind::Cuda) {
-        DeviceKind::Cuda.resolve(0)?;
-    }
+    cfg.train.check_device()?;
     // The strategy may come from the launcher or the config file: check the flags against it.
     let resolved = crate::config::ResolvedConfig::resolve(&cfg.accelerator_config(), |k| std::env::var(k).ok())?;
     let flags = StrategyOptions {
@@ -234,7 +232,8 @@ pub fn run(cfg: &Config) -> Result<Report> {
 
     if let Some(path) = &args.save_model {
         if let Some(weights) = accelerator.get_state_dict()? {
-            ladder_core::recipe::save_weights(path, &weights)?;
+            ladder_core::recipe::save_weights(path, &weights)
+                .map_err(|e| e.named_by(&[(ladder_core::recipe::WEIGHTS_FILE, "--save-model")]))?;
         }
     }
     if cfg.check_sync {

@@ -297,7 +297,8 @@ pub fn run(cfg: &Config) -> Result<Report> {
     // ANCHOR_END: user_code
     if let Some(path) = &cfg.train.save_model {
         if let Some(weights) = trainer.accelerator().get_state_dict()? {
-            ladder_core::recipe::save_weights(path, &weights)?;
+            ladder_core::recipe::save_weights(path, &weights)
+                .map_err(|e| e.named_by(&[(ladder_core::recipe::WEIGHTS_FILE, "--save-model")]))?;
         }
     }
 

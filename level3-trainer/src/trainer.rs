@@ -866,12 +866,14 @@ impl Trainer {
     /// `save_model()`. Collective.
     ///
     /// # Errors
-    /// [`Error::Io`] naming the directory; libtorch's serialisation errors.
+    /// [`Error::Io`] naming the directory; an invalid value naming `output_dir/model.safetensors`
+    /// when the file cannot be written.
     pub fn save_model(&self) -> Result<PathBuf> {
         let path = self.args.output_dir.join(core_ckpt::MODEL_FILE);
         if let Some(weights) = self.accelerator.get_state_dict()? {
             std::fs::create_dir_all(&self.args.output_dir).map_err(|e| Error::io(&self.args.output_dir, e))?;
-            ladder_core::recipe::save_weights(&path, &weights)?;
+            ladder_core::recipe::save_weights(&path, &weights)
+                .map_err(|e| e.named_by(&[(ladder_core::recipe::WEIGHTS_FILE, "output_dir/model.safetensors")]))?;
         }
         self.accelerator.wait_for_everyone()?;
         Ok(path)

@@ -91,9 +91,18 @@ pub enum Error {
         max_batch_size: usize,
         advice: String,
     },
-    /// CUDA was asked for but is not usable here.
-    #[error("device {requested} requested but CUDA is not available ({why})")]
-    CudaUnavailable { requested: String, why: String },
+    /// CUDA was asked for but is not usable here. The message reads `{option} cuda requested
+    /// but CUDA is not available ({why}; use {option} cpu)`.
+    #[error("{option} cuda requested but CUDA is not available ({why}{})", if *suggest_cpu { format!("; use {option} cpu") } else { String::new() })]
+    CudaUnavailable {
+        /// The choice as the caller names it: the core's `device`, which a level renames to
+        /// its own flag with [`Error::named_by`] (`--device`).
+        option: String,
+        /// What is missing (no driver, no CUDA build of libtorch, no device).
+        why: String,
+        /// Whether to advise the CPU instead (not when the fault is the build itself).
+        suggest_cpu: bool,
+    },
     /// An error from libtorch.
     #[error("libtorch: {0}")]
     Torch(#[from] tch::TchError),
@@ -192,6 +201,9 @@ impl Error {
             }
             Error::OptionNotForStrategy { option, strategy, belongs_to } => {
                 Error::OptionNotForStrategy { option: rename(option).unwrap_or(option), strategy, belongs_to }
+            }
+            Error::CudaUnavailable { option, why, suggest_cpu } => {
+                Error::CudaUnavailable { option: rename(&option).map_or(option, str::to_string), why, suggest_cpu }
             }
             other => other,
         }

@@ -160,6 +160,19 @@ impl TrainArgs {
         check_batch_fits_memory("--batch-size", self.batch_size, width, local_world_size, device)
     }
 
+    /// Checks that the device given with `--device` can be used (for cuda: a driver, libtorch's
+    /// CUDA backend and a device), before anything is set up; nothing to check without
+    /// `--device` (the default is cuda only where it is available).
+    ///
+    /// # Errors
+    /// [`Error::CudaUnavailable`] naming `--device`.
+    pub fn check_device(&self) -> Result<()> {
+        match self.device {
+            Some(kind) => kind.resolve(0).map(drop).map_err(|e| e.named_by(&[("device", "--device")])),
+            None => Ok(()),
+        }
+    }
+
     /// The collective timeout of `--timeout` (or `LADDER_COLLECTIVE_TIMEOUT_S`).
     pub fn collective_timeout(&self) -> std::time::Duration {
         std::time::Duration::from_secs_f64(self.timeout)
@@ -344,13 +357,17 @@ pub fn seed_batch(seed: u64, rank: usize, batch_index: u64) {
 }
 // ANCHOR_END: seed_batch
 
-/// Writes `weights` (name → tensor) to `path` as safetensors, atomically; the error names the
-/// `--save-model` flag.
+/// The name [`save_weights`]' errors give the file they could not write; a level renames it to
+/// its own flag or argument with [`Error::named_by`] (`--save-model`, `output_dir`).
+pub const WEIGHTS_FILE: &str = "weights file";
+
+/// Writes `weights` (name → tensor) to `path` as safetensors, atomically (a temporary file in
+/// the same directory, renamed into place).
 ///
 /// # Errors
-/// [`Error::InvalidValue`] naming `--save-model` and the path when it cannot be written.
+/// [`Error::InvalidValue`] naming [`WEIGHTS_FILE`] and the path when it cannot be written.
 pub fn save_weights(path: &std::path::Path, weights: &[(String, Tensor)]) -> Result<()> {
-    let bad = |e: String| Error::invalid("--save-model", path.display(), format!("a writable file ({e})"));
+    let bad = |e: String| Error::invalid(WEIGHTS_FILE, path.display(), format!("a writable file ({e})"));
     let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(std::path::Path::new("."));
     let tmp = tempfile::Builder::new().prefix(".ladder-").suffix(".safetensors").tempfile_in(dir).map_err(|e| bad(e.to_string()))?;
     let cpu: Vec<(String, Tensor)> = weights.iter().map(|(k, t)| (k.clone(), t.detach().to_device(tch::Device::Cpu))).collect();

@@ -8,7 +8,7 @@ use ladder_core::data::DataLoader;
 use ladder_core::eval::{evaluate, EvalSums};
 use ladder_core::metrics::Report;
 use ladder_core::model::{BasicNet, BasicNetConfig};
-use ladder_core::recipe::{adamw, batch_loss, end_of_epoch, save_weights, seed_batch, TrainArgs};
+use ladder_core::recipe::{adamw, batch_loss, end_of_epoch, save_weights, seed_batch, TrainArgs, WEIGHTS_FILE};
 use ladder_core::timing::Phase;
 use ladder_core::{Error, Result};
 use std::process::ExitCode;
@@ -57,6 +57,7 @@ fn run(args: &TrainArgs) -> Result<Report> {
             env.rank, env.world_size, env.world_size, env.world_size
         )));
     }
+    args.check_device()?;
     let device = args.device_kind().resolve(0)?;
     ladder_core::device::set_threads_per_rank(1);
     ladder_core::device::tune_malloc_for_training();
@@ -125,7 +126,8 @@ fn run(args: &TrainArgs) -> Result<Report> {
     // ANCHOR_END: baseline_loop
 
     if let Some(path) = &args.save_model {
-        save_weights(path, &ladder_core::model::Model::named_parameters(&net))?;
+        save_weights(path, &ladder_core::model::Model::named_parameters(&net))
+            .map_err(|e| e.named_by(&[(WEIGHTS_FILE, "--save-model")]))?;
     }
     let peak = ladder_core::memory::peak_rss_bytes().map(ladder_core::memory::mib).unwrap_or(0.0);
     let timing = timer.finish();

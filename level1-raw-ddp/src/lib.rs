@@ -33,7 +33,7 @@ pub use ladder_core::parallel::Strategy;
     name = "level1-raw-ddp",
     version,
     about = "Level 1: BasicNet on MNIST with a raw process group, a DistributedSampler and DistributedDataParallel",
-    after_help = concat!("Launch: `target/release/level1-raw-ddp` (1 process), `target/release/ladder-run --nproc-per-node 2 target/release/level1-raw-ddp`, or `mpirun -n 2 target/release/level1-raw-ddp`.\n\n", "Environment:\n  RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT\n      this process's place in the job, as torchrun (and ladder-run) set them\n  OMPI_COMM_WORLD_RANK, OMPI_COMM_WORLD_SIZE, OMPI_COMM_WORLD_LOCAL_[RANK|SIZE]\n      the same under mpirun (they win; torchrun's must agree)\n  LADDER_SHUTDOWN_TIMEOUT_S\n      seconds a rank waits for the others at shutdown, then aborts the job [default: 30]\n  MNIST_DIR, MNIST_MIRRORS\n      see --data-dir and --mirror"),
+    after_help = format!("Launch: `target/release/level1-raw-ddp` (1 process), `target/release/ladder-run --nproc-per-node 2 target/release/level1-raw-ddp`, or `mpirun -n 2 target/release/level1-raw-ddp`.\n\n{}", ladder_core::cli::ENVIRONMENT_HELP),
     allow_negative_numbers = true
 )]
 pub struct Config {
@@ -274,9 +274,7 @@ pub fn run(cfg: &Config) -> Result<Report> {
     let mut report = gather_report(pg, &local, &eval, steps as u64, cfg.strategy.name(), start.elapsed().as_secs_f64())?;
     report.history = history;
     if rank == 0 {
-        if let Some(path) = &cfg.train.metrics_json {
-            report.write_json(path).map_err(|e| Error::invalid("--metrics-json", path.display(), format!("a writable file ({e})")))?;
-        }
+        cfg.train.write_metrics_json(&report)?;
     }
     pg.barrier()?;
     // 9. cleanup()

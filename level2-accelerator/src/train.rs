@@ -25,7 +25,7 @@ use tch::{nn, Kind};
     name = "level2-accelerator",
     version,
     about = "Level 2: BasicNet on MNIST with an Accelerator — one single-device-looking loop on 1..N processes",
-    after_help = concat!("Launch: `target/release/level2-accelerator` (1 process), `target/release/ladder-accelerate launch --num-processes 2 target/release/level2-accelerator`, `target/release/ladder-run --nproc-per-node 2 target/release/level2-accelerator`, or `mpirun -n 2 target/release/level2-accelerator`.\n\n", "Environment:\n  RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT\n      this process's place in the job, as torchrun (and ladder-run) set them\n  OMPI_COMM_WORLD_RANK, OMPI_COMM_WORLD_SIZE, OMPI_COMM_WORLD_LOCAL_[RANK|SIZE]\n      the same under mpirun (they win; torchrun's must agree)\n  LADDER_SHUTDOWN_TIMEOUT_S\n      seconds a rank waits for the others at shutdown, then aborts the job [default: 30]\n  MNIST_DIR, MNIST_MIRRORS\n      see --data-dir and --mirror\n", "  ACCELERATE_MIXED_PRECISION, ACCELERATE_GRADIENT_ACCUMULATION_STEPS, ACCELERATE_USE_CPU,\n  ACCELERATE_USE_FSDP, FSDP_SHARDING_STRATEGY, FSDP_MIN_NUM_PARAMS, FSDP_BACKWARD_PREFETCH,\n  FSDP_FORWARD_PREFETCH, ACCELERATE_SPLIT_BATCHES, ACCELERATE_EVEN_BATCHES, ACCELERATE_SEED\n      the Accelerator's settings as `ladder-accelerate launch` exports them (below the\n      flags, above the config file)\n", "  ACCELERATE_CONFIG_FILE\n      the config file [default: the default config, if it exists]"),
+    after_help = format!(concat!("Launch: `target/release/level2-accelerator` (1 process), `target/release/ladder-accelerate launch --num-processes 2 target/release/level2-accelerator`, `target/release/ladder-run --nproc-per-node 2 target/release/level2-accelerator`, or `mpirun -n 2 target/release/level2-accelerator`.\n\n{}\n", "  ACCELERATE_MIXED_PRECISION, ACCELERATE_GRADIENT_ACCUMULATION_STEPS, ACCELERATE_USE_CPU,\n  ACCELERATE_USE_FSDP, FSDP_SHARDING_STRATEGY, FSDP_MIN_NUM_PARAMS, FSDP_BACKWARD_PREFETCH,\n  FSDP_FORWARD_PREFETCH, ACCELERATE_SPLIT_BATCHES, ACCELERATE_EVEN_BATCHES, ACCELERATE_SEED\n      the Accelerator's settings as `ladder-accelerate launch` exports them (below the\n      flags, above the config file)\n", "  ACCELERATE_CONFIG_FILE\n      the config file [default: the default config, if it exists]"), ladder_core::cli::ENVIRONMENT_HELP),
     allow_negative_numbers = true
 )]
 pub struct Config {
@@ -252,11 +252,7 @@ pub fn run(cfg: &Config) -> Result<Report> {
     let mut report = accelerator.gather_report(&local, &eval, start.elapsed().as_secs_f64())?;
     report.history = history;
     if accelerator.is_main_process() {
-        if let Some(path) = &args.metrics_json {
-            report
-                .write_json(path)
-                .map_err(|e| ladder_core::Error::invalid("--metrics-json", path.display(), format!("a writable file ({e})")))?;
-        }
+        args.write_metrics_json(&report)?;
     }
     accelerator.wait_for_everyone()?;
     accelerator.end_training();

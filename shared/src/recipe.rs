@@ -173,6 +173,17 @@ impl TrainArgs {
         }
     }
 
+    /// Writes `report` to the `--metrics-json` file when one was given (pretty JSON, atomically:
+    /// [`Report::write_json`](crate::metrics::Report::write_json)). One process writes it (rank
+    /// 0); every level and the baseline end with it.
+    ///
+    /// # Errors
+    /// [`Error::InvalidValue`] naming `--metrics-json` and the path when it cannot be written.
+    pub fn write_metrics_json(&self, report: &crate::metrics::Report) -> Result<()> {
+        let Some(path) = &self.metrics_json else { return Ok(()) };
+        report.write_json(path).map_err(|e| Error::invalid("--metrics-json", path.display(), format!("a writable file ({e})")))
+    }
+
     /// The collective timeout of `--timeout` (or `LADDER_COLLECTIVE_TIMEOUT_S`).
     pub fn collective_timeout(&self) -> std::time::Duration {
         std::time::Duration::from_secs_f64(self.timeout)

@@ -149,8 +149,6 @@ fn run(args: &TrainArgs) -> Result<Report> {
         history,
         extra: serde_json::Map::new(),
     };
-    if let Some(path) = &args.metrics_json {
-        report.write_json(path).map_err(|e| Error::invalid("--metrics-json", path.display(), format!("a writable file ({e})")))?;
-    }
+    args.write_metrics_json(&report)?;
     Ok(report)
 }

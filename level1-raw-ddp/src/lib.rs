@@ -10,7 +10,7 @@
 //!   10,002 images at 3 ranks).
 
 use clap::Parser;
-use ladder_core::data::{DataLoader, DistributedSampler};
+use ladder_core::data::{DataLoader, DistributedSampler, DistributedSamplerOptions};
 use ladder_core::device::DeviceKind;
 use ladder_core::dist::{self, progress, Backend, DistEnv, ProcessGroup};
 use ladder_core::eval::EvalSums;
@@ -195,7 +195,8 @@ pub fn run(cfg: &Config) -> Result<Report> {
     let mut optimizer = model.optimizer(AdamWConfig { lr: cfg.train.lr, ..AdamWConfig::default() })?;
 
     // 5. A DistributedSampler: each rank sees its own 1/W of every epoch.
-    let sampler = DistributedSampler::new(train.len(), world_size, rank, true, cfg.train.seed, false)?;
+    let sampler =
+        DistributedSampler::new(train.len(), world_size, rank, DistributedSamplerOptions { seed: cfg.train.seed, ..Default::default() })?;
     let mut loader = DataLoader::new(&train, cfg.train.batch_size, Box::new(sampler))?;
     ladder_core::recipe::check_batch_counts(pg, loader.len())?; // every rank runs as many steps
 

@@ -33,7 +33,7 @@ use crate::config::{AcceleratorConfig, ResolvedConfig};
 use crate::scaler::GradScaler;
 use crate::{Error, Result};
 use ladder_core::checkpoint::{self, Checkpoint, TrainingState};
-use ladder_core::data::{Dataset, DistributedSampler, Sampler};
+use ladder_core::data::{Dataset, DistributedSampler, DistributedSamplerOptions, Sampler};
 use ladder_core::dist::{self, Backend, DistEnv, ProcessGroup, ReduceOp};
 use ladder_core::eval::EvalSums;
 use ladder_core::memory::ModelStateBytes;
@@ -466,7 +466,8 @@ impl Accelerator {
         } else {
             batch_size
         };
-        let sampler = DistributedSampler::new(dataset.len(), w, self.shared.rank, shuffle, self.shared.seed.get(), false)?;
+        let options = DistributedSamplerOptions { shuffle, seed: self.shared.seed.get(), drop_last: false };
+        let sampler = DistributedSampler::new(dataset.len(), w, self.shared.rank, options)?;
         let state = Rc::new(LoaderState::default());
         if shuffle {
             self.train_loaders.borrow_mut().push(state.clone());

@@ -131,9 +131,11 @@ impl TrainArgs {
         // Files written after training are checked before it, so a typo costs seconds, not an
         // epoch (nothing is created here).
         // (The metrics JSON creates missing directories; the weights file does not.)
-        for (flag, path, creates_dirs) in [("--metrics-json", &self.metrics_json, true), ("--save-model", &self.save_model, false)] {
+        for (flag, path, dirs) in
+            [("--metrics-json", &self.metrics_json, MissingDirs::Created), ("--save-model", &self.save_model, MissingDirs::Refused)]
+        {
             if let Some(path) = path {
-                check_output_file(flag, path, creates_dirs)?;
+                check_output_file(flag, path, dirs)?;
             }
         }
         Ok(())
@@ -403,13 +405,23 @@ pub fn adamw(vs: &nn::VarStore, lr: f64) -> Result<crate::optim::AdamW> {
     crate::optim::AdamW::new(vs.trainable_variables(), crate::optim::AdamWConfig { lr, ..Default::default() })
 }
 
+/// What the writer of a file does with the missing directories above it (see
+/// [`check_output_file`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MissingDirs {
+    /// It creates them (the metrics JSON, as `write_atomic`).
+    Created,
+    /// They must exist already (the weights file, as [`save_weights`]).
+    Refused,
+}
+
 /// Checks that `path` can be written as a file later: it is not a directory, and its parent is
-/// a directory — or, when the writer creates missing directories (`creates_dirs`), its nearest
-/// existing ancestor is.
+/// a directory — or, when the writer creates missing directories ([`MissingDirs::Created`]),
+/// its nearest existing ancestor is.
 ///
 /// # Errors
 /// [`Error::InvalidValue`] naming `flag`, the path and what is wrong.
-pub fn check_output_file(flag: &str, path: &std::path::Path, creates_dirs: bool) -> Result<()> {
+pub fn check_output_file(flag: &str, path: &std::path::Path, dirs: MissingDirs) -> Result<()> {
     let bad = |why: String| Err(Error::invalid(flag, path.display(), format!("a writable file ({why})")));
     if path.is_dir() {
         return bad("Is a directory".into());
@@ -419,7 +431,7 @@ pub fn check_output_file(flag: &str, path: &std::path::Path, creates_dirs: bool)
         if d.exists() {
             return if d.is_dir() { Ok(()) } else { bad(format!("{} is not a directory", d.display())) };
         }
-        if !creates_dirs {
+        if dirs == MissingDirs::Refused {
             return bad(format!("its directory {} does not exist", d.display()));
         }
         dir = d.parent();
@@ -429,18 +441,22 @@ pub fn check_output_file(flag: &str, path: &std::path::Path, creates_dirs: bool)
 
 #[cfg(test)]
 mod tests {
-    use super::check_output_file;
+    use super::{check_output_file, MissingDirs};
 
     #[test]
     fn output_files_are_checked_before_training() {
         let dir = tempfile::tempdir().unwrap();
-        let msg = |p: &std::path::Path, creates: bool| check_output_file("--x", p, creates).map_err(|e| e.to_string());
-        assert!(msg(dir.path(), true).unwrap_err().ends_with("a writable file (Is a directory)"));
+        let msg = |p: &std::path::Path, dirs: MissingDirs| check_output_file("--x", p, dirs).map_err(|e| e.to_string());
+        assert!(msg(dir.path(), MissingDirs::Created).unwrap_err().ends_with("a writable file (Is a directory)"));
         let nested = dir.path().join("a/b/m.json");
-        assert!(msg(&nested, true).is_ok(), "missing directories are created by such a writer");
-        assert!(msg(&nested, false).unwrap_err().ends_with(&format!("its directory {} does not exist)", dir.path().join("a/b").display())));
-        assert!(msg(&dir.path().join("m.json"), false).is_ok());
-        assert!(msg(std::path::Path::new("m.json"), false).is_ok(), "the working directory");
-        assert!(msg(std::path::Path::new("/dev/null/m.json"), true).unwrap_err().ends_with("(/dev/null is not a directory)"));
+        assert!(msg(&nested, MissingDirs::Created).is_ok(), "missing directories are created by such a writer");
+        assert!(msg(&nested, MissingDirs::Refused)
+            .unwrap_err()
+            .ends_with(&format!("its directory {} does not exist)", dir.path().join("a/b").display())));
+        assert!(msg(&dir.path().join("m.json"), MissingDirs::Refused).is_ok());
+        assert!(msg(std::path::Path::new("m.json"), MissingDirs::Refused).is_ok(), "the working directory");
+        assert!(msg(std::path::Path::new("/dev/null/m.json"), MissingDirs::Created)
+            .unwrap_err()
+            .ends_with("(/dev/null is not a directory)"));
     }
 }

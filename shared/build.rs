@@ -1,3 +1,8 @@
+//! Build script of `ladder-core`: embeds an rpath to the libtorch that tch links
+//! (`build_support.rs`), compiles the C++ shims over libtorch against its headers and the MPI
+//! shim with `mpicc`, and records the workspace's MNIST directory (`LADDER_WORKSPACE_MNIST`), the
+//! data's last fallback.
+
 include!("build_support.rs");
 
 fn main() {

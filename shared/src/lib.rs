@@ -14,6 +14,7 @@ pub mod device;
 pub mod dist;
 pub mod error;
 pub mod eval;
+mod ffi;
 pub mod launch;
 pub mod memory;
 pub mod metrics;
@@ -21,7 +22,6 @@ pub mod model;
 pub mod optim;
 pub mod parallel;
 pub mod recipe;
-mod shim;
 pub(crate) mod sys;
 pub mod timing;
 

@@ -10,15 +10,16 @@
 //!   10,002 images at 3 ranks).
 
 use clap::Parser;
-use ladder_core::data::{DataLoader, DistributedSampler};
+use ladder_core::data::{DataLoader, DistributedSampler, DistributedSamplerOptions};
 use ladder_core::device::DeviceKind;
-use ladder_core::dist::{self, Backend, DistEnv, ProcessGroup};
+use ladder_core::dist::{self, progress, Backend, DistEnv, ProcessGroup};
+use ladder_core::eval::EvalSums;
 use ladder_core::metrics::{gather_report, LocalFigures, Report};
 use ladder_core::model::{BasicNet, BasicNetConfig};
 use ladder_core::optim::AdamWConfig;
 use ladder_core::parallel::{BackwardPrefetch, Precision, StrategyOptions, WrapConfig, WrappedModel};
+use ladder_core::recipe::{end_of_epoch, seed_batch, TrainArgs};
 use ladder_core::timing::{Phase, StepTimer};
-use ladder_core::train::{end_of_epoch, seed_batch, EvalSums, TrainArgs};
 use ladder_core::{Error, Result};
 use serde::{Deserialize, Serialize};
 use std::time::Instant;
@@ -32,7 +33,7 @@ pub use ladder_core::parallel::Strategy;
     name = "level1-raw-ddp",
     version,
     about = "Level 1: BasicNet on MNIST with a raw process group, a DistributedSampler and DistributedDataParallel",
-    after_help = concat!("Launch: `target/release/level1-raw-ddp` (1 process), `target/release/ladder-run --nproc-per-node 2 target/release/level1-raw-ddp`, or `mpirun -n 2 target/release/level1-raw-ddp`.\n\n", "Environment:\n  RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT\n      this process's place in the job, as torchrun (and ladder-run) set them\n  OMPI_COMM_WORLD_RANK, OMPI_COMM_WORLD_SIZE, OMPI_COMM_WORLD_LOCAL_[RANK|SIZE]\n      the same under mpirun (they win; torchrun's must agree)\n  LADDER_SHUTDOWN_TIMEOUT_S\n      seconds a rank waits for the others at shutdown, then aborts the job [default: 30]\n  MNIST_DIR, MNIST_MIRRORS\n      see --data-dir and --mirror"),
+    after_help = format!("Launch: `target/release/level1-raw-ddp` (1 process), `target/release/ladder-run --nproc-per-node 2 target/release/level1-raw-ddp`, or `mpirun -n 2 target/release/level1-raw-ddp`.\n\n{}", ladder_core::cli::ENVIRONMENT_HELP),
     allow_negative_numbers = true
 )]
 pub struct Config {
@@ -166,6 +167,7 @@ pub fn run(cfg: &Config) -> Result<Report> {
         }
         _ => {}
     }
+    cfg.train.check_device()?; // before setup() asks the backend for it, so that the error names --device
 
     // ANCHOR: user_code
     // 1. setup(): the process group. Every rank runs this same code.
@@ -193,9 +195,10 @@ pub fn run(cfg: &Config) -> Result<Report> {
     let mut optimizer = model.optimizer(AdamWConfig { lr: cfg.train.lr, ..AdamWConfig::default() })?;
 
     // 5. A DistributedSampler: each rank sees its own 1/W of every epoch.
-    let sampler = DistributedSampler::new(train.len(), world_size, rank, true, cfg.train.seed, false)?;
+    let sampler =
+        DistributedSampler::new(train.len(), world_size, rank, DistributedSamplerOptions { seed: cfg.train.seed, ..Default::default() })?;
     let mut loader = DataLoader::new(&train, cfg.train.batch_size, Box::new(sampler))?;
-    ladder_core::train::check_batch_counts(pg, loader.len())?; // every rank runs as many steps
+    ladder_core::recipe::check_batch_counts(pg, loader.len())?; // every rank runs as many steps
 
     // 6. The loop: zero_grad → forward → backward + gradient all-reduce → step; after every
     //    epoch, test() — exact evaluation: disjoint slices, counts all-reduced.
@@ -210,7 +213,9 @@ pub fn run(cfg: &Config) -> Result<Report> {
         let (mut loss_sum, mut n, mut stop) = (0.0, 0usize, false);
         for (batch_idx, (images, labels)) in loader.iter().enumerate() {
             timer.lap(Phase::Data, model.comm());
-            // Dropout masks: a function of (seed, rank, batch), different on every rank.
+            // Where this rank is (for a collective timeout's report and ladder-run's summary), and
+            // dropout masks: a function of (seed, rank, batch), different on every rank.
+            progress::set_step(steps as u64 + 1);
             seed_batch(cfg.train.seed, rank, steps as u64);
             optimizer.zero_grad();
             let loss = model.forward_t(&images, true)?.nll_loss(&labels);
@@ -253,7 +258,8 @@ pub fn run(cfg: &Config) -> Result<Report> {
     }
     if let Some(path) = &cfg.train.save_model {
         if let Some(weights) = model.full_state_dict()? {
-            ladder_core::train::save_weights(path, &weights)?;
+            ladder_core::recipe::save_weights(path, &weights)
+                .map_err(|e| e.named_by(&[(ladder_core::recipe::WEIGHTS_FILE, "--save-model")]))?;
         }
     }
 
@@ -269,9 +275,7 @@ pub fn run(cfg: &Config) -> Result<Report> {
     let mut report = gather_report(pg, &local, &eval, steps as u64, cfg.strategy.name(), start.elapsed().as_secs_f64())?;
     report.history = history;
     if rank == 0 {
-        if let Some(path) = &cfg.train.metrics_json {
-            report.write_json(path).map_err(|e| Error::invalid("--metrics-json", path.display(), format!("a writable file ({e})")))?;
-        }
+        cfg.train.write_metrics_json(&report)?;
     }
     pg.barrier()?;
     // 9. cleanup()

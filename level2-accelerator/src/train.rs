@@ -9,11 +9,12 @@ use crate::{
 use clap::Parser;
 use ladder_core::device::DeviceKind;
 use ladder_core::dist::ReduceOp;
+use ladder_core::eval::EvalSums;
 use ladder_core::metrics::{EpochFigures, LocalFigures, Report};
 use ladder_core::model::{BasicNet, BasicNetConfig};
 use ladder_core::optim::AdamWConfig;
 use ladder_core::parallel::{BackwardPrefetch, Precision, Strategy, StrategyOptions};
-use ladder_core::train::{EvalSums, TrainArgs};
+use ladder_core::recipe::TrainArgs;
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 use std::time::Instant;
@@ -101,14 +102,9 @@ fn after_help() -> String {
     format!(
         "Launch: `target/release/level2-accelerator` (1 process), `target/release/ladder-accelerate launch --num-processes 2 \
          target/release/level2-accelerator`, `target/release/ladder-run --nproc-per-node 2 target/release/level2-accelerator`, or \
-         `mpirun -n 2 target/release/level2-accelerator`.\n\n\
-         Environment:\n  RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT\n      \
-         this process's place in the job, as torchrun (and ladder-run) set them\n  \
-         OMPI_COMM_WORLD_RANK, OMPI_COMM_WORLD_SIZE, OMPI_COMM_WORLD_LOCAL_[RANK|SIZE]\n      \
-         the same under mpirun (they win; torchrun's must agree)\n  LADDER_SHUTDOWN_TIMEOUT_S\n      \
-         seconds a rank waits for the others at shutdown, then aborts the job [default: 30]\n  MNIST_DIR, MNIST_MIRRORS\n      \
-         see --data-dir and --mirror\n{vars}\n      the Accelerator's settings as `ladder-accelerate launch` exports them (below \
+         `mpirun -n 2 target/release/level2-accelerator`.\n\n{}\n{vars}\n      the Accelerator's settings as `ladder-accelerate launch` exports them (below \
          the\n      flags, above the config file)\n  {}\n      the config file [default: the default config, if it exists]",
+        ladder_core::cli::ENVIRONMENT_HELP,
         CONFIG_FILE_VAR
     )
 }
@@ -189,9 +185,7 @@ pub fn run(cfg: &Config) -> Result<Report> {
     if cfg.width < 1 {
         return Err(ladder_core::Error::invalid("--width", cfg.width, "at least 1 output feature for fc1").into());
     }
-    if cfg.train.device == Some(DeviceKind::Cuda) {
-        DeviceKind::Cuda.resolve(0)?;
-    }
+    cfg.train.check_device()?;
     let (settings, kwargs) = cfg.resolve()?;
     let trained = train(cfg, settings, kwargs)?;
     finish(cfg, trained, start)
@@ -312,7 +306,8 @@ fn finish(cfg: &Config, trained: Trained, start: Instant) -> Result<Report> {
     let args = &cfg.train;
     if let Some(path) = &args.save_model {
         if let Some(weights) = accelerator.get_state_dict()? {
-            ladder_core::train::save_weights(path, &weights)?;
+            ladder_core::recipe::save_weights(path, &weights)
+                .map_err(|e| e.named_by(&[(ladder_core::recipe::WEIGHTS_FILE, "--save-model")]))?;
         }
     }
     if cfg.check_sync {
@@ -331,11 +326,7 @@ fn finish(cfg: &Config, trained: Trained, start: Instant) -> Result<Report> {
     let mut report = accelerator.gather_report(&local, &eval, start.elapsed().as_secs_f64())?;
     report.history = history;
     if accelerator.is_main_process() {
-        if let Some(path) = &args.metrics_json {
-            report
-                .write_json(path)
-                .map_err(|e| ladder_core::Error::invalid("--metrics-json", path.display(), format!("a writable file ({e})")))?;
-        }
+        args.write_metrics_json(&report)?;
     }
     accelerator.wait_for_everyone()?;
     accelerator.end_training();

@@ -187,9 +187,9 @@ fn uneven_batch_counts_are_an_error_at_world_size_3() {
 #[ignore = "rank body: run under mpirun by uneven_batch_counts_are_an_error_at_world_size_3"]
 fn rank_uneven_batches() {
     let pg = init_process_group(Backend::Mpi).unwrap();
-    ladder_core::train::check_batch_counts(&*pg, 7).unwrap();
+    ladder_core::recipe::check_batch_counts(&*pg, 7).unwrap();
     let mine = if pg.rank() == 2 { 6 } else { 7 };
-    let err = ladder_core::train::check_batch_counts(&*pg, mine).unwrap_err();
+    let err = ladder_core::recipe::check_batch_counts(&*pg, mine).unwrap_err();
     assert_eq!(
         err.to_string(),
         "uneven data: rank 2 has 6 batches per epoch but rank 0 has 7; every rank must run the same number of steps \
@@ -200,7 +200,7 @@ fn rank_uneven_batches() {
 /// A batch larger than one rank's share of the data: the typed error, at world sizes 1 and 3.
 #[test]
 fn batch_size_larger_than_a_ranks_share_snapshot() {
-    use ladder_core::train::check_batch_size;
+    use ladder_core::recipe::check_batch_size;
     assert!(check_batch_size("--batch-size", 20_000, 60_000, 3).is_ok());
     let texts: Vec<String> = [(60_001, 1), (20_001, 3), (100_000, 2)]
         .iter()
@@ -214,7 +214,7 @@ fn batch_size_larger_than_a_ranks_share_snapshot() {
 /// memory and the largest batch that fits — at levels 1/2 (`--batch-size`) and 3.
 #[test]
 fn batch_too_large_for_memory_snapshot() {
-    use ladder_core::train::check_batch_memory;
+    use ladder_core::recipe::check_batch_memory;
     const GIB: u64 = 1 << 30;
     // The normal runs fit easily: batch 64, 1000 (evaluation) at 3 ranks in 4 GiB.
     assert!(check_batch_memory("--batch-size", 64, 128, 3, 4 * GIB).is_ok());

@@ -4,8 +4,8 @@
 use super::state::{BatchPosition, Shared};
 use super::Accelerator;
 use crate::{Error, Result};
-use ladder_core::data::{Dataset, DistributedSampler, Sampler};
-use ladder_core::train::seed_batch;
+use ladder_core::data::{Dataset, DistributedSampler, DistributedSamplerOptions, Sampler};
+use ladder_core::recipe::seed_batch;
 use serde::{Deserialize, Serialize};
 use std::rc::Rc;
 use tch::Tensor;
@@ -61,12 +61,12 @@ impl Accelerator {
             batch_size
         };
         let seed = shared.state.borrow().gradient.seed;
-        let sampler = DistributedSampler::new(dataset.len(), w, rank, shuffle, seed, false)?;
+        let sampler = DistributedSampler::new(dataset.len(), w, rank, DistributedSamplerOptions { shuffle, seed, drop_last: false })?;
         let id = shared.state.borrow_mut().gradient.add_loader(shuffle);
         let data = if dataset.device() == shared.device { dataset.shallow_clone() } else { dataset.to_device(shared.device) };
         if shuffle {
             // Every process must run as many training batches (one tiny collective).
-            ladder_core::train::check_batch_counts(shared.pg, sampler.num_samples().div_ceil(per_process))?;
+            ladder_core::recipe::check_batch_counts(shared.pg, sampler.num_samples().div_ceil(per_process))?;
         }
         Ok(AcceleratedDataLoader {
             data,
@@ -167,6 +167,7 @@ impl AcceleratedDataLoader<'_> {
             };
             if let Some((seed, seen)) = seen {
                 seed_batch(seed, rank, seen);
+                ladder_core::dist::progress::set_step(seen + 1);
             }
             let batch = self.data.batch(&indices[b * bs..end]);
             if self.training {

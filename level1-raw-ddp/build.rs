@@ -1,3 +1,6 @@
+//! Build script of `level1-raw-ddp`: links the libtorch of the cached torch venv (see
+//! `shared/build_support.rs`).
+
 include!("../shared/build_support.rs");
 
 fn main() {

@@ -53,11 +53,8 @@ fn step(c: &mut Criterion) {
     group.finish();
 }
 
-/// The benchmarks `criterion_main!` runs: [`step`], with criterion's defaults and the command
-/// line's settings (what `criterion_group!(benches, step)` would write, with this comment).
-fn benches() {
-    let mut criterion = Criterion::default().configure_from_args();
-    step(&mut criterion);
+/// criterion's group of this file (a private module: the function it generates is not API).
+mod group {
+    criterion::criterion_group!(benches, super::step);
 }
-
-criterion_main!(benches);
+criterion_main!(group::benches);

@@ -19,7 +19,7 @@ fn case_cells(c: &super::Case) -> [String; 5] {
         c.strategy.name().into(),
         c.world_size.to_string(),
         c.width.to_string(),
-        c.precision.name().into(),
+        c.precision.label().into(),
     ]
 }
 
@@ -440,7 +440,7 @@ pub fn render_csv(summary: &MatrixSummary) -> String {
             c.strategy.name().into(),
             c.world_size.to_string(),
             c.width.to_string(),
-            c.precision.name().into(),
+            c.precision.label().into(),
             c.steps.to_string(),
             r.samples_per_s.map_or(0, |s| s.n).to_string(),
             f(r.samples_per_s.map(|s| s.median)),

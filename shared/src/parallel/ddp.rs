@@ -14,8 +14,8 @@
 //!    of backward. tch exposes no autograd hooks; [`DistributedDataParallel::forward_segmented`]
 //!    gets the same overlap from a [`Segmented`] model: forward keeps one graph per segment,
 //!    backward runs them in reverse, and after each segment it starts (non-blocking,
-//!    [`ProcessGroup::all_reduce_start`]) the all-reduce of every bucket whose parameters all
-//!    belong to the segments done, then polls the started ones ([`Work::test`]: Open MPI
+//!    [`ProcessGroup::start`]) the all-reduce of every bucket whose parameters all belong to
+//!    the segments done, then polls the started ones ([`Work::test`]: Open MPI
 //!    progresses a non-blocking collective only inside MPI calls), and waits for all of them
 //!    before `backward` returns. The plain [`forward_t`](DistributedDataParallel::forward_t)
 //!    reduces every bucket after the whole backward with the blocking all-reduce — every
@@ -32,7 +32,7 @@
 //! Parameter order comes from [`Model::named_parameters`] (definition order), identical on every
 //! rank; never from a `HashMap`.
 
-use crate::dist::{ProcessGroup, ReduceOp, Work};
+use crate::dist::{Collective, ProcessGroup, ReduceOp, Work};
 use crate::model::{Model, Segmented};
 use crate::parallel::DdpOptions;
 use crate::{Error, Result};
@@ -344,7 +344,7 @@ impl<'pg, M: Model> DistributedDataParallel<'pg, M> {
                 *slot = this.pack_bucket(next);
                 bytes += (slot.numel() * slot.kind().elt_size_in_bytes()) as u64;
                 let started = Instant::now();
-                works.push((next, this.pg.all_reduce_start_prechecked(slot, ReduceOp::Avg)?, started, None));
+                works.push((next, this.pg.start(Collective::all_reduce(slot, ReduceOp::Avg).prechecked())?, started, None));
                 next += 1;
             }
             // Progress: Open MPI advances non-blocking collectives only inside MPI calls.
@@ -401,7 +401,7 @@ impl<'pg, M: Model> DistributedDataParallel<'pg, M> {
                 // The blocking all-reduce (why not the overlapped path's non-blocking one: see
                 // the module docs). Unchecked per call: the bucket layout was verified across
                 // ranks in `new`.
-                self.pg.all_reduce_prechecked(&mut flat, ReduceOp::Avg)?;
+                self.pg.run(Collective::all_reduce(&mut flat, ReduceOp::Avg).prechecked())?;
                 self.comm += t0.elapsed();
                 self.comm_bytes += (flat.numel() * flat.kind().elt_size_in_bytes()) as u64;
                 let mut offset = 0;

@@ -39,8 +39,9 @@
 //!    computation (`BackwardPost`: after it, once the current unit's parameters are freed, so
 //!    it overlaps the gradient's reduce-scatter); `forward_prefetch` (default off, as PyTorch)
 //!    starts the next unit's all-gather before the current unit's forward. The collective is
-//!    non-blocking ([`ProcessGroup::all_gather_start_owned`]) and at most one is in flight, so
-//!    every rank issues collectives in one order; results are bit-identical with or without.
+//!    non-blocking ([`ProcessGroup::start`] of an all-gather handed its tensors, so that the
+//!    `Work` owns them) and at most one is in flight, so every rank issues collectives in one
+//!    order; results are bit-identical with or without.
 //!    What it buys depends on the engine: Open MPI progresses a non-blocking collective only
 //!    inside MPI calls, so on CPU a prefetched all-gather advances during the next blocking
 //!    collective (the reduce-scatter) or its wait, not while libtorch computes.
@@ -60,7 +61,7 @@ mod storage;
 
 pub use plan::{explain_units, plan_units, FlatParamUnit};
 
-use crate::dist::{ProcessGroup, ReduceOp, Work};
+use crate::dist::{Collective, ProcessGroup, ReduceOp, Work};
 use crate::memory::ModelStateBytes;
 use crate::model::Segmented;
 use crate::parallel::ddp::check_in_sync;
@@ -460,7 +461,7 @@ impl<'pg, M: Segmented> FullyShardedDataParallel<'pg, M> {
         self.finish_prefetch()?;
         let (mut storage, full, input) = self.gather_buffers(u)?;
         let t0 = Instant::now();
-        let started = self.pg.all_gather_start_owned(full, input);
+        let started = self.pg.start(Collective::all_gather(full, input));
         self.comm += t0.elapsed();
         let work = match started {
             Ok(work) => work,
@@ -745,7 +746,7 @@ impl<'pg, M: Segmented> FullyShardedDataParallel<'pg, M> {
             let out = if self.config.sharding_strategy.is_sharded() {
                 let mut out = Tensor::zeros([self.units[u].shard_numel], (rkind, input.device()));
                 // The flat gradient is a temporary: the backend may reduce it in place.
-                self.pg.reduce_scatter_consuming(&mut out, input, ReduceOp::Avg)?;
+                self.pg.run(Collective::reduce_scatter(&mut out, input, ReduceOp::Avg))?;
                 out
             } else {
                 self.pg.all_reduce(&mut input, ReduceOp::Avg)?;

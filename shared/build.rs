@@ -3,11 +3,11 @@ include!("build_support.rs");
 fn main() {
     link_libtorch();
     libtorch_shims();
-    // MPI_IN_PLACE, read from the MPI implementation's own header (see src/dist/mpi_shim.c).
+    // MPI_IN_PLACE, read from the MPI implementation's own header (see src/ffi/mpi_shim.c).
     #[cfg(feature = "mpi")]
     {
-        println!("cargo:rerun-if-changed=src/dist/mpi_shim.c");
-        cc::Build::new().compiler("mpicc").file("src/dist/mpi_shim.c").compile("ladder_mpi_shim");
+        println!("cargo:rerun-if-changed=src/ffi/mpi_shim.c");
+        cc::Build::new().compiler("mpicc").file("src/ffi/mpi_shim.c").compile("ladder_mpi_shim");
     }
     // The workspace's data directory, the last fallback for the MNIST files.
     let manifest = std::env::var("CARGO_MANIFEST_DIR").unwrap_or_default();

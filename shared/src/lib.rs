@@ -12,6 +12,7 @@ pub mod data;
 pub mod device;
 pub mod dist;
 pub mod error;
+mod ffi;
 pub mod launch;
 pub mod memory;
 pub mod metrics;

@@ -17,18 +17,32 @@
 //! The communicator's error handler is `MPI_ERRORS_RETURN`, and every return code is checked
 //! and turned into [`Error::Backend`] with MPI's own error string. After a timeout the group is
 //! failed: shutting it down calls `MPI_Abort`, so mpirun (and `ladder-run`) stop every rank.
+//!
+//! Here: the group, its set-up and shutdown; [`blocking`] and [`nonblocking`]: the two forms
+//! of the collectives. `MPI_IN_PLACE` comes from [`crate::ffi::mpi`].
+//!
+//! # Safety
+//!
+//! The `unsafe` blocks call rsmpi's raw bindings (`mpi::ffi`), each with its `SAFETY` comment.
+//! What makes them sound: `MPI_COMM_WORLD` is live from `MPI_Init` until the group is
+//! finalised, and no collective runs after that ([`Watch::begin`] and the group's lifetime
+//! order them); every tensor handed to MPI was checked first (contiguous, on the CPU, of a
+//! dtype whose element size the datatype matches, with the block sizes the call needs) and its
+//! element count fits a C `int` ([`MpiGroup::count`]); a non-blocking call's buffers, probe
+//! included, are kept alive by its [`Work`] until `MPI_Test` reported the request complete,
+//! and a `Work` that times out is forgotten rather than dropped, so its memory is never
+//! released while MPI may still write it.
 
-use super::work::{Pending, Watch, Watchdog, Work};
-use super::{agreement_probe, check_agreement, check_call, Agreement, Buffer, Call, Collective, DistEnv, Input, ProcessGroup, ReduceOp};
+mod blocking;
+mod nonblocking;
+
+use super::work::{Watch, Watchdog, Work};
+use super::{check_call, Call, Collective, DistEnv, ProcessGroup, ReduceOp};
 use crate::{Error, Result};
 use mpi::ffi;
 use mpi::traits::{AsRaw, Communicator};
-use std::ffi::{c_int, c_void};
+use std::ffi::c_int;
 use tch::{Device, Kind, Tensor};
-
-extern "C" {
-    fn ladder_mpi_in_place() -> *mut c_void;
-}
 
 /// A process group over `MPI_COMM_WORLD`.
 pub struct MpiGroup {
@@ -266,64 +280,15 @@ impl ProcessGroup for MpiGroup {
         self.watch.timeout()
     }
 
-    /// Open MPI's blocking calls (the fastest for small messages), each preceded by the
-    /// blocking agreement probe unless prechecked, armed in the watchdog.
-    ///
-    /// A reduce-scatter of a handed-over f32/f64/i64 input at 2 ranks is the all-reduce in
-    /// place, then this rank's block. Open MPI 4.1's all-reduce is tuned better than its
-    /// `MPI_Reduce_scatter_block` there, though a reduce-scatter moves half the bytes (2 ranks,
-    /// 2-core AMD EPYC: 151 MB 74–79 ms against 101–103 ms, 4.7 MB 0.60 against 0.75–0.82 ms;
-    /// FULL_SHARD at width 4096 spent 127–138 ms per step in collectives against 143–157, with
-    /// 40–50 MiB less peak RSS per rank). At 3 and more ranks `MPI_Reduce_scatter_block`, as
-    /// fast or faster there.
+    /// Open MPI's blocking calls, armed in the watchdog (see [`blocking`]).
     fn run(&self, collective: Collective<'_>) -> Result<()> {
-        let Collective { call, agreement } = collective;
-        self.check_call(&call)?;
-        let checked = agreement == Agreement::Checked;
-        match call {
-            Call::AllReduce { mut tensor, op } => self.blocking("all_reduce", || {
-                if checked {
-                    self.agree("all_reduce", tensor.numel() as i64, tensor.kind())?;
-                }
-                self.all_reduce_unchecked(&mut tensor, op)
-            }),
-            Call::Broadcast { mut tensor, src } => self.blocking("broadcast", || {
-                if checked {
-                    self.agree("broadcast", tensor.numel() as i64, tensor.kind())?;
-                }
-                self.broadcast_unchecked(&mut tensor, src)
-            }),
-            Call::AllGather { mut output, input } => self.blocking("all_gather", || {
-                if checked {
-                    self.agree("all_gather", input.numel() as i64, input.kind())?;
-                }
-                self.all_gather_unchecked(&mut output, &input)
-            }),
-            Call::ReduceScatter { mut output, input: Input::Owned(input), op } if self.world_size == 2 && !is_half(input.kind()) => {
-                self.reduce_scatter_in_place(&mut output, input, op, agreement)
-            }
-            Call::ReduceScatter { mut output, input, op } => self.blocking("reduce_scatter", || {
-                if checked {
-                    self.agree("reduce_scatter", input.numel() as i64, input.kind())?;
-                }
-                self.reduce_scatter_unchecked(&mut output, &input, op)
-            }),
-            Call::Barrier => self.blocking("barrier", || self.barrier_unchecked()),
-        }
+        self.run_blocking(collective)
     }
 
-    /// Open MPI's non-blocking calls, each preceded by the non-blocking agreement probe unless
-    /// prechecked; the [`Work`] advances them with `MPI_Test`.
+    /// Open MPI's non-blocking calls, advanced by the [`Work`] with `MPI_Test` (see
+    /// [`nonblocking`]).
     fn start<'a>(&'a self, collective: Collective<'a>) -> Result<Work<'a>> {
-        let Collective { call, agreement } = collective;
-        self.check_call(&call)?;
-        match call {
-            Call::AllReduce { tensor, op } => self.start_all_reduce(tensor, op, agreement),
-            Call::Broadcast { tensor, src } => self.start_broadcast(tensor, src, agreement),
-            Call::AllGather { output, input } => self.start_all_gather(output, input, agreement),
-            Call::ReduceScatter { output, input, op } => self.start_reduce_scatter(output, input, op, agreement),
-            Call::Barrier => self.start_barrier(),
-        }
+        self.start_nonblocking(collective)
     }
 }
 
@@ -333,344 +298,7 @@ fn abort_world() {
     unsafe { ffi::MPI_Abort(ffi::RSMPI_COMM_WORLD, 1) };
 }
 
-/// The non-blocking forms: the agreement probe (unless prechecked), then the collective's own
-/// non-blocking call, advanced by the [`Work`] with `MPI_Test`. Each keeps its tensors —
-/// borrowed or handed over — in the closure that finishes it, so they live until the request
-/// completed.
-impl MpiGroup {
-    /// Starts collective `op`. Checked: the non-blocking agreement probe on `numel` and `kind`
-    /// first, and once every rank agreed `main` issues the collective's own non-blocking call
-    /// (before this returns). Prechecked: `main` at once. `finish` runs once it completed.
-    fn issue<'a>(
-        &'a self,
-        op: &'static str,
-        (numel, kind): (i64, Kind),
-        agreement: Agreement,
-        main: Box<dyn FnOnce() -> Result<ffi::MPI_Request> + 'a>,
-        finish: Option<Box<dyn FnOnce() + 'a>>,
-    ) -> Result<Work<'a>> {
-        let seq = self.watch.begin(op)?;
-        if agreement == Agreement::Prechecked {
-            let req = main()?;
-            let pending = MpiPending { group: self, op, req, stage: None, finish };
-            return Ok(Work::pending(op, seq, &self.watch, Box::new(pending)));
-        }
-        let mut probe = Box::new(agreement_probe(numel, kind));
-        let mut req = null_request();
-        // SAFETY: `probe` is 4 heap-stable i64 reduced in place and kept alive (in the pending
-        // state) until the request completed; the communicator is live.
-        let rc = unsafe {
-            ffi::MPI_Iallreduce(
-                ladder_mpi_in_place(),
-                probe.as_mut_ptr() as *mut c_void,
-                4,
-                ffi::RSMPI_INT64_T,
-                ffi::RSMPI_MAX,
-                self.comm,
-                &mut req,
-            )
-        };
-        self.check("MPI_Iallreduce", rc)?;
-        let pending = MpiPending { group: self, op, req, stage: Some(Stage { probe, numel, kind, main }), finish };
-        let mut work = Work::pending(op, seq, &self.watch, Box::new(pending));
-        // Issue the collective itself before returning: were it issued later, from a `test`,
-        // a collective started meanwhile could be issued before it on one rank and after it
-        // on another. The probe is 4 integers; only its latency is waited for here.
-        work.wait_issued()?;
-        Ok(work)
-    }
-
-    /// `MPI_Iallreduce` in place on `n` elements of `ty` at `p`.
-    fn iallreduce(&self, p: *mut c_void, n: c_int, ty: ffi::MPI_Datatype, op: ReduceOp) -> Result<ffi::MPI_Request> {
-        let mut req = null_request();
-        // SAFETY: the caller's buffer holds `n` elements of `ty` and is kept alive by the Work
-        // until the request completed.
-        let rc = unsafe { ffi::MPI_Iallreduce(ladder_mpi_in_place(), p, n, ty, mpi_op(op), self.comm, &mut req) };
-        self.check("MPI_Iallreduce", rc)?;
-        Ok(req)
-    }
-
-    /// `MPI_Ireduce_scatter_block` from `input` (world_size·n elements) to `output` (n).
-    fn ireduce_scatter(
-        &self,
-        input: *mut c_void,
-        output: *mut c_void,
-        n: c_int,
-        ty: ffi::MPI_Datatype,
-        op: ReduceOp,
-    ) -> Result<ffi::MPI_Request> {
-        let mut req = null_request();
-        // SAFETY: as `iallreduce`; input and output do not overlap.
-        let rc = unsafe { ffi::MPI_Ireduce_scatter_block(input, output, n, ty, mpi_op(op), self.comm, &mut req) };
-        self.check("MPI_Ireduce_scatter_block", rc)?;
-        Ok(req)
-    }
-
-    /// All-reduce: in place; 16-bit floats through an f32 copy; `Avg` divides once completed.
-    fn start_all_reduce<'a>(&'a self, mut tensor: Buffer<'a>, op: ReduceOp, agreement: Agreement) -> Result<Work<'a>> {
-        let (n, kind, numel, ws) = (self.count("all_reduce", &tensor)?, tensor.kind(), tensor.numel() as i64, self.world_size as f64);
-        if is_half(kind) {
-            let mut wide = tensor.to_kind(Kind::Float);
-            let p = wide.data_ptr();
-            let main = Box::new(move || self.iallreduce(p, n, raw_type(Kind::Float), op));
-            let finish = Box::new(move || {
-                if op == ReduceOp::Avg {
-                    let _ = wide.g_div_scalar_(ws);
-                }
-                tensor.copy_(&wide);
-            });
-            return self.issue("all_reduce", (numel, kind), agreement, main, Some(finish));
-        }
-        let p = tensor.data_ptr();
-        let main = Box::new(move || self.iallreduce(p, n, raw_type(kind), op));
-        let finish = Box::new(move || {
-            if op == ReduceOp::Avg {
-                let _ = tensor.g_div_scalar_(ws);
-            }
-            drop(tensor);
-        });
-        self.issue("all_reduce", (numel, kind), agreement, main, Some(finish))
-    }
-
-    /// Broadcast: `MPI_Ibcast` in place.
-    fn start_broadcast<'a>(&'a self, tensor: Buffer<'a>, src: usize, agreement: Agreement) -> Result<Work<'a>> {
-        let (n, kind, numel, p) = (self.count("broadcast", &tensor)?, tensor.kind(), tensor.numel() as i64, tensor.data_ptr());
-        let main = Box::new(move || {
-            let mut req = null_request();
-            // SAFETY: contiguous CPU tensor of `n` elements of the datatype's size, kept alive
-            // by the Work until the request completed.
-            let rc = unsafe { ffi::MPI_Ibcast(p, n, raw_type(kind), src as c_int, self.comm, &mut req) };
-            self.check("MPI_Ibcast", rc).map(|_| req)
-        });
-        self.issue("broadcast", (numel, kind), agreement, main, Some(Box::new(move || drop(tensor))))
-    }
-
-    /// All-gather: `MPI_Iallgather`, moving 16-bit floats as 16-bit integers.
-    fn start_all_gather<'a>(&'a self, output: Buffer<'a>, input: Input<'a>, agreement: Agreement) -> Result<Work<'a>> {
-        let (n, kind, numel) = (self.count("all_gather", &input)?, input.kind(), input.numel() as i64);
-        let (i, o) = (input.data_ptr(), output.data_ptr());
-        let main = Box::new(move || {
-            let ty = raw_type(kind);
-            let mut req = null_request();
-            // SAFETY: input holds n and output world_size·n contiguous CPU elements of one
-            // datatype, both kept alive by the Work until the request completed.
-            let rc = unsafe { ffi::MPI_Iallgather(i, n, ty, o, n, ty, self.comm, &mut req) };
-            self.check("MPI_Iallgather", rc).map(|_| req)
-        });
-        self.issue("all_gather", (numel, kind), agreement, main, Some(Box::new(move || drop((output, input)))))
-    }
-
-    /// Reduce-scatter: `MPI_Ireduce_scatter_block`; 16-bit floats through f32 copies; `Avg`
-    /// divides once completed.
-    fn start_reduce_scatter<'a>(
-        &'a self,
-        mut output: Buffer<'a>,
-        input: Input<'a>,
-        op: ReduceOp,
-        agreement: Agreement,
-    ) -> Result<Work<'a>> {
-        let (n, kind, numel, ws) = (self.count("reduce_scatter", &output)?, input.kind(), input.numel() as i64, self.world_size as f64);
-        if is_half(kind) {
-            let wide_in = input.to_kind(Kind::Float);
-            let mut wide_out = output.to_kind(Kind::Float);
-            let (i, o) = (wide_in.data_ptr(), wide_out.data_ptr());
-            let main = Box::new(move || self.ireduce_scatter(i, o, n, raw_type(Kind::Float), op));
-            let finish = Box::new(move || {
-                if op == ReduceOp::Avg {
-                    let _ = wide_out.g_div_scalar_(ws);
-                }
-                output.copy_(&wide_out);
-                drop((wide_in, input));
-            });
-            return self.issue("reduce_scatter", (numel, kind), agreement, main, Some(finish));
-        }
-        let (i, o) = (input.data_ptr(), output.data_ptr());
-        let main = Box::new(move || self.ireduce_scatter(i, o, n, raw_type(kind), op));
-        let finish = Box::new(move || {
-            if op == ReduceOp::Avg {
-                let _ = output.g_div_scalar_(ws);
-            }
-            drop((output, input));
-        });
-        self.issue("reduce_scatter", (numel, kind), agreement, main, Some(finish))
-    }
-
-    /// Barrier: `MPI_Ibarrier` (nothing to agree on).
-    fn start_barrier(&self) -> Result<Work<'_>> {
-        let seq = self.watch.begin("barrier")?;
-        let mut req = null_request();
-        // SAFETY: the communicator is live; `req` is a valid out-pointer.
-        let rc = unsafe { ffi::MPI_Ibarrier(self.comm, &mut req) };
-        self.check("MPI_Ibarrier", rc)?;
-        let pending = MpiPending { group: self, op: "barrier", req, stage: None, finish: None };
-        Ok(Work::pending("barrier", seq, &self.watch, Box::new(pending)))
-    }
-}
-
 fn null_request() -> ffi::MPI_Request {
     // SAFETY: reading rsmpi's predefined null request handle.
     unsafe { ffi::RSMPI_REQUEST_NULL }
-}
-
-/// The agreement probe in flight and the collective to issue once it completed.
-struct Stage<'a> {
-    probe: Box<[i64; 4]>,
-    numel: i64,
-    kind: Kind,
-    main: Box<dyn FnOnce() -> Result<ffi::MPI_Request> + 'a>,
-}
-
-/// A started MPI collective: probe → main call → finish.
-struct MpiPending<'a> {
-    group: &'a MpiGroup,
-    op: &'static str,
-    req: ffi::MPI_Request,
-    stage: Option<Stage<'a>>,
-    finish: Option<Box<dyn FnOnce() + 'a>>,
-}
-
-impl Pending for MpiPending<'_> {
-    fn issued(&self) -> bool {
-        self.stage.is_none()
-    }
-
-    fn test(&mut self) -> Result<bool> {
-        loop {
-            let mut done: c_int = 0;
-            // SAFETY: `req` is the live request of the current stage; the status is ignored.
-            let rc = unsafe { ffi::MPI_Test(&mut self.req, &mut done, ffi::RSMPI_STATUS_IGNORE) };
-            self.group.check("MPI_Test", rc)?;
-            if done == 0 {
-                return Ok(false);
-            }
-            match self.stage.take() {
-                Some(Stage { probe, numel, kind, main }) => {
-                    check_agreement(self.op, self.group.rank, numel, kind, &probe)?;
-                    self.req = main()?;
-                }
-                None => {
-                    if let Some(f) = self.finish.take() {
-                        f();
-                    }
-                    return Ok(true);
-                }
-            }
-        }
-    }
-}
-
-/// The blocking forms: Open MPI's blocking calls, preceded by the blocking agreement probe
-/// unless prechecked, under the watchdog's deadline.
-impl MpiGroup {
-    /// Runs blocking collective `op` with its sequence number and progress record, armed in
-    /// the watchdog.
-    fn blocking(&self, op: &'static str, f: impl FnOnce() -> Result<()>) -> Result<()> {
-        let seq = self.watch.begin(op)?;
-        let armed = self.dog.arm(op, seq);
-        let r = f();
-        drop(armed);
-        self.watch.end(seq);
-        r
-    }
-
-    /// One small all-reduce that makes every rank agree that each passed `numel` elements of
-    /// `kind`; the error names the smallest and largest value seen.
-    fn agree(&self, op: &'static str, numel: i64, kind: Kind) -> Result<()> {
-        let mut v = agreement_probe(numel, kind);
-        // SAFETY: `v` is 4 contiguous i64 used in place; the communicator is live.
-        let rc = unsafe {
-            ffi::MPI_Allreduce(ladder_mpi_in_place(), v.as_mut_ptr() as *mut c_void, 4, ffi::RSMPI_INT64_T, ffi::RSMPI_MAX, self.comm)
-        };
-        self.check("MPI_Allreduce", rc)?;
-        check_agreement(op, self.rank, numel, kind, &v)
-    }
-
-    /// In-place MPI_Allreduce on a contiguous f32/f64/i64 tensor.
-    fn all_reduce_raw(&self, t: &mut Tensor, op: ReduceOp) -> Result<()> {
-        let n = self.count("all_reduce", t)?;
-        // SAFETY: `t` is contiguous on the CPU with `n` elements of the datatype's size (checked by
-        // the caller), and nothing else touches it during the call.
-        let rc = unsafe { ffi::MPI_Allreduce(ladder_mpi_in_place(), t.data_ptr(), n, raw_type(t.kind()), mpi_op(op), self.comm) };
-        self.check("MPI_Allreduce", rc)
-    }
-
-    fn reduce_scatter_raw(&self, output: &mut Tensor, input: &Tensor, op: ReduceOp) -> Result<()> {
-        let n = self.count("reduce_scatter", output)?;
-        // SAFETY: input holds world_size·n and output n contiguous CPU elements of one datatype
-        // (checked by the caller); they do not overlap.
-        let rc =
-            unsafe { ffi::MPI_Reduce_scatter_block(input.data_ptr(), output.data_ptr(), n, raw_type(input.kind()), mpi_op(op), self.comm) };
-        self.check("MPI_Reduce_scatter_block", rc)
-    }
-
-    /// The all-reduce itself (f32 through a copy for 16-bit floats; Avg divides after).
-    fn all_reduce_unchecked(&self, tensor: &mut Tensor, op: ReduceOp) -> Result<()> {
-        if is_half(tensor.kind()) {
-            let mut wide = tensor.to_kind(Kind::Float);
-            self.all_reduce_raw(&mut wide, op)?;
-            if op == ReduceOp::Avg {
-                let _ = wide.g_div_scalar_(self.world_size as f64);
-            }
-            tensor.copy_(&wide);
-            return Ok(());
-        }
-        self.all_reduce_raw(tensor, op)?;
-        if op == ReduceOp::Avg {
-            let _ = tensor.g_div_scalar_(self.world_size as f64);
-        }
-        Ok(())
-    }
-
-    fn broadcast_unchecked(&self, tensor: &mut Tensor, src: usize) -> Result<()> {
-        let n = self.count("broadcast", tensor)?;
-        // SAFETY: contiguous CPU tensor of `n` elements of the datatype's size.
-        let rc = unsafe { ffi::MPI_Bcast(tensor.data_ptr(), n, raw_type(tensor.kind()), src as c_int, self.comm) };
-        self.check("MPI_Bcast", rc)
-    }
-
-    fn all_gather_unchecked(&self, output: &mut Tensor, input: &Tensor) -> Result<()> {
-        let n = self.count("all_gather", input)?;
-        let ty = raw_type(input.kind());
-        // SAFETY: input holds n and output world_size·n contiguous CPU elements of one datatype.
-        let rc = unsafe { ffi::MPI_Allgather(input.data_ptr(), n, ty, output.data_ptr(), n, ty, self.comm) };
-        self.check("MPI_Allgather", rc)
-    }
-
-    fn reduce_scatter_unchecked(&self, output: &mut Tensor, input: &Tensor, op: ReduceOp) -> Result<()> {
-        if is_half(input.kind()) {
-            let wide_in = input.to_kind(Kind::Float);
-            let mut wide_out = output.to_kind(Kind::Float);
-            self.reduce_scatter_raw(&mut wide_out, &wide_in, op)?;
-            if op == ReduceOp::Avg {
-                let _ = wide_out.g_div_scalar_(self.world_size as f64);
-            }
-            output.copy_(&wide_out);
-            return Ok(());
-        }
-        self.reduce_scatter_raw(output, input, op)?;
-        if op == ReduceOp::Avg {
-            let _ = output.g_div_scalar_(self.world_size as f64);
-        }
-        Ok(())
-    }
-
-    /// The reduce-scatter of a handed-over input at 2 ranks (see [`ProcessGroup::run`]): the
-    /// all-reduce in place (`Avg`: a sum, then only this rank's block divided — the rest is
-    /// thrown away), then this rank's block. Arguments checked by the caller.
-    fn reduce_scatter_in_place(&self, output: &mut Tensor, mut input: Tensor, op: ReduceOp, agreement: Agreement) -> Result<()> {
-        let sum = if op == ReduceOp::Avg { ReduceOp::Sum } else { op };
-        self.run(Collective::all_reduce(&mut input, sum).with_agreement(agreement))?;
-        let n = output.numel() as i64;
-        output.f_copy_(&input.narrow(0, self.rank as i64 * n, n))?;
-        if op == ReduceOp::Avg {
-            let _ = output.f_div_scalar_(self.world_size as f64)?;
-        }
-        Ok(())
-    }
-
-    fn barrier_unchecked(&self) -> Result<()> {
-        // SAFETY: the communicator is live.
-        let rc = unsafe { ffi::MPI_Barrier(self.comm) };
-        self.check("MPI_Barrier", rc)
-    }
 }

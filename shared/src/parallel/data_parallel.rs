@@ -12,7 +12,7 @@ use crate::optim::AdamW;
 use crate::timing::Comm;
 use crate::{Error, Result};
 use std::collections::BTreeMap;
-use tch::{Kind, Tensor};
+use tch::{Device, Kind, Tensor};
 
 /// What a data-parallel strategy does for a training loop. Every method that communicates must
 /// be called by every rank in the same order, as any collective.
@@ -92,6 +92,13 @@ pub trait DataParallel {
 
     /// The bucket (DDP) or FlatParameter (FSDP) layout as a table, for `--explain`.
     fn explain(&self) -> String;
+}
+
+/// True when autograd records operations here (not inside `no_grad`): DDP's segmented forward
+/// and FSDP's forward keep graphs for backward only then.
+pub(crate) fn grad_enabled() -> bool {
+    let probe = Tensor::zeros([1], (Kind::Float, Device::Cpu)).set_requires_grad(true);
+    (&probe * 1.0).requires_grad()
 }
 
 /// Clips `grads` (what this rank holds) by their global L2 norm, as `clip_grad_norm_`: the

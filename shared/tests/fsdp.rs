@@ -12,7 +12,7 @@ use ladder_core::dist::local::LocalGroup;
 use ladder_core::dist::{init_process_group, Backend, ProcessGroup};
 use ladder_core::model::{BasicNet, Model, Segmented};
 use ladder_core::parallel::fsdp::{explain_units, plan_units, FlatParamUnit, FullyShardedDataParallel};
-use ladder_core::parallel::{BackwardPrefetch, FsdpOptions, MixedPrecision, ShardingStrategy};
+use ladder_core::parallel::{BackwardPrefetch, FsdpOptions, GradSync, MixedPrecision, ShardingStrategy};
 use ladder_core::parallel::{DdpOptions, DistributedDataParallel};
 use ladder_core::Error;
 use std::collections::BTreeMap;

@@ -27,7 +27,7 @@
 //!    a GPU, a network card). Same collectives and, at 2 ranks, bit-identical gradients; at 3
 //!    or more ranks the two all-reduce algorithms sum in different orders (gradients equal to
 //!    float rounding).
-//! 4. Inside [`DistributedDataParallel::no_sync`], step 3 is skipped (gradient accumulation).
+//! 4. Inside [`no_sync`](GradSync::no_sync), step 3 is skipped (gradient accumulation).
 //!
 //! Parameter order comes from [`Model::named_parameters`] (definition order), identical on every
 //! rank; never from a `HashMap`.
@@ -38,7 +38,7 @@ pub use overlap::CommOverlap;
 
 use crate::dist::{Collective, ProcessGroup, ReduceOp};
 use crate::model::Model;
-use crate::parallel::DdpOptions;
+use crate::parallel::{DdpOptions, GradSync};
 use crate::{Error, Result};
 use overlap::SegmentedPass;
 use serde::{Deserialize, Serialize};
@@ -111,6 +111,16 @@ pub struct DistributedDataParallel<'pg, M: Model> {
     /// What [`forward_segmented`](Self::forward_segmented) kept for an overlapped backward.
     pass: RefCell<Option<SegmentedPass>>,
     overlap: CommOverlap,
+}
+
+/// DDP's all-reduce after backward: on by default; `no_sync` accumulates locally.
+impl<M: Model> GradSync for DistributedDataParallel<'_, M> {
+    fn require_backward_grad_sync(&self) -> bool {
+        self.require_backward_grad_sync
+    }
+    fn set_require_backward_grad_sync(&mut self, sync: bool) {
+        self.require_backward_grad_sync = sync;
+    }
 }
 
 impl<M: Model> std::fmt::Debug for DistributedDataParallel<'_, M> {
@@ -206,7 +216,7 @@ impl<'pg, M: Model> DistributedDataParallel<'pg, M> {
         self.overlap
     }
 
-    /// Runs `loss.backward()` and then, unless inside [`no_sync`](Self::no_sync), averages the
+    /// Runs `loss.backward()` and then, unless inside [`no_sync`](GradSync::no_sync), averages the
     /// gradients over ranks bucket by bucket. Call it where single-process code calls
     /// `loss.backward()`: `zero_grad` → `backward` (with sync) → `step`.
     ///
@@ -266,22 +276,6 @@ impl<'pg, M: Model> DistributedDataParallel<'pg, M> {
         })
     }
     // ANCHOR_END: ddp_sync_gradients
-
-    /// Runs `f` with gradient synchronisation off, as `with ddp.no_sync():` — gradients
-    /// accumulate locally; the next `backward` outside syncs the accumulated sum.
-    pub fn no_sync<R>(&mut self, f: impl FnOnce(&mut Self) -> R) -> R {
-        let before = self.require_backward_grad_sync;
-        self.require_backward_grad_sync = false;
-        let out = f(self);
-        self.require_backward_grad_sync = before;
-        out
-    }
-
-    /// Turns the gradient sync of the next backwards on or off (PyTorch's
-    /// `require_backward_grad_sync`, what [`no_sync`](Self::no_sync) toggles for a closure).
-    pub fn set_require_backward_grad_sync(&mut self, sync: bool) {
-        self.require_backward_grad_sync = sync;
-    }
 
     /// Debug check that every rank holds bit-identical parameters: an element-wise Max and Min
     /// all-reduce of all parameters must agree.

@@ -14,7 +14,7 @@ impl<M: Segmented> FullyShardedDataParallel<'_, M> {
     /// Runs `loss.backward()` (which stops at the output of [`forward_t`](Self::forward_t)),
     /// then backpropagates the graphs forward kept, segment by segment in reverse — refilling a
     /// `FullShard` unit's gathered parameters (one all-gather into the storage its graph views)
-    /// before its last segment — and, unless inside [`no_sync`](Self::no_sync), reduces each
+    /// before its last segment — and, unless inside [`no_sync`](crate::parallel::GradSync::no_sync), reduces each
     /// unit's gradient as soon as it is complete: reduce-scatter(Avg) into the shard's `.grad`
     /// (accumulating, as PyTorch), or all-reduce(Avg) for `NoShard`. Call it where
     /// single-process code calls `loss.backward()`: `zero_grad` → `backward` →

@@ -63,12 +63,12 @@ mod storage;
 
 pub use plan::{explain_units, plan_units, FlatParamUnit};
 
-use crate::dist::{ProcessGroup, ReduceOp};
+use crate::dist::ProcessGroup;
 use crate::memory::ModelStateBytes;
 use crate::model::Segmented;
-use crate::parallel::data_parallel::grad_enabled;
+use crate::parallel::data_parallel::{clip_grad_norm, grad_enabled};
 use crate::parallel::ddp::check_in_sync;
-use crate::parallel::{FsdpOptions, MixedPrecision};
+use crate::parallel::{FsdpOptions, GradSync, MixedPrecision};
 use crate::{Error, Result};
 use gather::{Gathered, Inflight};
 use plan::{flatten_padded, segment_params};
@@ -135,6 +135,18 @@ pub struct FullyShardedDataParallel<'pg, M: Segmented> {
     inflight: Option<Inflight<'pg>>,
     /// All-gathers started ahead of need since construction.
     prefetches: u64,
+}
+
+/// FSDP's gradient reduction after backward: on by default; under `no_sync` the unsharded
+/// gradients accumulate locally (full size per unit, as PyTorch) and the next synced backward
+/// reduces the sum.
+impl<M: Segmented> GradSync for FullyShardedDataParallel<'_, M> {
+    fn require_backward_grad_sync(&self) -> bool {
+        self.require_backward_grad_sync
+    }
+    fn set_require_backward_grad_sync(&mut self, sync: bool) {
+        self.require_backward_grad_sync = sync;
+    }
 }
 
 impl<M: Segmented> std::fmt::Debug for FullyShardedDataParallel<'_, M> {
@@ -389,21 +401,11 @@ impl<'pg, M: Segmented> FullyShardedDataParallel<'pg, M> {
         Ok(out)
     }
 
-    /// Runs `f` with gradient reduction off, as `with fsdp.no_sync():` — unsharded gradients
-    /// accumulate locally (full size per unit, as PyTorch); the next `backward` outside reduces
-    /// the accumulated sum.
-    pub fn no_sync<R>(&mut self, f: impl FnOnce(&mut Self) -> R) -> R {
-        let before = self.require_backward_grad_sync;
-        self.require_backward_grad_sync = false;
-        let out = f(self);
-        self.require_backward_grad_sync = before;
-        out
-    }
-
     /// Clips the gradients of all shards by their global L2 norm, as
-    /// `FullyShardedDataParallel.clip_grad_norm_(max_norm)`: the squared norms of the local
-    /// shards are summed over ranks with one all-reduce (none for `NoShard`, whose ranks each
-    /// hold the whole gradient), then every gradient is scaled by
+    /// `FullyShardedDataParallel.clip_grad_norm_(max_norm)`: the shared
+    /// [`clip_grad_norm`](crate::parallel::data_parallel::clip_grad_norm) over this rank's
+    /// shards' gradients, their squared norms summed over ranks with one all-reduce (none for
+    /// `NoShard`, whose ranks each hold the whole gradient); every gradient is scaled by
     /// `min(1, max_norm / (total_norm + 1e-6))`. Returns the total norm (before clipping).
     /// Padding holds zero gradients and does not change the norm.
     ///
@@ -411,36 +413,8 @@ impl<'pg, M: Segmented> FullyShardedDataParallel<'pg, M> {
     /// [`Error::InvalidValue`] for a `max_norm` that is not positive and finite; collective
     /// errors.
     pub fn clip_grad_norm(&self, max_norm: f64) -> Result<f64> {
-        if !(max_norm.is_finite() && max_norm > 0.0) {
-            return Err(Error::invalid("max_norm", max_norm, "a positive, finite gradient norm"));
-        }
-        tch::no_grad(|| {
-            let mut local_sq = 0.0;
-            for s in &self.shards {
-                let g = s.grad();
-                if g.defined() {
-                    local_sq += g.to_kind(Kind::Double).square().sum(Kind::Double).double_value(&[]);
-                }
-            }
-            let total_sq = if self.config.sharding_strategy.is_sharded() && self.pg.world_size() > 1 {
-                let mut t = Tensor::from_slice(&[local_sq]).to_device(self.pg.device());
-                self.pg.all_reduce(&mut t, ReduceOp::Sum)?;
-                t.double_value(&[0])
-            } else {
-                local_sq
-            };
-            let total = total_sq.sqrt();
-            let coef = (max_norm / (total + 1e-6)).min(1.0);
-            if coef < 1.0 {
-                for s in &self.shards {
-                    let mut g = s.grad();
-                    if g.defined() {
-                        let _ = g.f_mul_scalar_(coef)?;
-                    }
-                }
-            }
-            Ok(total)
-        })
+        let grads: Vec<Tensor> = self.shards.iter().map(Tensor::grad).collect();
+        clip_grad_norm(&grads, max_norm, self.config.sharding_strategy.is_sharded().then_some(self.pg))
     }
 
     /// This rank's shards (one trainable `[shard_numel]` tensor per unit, unit order): what an
@@ -452,12 +426,6 @@ impl<'pg, M: Segmented> FullyShardedDataParallel<'pg, M> {
     /// The unwrapped model's parameter names, in definition order.
     pub fn param_names(&self) -> Vec<String> {
         self.params.iter().map(|(n, _)| n.clone()).collect()
-    }
-
-    /// Turns the gradient reduction of the next backwards on or off (what
-    /// [`no_sync`](Self::no_sync) toggles for the duration of a closure).
-    pub fn set_require_backward_grad_sync(&mut self, sync: bool) {
-        self.require_backward_grad_sync = sync;
     }
 
     /// Debug check that the ranks agree: for `NoShard` every rank's full parameters must be

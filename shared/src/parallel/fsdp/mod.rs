@@ -191,7 +191,6 @@ impl<'pg, M: Segmented> FullyShardedDataParallel<'pg, M> {
             let mut ts: Vec<Tensor> = params.iter().map(|(_, t)| t.detach()).collect();
             tch::no_grad(|| pg.broadcast_coalesced(&mut ts, 0))?;
         }
-        let sharded = config.sharding_strategy.is_sharded();
         let shard_vs = nn::VarStore::new(pg.device());
         let mut shards = Vec::with_capacity(units.len());
         for unit in &units {
@@ -199,7 +198,7 @@ impl<'pg, M: Segmented> FullyShardedDataParallel<'pg, M> {
                 let pieces: Vec<Tensor> = unit.params.iter().map(|&p| params[p].1.detach().reshape([-1])).collect();
                 flatten_padded(&pieces, unit)
             });
-            let (start, len) = unit.shard_range(rank, sharded);
+            let (start, len) = unit.shard_range(rank, config.sharding_strategy);
             let shard = tch::no_grad(|| flat.narrow(0, start, len).copy());
             let key = unit.key();
             let mut path = shard_vs.root();

@@ -1,6 +1,6 @@
 //! Build script of `ladder-core`: embeds an rpath to the libtorch that tch links
 //! (`build_support.rs`), compiles the C++ shims of `src/ffi/` against its headers and the MPI
-//! shim of `src/dist/` with `mpicc`, and records the workspace's MNIST directory
+//! shim of `src/ffi/` with `mpicc`, and records the workspace's MNIST directory
 //! (`LADDER_WORKSPACE_MNIST`), the data's last fallback.
 
 include!("build_support.rs");
@@ -8,11 +8,11 @@ include!("build_support.rs");
 fn main() {
     link_libtorch();
     libtorch_shims();
-    // MPI_IN_PLACE, read from the MPI implementation's own header (see src/dist/mpi_shim.c).
+    // MPI_IN_PLACE, read from the MPI implementation's own header (see src/ffi/mpi_shim.c).
     #[cfg(feature = "mpi")]
     {
-        println!("cargo:rerun-if-changed=src/dist/mpi_shim.c");
-        cc::Build::new().compiler("mpicc").file("src/dist/mpi_shim.c").compile("ladder_mpi_shim");
+        println!("cargo:rerun-if-changed=src/ffi/mpi_shim.c");
+        cc::Build::new().compiler("mpicc").file("src/ffi/mpi_shim.c").compile("ladder_mpi_shim");
     }
     // The workspace's data directory, the last fallback for the MNIST files.
     let manifest = std::env::var("CARGO_MANIFEST_DIR").unwrap_or_default();

@@ -24,8 +24,9 @@ pub struct AllReduceRow {
     pub raw_busbw_gbps: f64,
     /// ours / raw.
     pub ratio: f64,
-    /// `ProcessGroup::all_reduce_prechecked` (no per-call agreement check: DDP's path, its
-    /// bucket layout checked once) median latency, µs; 0 in reports from before it was measured.
+    /// `Collective::all_reduce(..).prechecked()` run by `ProcessGroup::run` (no per-call
+    /// agreement check: DDP's path, its bucket layout checked once) median latency, µs; 0 in
+    /// reports from before it was measured.
     pub prechecked_latency_us: f64,
     /// Prechecked, bus bandwidth GB/s.
     pub prechecked_busbw_gbps: f64,

@@ -1,6 +1,6 @@
-//! Every `extern "C"` block of `ladder-core` but MPI's (`dist/mpi.rs`, `dist/mpi_shim.c`), beside
-//! the C++ shims they declare: small functions compiled against the headers of the libtorch tch
-//! links (`build.rs`), for what tch has no binding for.
+//! Every `extern "C"` block of `ladder-core`, beside the C/C++ shims they declare: small functions
+//! compiled against the headers of the libtorch tch links (`build.rs`), for what tch has no binding
+//! for, and [`mpi`]'s `MPI_IN_PLACE` (`mpi_shim.c`, compiled against Open MPI's headers).
 //!
 //! | shim | declared in | what for | safe wrapper |
 //! |---|---|---|---|
@@ -8,6 +8,7 @@
 //! | `optim_shim.cpp` | [`optim`] | AdamW's step through `at::_fused_adamw_` | [`crate::optim::AdamW`] |
 //! | `model_shim.cpp` | [`model`] | dropout's noise and a 2×2 max-pool on CPU | [`crate::model::dropout`], [`crate::model::max_pool2d_2x2`] |
 //! | `storage_shim.cpp` | [`storage`] | freeing and refilling a storage in place (FSDP) | `parallel::fsdp::storage` |
+| `mpi_shim.c` | `mpi` | the address of `MPI_IN_PLACE` (a macro in `mpi.h`) | `dist::mpi` |
 //!
 //! Every shim has one C boundary (`shim.h`'s `guarded`): it returns 0, or 1 with a C++
 //! exception's message in a caller's buffer, so that nothing unwinds into Rust; [`call`] turns
@@ -24,6 +25,8 @@
 //! sound only while FSDP keeps those views unread (see its `# Safety`).
 
 pub(crate) mod autograd;
+#[cfg(feature = "mpi")]
+pub(crate) mod mpi;
 pub(crate) mod model;
 pub(crate) mod optim;
 pub(crate) mod storage;

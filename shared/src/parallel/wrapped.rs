@@ -10,7 +10,7 @@
 
 use super::data_parallel::{clip_grad_norm, DataParallel};
 use super::{DistributedDataParallel, FsdpOptions, FullyShardedDataParallel, ShardingStrategy, Strategy, WrapConfig};
-use crate::dist::{ProcessGroup, ReduceOp};
+use crate::dist::{Collective, ProcessGroup, ReduceOp};
 use crate::eval::EvalSums;
 use crate::memory::ModelStateBytes;
 use crate::model::BasicNet;
@@ -264,7 +264,7 @@ impl<'pg> WrappedModel<'pg> {
             };
             let mut first = Tensor::from_slice(&[code as f64]).to_device(pg.device());
             // The same 1-element f64 on every rank at every step: no agreement probe needed.
-            pg.all_reduce_prechecked(&mut first, ReduceOp::Min)?;
+            pg.run(Collective::all_reduce(&mut first, ReduceOp::Min).prechecked())?;
             first.double_value(&[0]) as usize
         };
         if first >= 2 * w {

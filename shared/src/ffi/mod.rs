@@ -8,7 +8,7 @@
 //! | `optim_shim.cpp` | [`optim`] | AdamW's step through `at::_fused_adamw_` | [`crate::optim::AdamW`] |
 //! | `model_shim.cpp` | [`model`] | dropout's noise and a 2×2 max-pool on CPU | [`crate::model::dropout`], [`crate::model::max_pool2d_2x2`] |
 //! | `storage_shim.cpp` | [`storage`] | freeing and refilling a storage in place (FSDP) | `parallel::fsdp::storage` |
-| `mpi_shim.c` | `mpi` | the address of `MPI_IN_PLACE` (a macro in `mpi.h`) | `dist::mpi` |
+//! | `mpi_shim.c` | [`mpi`] | the address of `MPI_IN_PLACE` (a macro in `mpi.h`) | `dist::mpi` |
 //!
 //! Every shim has one C boundary (`shim.h`'s `guarded`): it returns 0, or 1 with a C++
 //! exception's message in a caller's buffer, so that nothing unwinds into Rust; [`call`] turns
@@ -25,9 +25,9 @@
 //! sound only while FSDP keeps those views unread (see its `# Safety`).
 
 pub(crate) mod autograd;
+pub(crate) mod model;
 #[cfg(feature = "mpi")]
 pub(crate) mod mpi;
-pub(crate) mod model;
 pub(crate) mod optim;
 pub(crate) mod storage;
 

@@ -12,7 +12,7 @@
 use clap::Parser;
 use ladder_core::data::{DataLoader, DistributedSampler, DistributedSamplerOptions};
 use ladder_core::device::DeviceKind;
-use ladder_core::dist::{self, progress, Backend, DistEnv, ProcessGroup};
+use ladder_core::dist::{self, Backend, DistEnv, ProcessGroup};
 use ladder_core::eval::EvalSums;
 use ladder_core::metrics::{gather_report, EpochFigures, LocalFigures, Report};
 use ladder_core::model::{BasicNet, BasicNetConfig};
@@ -230,9 +230,7 @@ fn train_ddp(cfg: &Config, args: &TrainArgs, plan: &Plan, start: Instant) -> Res
         loader.set_epoch(epoch as u64 - 1);
         let (mut loss_sum, mut n, mut stop) = (0.0, 0usize, false);
         for (batch_idx, (images, labels)) in timer.timed(loader.iter(), model.comm()).enumerate() {
-            // Where this rank is (for a collective timeout's report and ladder-run's summary), and
-            // dropout masks: a function of (seed, rank, batch), different on every rank.
-            progress::set_step(steps as u64 + 1);
+            // Dropout masks: a function of (seed, rank, batch), different on every rank.
             seed_batch(args.seed, rank, steps as u64);
             optimizer.zero_grad();
             let loss = model.forward_t(&images, true)?.nll_loss(&labels);

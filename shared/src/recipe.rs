@@ -354,8 +354,9 @@ pub fn end_of_epoch(
 /// (`seed`, `rank`, `batch_index`) alone: a run resumed from a checkpoint at batch k draws the
 /// same masks as one that never stopped, without saving generator state (tch cannot read it).
 /// `batch_index` counts micro-batches from 0 over all epochs. Ranks draw different masks, as
-/// independent workers do. Every level calls it before each batch's forward (the distributed
-/// levels beside [`crate::dist::progress::set_step`], which records where the rank is).
+/// independent workers do. Every level calls it before each batch's forward (where the rank
+/// is, [`crate::dist::progress::set_step`], is recorded by the loop's batches: level 1's
+/// [`crate::timing::StepTimer::timed`], levels 2 and 3's prepared data loader).
 // ANCHOR: seed_batch
 pub fn seed_batch(seed: u64, rank: usize, batch_index: u64) {
     // splitmix64 of the three inputs: well-spread seeds for neighbouring batches.

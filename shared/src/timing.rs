@@ -329,7 +329,10 @@ impl StepTimer {
     /// the model's totals `comm` (as [`resume`](Self::resume)); each batch handed out ends
     /// [`Phase::Data`]; asking for the next batch, or leaving the loop (dropping the iterator),
     /// ends the step with [`Phase::Optimizer`] and the batch's samples ([`Batch::samples`]).
-    /// The loop body marks where forward and backward end with [`lap`](Self::lap).
+    /// The loop body marks where forward and backward end with [`lap`](Self::lap). Each batch
+    /// handed out also records the step it begins (1-based, over every loop of this timer) in
+    /// [`crate::dist::progress`]: where this rank is, for a collective timeout's report and
+    /// ladder-run's failure summary.
     ///
     /// Neither of the iterator's laps reads the model's communication totals (it does not hold
     /// the model): collectives of the data phase or after the backward lap (none in a loop
@@ -433,7 +436,10 @@ where
     fn next(&mut self) -> Option<I::Item> {
         self.end_open_step();
         let batch = self.batches.next()?;
-        lock(&self.clock).lap(Phase::Data, None);
+        let mut clock = lock(&self.clock);
+        clock.lap(Phase::Data, None);
+        crate::dist::progress::set_step(clock.step_times.len() as u64 + 1);
+        drop(clock);
         self.open = Some(batch.samples());
         Some(batch)
     }

@@ -32,8 +32,9 @@ const MAGIC: u64 = 0x4c41_4444_5052_4731; // "LADDPRG1"
 
 static STEP: AtomicU64 = AtomicU64::new(0);
 
-/// Sets this process's current training step (1-based; 0 is set-up). The levels call it
-/// before each batch (beside [`crate::recipe::seed_batch`]); collectives record it.
+/// Sets this process's current training step (1-based; 0 is set-up). Each batch of a training
+/// loop sets it as it is handed out ([`crate::timing::StepTimer::timed`] at level 1, the
+/// prepared data loader at levels 2 and 3); collectives record it.
 pub fn set_step(step: u64) {
     STEP.store(step, Ordering::Relaxed);
 }

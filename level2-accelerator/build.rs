@@ -1,3 +1,7 @@
+//! Build script of `level2-accelerator`: embeds an rpath to the libtorch that tch links (and to the NCCL of
+//! the same wheel), so that its binaries and tests run without `LD_LIBRARY_PATH`
+//! (`shared/build_support.rs`).
+
 include!("../shared/build_support.rs");
 
 fn main() {

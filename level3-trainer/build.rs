@@ -1,5 +1,6 @@
-//! Build script of level3-trainer: embeds an rpath to the libtorch that tch links (see
-//! shared/build_support.rs), so the binary and the tests run without LD_LIBRARY_PATH.
+//! Build script of `level3-trainer`: embeds an rpath to the libtorch that tch links (and to the NCCL of
+//! the same wheel), so that its binaries and tests run without `LD_LIBRARY_PATH`
+//! (`shared/build_support.rs`).
 
 include!("../shared/build_support.rs");
 

@@ -7,11 +7,11 @@
 //! At world size 1 the process group is the local one (no MPI): the difference between the two
 //! is DDP's bookkeeping, not communication; `bench run` measures communication at 2 and 4 ranks.
 
-use criterion::{criterion_group, criterion_main, Criterion};
+use criterion::{criterion_main, Criterion};
 use ladder_core::dist::{init_with_env, Backend, DistEnv};
 use ladder_core::model::{BasicNet, BasicNetConfig};
 use ladder_core::parallel::{DdpOptions, DistributedDataParallel};
-use ladder_core::train::adamw;
+use ladder_core::recipe::adamw;
 use tch::{nn, Device, Kind, Tensor};
 
 fn batch() -> (Tensor, Tensor) {
@@ -53,5 +53,8 @@ fn step(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, step);
-criterion_main!(benches);
+/// criterion's group of this file (a private module: the function it generates is not API).
+mod group {
+    criterion::criterion_group!(benches, super::step);
+}
+criterion_main!(group::benches);

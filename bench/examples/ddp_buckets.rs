@@ -13,7 +13,7 @@
 
 use ladder_core::dist::{self, Backend, ProcessGroup, ReduceOp};
 use ladder_core::model::{BasicNet, BasicNetConfig};
-use ladder_core::parallel::{DdpOptions, DistributedDataParallel};
+use ladder_core::parallel::{DdpOptions, DistributedDataParallel, GradSync};
 use std::time::Instant;
 use tch::{nn, Device, Kind, Tensor};
 

@@ -10,10 +10,10 @@ use crate::figures::RunFigures;
 use crate::machine::Machine;
 use crate::{loc, process, require_binary, write_file, Level};
 use comfy_table::{presets, CellAlignment, Table};
+use ladder_core::parallel::Strategy;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::Duration;
 
 /// `bench demo`'s options.
 #[derive(Debug, Clone, clap::Args)]
@@ -31,8 +31,8 @@ pub struct DemoArgs {
     #[arg(long)]
     pub max_steps: Option<usize>,
     /// How each level replicates the model (passed as --strategy).
-    #[arg(long, default_value = "ddp")]
-    pub strategy: String,
+    #[arg(long, value_parser = ladder_core::cli::spelling::<Strategy>(), default_value_t = Strategy::default(), hide_possible_values = true)]
+    pub strategy: Strategy,
     /// Seed passed to every level.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
@@ -43,15 +43,9 @@ pub struct DemoArgs {
     /// Default: `<root>/target/demo`.
     #[arg(long)]
     pub out_dir: Option<PathBuf>,
-    /// Workspace root: the level sources (for the line counts) and, by default, the binaries.
-    #[arg(long)]
-    pub root: Option<PathBuf>,
-    /// Where the built binaries are. Default: `<root>/target/release`.
-    #[arg(long)]
-    pub bin_dir: Option<PathBuf>,
-    /// Kill a level still running after this many seconds.
-    #[arg(long, default_value_t = 1800)]
-    pub timeout_s: u64,
+    /// The workspace, its binaries, the time limit.
+    #[command(flatten)]
+    pub launch: crate::LaunchArgs,
 }
 
 /// Whether a level's run gave figures.
@@ -190,8 +184,7 @@ pub fn run_demo(args: &DemoArgs) -> Result<DemoSummary> {
     if args.nproc_per_node == 0 {
         return Err(Error::InvalidValue { flag: "--nproc-per-node", value: "0".into(), expected: "at least 1 rank".into() });
     }
-    let root = args.root.clone().unwrap_or_else(crate::default_root);
-    let bin_dir = args.bin_dir.clone().unwrap_or_else(|| root.join("target").join("release"));
+    let (root, bin_dir) = (args.launch.root(), args.launch.bin_dir());
     let out_dir = args.out_dir.clone().unwrap_or_else(|| root.join("target").join("demo"));
     let launcher = require_binary(bin_dir.join("ladder-run"))?;
     std::fs::create_dir_all(&out_dir).map_err(Error::io(&out_dir))?;
@@ -264,7 +257,7 @@ fn run_level(
     };
     let mut cmd = Command::new(launcher);
     cmd.arg("--nproc-per-node").arg(args.nproc_per_node.to_string()).arg(&binary);
-    cmd.args(["--device", "cpu", "--strategy", &args.strategy, "--epochs", &args.epochs.to_string()]);
+    cmd.args(["--device", "cpu", "--strategy", args.strategy.name(), "--epochs", &args.epochs.to_string()]);
     cmd.args(["--seed", &args.seed.to_string(), "--log-interval", &args.log_interval.to_string()]);
     if let Some(m) = args.max_steps {
         cmd.args(["--max-steps", &m.to_string()]);
@@ -273,7 +266,7 @@ fn run_level(
     row.command = process::describe(&cmd);
     println!("[{i}/{n}] {what}: {} ranks, {} (log: {})", args.nproc_per_node, row.command, log.display());
     let start = std::time::Instant::now();
-    let result = process::run_logged(&what, &mut cmd, &log, Duration::from_secs(args.timeout_s)).and_then(|done| {
+    let result = process::run_logged(&what, &mut cmd, &log, args.launch.timeout()).and_then(|done| {
         row.wall_s = done.wall_s;
         if !report.exists() {
             return Err(Error::NoReport { what: what.clone(), path: report.clone() });

@@ -22,6 +22,7 @@ pub mod stats;
 pub use error::{Error, Result};
 
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 /// One rung of the ladder: what the demo and the matrix run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -63,6 +64,39 @@ pub fn select_levels(numbers: &[u8]) -> Result<Vec<Level>> {
         return Err(Error::InvalidValue { flag: "--levels", value: String::new(), expected: "at least one of 1, 2, 3".into() });
     }
     Ok(out)
+}
+
+/// Where the binaries `bench demo` and `bench run` start are, and how long each may run: the
+/// options both take.
+#[derive(Debug, Clone, clap::Args)]
+pub struct LaunchArgs {
+    /// Workspace root: where the sources and, by default, the binaries are. Default: the one
+    /// this bench was built in.
+    #[arg(long)]
+    pub root: Option<PathBuf>,
+    /// Where the built binaries are. Default: `<root>/target/release`.
+    #[arg(long)]
+    pub bin_dir: Option<PathBuf>,
+    /// Kill a run still going after this many seconds.
+    #[arg(long, default_value_t = 1800)]
+    pub timeout_s: u64,
+}
+
+impl LaunchArgs {
+    /// `--root`, or the workspace this bench was built in ([`default_root`]).
+    pub fn root(&self) -> PathBuf {
+        self.root.clone().unwrap_or_else(default_root)
+    }
+
+    /// `--bin-dir`, or `<root>/target/release`.
+    pub fn bin_dir(&self) -> PathBuf {
+        self.bin_dir.clone().unwrap_or_else(|| self.root().join("target").join("release"))
+    }
+
+    /// `--timeout-s`.
+    pub fn timeout(&self) -> Duration {
+        Duration::from_secs(self.timeout_s)
+    }
 }
 
 /// The workspace root this bench was built in (the binaries and sources are found from here

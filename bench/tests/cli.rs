@@ -27,6 +27,13 @@ fn an_unknown_level_is_named() {
 }
 
 #[test]
+fn an_unknown_strategy_is_refused_before_anything_runs() {
+    let (ok, _, stderr) = run(&["demo", "--strategy", "zero3"]);
+    assert!(!ok && stderr.contains("invalid value 'zero3' for '--strategy <STRATEGY>'"), "{stderr}");
+    assert!(stderr.contains("[possible values: ddp, fsdp-full-shard, fsdp-shard-grad-op, fsdp-no-shard]"), "{stderr}");
+}
+
+#[test]
 fn matrix_flags_are_checked_before_anything_runs() {
     let (ok, _, stderr) = run(&["run", "--levels", "1", "--world-sizes", "0,2"]);
     assert!(!ok);

@@ -34,7 +34,7 @@ pub const LEVELS: [Level; 3] = [
 /// The single-process program the tutorial starts from: its loop, which the tutorial says
 /// Accelerate changes in three lines.
 pub const BASELINE: Level =
-    Level { key: "baseline", title: "the single-process baseline", file: "shared/src/train.rs", anchor: "baseline_loop" };
+    Level { key: "baseline", title: "the single-process baseline", file: "shared/src/bin/ladder-baseline.rs", anchor: "baseline_loop" };
 
 /// One side of a diff entry.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -131,10 +131,16 @@ fn max_of(cell: &str) -> Option<f64> {
 /// Where the level runs against its peer: each row of the throughput table with a peer.
 fn peers(m: &Matrix) -> Result<String> {
     let t = &m.throughput;
-    let (s, p, ps, op) =
-        (m.col(t, SAMPLES, "Throughput")?, m.col(t, PEER, "Throughput")?, m.col(t, PEER_SAMPLES, "Throughput")?, m.col(t, OURS_PEER, "Throughput")?);
+    let (s, p, ps, op) = (
+        m.col(t, SAMPLES, "Throughput")?,
+        m.col(t, PEER, "Throughput")?,
+        m.col(t, PEER_SAMPLES, "Throughput")?,
+        m.col(t, OURS_PEER, "Throughput")?,
+    );
     let mut out = Table {
-        header: ["level", "run", "samples/s", "peer", "peer samples/s", "ours / peer", "peak RSS per rank, MiB", "peer's"].map(String::from).to_vec(),
+        header: ["level", "run", "samples/s", "peer", "peer samples/s", "ours / peer", "peak RSS per rank, MiB", "peer's"]
+            .map(String::from)
+            .to_vec(),
         rows: Vec::new(),
     };
     for r in t.rows.iter().filter(|r| r[p] != "—" && !r[p].is_empty()) {
@@ -269,7 +275,10 @@ fn sharding(m: &Matrix) -> Result<String> {
             ]);
         }
         let ranks = t.get(rows[0], "ranks").unwrap_or("?");
-        text.push_str(&format!("\n**fc1 {width}** ({} parameters), level 1, {ranks} ranks, {precision}:\n\n", thousands(memory::num_parameters(width.parse().unwrap_or(128)))));
+        text.push_str(&format!(
+            "\n**fc1 {width}** ({} parameters), level 1, {ranks} ranks, {precision}:\n\n",
+            thousands(memory::num_parameters(width.parse().unwrap_or(128)))
+        ));
         text.push_str(&out.markdown());
     }
     text.push_str(
@@ -334,7 +343,8 @@ fn bf16(m: &Matrix) -> Result<String> {
     for (level, strategy) in pairs {
         let mut row = vec![level.to_string(), strategy_label(strategy).to_string()];
         for w in &widths {
-            let cell = t.select(&[("level", level), ("strategy", strategy), ("fc1", w), ("precision", "bf16")]).first().map(|x| x[v].clone());
+            let cell =
+                t.select(&[("level", level), ("strategy", strategy), ("fc1", w), ("precision", "bf16")]).first().map(|x| x[v].clone());
             row.push(cell.unwrap_or_else(|| "—".into()));
         }
         out.rows.push(row);
@@ -367,7 +377,8 @@ fn model_state(m: &Matrix) -> Result<String> {
     let mut seen = Vec::new();
     let ranks_all: Vec<&str> = mem.rows.iter().filter_map(|r| mem.get(r, "ranks")).collect();
     for r in mem.rows.iter().filter(|r| mem.get(r, "precision") == Some("fp32")) {
-        let (strategy, width, ranks) = (mem.get(r, "strategy").unwrap_or("?"), mem.get(r, "fc1").unwrap_or("?"), mem.get(r, "ranks").unwrap_or("?"));
+        let (strategy, width, ranks) =
+            (mem.get(r, "strategy").unwrap_or("?"), mem.get(r, "fc1").unwrap_or("?"), mem.get(r, "ranks").unwrap_or("?"));
         if seen.contains(&(strategy, width, ranks)) {
             continue;
         }
@@ -391,7 +402,10 @@ fn model_state(m: &Matrix) -> Result<String> {
         };
         let mut row = vec![strategy_label(strategy).to_string(), width.to_string(), arith_parts.join(" / "), arith_gathered];
         for level in ["1", "2", "3"] {
-            let Some(x) = mem.select(&[("level", level), ("strategy", strategy), ("fc1", width), ("ranks", ranks), ("precision", "fp32")]).first().copied()
+            let Some(x) = mem
+                .select(&[("level", level), ("strategy", strategy), ("fc1", width), ("ranks", ranks), ("precision", "fp32")])
+                .first()
+                .copied()
             else {
                 row.push("—".into());
                 continue;
@@ -401,7 +415,12 @@ fn model_state(m: &Matrix) -> Result<String> {
             let which = gathered.iter().find(|(v, _)| *v == g).map(|(_, how)| *how);
             let state = if parts == arith_parts { "equal".to_string() } else { parts.join(" / ") };
             if parts != arith_parts {
-                mismatches.push(format!("level {level} {} fc1 {width}: {} against {}", strategy_label(strategy), parts.join(" / "), arith_parts.join(" / ")));
+                mismatches.push(format!(
+                    "level {level} {} fc1 {width}: {} against {}",
+                    strategy_label(strategy),
+                    parts.join(" / "),
+                    arith_parts.join(" / ")
+                ));
             }
             match which {
                 Some(how) if b.gathered != b.gathered_no_prefetch => row.push(format!("{state}, {g} ({how})")),
@@ -470,8 +489,12 @@ fn allreduce(run: &Run) -> Option<String> {
     if cols.len() != pick.len() {
         return None;
     }
-    let small = Table { header: pick.map(String::from).to_vec(), rows: t.rows.iter().map(|r| cols.iter().map(|&c| r[c].clone()).collect()).collect() };
-    let title = run.bench.lines().find(|l| l.starts_with("## All-reduce")).map(|l| l.trim_start_matches("## ").to_string()).unwrap_or_default();
+    let small = Table {
+        header: pick.map(String::from).to_vec(),
+        rows: t.rows.iter().map(|r| cols.iter().map(|&c| r[c].clone()).collect()).collect(),
+    };
+    let title =
+        run.bench.lines().find(|l| l.starts_with("## All-reduce")).map(|l| l.trim_start_matches("## ").to_string()).unwrap_or_default();
     Some(format!("{}\n**{title}**\n\n{}", caption(&run.line), small.markdown()))
 }
 
@@ -614,13 +637,15 @@ fn full_tables(run: &Run) -> String {
                 }
             }
             for (w, p) in groups {
-                let sub = Table {
-                    header: t.header.clone(),
-                    rows: t.rows.iter().filter(|r| r[fc1] == w && r[prec] == p).cloned().collect(),
-                };
+                let sub =
+                    Table { header: t.header.clone(), rows: t.rows.iter().filter(|r| r[fc1] == w && r[prec] == p).cloned().collect() };
                 let sub_without: Table = Table {
                     header: sub.header.iter().enumerate().filter(|(c, _)| *c != fc1 && *c != prec).map(|(_, h)| h.clone()).collect(),
-                    rows: sub.rows.iter().map(|r| r.iter().enumerate().filter(|(c, _)| *c != fc1 && *c != prec).map(|(_, v)| v.clone()).collect()).collect(),
+                    rows: sub
+                        .rows
+                        .iter()
+                        .map(|r| r.iter().enumerate().filter(|(c, _)| *c != fc1 && *c != prec).map(|(_, v)| v.clone()).collect())
+                        .collect(),
                 };
                 let keys2: Vec<usize> = keys.iter().map(|&k| k - usize::from(k > fc1) - usize::from(k > prec)).collect();
                 let (parts, constant) = split(&sub_without, &keys2);
@@ -712,10 +737,7 @@ mod tests {
     fn split_keeps_keys_and_drops_constants() {
         let t = Table {
             header: ["level", "a", "b", "eval samples", "peer"].map(String::from).to_vec(),
-            rows: vec![
-                ["1", "x", "1", "10000", "—"].map(String::from).to_vec(),
-                ["2", "y", "2", "10000", "—"].map(String::from).to_vec(),
-            ],
+            rows: vec![["1", "x", "1", "10000", "—"].map(String::from).to_vec(), ["2", "y", "2", "10000", "—"].map(String::from).to_vec()],
         };
         let (parts, constant) = split(&t, &[0]);
         assert_eq!(constant, ["eval samples 10000"]);

@@ -195,7 +195,10 @@ pub fn check(src: &Path, root: &Path) -> Result<CheckSummary> {
         }
         for (line, target) in find_links(&text) {
             summary.links += 1;
-            let path = md.parent().unwrap_or(Path::new(".")).join(&target);
+            // A generated snippet is included into a chapter in `src/`, so its links are the
+            // chapter's: relative to `src/`, not to `src/generated/`.
+            let base = if md.starts_with(src.join("generated")) { src } else { md.parent().unwrap_or(Path::new(".")) };
+            let path = base.join(&target);
             if !path.exists() {
                 let hint = if target.contains("generated/") { " (run `make book-data`)" } else { "" };
                 problems.push(format!("{}:{line}: link ({target}): {} does not exist{hint}", md.display(), path.display()));

@@ -107,10 +107,7 @@ pub fn rows(width: u64, w: u64) -> Vec<Row> {
 /// at width 128, fc1 and fc2 at width 4096, where fc2 (10·w + 10) outgrows conv2.
 pub fn gathered_pair(width: u64, w: u64) -> (&'static str, &'static str, u64) {
     let l = layers(width);
-    (0..l.len() - 1)
-        .map(|i| (l[i].0, l[i + 1].0, padded(l[i].1, w) + padded(l[i + 1].1, w)))
-        .max_by_key(|p| p.2)
-        .unwrap_or(("", "", 0))
+    (0..l.len() - 1).map(|i| (l[i].0, l[i + 1].0, padded(l[i].1, w) + padded(l[i + 1].1, w))).max_by_key(|p| p.2).unwrap_or(("", "", 0))
 }
 
 /// The largest unit's (padded) parameters: what FULL_SHARD holds gathered at once without

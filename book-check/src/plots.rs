@@ -79,10 +79,14 @@ fn bars(title: &str, x_desc: &str, bars: &[Bar], legend: &[(String, RGBColor)]) 
             let y = (n - 1 - k) as f64; // the first bar on top
             let mut x0 = 0.0;
             for &(v, colour) in &b.parts {
-                chart.draw_series(std::iter::once(Rectangle::new([(x0, y + 0.14), (x0 + v, y + 0.86)], colour.filled()))).map_err(plot_error)?;
+                chart
+                    .draw_series(std::iter::once(Rectangle::new([(x0, y + 0.14), (x0 + v, y + 0.86)], colour.filled())))
+                    .map_err(plot_error)?;
                 x0 += v;
             }
-            chart.draw_series(std::iter::once(Text::new(format!(" {}", b.value), (x0, y + 0.5), value_style.clone()))).map_err(plot_error)?;
+            chart
+                .draw_series(std::iter::once(Text::new(format!(" {}", b.value), (x0, y + 0.5), value_style.clone())))
+                .map_err(plot_error)?;
             // The bar's name left of the axis, on the whole area (the plotting area clips).
             let (px, py) = chart.backend_coord(&(0.0, y + 0.5));
             root.draw(&Text::new(b.label.clone(), (px - 8, py), label_style.clone())).map_err(plot_error)?;

@@ -182,7 +182,8 @@ mod tests {
 
     #[test]
     fn markdown_aligns_numbers_right() {
-        let t = Table { header: vec!["run".into(), "x".into()], rows: vec![vec!["a".into(), "1.5×".into()], vec!["b".into(), "—".into()]] };
+        let t =
+            Table { header: vec!["run".into(), "x".into()], rows: vec![vec!["a".into(), "1.5×".into()], vec!["b".into(), "—".into()]] };
         assert_eq!(t.markdown(), "| run | x |\n|---|---:|\n| a | 1.5× |\n| b | — |\n");
     }
 }

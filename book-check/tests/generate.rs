@@ -25,7 +25,10 @@ fn workspace() -> tempfile::TempDir {
     put(diff::LEVELS[1].file, &span("    let acc = Accelerator::new()?;\n    train(&acc);\n"));
     put(diff::LEVELS[2].file, &span("    trainer.train()?;\n"));
     put(diff::BASELINE.file, "fn b() {\n    // ANCHOR: baseline_loop\n    train(&net);\n    // ANCHOR_END: baseline_loop\n}\n");
-    put("shared/tests/snapshots/data_errors__checksum.snap", "---\nsource: shared/tests/data_errors.rs\nexpression: e\n---\nchecksum mismatch\n");
+    put(
+        "shared/tests/snapshots/data_errors__checksum.snap",
+        "---\nsource: shared/tests/data_errors.rs\nexpression: e\n---\nchecksum mismatch\n",
+    );
     put("book/src/baseline.md", "# B\n\n```text\n{{#include generated/snapshots/shared/data_errors__checksum.txt}}\n```\n");
     for f in ["provenance.md", "bench.md", "demo.md"] {
         put(&format!("book/src/generated/{f}"), &std::fs::read_to_string(fixtures().join("run").join(f)).unwrap());
@@ -74,11 +77,17 @@ fn a_changed_source_makes_its_generated_file_stale() {
     let root = ws.path();
     write(root, &outputs(root).unwrap()).unwrap();
     std::fs::write(root.join("shared/tests/snapshots/data_errors__checksum.snap"), "---\nsource: x\n---\nanother message\n").unwrap();
-    std::fs::write(root.join(diff::LEVELS[1].file), "// ANCHOR: user_code\nlet acc = Accelerator::new()?;\n// ANCHOR_END: user_code\n").unwrap();
+    std::fs::write(root.join(diff::LEVELS[1].file), "// ANCHOR: user_code\nlet acc = Accelerator::new()?;\n// ANCHOR_END: user_code\n")
+        .unwrap();
     let err = check_fresh(root).unwrap_err().to_string();
     assert!(err.starts_with("5 generated file(s) out of date"), "{err}");
     assert!(err.contains("book/src/generated/snapshots/shared/data_errors__checksum.txt: differs from what `book-check generate` writes now (from the test's snapshot)"), "{err}");
-    assert!(err.contains("book/src/generated/level1-to-level2.md: differs from what `book-check generate` writes now (from the `user_code` anchors)"), "{err}");
+    assert!(
+        err.contains(
+            "book/src/generated/level1-to-level2.md: differs from what `book-check generate` writes now (from the `user_code` anchors)"
+        ),
+        "{err}"
+    );
 }
 
 #[test]

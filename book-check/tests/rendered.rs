@@ -59,7 +59,11 @@ fn a_snapshot_in_a_list_fence_breaks_the_page_three_ways() {
     let p = problems(&["fence"]);
     assert_eq!(p.len(), 3, "{p:#?}");
     assert!(p[0].starts_with("<book>/book/fence.html: a stray code fence on the page (rendered text line 21: \"```rust\")"), "{}", p[0]);
-    assert!(p[1].starts_with("<book>/book/fence.html: insta's snapshot header on the page (`source: shared/tests/data_errors.rs`)"), "{}", p[1]);
+    assert!(
+        p[1].starts_with("<book>/book/fence.html: insta's snapshot header on the page (`source: shared/tests/data_errors.rs`)"),
+        "{}",
+        p[1]
+    );
     assert!(
         p[2].starts_with("<book>/book/fence.html: heading h2 \"source: shared/tests/data_errors.rs expression: err.to_string()\""),
         "{}",

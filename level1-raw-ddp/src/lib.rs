@@ -10,15 +10,16 @@
 //!   10,002 images at 3 ranks).
 
 use clap::Parser;
-use ladder_core::data::{DataLoader, DistributedSampler};
+use ladder_core::data::{DataLoader, DistributedSampler, DistributedSamplerOptions};
 use ladder_core::device::DeviceKind;
-use ladder_core::dist::{self, Backend, DistEnv, ProcessGroup};
-use ladder_core::metrics::{gather_report, LocalFigures, Report};
+use ladder_core::dist::{self, progress, Backend, DistEnv, ProcessGroup};
+use ladder_core::eval::EvalSums;
+use ladder_core::metrics::{gather_report, EpochFigures, LocalFigures, Report};
 use ladder_core::model::{BasicNet, BasicNetConfig};
 use ladder_core::optim::AdamWConfig;
 use ladder_core::parallel::{BackwardPrefetch, Precision, StrategyOptions, WrapConfig, WrappedModel};
+use ladder_core::recipe::{end_of_epoch, seed_batch, TrainArgs};
 use ladder_core::timing::{Phase, StepTimer};
-use ladder_core::train::{end_of_epoch, seed_batch, EvalSums, TrainArgs};
 use ladder_core::{Error, Result};
 use serde::{Deserialize, Serialize};
 use std::time::Instant;
@@ -32,10 +33,11 @@ pub use ladder_core::parallel::Strategy;
     name = "level1-raw-ddp",
     version,
     about = "Level 1: BasicNet on MNIST with a raw process group, a DistributedSampler and DistributedDataParallel",
-    after_help = concat!("Launch: `target/release/level1-raw-ddp` (1 process), `target/release/ladder-run --nproc-per-node 2 target/release/level1-raw-ddp`, or `mpirun -n 2 target/release/level1-raw-ddp`.\n\n", "Environment:\n  RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT\n      this process's place in the job, as torchrun (and ladder-run) set them\n  OMPI_COMM_WORLD_RANK, OMPI_COMM_WORLD_SIZE, OMPI_COMM_WORLD_LOCAL_[RANK|SIZE]\n      the same under mpirun (they win; torchrun's must agree)\n  LADDER_SHUTDOWN_TIMEOUT_S\n      seconds a rank waits for the others at shutdown, then aborts the job [default: 30]\n  MNIST_DIR, MNIST_MIRRORS\n      see --data-dir and --mirror"),
+    after_help = format!("Launch: `target/release/level1-raw-ddp` (1 process), `target/release/ladder-run --nproc-per-node 2 target/release/level1-raw-ddp`, or `mpirun -n 2 target/release/level1-raw-ddp`.\n\n{}", ladder_core::cli::ENVIRONMENT_HELP),
     allow_negative_numbers = true
 )]
 pub struct Config {
+    /// The baseline's training flags (data, batch size, epochs, seed, device, outputs).
     #[command(flatten)]
     pub train: TrainArgs,
     /// Communication backend (the process group). Default: nccl when training on cuda, else
@@ -147,97 +149,116 @@ pub fn cleanup(pg: &dyn ProcessGroup) {
 /// Bad flags, data errors, process-group and collective errors.
 pub fn run(cfg: &Config) -> Result<Report> {
     let start = Instant::now();
-    cfg.train.validate()?;
-    if cfg.width < 1 {
-        return Err(Error::invalid("--width", cfg.width, "at least 1 output feature for fc1"));
-    }
-    let wrap = cfg.wrap_config()?;
-    let device_kind = cfg.train.device_kind();
-    let backend = cfg.backend.unwrap_or(match device_kind {
-        DeviceKind::Cuda => Backend::Nccl,
-        DeviceKind::Cpu => Backend::Mpi,
-    });
-    match (backend, device_kind) {
-        (Backend::Mpi, DeviceKind::Cuda) => {
-            return Err(Error::invalid("--backend", "mpi", "nccl with --device cuda (the mpi backend moves CPU tensors)"))
-        }
-        (Backend::Nccl, DeviceKind::Cpu) => {
-            return Err(Error::invalid("--backend", "nccl", "mpi with --device cpu (nccl moves CUDA tensors only)"))
-        }
-        _ => {}
-    }
+    let plan = Plan::new(cfg)?;
+    train_ddp(cfg, &cfg.train, &plan, start)
+}
 
+/// What is settled before the tutorial's code runs: the flags checked, the strategy with its
+/// options, the backend for the device.
+struct Plan {
+    wrap: WrapConfig,
+    backend: Backend,
+    device_kind: DeviceKind,
+}
+
+impl Plan {
+    /// # Errors
+    /// A bad flag, named; a backend that cannot move the device's tensors.
+    fn new(cfg: &Config) -> Result<Self> {
+        cfg.train.validate()?;
+        if cfg.width < 1 {
+            return Err(Error::invalid("--width", cfg.width, "at least 1 output feature for fc1"));
+        }
+        let wrap = cfg.wrap_config()?;
+        cfg.train.check_device()?; // before setup() asks the backend for it, so that the error names --device
+        let device_kind = cfg.train.device_kind();
+        let backend = cfg.backend.unwrap_or(match device_kind {
+            DeviceKind::Cuda => Backend::Nccl,
+            DeviceKind::Cpu => Backend::Mpi,
+        });
+        match (backend, device_kind) {
+            (Backend::Mpi, DeviceKind::Cuda) => {
+                Err(Error::invalid("--backend", "mpi", "nccl with --device cuda (the mpi backend moves CPU tensors)"))
+            }
+            (Backend::Nccl, DeviceKind::Cpu) => {
+                Err(Error::invalid("--backend", "nccl", "mpi with --device cpu (nccl moves CUDA tensors only)"))
+            }
+            _ => Ok(Plan { wrap, backend, device_kind }),
+        }
+    }
+}
+
+/// The tutorial's `train_ddp`: what a level-1 user writes is between the `user_code` anchors
+/// (the book's listing, the demo's line count); [`finish`] does what the harness adds between
+/// the last evaluation and `cleanup()`.
+fn train_ddp(cfg: &Config, args: &TrainArgs, plan: &Plan, start: Instant) -> Result<Report> {
     // ANCHOR: user_code
     // 1. setup(): the process group. Every rank runs this same code.
-    let pg = setup(backend, cfg.train.collective_timeout())?;
+    let pg = setup(plan.backend, args.collective_timeout())?;
     let (rank, world_size) = (pg.rank(), pg.world_size());
     let env = DistEnv::from_env()?;
-    let local_rank = env.local_rank;
-    let device = device_kind.resolve(local_rank)?;
+    let device = plan.device_kind.resolve(env.local_rank)?;
 
     // 2. The model, the same seed everywhere (DDP also broadcasts rank 0's weights).
-    tch::manual_seed(cfg.train.seed as i64);
-    let mnist = cfg.train.load_mnist()?;
-    cfg.train.check_batch_size(mnist.train.len(), world_size)?;
-    cfg.train.check_batch_memory(cfg.width, env.local_world_size, device)?; // fits in free memory
+    tch::manual_seed(args.seed as i64);
+    let mnist = args.load_mnist()?;
+    args.check_batch_size(mnist.train.len(), world_size)?;
+    args.check_batch_memory(cfg.width, env.local_world_size, device)?; // fits in free memory
     let (train, test) = (mnist.train.to_device(device), mnist.test.to_device(device));
     let vs = nn::VarStore::new(device);
     let net = BasicNet::new(&vs.root(), BasicNetConfig { width: cfg.width, ..Default::default() });
 
     // 3. Wrap it. DDP: broadcast from rank 0, gradient buckets. FSDP: FlatParameters, shards.
-    let mut model = WrappedModel::new(vs, net, pg, &wrap)?;
+    let mut model = WrappedModel::new(vs, net, pg, &plan.wrap)?;
     if cfg.explain && rank == 0 {
         println!("{}\n", model.explain());
     }
     // 4. The optimizer over the wrapped model's parameters (for FSDP: this rank's shards only).
-    let mut optimizer = model.optimizer(AdamWConfig { lr: cfg.train.lr, ..AdamWConfig::default() })?;
+    let mut optimizer = model.optimizer(AdamWConfig { lr: args.lr, ..AdamWConfig::default() })?;
 
     // 5. A DistributedSampler: each rank sees its own 1/W of every epoch.
-    let sampler = DistributedSampler::new(train.len(), world_size, rank, true, cfg.train.seed, false)?;
-    let mut loader = DataLoader::new(&train, cfg.train.batch_size, Box::new(sampler))?;
-    ladder_core::train::check_batch_counts(pg, loader.len())?; // every rank runs as many steps
+    let sampler =
+        DistributedSampler::new(train.len(), world_size, rank, DistributedSamplerOptions { seed: args.seed, ..Default::default() })?;
+    let mut loader = DataLoader::new(&train, args.batch_size, Box::new(sampler))?;
+    ladder_core::recipe::check_batch_counts(pg, loader.len())?; // every rank runs as many steps
 
     // 6. The loop: zero_grad → forward → backward + gradient all-reduce → step; after every
     //    epoch, test() — exact evaluation: disjoint slices, counts all-reduced.
-    let (mut steps, mut samples, mut train_s, mut train_loss) = (0usize, 0usize, 0.0f64, 0.0f64);
-    let (mut history, mut eval) = (Vec::new(), EvalSums::default());
-    // Step times and phases (communication apart), training-phase peak RSS: see ladder_core::timing.
-    let mut timer = StepTimer::start(device);
-    for epoch in 1..=cfg.train.epochs {
+    let (mut steps, mut train_loss, mut history, mut eval) = (0usize, 0.0, Vec::new(), EvalSums::default());
+    let mut timer = StepTimer::start(device); // step times by phase, communication apart
+    for epoch in 1..=args.epochs {
         loader.set_epoch(epoch as u64 - 1);
-        let t0 = Instant::now();
-        timer.resume(model.comm());
         let (mut loss_sum, mut n, mut stop) = (0.0, 0usize, false);
-        for (batch_idx, (images, labels)) in loader.iter().enumerate() {
-            timer.lap(Phase::Data, model.comm());
-            // Dropout masks: a function of (seed, rank, batch), different on every rank.
-            seed_batch(cfg.train.seed, rank, steps as u64);
+        for (batch_idx, (images, labels)) in timer.timed(loader.iter(), model.comm()).enumerate() {
+            // Where this rank is (for a collective timeout's report and ladder-run's summary), and
+            // dropout masks: a function of (seed, rank, batch), different on every rank.
+            progress::set_step(steps as u64 + 1);
+            seed_batch(args.seed, rank, steps as u64);
             optimizer.zero_grad();
             let loss = model.forward_t(&images, true)?.nll_loss(&labels);
             timer.lap(Phase::Forward, model.comm());
             model.backward(&loss)?;
             timer.lap(Phase::Backward, model.comm());
             let l = loss.double_value(&[]);
-            if !cfg.train.allow_non_finite {
+            if !args.allow_non_finite {
                 model.check_finite(steps as u64 + 1, l)?; // a NaN/inf stops every rank
             }
             optimizer.step();
-            timer.end_step(Phase::Optimizer, model.comm(), images.size()[0] as u64);
-            (loss_sum, n, steps, samples) = (loss_sum + l, n + 1, steps + 1, samples + images.size()[0] as usize);
-            if rank == 0 && cfg.train.log_interval > 0 && batch_idx % cfg.train.log_interval == 0 {
+            (loss_sum, n, steps) = (loss_sum + l, n + 1, steps + 1);
+            if rank == 0 && args.log_interval > 0 && batch_idx % args.log_interval == 0 {
                 println!(
                     "Train Epoch: {epoch} [{}/{} ({:.0}%)]\tLoss: {l:.6}\t(rank 0 of {world_size})",
-                    batch_idx * cfg.train.batch_size,
+                    batch_idx * args.batch_size,
                     loader.num_samples(),
                     100.0 * batch_idx as f64 / loader.len() as f64
                 );
             }
-            if cfg.train.max_steps.is_some_and(|m| steps >= m) {
+            if args.max_steps.is_some_and(|m| steps >= m) {
                 stop = true;
                 break;
             }
         }
-        (train_s, train_loss) = (train_s + t0.elapsed().as_secs_f64(), loss_sum / n.max(1) as f64);
+        train_loss = loss_sum / n.max(1) as f64;
         // 7. test(): every image once at any world size.
         eval = model.evaluate(&test, 1000)?;
         history.push(end_of_epoch(Some(pg), epoch, n, train_loss, &eval)?);
@@ -245,37 +266,70 @@ pub fn run(cfg: &Config) -> Result<Report> {
             break;
         }
     }
+    // ANCHOR_END: user_code
+    let report = finish(cfg, pg, &model, &timer, Trained { steps, train_loss, eval, history }, start)?;
+    // ANCHOR: user_code
+    // 8. cleanup()
+    cleanup(pg);
+    // ANCHOR_END: user_code
+    Ok(report)
+}
+
+/// What the tutorial's loop leaves for the report.
+struct Trained {
+    /// Optimizer steps this rank took.
+    steps: usize,
+    /// This rank's mean training loss over the last epoch.
+    train_loss: f64,
+    /// The last evaluation.
+    eval: EvalSums,
+    /// Every epoch's figures.
+    history: Vec<EpochFigures>,
+}
+
+/// What the harness adds after the last evaluation, before `cleanup()`: `--check-sync`,
+/// `--save-model`, and every rank's figures gathered into the report, which rank 0 writes to
+/// `--metrics-json`. Collective.
+///
+/// # Errors
+/// Parameters out of sync, an unwritable `--save-model` or `--metrics-json` (named), collective
+/// errors.
+fn finish(
+    cfg: &Config,
+    pg: &dyn ProcessGroup,
+    model: &WrappedModel,
+    timer: &StepTimer,
+    trained: Trained,
+    start: Instant,
+) -> Result<Report> {
     if cfg.check_sync {
         model.check_parameters_in_sync()?;
-        if rank == 0 {
-            println!("check-sync: parameters are bit-identical on all {world_size} ranks");
+        if pg.rank() == 0 {
+            println!("check-sync: parameters are bit-identical on all {} ranks", pg.world_size());
         }
     }
     if let Some(path) = &cfg.train.save_model {
         if let Some(weights) = model.full_state_dict()? {
-            ladder_core::train::save_weights(path, &weights)?;
+            ladder_core::recipe::save_weights(path, &weights)
+                .map_err(|e| e.named_by(&[(ladder_core::recipe::WEIGHTS_FILE, "--save-model")]))?;
         }
     }
-
-    // 8. Figures: every rank's own figures gathered to all.
+    // Every rank's own figures, gathered to all.
+    let timing = timer.finish();
     let local = LocalFigures {
-        samples: samples as u64,
-        train_s,
-        train_loss,
+        samples: timing.samples,
+        train_s: timer.loops_s(),
+        train_loss: trained.train_loss,
         comm_s: model.comm_seconds(),
         model_state: model.memory(),
-        timing: timer.finish(),
+        timing,
     };
-    let mut report = gather_report(pg, &local, &eval, steps as u64, cfg.strategy.name(), start.elapsed().as_secs_f64())?;
-    report.history = history;
-    if rank == 0 {
-        if let Some(path) = &cfg.train.metrics_json {
-            report.write_json(path).map_err(|e| Error::invalid("--metrics-json", path.display(), format!("a writable file ({e})")))?;
-        }
+    let wall_s = start.elapsed().as_secs_f64();
+    let mut report = gather_report(pg, &local, &trained.eval, trained.steps as u64, cfg.strategy.name(), wall_s)?;
+    report.history = trained.history;
+    if pg.rank() == 0 {
+        cfg.train.write_metrics_json(&report)?;
     }
     pg.barrier()?;
-    // 9. cleanup()
-    cleanup(pg);
-    // ANCHOR_END: user_code
     Ok(report)
 }

@@ -7,9 +7,9 @@ mod common;
 
 use ladder_core::data::Mnist;
 use ladder_core::dist::{init_process_group, Backend};
+use ladder_core::eval::{evaluate, evaluate_distributed};
 use ladder_core::metrics::Report;
 use ladder_core::model::{BasicNet, BasicNetConfig};
-use ladder_core::train::{evaluate, evaluate_distributed};
 use std::process::Command;
 use tch::{nn, Device};
 
@@ -215,14 +215,18 @@ fn bad_flags_are_clear_errors() {
 #[ignore = "rank body: the baseline, for baseline_and_level_1_are_one_computation"]
 fn baseline_body() {
     let out = std::env::var("LADDER_TEST_OUT").unwrap();
-    let args = ladder_core::train::TrainArgs {
-        max_steps: Some(25),
-        log_interval: 0,
-        device: Some(ladder_core::device::DeviceKind::Cpu),
-        save_model: Some(out.into()),
-        ..Default::default()
-    };
-    let report = ladder_core::train::run(&args).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("m.json");
+    // The baseline is its own binary; this rank runs it as a user would, in this rank's environment.
+    let baseline = std::path::Path::new(BIN).with_file_name("ladder-baseline");
+    assert!(baseline.is_file(), "{} is not built: cargo build --release --workspace --bins", baseline.display());
+    let status = Command::new(&baseline)
+        .args(["--device", "cpu", "--max-steps", "25", "--log-interval", "0", "--save-model", &out, "--metrics-json"])
+        .arg(&json)
+        .status()
+        .unwrap();
+    assert!(status.success(), "{} failed ({status})", baseline.display());
+    let report: Report = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     assert_eq!((report.history.len(), report.history[0].steps), (1, 25));
 }
 

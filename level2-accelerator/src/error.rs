@@ -19,36 +19,81 @@ pub enum Error {
     /// A config file could not be read (missing, a directory, no permission).
     #[error("config file {file}: cannot read it: {source}")]
     ConfigRead {
+        /// The file.
         file: PathBuf,
+        /// Why it cannot be read.
         #[source]
         source: std::io::Error,
     },
     /// A config file could not be written.
     #[error("config file {file}: cannot write it: {problem}")]
-    ConfigWrite { file: PathBuf, problem: String },
+    ConfigWrite {
+        /// The file.
+        file: PathBuf,
+        /// Why it cannot be written.
+        problem: String,
+    },
     /// A config file is not valid YAML / TOML / JSON, or holds a key or value that does not fit.
     #[error("config file {file}: malformed {format}: {problem}")]
-    ConfigParse { file: PathBuf, format: &'static str, problem: String },
+    ConfigParse {
+        /// The file.
+        file: PathBuf,
+        /// `YAML`, `TOML` or `JSON`.
+        format: &'static str,
+        /// The parser's message: the key, what is wrong, the line.
+        problem: String,
+    },
     /// A config file whose extension names no supported format.
     #[error("config file {file}: unsupported extension {extension:?}; expected .yaml, .yml, .toml or .json")]
-    ConfigFormat { file: PathBuf, extension: String },
+    ConfigFormat {
+        /// The file.
+        file: PathBuf,
+        /// Its extension (lower case; empty when it has none).
+        extension: String,
+    },
     /// One setting holds a value that cannot be used. `origin` says where it was given: an
     /// environment variable, a key of a config file, a builder field, or a flag.
     #[error("invalid value {value:?} for {setting} ({origin}): expected {expected}")]
-    InvalidSetting { setting: String, value: String, origin: String, expected: String },
+    InvalidSetting {
+        /// The setting (`mixed_precision`).
+        setting: String,
+        /// The value given, as text.
+        value: String,
+        /// Where it was given (`environment variable ACCELERATE_MIXED_PRECISION`).
+        origin: String,
+        /// What was expected.
+        expected: String,
+    },
     /// Two settings that cannot be used together, each with where it was given.
     #[error("{first} conflicts with {second}: {why}")]
-    Conflict { first: String, second: String, why: String },
+    Conflict {
+        /// The first setting, its value and where it was given.
+        first: String,
+        /// The second one.
+        second: String,
+        /// Why they cannot go together, and what to do.
+        why: String,
+    },
 
     // ---- the CLI ------------------------------------------------------------------------------
     /// A `ladder-accelerate` command that cannot be carried out as asked (e.g. `config` without
     /// a terminal and without `--default` or flags).
     #[error("{command}: {problem}")]
-    Cli { command: &'static str, problem: String },
+    Cli {
+        /// The subcommand (`config`).
+        command: &'static str,
+        /// What stands in the way.
+        problem: String,
+    },
 
     // ---- the Accelerator ----------------------------------------------------------------------
     /// An Accelerator method called out of order (e.g. `backward` before `prepare_model`, a
     /// second model).
     #[error("{op}: {problem}")]
-    Usage { op: &'static str, problem: String },
+    Usage {
+        /// The method (`backward`).
+        op: &'static str,
+        /// What is out of order.
+        problem: String,
+    },
 }

@@ -15,8 +15,9 @@ pub mod scaler;
 mod train;
 
 pub use accelerator::{
-    AcceleratedDataLoader, AcceleratedOptimizer, Accelerator, DistributedDataParallelKwargs, InitProcessGroupKwargs, PreparedModel,
+    AcceleratedDataLoader, AcceleratedOptimizer, Accelerator, DataLoaderOptions, DistributedDataParallelKwargs, InitProcessGroupKwargs,
+    PreparedModel,
 };
-pub use config::AcceleratorConfig;
+pub use config::{AcceleratorConfig, ResolvedConfig};
 pub use error::{Error, Result};
 pub use train::{run, Config};

@@ -2,15 +2,19 @@
 //! rank, no device, no setup/cleanup, no sampler, no wrapper in this code: the
 //! [`Accelerator`] reads them from the launcher and the config.
 
-use crate::config::AcceleratorConfig;
-use crate::{Accelerator, DistributedDataParallelKwargs, InitProcessGroupKwargs, Result};
+use crate::config::{AcceleratorConfig, ResolvedConfig, CONFIG_FILE_VAR, SETTINGS};
+use crate::{
+    AcceleratedDataLoader, Accelerator, DataLoaderOptions, DistributedDataParallelKwargs, InitProcessGroupKwargs, PreparedModel, Result,
+};
 use clap::Parser;
 use ladder_core::device::DeviceKind;
+use ladder_core::dist::ReduceOp;
+use ladder_core::eval::EvalSums;
 use ladder_core::metrics::{EpochFigures, LocalFigures, Report};
 use ladder_core::model::{BasicNet, BasicNetConfig};
 use ladder_core::optim::AdamWConfig;
 use ladder_core::parallel::{BackwardPrefetch, Precision, Strategy, StrategyOptions};
-use ladder_core::train::{EvalSums, TrainArgs};
+use ladder_core::recipe::TrainArgs;
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 use std::time::Instant;
@@ -24,10 +28,11 @@ use tch::{nn, Kind};
     name = "level2-accelerator",
     version,
     about = "Level 2: BasicNet on MNIST with an Accelerator — one single-device-looking loop on 1..N processes",
-    after_help = concat!("Launch: `target/release/level2-accelerator` (1 process), `target/release/ladder-accelerate launch --num-processes 2 target/release/level2-accelerator`, `target/release/ladder-run --nproc-per-node 2 target/release/level2-accelerator`, or `mpirun -n 2 target/release/level2-accelerator`.\n\n", "Environment:\n  RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT\n      this process's place in the job, as torchrun (and ladder-run) set them\n  OMPI_COMM_WORLD_RANK, OMPI_COMM_WORLD_SIZE, OMPI_COMM_WORLD_LOCAL_[RANK|SIZE]\n      the same under mpirun (they win; torchrun's must agree)\n  LADDER_SHUTDOWN_TIMEOUT_S\n      seconds a rank waits for the others at shutdown, then aborts the job [default: 30]\n  MNIST_DIR, MNIST_MIRRORS\n      see --data-dir and --mirror\n", "  ACCELERATE_MIXED_PRECISION, ACCELERATE_GRADIENT_ACCUMULATION_STEPS, ACCELERATE_USE_CPU,\n  ACCELERATE_USE_FSDP, FSDP_SHARDING_STRATEGY, FSDP_MIN_NUM_PARAMS, FSDP_BACKWARD_PREFETCH,\n  FSDP_FORWARD_PREFETCH, ACCELERATE_SPLIT_BATCHES, ACCELERATE_EVEN_BATCHES, ACCELERATE_SEED\n      the Accelerator's settings as `ladder-accelerate launch` exports them (below the\n      flags, above the config file)\n", "  ACCELERATE_CONFIG_FILE\n      the config file [default: the default config, if it exists]"),
+    after_help = after_help(),
     allow_negative_numbers = true
 )]
 pub struct Config {
+    /// Level 1's training flags (epochs, batch size, learning rate, data, device, …).
     #[command(flatten)]
     pub train: TrainArgs,
     /// How the model is replicated (sets use_fsdp and fsdp_sharding_strategy). Default: the
@@ -75,6 +80,35 @@ pub struct Config {
     pub check_sync: bool,
 }
 
+/// How to launch, and the environment: the rank variables (torchrun's, mpirun's), and every
+/// variable of the Accelerator's settings table ([`SETTINGS`]).
+fn after_help() -> String {
+    // The variables, comma-separated, in lines of at most 100 columns (clap's help width).
+    let mut lines: Vec<String> = vec![String::new()];
+    for (i, (_, var)) in SETTINGS.iter().enumerate() {
+        let item = if i + 1 < SETTINGS.len() { format!("{var},") } else { var.to_string() };
+        match lines.last_mut() {
+            Some(line) if line.is_empty() || 2 + line.len() + 1 + item.len() <= 100 => {
+                if !line.is_empty() {
+                    line.push(' ');
+                }
+                line.push_str(&item);
+            }
+            _ => lines.push(item),
+        }
+    }
+    let vars: Vec<String> = lines.iter().map(|l| format!("  {l}")).collect();
+    let vars = vars.join("\n");
+    format!(
+        "Launch: `target/release/level2-accelerator` (1 process), `target/release/ladder-accelerate launch --num-processes 2 \
+         target/release/level2-accelerator`, `target/release/ladder-run --nproc-per-node 2 target/release/level2-accelerator`, or \
+         `mpirun -n 2 target/release/level2-accelerator`.\n\n{}\n{vars}\n      the Accelerator's settings as `ladder-accelerate launch` exports them (below \
+         the\n      flags, above the config file)\n  {}\n      the config file [default: the default config, if it exists]",
+        ladder_core::cli::ENVIRONMENT_HELP,
+        CONFIG_FILE_VAR
+    )
+}
+
 /// Level 2's flag for each option [`Strategy::with_options`] names.
 const FLAG_NAMES: &[(&str, &str)] = &[
     ("bucket_cap_mb", "--bucket-cap-mb"),
@@ -104,6 +138,41 @@ impl Config {
             ..AcceleratorConfig::default()
         }
     }
+
+    /// Resolves the Accelerator's settings — these flags over the launcher's environment and
+    /// the config file — once, and checks the strategy flags against the strategy they resolve
+    /// to (the strategy may come from the launcher or the config file). Returns the settings
+    /// and DDP's keyword arguments.
+    ///
+    /// # Errors
+    /// Invalid settings (named with their source); a flag of the other strategy, named.
+    pub fn resolve(&self) -> Result<(ResolvedConfig, DistributedDataParallelKwargs)> {
+        let resolved = ResolvedConfig::resolve(&self.accelerator_config(), |k| std::env::var(k).ok())?;
+        let flags = StrategyOptions {
+            bucket_cap_mb: self.bucket_cap_mb,
+            min_num_params: self.fsdp_min_num_params,
+            backward_prefetch: self.fsdp_backward_prefetch,
+            forward_prefetch: self.fsdp_forward_prefetch,
+        };
+        let strategy = resolved.strategy().with_options(&flags).map_err(|e| match e.named_by(FLAG_NAMES) {
+            ladder_core::Error::OptionNotForStrategy { option, belongs_to, .. } => ladder_core::Error::OptionNotForStrategy {
+                option,
+                strategy: format!(
+                    "the resolved strategy {} (use_fsdp {}, {})",
+                    resolved.strategy().name(),
+                    resolved.use_fsdp,
+                    resolved.describe_source("use_fsdp")
+                ),
+                belongs_to,
+            },
+            other => other,
+        })?;
+        let kwargs = match strategy {
+            Strategy::Ddp(o) => o,
+            Strategy::Fsdp(_) => DistributedDataParallelKwargs::default(),
+        };
+        Ok((resolved, kwargs))
+    }
 }
 
 /// Trains and evaluates as configured; every process returns the same report.
@@ -116,39 +185,28 @@ pub fn run(cfg: &Config) -> Result<Report> {
     if cfg.width < 1 {
         return Err(ladder_core::Error::invalid("--width", cfg.width, "at least 1 output feature for fc1").into());
     }
-    if cfg.train.device == Some(DeviceKind::Cuda) {
-        DeviceKind::Cuda.resolve(0)?;
-    }
-    // The strategy may come from the launcher or the config file: check the flags against it.
-    let resolved = crate::config::ResolvedConfig::resolve(&cfg.accelerator_config(), |k| std::env::var(k).ok())?;
-    let flags = StrategyOptions {
-        bucket_cap_mb: cfg.bucket_cap_mb,
-        min_num_params: cfg.fsdp_min_num_params,
-        backward_prefetch: cfg.fsdp_backward_prefetch,
-        forward_prefetch: cfg.fsdp_forward_prefetch,
-    };
-    let strategy = resolved.strategy().with_options(&flags).map_err(|e| match e.named_by(FLAG_NAMES) {
-        ladder_core::Error::OptionNotForStrategy { option, belongs_to, .. } => ladder_core::Error::OptionNotForStrategy {
-            option,
-            strategy: format!(
-                "the resolved strategy {} (use_fsdp {}, {})",
-                resolved.strategy().name(),
-                resolved.use_fsdp,
-                resolved.describe_source("use_fsdp")
-            ),
-            belongs_to,
-        },
-        other => other,
-    })?;
-    let kwargs = match strategy {
-        Strategy::Ddp(o) => o,
-        Strategy::Fsdp(_) => DistributedDataParallelKwargs::default(),
-    };
-    let args = &cfg.train;
+    cfg.train.check_device()?;
+    let (settings, kwargs) = cfg.resolve()?;
+    let trained = train(cfg, settings, kwargs)?;
+    finish(cfg, trained, start)
+}
 
+/// What the tutorial's loop leaves for the report.
+struct Trained {
+    accelerator: Accelerator,
+    model: PreparedModel,
+    history: Vec<EpochFigures>,
+    eval: EvalSums,
+    samples: usize,
+    train_s: f64,
+}
+
+/// The tutorial's loop: what a level-2 user writes.
+fn train(cfg: &Config, settings: ResolvedConfig, kwargs: DistributedDataParallelKwargs) -> Result<Trained> {
+    let args = &cfg.train;
     // ANCHOR: user_code
     let init = InitProcessGroupKwargs { timeout: Some(args.collective_timeout()) };
-    let accelerator = Accelerator::with_kwargs_handlers(cfg.accelerator_config(), kwargs, init)?;
+    let accelerator = Accelerator::with_resolved(settings, kwargs, init)?;
     accelerator.set_seed(args.seed);
     accelerator.set_check_finite(!args.allow_non_finite);
     let mnist = accelerator.main_process_first(|| args.load_mnist())??;
@@ -159,8 +217,9 @@ pub fn run(cfg: &Config) -> Result<Report> {
     let net = BasicNet::new(&vs.root(), BasicNetConfig { width: cfg.width, ..Default::default() });
     let model = accelerator.prepare_model(vs, net)?;
     let mut optimizer = accelerator.prepare_optimizer(&model, AdamWConfig { lr: args.lr, ..Default::default() })?;
-    let train_loader = accelerator.prepare_data_loader(&mnist.train, args.batch_size, true)?;
-    let test_loader = accelerator.prepare_data_loader(&mnist.test, 1000, false)?;
+    let train_loader = accelerator
+        .prepare_data_loader(&mnist.train, DataLoaderOptions { batch_size: args.batch_size, shuffle: true, ..Default::default() })?;
+    let test_loader = accelerator.prepare_data_loader(&mnist.test, DataLoaderOptions { batch_size: 1000, ..Default::default() })?;
 
     let mut first_epoch = 1;
     if let Some(dir) = &cfg.resume_from {
@@ -203,18 +262,8 @@ pub fn run(cfg: &Config) -> Result<Report> {
             accelerator.save_state(dir)?;
         }
 
-        // Evaluation: every process takes a share; gather_for_metrics drops the padding.
-        eval = EvalSums::default();
-        for (images, labels) in test_loader.iter() {
-            let output = tch::no_grad(|| model.forward_t(&images, false))?;
-            let losses = output.nll_loss_nd::<tch::Tensor>(&labels, None, tch::Reduction::None, -100);
-            let correct = output.argmax(-1, false).eq_tensor(&labels);
-            let (losses, correct) = (accelerator.gather_for_metrics(&losses)?, accelerator.gather_for_metrics(&correct)?);
-            eval.loss_sum += losses.to_kind(Kind::Double).sum(Kind::Double).double_value(&[]);
-            eval.correct += correct.sum(Kind::Int64).int64_value(&[]);
-            eval.count += losses.size()[0];
-        }
-        let train_loss = accelerator.reduce(&tch::Tensor::from(loss_sum / n.max(1) as f64), "mean")?.double_value(&[]);
+        eval = evaluate(&accelerator, &model, &test_loader)?;
+        let train_loss = accelerator.reduce(&tch::Tensor::from(loss_sum / n.max(1) as f64), ReduceOp::Avg)?.double_value(&[]);
         let figures = EpochFigures {
             epoch,
             steps: n,
@@ -230,10 +279,35 @@ pub fn run(cfg: &Config) -> Result<Report> {
         }
     }
     // ANCHOR_END: user_code
+    Ok(Trained { accelerator, model, history, eval, samples, train_s })
+}
 
+// ANCHOR: user_code
+/// Evaluation: every process takes a share; gather_for_metrics drops the padding.
+fn evaluate(accelerator: &Accelerator, model: &PreparedModel, test_loader: &AcceleratedDataLoader) -> Result<EvalSums> {
+    let mut eval = EvalSums::default();
+    for (images, labels) in test_loader.iter() {
+        let output = tch::no_grad(|| model.forward_t(&images, false))?;
+        let losses = output.nll_loss_nd::<tch::Tensor>(&labels, None, tch::Reduction::None, -100);
+        let correct = output.argmax(-1, false).eq_tensor(&labels);
+        let (losses, correct) = (accelerator.gather_for_metrics(&losses)?, accelerator.gather_for_metrics(&correct)?);
+        eval.loss_sum += losses.to_kind(Kind::Double).sum(Kind::Double).double_value(&[]);
+        eval.correct += correct.sum(Kind::Int64).int64_value(&[]);
+        eval.count += losses.size()[0];
+    }
+    Ok(eval)
+}
+// ANCHOR_END: user_code
+
+/// After the loop: the saved weights, the sync check, the report (gathered from every
+/// process, written by the main one), the end of training.
+fn finish(cfg: &Config, trained: Trained, start: Instant) -> Result<Report> {
+    let Trained { accelerator, model, history, eval, samples, train_s } = trained;
+    let args = &cfg.train;
     if let Some(path) = &args.save_model {
         if let Some(weights) = accelerator.get_state_dict()? {
-            ladder_core::train::save_weights(path, &weights)?;
+            ladder_core::recipe::save_weights(path, &weights)
+                .map_err(|e| e.named_by(&[(ladder_core::recipe::WEIGHTS_FILE, "--save-model")]))?;
         }
     }
     if cfg.check_sync {
@@ -252,11 +326,7 @@ pub fn run(cfg: &Config) -> Result<Report> {
     let mut report = accelerator.gather_report(&local, &eval, start.elapsed().as_secs_f64())?;
     report.history = history;
     if accelerator.is_main_process() {
-        if let Some(path) = &args.metrics_json {
-            report
-                .write_json(path)
-                .map_err(|e| ladder_core::Error::invalid("--metrics-json", path.display(), format!("a writable file ({e})")))?;
-        }
+        args.write_metrics_json(&report)?;
     }
     accelerator.wait_for_everyone()?;
     accelerator.end_training();

@@ -11,7 +11,7 @@ use ladder_core::dist::{self, Backend};
 use ladder_core::model::{BasicNet, BasicNetConfig};
 use ladder_core::optim::AdamWConfig;
 use level2_accelerator::config::{AcceleratorConfig, ShardingStrategy};
-use level2_accelerator::{Accelerator, DistributedDataParallelKwargs};
+use level2_accelerator::{Accelerator, DataLoaderOptions, DistributedDataParallelKwargs};
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -50,7 +50,7 @@ fn gradients_per_step(pg: &'static dyn dist::ProcessGroup, data: &Dataset, b: us
     let net = BasicNet::new(&vs.root(), BasicNetConfig { dropout: false, ..Default::default() });
     let model = acc.prepare_model(vs, net).unwrap();
     let mut opt = acc.prepare_optimizer(&model, AdamWConfig::default()).unwrap();
-    let loader = acc.prepare_data_loader(data, b, false).unwrap();
+    let loader = acc.prepare_data_loader(data, DataLoaderOptions { batch_size: b, ..Default::default() }).unwrap();
     let mut steps = Vec::new();
     let mut micro = 0;
     for (x, y) in loader.iter() {
@@ -108,7 +108,7 @@ fn gather_body() {
     let w = pg.world_size() as i64;
     for (b, shuffle, drop_last) in [(1000, false, false), (333, false, false), (64, true, false), (7, false, false), (64, false, true)] {
         let acc = Accelerator::with_group(config(1, false), DistributedDataParallelKwargs::default(), pg).unwrap();
-        let loader = acc.prepare_data_loader(&data, b, shuffle).unwrap().drop_last(drop_last);
+        let loader = acc.prepare_data_loader(&data, DataLoaderOptions { batch_size: b, shuffle, drop_last }).unwrap();
         let mut seen: Vec<i64> = Vec::new();
         for (x, _) in loader.iter() {
             let ids = x.select(1, 0).select(1, 0).select(1, 0).to_kind(Kind::Int64);
@@ -148,7 +148,7 @@ fn overflow_body() {
     let model = acc.prepare_model(vs, net).unwrap();
     let mut opt = acc.prepare_optimizer(&model, AdamWConfig::default()).unwrap();
     let data = indexed_dataset(16 * pg.world_size() as i64);
-    let loader = acc.prepare_data_loader(&data, 8, true).unwrap();
+    let loader = acc.prepare_data_loader(&data, DataLoaderOptions { batch_size: 8, shuffle: true, ..Default::default() }).unwrap();
     let before = acc.get_state_dict().unwrap();
     // Rank 0 alone overflows (its scaled loss is inf); every rank must skip the step.
     let scale = if pg.rank() == 0 { 1e39 } else { 1024.0 };
@@ -195,12 +195,13 @@ fn split_batches_body() {
     let cfg = AcceleratorConfig { split_batches: Some(true), ..config(1, false) };
     let acc = Accelerator::with_group(cfg, DistributedDataParallelKwargs::default(), pg).unwrap();
     let data = indexed_dataset(30);
-    let err = acc.prepare_data_loader(&data, 64, true).unwrap_err().to_string();
+    let err =
+        acc.prepare_data_loader(&data, DataLoaderOptions { batch_size: 64, shuffle: true, ..Default::default() }).unwrap_err().to_string();
     assert_eq!(
         err,
         "split_batches=true (set by the program) conflicts with batch_size 64: the global batch of 64 cannot be split evenly between 3 processes; use a multiple of 3"
     );
-    let loader = acc.prepare_data_loader(&data, 6, true).unwrap();
+    let loader = acc.prepare_data_loader(&data, DataLoaderOptions { batch_size: 6, shuffle: true, ..Default::default() }).unwrap();
     assert_eq!((loader.batch_size(), loader.len()), (2, 5));
     pg.shutdown();
 }

@@ -29,10 +29,11 @@ pub use trainer::{
 
 use clap::{CommandFactory, FromArgMatches, Parser};
 use ladder_core::device::DeviceKind;
+use ladder_core::eval::EvalSums;
 use ladder_core::metrics::{LocalFigures, Report};
 use ladder_core::model::{BasicNet, BasicNetConfig};
 use ladder_core::parallel::{BackwardPrefetch, Precision, Strategy};
-use ladder_core::train::{EvalSums, TrainArgs};
+use ladder_core::recipe::TrainArgs;
 use std::collections::BTreeSet;
 use std::path::PathBuf;
 use std::time::Instant;
@@ -45,7 +46,7 @@ use tch::{nn, Device, Kind, Tensor};
     name = "level3-trainer",
     version,
     about = "Level 3: BasicNet on MNIST with a Trainer and TrainingArguments (as 🤗 Transformers) — no training loop in user code",
-    after_help = concat!("Launch: `target/release/level3-trainer` (1 process), `target/release/ladder-run --nproc-per-node 2 target/release/level3-trainer`, or `mpirun -n 2 target/release/level3-trainer`.\n\nBy default the recipe shared by the three levels is passed explicitly: the defaults above, plus weight_decay 0.01, a constant schedule, no warmup, no clipping and evaluation each epoch; --transformers-defaults uses Transformers' own instead. Precedence: recipe or Transformers defaults < --args-file < flags given.\n\n", "Environment:\n  RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT\n      this process's place in the job, as torchrun (and ladder-run) set them\n  OMPI_COMM_WORLD_RANK, OMPI_COMM_WORLD_SIZE, OMPI_COMM_WORLD_LOCAL_[RANK|SIZE]\n      the same under mpirun (they win; torchrun's must agree)\n  LADDER_SHUTDOWN_TIMEOUT_S\n      seconds a rank waits for the others at shutdown, then aborts the job [default: 30]\n  MNIST_DIR, MNIST_MIRRORS\n      see --data-dir and --mirror\n", "  ACCELERATE_*\n      ignored: TrainingArguments set every Accelerator setting explicitly"),
+    after_help = format!(concat!("Launch: `target/release/level3-trainer` (1 process), `target/release/ladder-run --nproc-per-node 2 target/release/level3-trainer`, or `mpirun -n 2 target/release/level3-trainer`.\n\nBy default the recipe shared by the three levels is passed explicitly: the defaults above, plus weight_decay 0.01, a constant schedule, no warmup, no clipping and evaluation each epoch; --transformers-defaults uses Transformers' own instead. Precedence: recipe or Transformers defaults < --args-file < flags given.\n\n{}\n", "  ACCELERATE_*\n      ignored: TrainingArguments set every Accelerator setting explicitly"), ladder_core::cli::ENVIRONMENT_HELP),
     allow_negative_numbers = true
 )]
 pub struct Config {
@@ -296,7 +297,8 @@ pub fn run(cfg: &Config) -> Result<Report> {
     // ANCHOR_END: user_code
     if let Some(path) = &cfg.train.save_model {
         if let Some(weights) = trainer.accelerator().get_state_dict()? {
-            ladder_core::train::save_weights(path, &weights)?;
+            ladder_core::recipe::save_weights(path, &weights)
+                .map_err(|e| e.named_by(&[(ladder_core::recipe::WEIGHTS_FILE, "--save-model")]))?;
         }
     }
 
@@ -327,11 +329,7 @@ pub fn run(cfg: &Config) -> Result<Report> {
     report.steps = out.global_step;
     report.extra.insert("output_dir".into(), trainer.args().output_dir.display().to_string().into());
     if trainer.is_world_process_zero() {
-        if let Some(path) = &cfg.train.metrics_json {
-            report
-                .write_json(path)
-                .map_err(|e| ladder_core::Error::invalid("--metrics-json", path.display(), format!("a writable file ({e})")))?;
-        }
+        cfg.train.write_metrics_json(&report)?;
     }
     trainer.accelerator().wait_for_everyone()?;
     Ok(report)

@@ -390,7 +390,7 @@ print(json.dumps({{"loss": F.nll_loss(out, y).item(), "accuracy": (out.argmax(1)
     let net = BasicNet::new(&vs.root(), BasicNetConfig::default());
     let mut vs = vs;
     vs.load(out.join("checkpoint-8/model.safetensors")).unwrap();
-    let sums = ladder_core::train::evaluate(&net, &mnist.test.slice(0..EVAL_N), 100);
+    let sums = ladder_core::eval::evaluate(&net, &mnist.test.slice(0..EVAL_N), 100);
     assert_eq!((acc * EVAL_N as f64).round() as i64, sums.correct, "PyTorch accuracy {acc} vs Rust {}", sums.accuracy());
 }
 

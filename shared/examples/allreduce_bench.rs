@@ -4,7 +4,7 @@
 //!
 //! For each message size (4 KiB … 64 MiB, ×4): warm-up, then alternating timed rounds of
 //! `ProcessGroup::all_reduce(Sum)` on an f32 tensor (in place, with its cross-rank numel/dtype
-//! check on every call), `ProcessGroup::all_reduce_prechecked(Sum)` (the same without the
+//! check on every call), `Collective::all_reduce(.., Sum).prechecked()` (the same without the
 //! per-call check: the path DDP's buckets take, their layout checked once when DDP is built)
 //! and rsmpi's `all_reduce_into` on a `Vec<f32>`; the median of each is reported. Below 1 MiB a
 //! timed sample is several calls back to back (up to 32), divided by their number, so that how
@@ -12,7 +12,7 @@
 //! busbw = algbw × 2(n−1)/n, as nccl-tests reports it; algbw = bytes / time.
 
 use ladder_core::dist::mpi::MpiGroup;
-use ladder_core::dist::{DistEnv, ProcessGroup, ReduceOp};
+use ladder_core::dist::{Collective, DistEnv, ProcessGroup, ReduceOp};
 use mpi::collective::SystemOperation;
 use mpi::traits::*;
 use std::time::Instant;
@@ -59,7 +59,7 @@ fn main() -> ladder_core::Result<()> {
             pg.barrier()?;
             let t0 = Instant::now();
             for _ in 0..reps {
-                pg.all_reduce_prechecked(&mut t, ReduceOp::Sum)?;
+                pg.run(Collective::all_reduce(&mut t, ReduceOp::Sum).prechecked())?;
             }
             let p = t0.elapsed().as_secs_f64() / reps as f64;
             let (got, want) = (t.double_value(&[0]), n.powi(reps as i32)); // each call multiplies by n

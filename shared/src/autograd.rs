@@ -1,26 +1,12 @@
 //! Backward from a tensor with a given gradient, which tch cannot express (its `run_backward`
 //! takes no `grad_outputs`): `y.backward(g)` and `torch.autograd.grad(y, inputs, g)`, through
-//! src/autograd_shim.cpp. DDP's overlapped backward and FSDP's backward run the model segment by
-//! segment with them; before, each segment started from the root `(y * g).sum()`, whose gradient
+//! src/ffi/autograd_shim.cpp. DDP's overlapped backward and FSDP's backward run the model segment
+//! by segment with them; before, each segment started from the root `(y * g).sum()`, whose gradient
 //! with respect to `y` is `g` exactly but which costs two passes over `y` forward and two more
 //! backward (~2 ms per BasicNet step at batch 64 on one core).
 
 use crate::error::Result;
-use std::ffi::{c_char, c_int, c_void};
 use tch::Tensor;
-
-extern "C" {
-    fn ladder_backward_with_grad(y: *const c_void, g: *const c_void, err: *mut c_char, errlen: usize) -> c_int;
-    fn ladder_autograd_grad(
-        y: *const c_void,
-        g: *const c_void,
-        inputs: *const *const c_void,
-        n: usize,
-        results: *const *mut c_void,
-        err: *mut c_char,
-        errlen: usize,
-    ) -> c_int;
-}
 
 /// `torch.autograd.backward([y], [g])` (= `y.backward(g)`): accumulates d(y·g)/d(leaf) — the
 /// vector-Jacobian product with `g`, which has `y`'s shape and dtype — into the `.grad` of every
@@ -30,9 +16,7 @@ extern "C" {
 /// [`crate::Error::Torch`] with libtorch's message: `g` of another shape or dtype than `y`
 /// (checked as Python's autograd checks it), a graph already freed, `y` not requiring grad.
 pub fn backward_with_grad(y: &Tensor, g: &Tensor) -> Result<()> {
-    // SAFETY: live tensor handles; the shim only reads them and writes `err`.
-    crate::shim::call(|err, len| unsafe { ladder_backward_with_grad(y.as_ptr().cast(), g.as_ptr().cast(), err, len) })
-        .map_err(|msg| tch::TchError::Torch(msg).into())
+    crate::ffi::autograd::backward_with_grad(y, g).map_err(|msg| tch::TchError::Torch(msg).into())
 }
 
 /// `torch.autograd.grad([y], inputs, grad_outputs=[g], retain_graph=False, allow_unused=True)`:
@@ -43,14 +27,7 @@ pub fn backward_with_grad(y: &Tensor, g: &Tensor) -> Result<()> {
 /// As [`backward_with_grad`].
 pub fn grad(y: &Tensor, g: &Tensor, inputs: &[Tensor]) -> Result<Vec<Tensor>> {
     let mut results: Vec<Tensor> = inputs.iter().map(|_| Tensor::new()).collect();
-    let ins: Vec<*const c_void> = inputs.iter().map(|t| t.as_ptr().cast()).collect();
-    let outs: Vec<*mut c_void> = results.iter_mut().map(|t| t.as_mut_ptr().cast()).collect();
-    // SAFETY: live tensor handles; the shim assigns each result handle's tensor (tch keeps
-    // owning the handles) and writes `err`.
-    crate::shim::call(|err, len| unsafe {
-        ladder_autograd_grad(y.as_ptr().cast(), g.as_ptr().cast(), ins.as_ptr(), ins.len(), outs.as_ptr(), err, len)
-    })
-    .map_err(tch::TchError::Torch)?;
+    crate::ffi::autograd::grad(y, g, inputs, &mut results).map_err(tch::TchError::Torch)?;
     Ok(results)
 }
 

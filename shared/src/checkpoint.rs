@@ -18,7 +18,7 @@
 //!
 //! Dropout and shuffling resume bit-identically without saving any generator state: the
 //! shuffle is a function of (seed, epoch) and every batch's dropout masks of (seed, rank, batch
-//! index) (see [`crate::train::seed_batch`]), so the position in [`TrainingState`] is enough.
+//! index) (see [`crate::recipe::seed_batch`]), so the position in [`TrainingState`] is enough.
 
 use crate::{Error, Result};
 use serde::{Deserialize, Serialize};

@@ -6,6 +6,13 @@ use clap::ValueEnum;
 use std::ffi::OsStr;
 use std::marker::PhantomData;
 
+/// The `Environment:` section of the `--help` of every training binary that joins a process
+/// group (levels 1, 2 and 3): the torchrun and mpirun variables that place the process in the
+/// job ([`crate::dist::DistEnv`]), the shutdown timeout, and the data variables of
+/// [`TrainArgs`](crate::recipe::TrainArgs). A binary puts it in its `after_help` and may add its
+/// own variables after it, one per line, indented as these.
+pub const ENVIRONMENT_HELP: &str = "Environment:\n  RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT\n      this process's place in the job, as torchrun (and ladder-run) set them\n  OMPI_COMM_WORLD_RANK, OMPI_COMM_WORLD_SIZE, OMPI_COMM_WORLD_LOCAL_[RANK|SIZE]\n      the same under mpirun (they win; torchrun's must agree)\n  LADDER_SHUTDOWN_TIMEOUT_S\n      seconds a rank waits for the others at shutdown, then aborts the job [default: 30]\n  MNIST_DIR, MNIST_MIRRORS\n      see --data-dir and --mirror";
+
 /// clap value parser for a [`ValueEnum`] flag: a wrong value is answered with the list of
 /// possible values, without clap's "a similar value exists" tip. That tip goes by spelling
 /// alone, so it misleads on short names: `--strategy fsdp` would suggest `fsdp-no-shard` and

@@ -29,23 +29,19 @@ impl DeviceKind {
     /// The tch device for this rank: CUDA device `local_rank` (modulo the device count).
     ///
     /// # Errors
-    /// [`Error::CudaUnavailable`] when `cuda` is asked for and libtorch sees no GPU.
+    /// [`Error::CudaUnavailable`] when `cuda` is asked for and libtorch sees no GPU; it names the
+    /// choice `device` (a level renames it to its flag with [`Error::named_by`]).
     pub fn resolve(self, local_rank: usize) -> Result<Device> {
         match self {
             DeviceKind::Cpu => Ok(Device::Cpu),
             DeviceKind::Cuda => {
-                if let Err(why) = nvidia_driver() {
-                    return Err(Error::CudaUnavailable { requested: "--device cuda".into(), why: format!("{why}; use --device cpu") });
-                }
-                if let Err(why) = load_cuda() {
-                    return Err(Error::CudaUnavailable { requested: "--device cuda".into(), why });
-                }
+                let unavailable = |why: String| Error::CudaUnavailable { option: "device".into(), why, suggest_cpu: true };
+                nvidia_driver().map_err(unavailable)?;
+                // A libtorch built without CUDA: the CPU is not advice, it is all there is.
+                load_cuda().map_err(|why| Error::CudaUnavailable { option: "device".into(), why, suggest_cpu: false })?;
                 let n = tch::Cuda::device_count();
                 if n <= 0 {
-                    return Err(Error::CudaUnavailable {
-                        requested: "--device cuda".into(),
-                        why: "libtorch reports 0 CUDA devices; use --device cpu".into(),
-                    });
+                    return Err(unavailable("libtorch reports 0 CUDA devices".into()));
                 }
                 Ok(Device::Cuda(local_rank % n as usize))
             }
@@ -205,7 +201,7 @@ mod tests {
         assert_eq!(DeviceKind::Cpu.resolve(3).unwrap(), Device::Cpu);
         if nvidia_driver().is_ok() && !tch::Cuda::is_available() {
             let err = DeviceKind::Cuda.resolve(0).unwrap_err().to_string();
-            assert_eq!(err, "device --device cuda requested but CUDA is not available (libtorch reports 0 CUDA devices; use --device cpu)");
+            assert_eq!(err, "device cuda requested but CUDA is not available (libtorch reports 0 CUDA devices; use device cpu)");
         }
     }
 
@@ -227,10 +223,16 @@ mod tests {
         }
         assert_eq!(DeviceKind::default_for_machine(), DeviceKind::Cpu);
         assert!(!cuda_available());
-        let err = DeviceKind::Cuda.resolve(0).unwrap_err().to_string();
+        let err = DeviceKind::Cuda.resolve(0).unwrap_err();
         assert_eq!(
-            err,
-            "device --device cuda requested but CUDA is not available (no NVIDIA driver on this machine \
+            err.to_string(),
+            "device cuda requested but CUDA is not available (no NVIDIA driver on this machine \
+             (/proc/driver/nvidia is absent and libcuda.so.1 does not load); use device cpu)"
+        );
+        // A level names its own flag.
+        assert_eq!(
+            err.named_by(&[("device", "--device")]).to_string(),
+            "--device cuda requested but CUDA is not available (no NVIDIA driver on this machine \
              (/proc/driver/nvidia is absent and libcuda.so.1 does not load); use --device cpu)"
         );
         let maps = std::fs::read_to_string("/proc/self/maps").unwrap();

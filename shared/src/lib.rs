@@ -1,8 +1,9 @@
 //! `ladder-core`: everything the three levels of ddp-ladder share.
 //!
-//! Data flows one way: [`data`] → [`model`] → a level's loop ([`train`] holds the shared
-//! pieces) → [`dist`] (through [`parallel`]'s DDP and FSDP) → [`metrics`]. Nothing here depends on a
-//! level crate.
+//! Data flows one way: [`data`] → [`model`] → a level's loop ([`recipe`] holds the shared
+//! training recipe, [`eval`] the exact evaluation) → [`dist`] (through [`parallel`]'s DDP and
+//! FSDP) → [`metrics`]. Nothing here depends on a level crate. The single-process baseline is
+//! the `ladder-baseline` binary (`src/bin/`).
 
 pub mod atomic;
 pub mod autograd;
@@ -12,15 +13,16 @@ pub mod data;
 pub mod device;
 pub mod dist;
 pub mod error;
+pub mod eval;
+mod ffi;
 pub mod launch;
 pub mod memory;
 pub mod metrics;
 pub mod model;
 pub mod optim;
 pub mod parallel;
-mod shim;
+pub mod recipe;
 pub(crate) mod sys;
 pub mod timing;
-pub mod train;
 
 pub use error::{Error, Result};

@@ -48,7 +48,7 @@ pub fn mib(bytes: u64) -> f64 {
 /// Bytes one training step of [`BasicNet`](crate::model::BasicNet) needs per sample for its
 /// activations and their gradients, with fc1 `width` (the tutorial's 128), all f32: an
 /// upper-ish estimate derived from the layer shapes, so that a batch that cannot fit is refused
-/// before it is allocated ([`crate::train::check_batch_memory`]).
+/// before it is allocated ([`crate::recipe::check_batch_memory`]).
 ///
 /// Per sample, in f32 elements (4 bytes), every tensor the training forward creates — those
 /// autograd keeps for backward and those freed at once alike, so it bounds what is alive when

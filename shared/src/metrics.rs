@@ -139,7 +139,7 @@ pub struct LocalFigures {
 pub fn gather_report(
     pg: &dyn crate::dist::ProcessGroup,
     local: &LocalFigures,
-    eval: &crate::train::EvalSums,
+    eval: &crate::eval::EvalSums,
     steps: u64,
     strategy: &str,
     wall_s: f64,

@@ -1,7 +1,6 @@
 //! `BasicNet`, the network of PyTorch's MNIST example, and the `Model` view of a network that
 //! DDP and FSDP need: parameters in a fixed, named order.
 
-use std::ffi::{c_char, c_int, c_void};
 use tch::nn::{self, ModuleT};
 use tch::Tensor;
 
@@ -113,7 +112,7 @@ impl Model for BasicNet {
 ///
 /// Why: libtorch's CPU max-pool over a contiguous NCHW tensor is a scalar loop (BasicNet's conv2
 /// output, 64 × 64 × 24 × 24 at batch 64: ~10 ms of a ~50 ms step on one core). Here it is an
-/// autograd function of src/model_shim.cpp: the forward finds each window's maximum in one pass
+/// autograd function of src/ffi/model_shim.cpp: the forward finds each window's maximum in one pass
 /// the compiler vectorises (the first maximum, or the last NaN, compared as libtorch's kernel
 /// compares) and saves a 1-byte code per window (libtorch saves an 8-byte index); the backward
 /// writes the input gradient in one pass (each window's gradient to its maximum, 0 elsewhere).
@@ -128,18 +127,8 @@ pub fn max_pool2d_2x2(x: &Tensor) -> Tensor {
         return x.max_pool2d_default(2);
     }
     let mut out = Tensor::empty([0], (x.kind(), tch::Device::Cpu));
-    // SAFETY: both are live tensor handles; the shim checks x's layout and replaces `out`'s
-    // tensor by assignment (tch keeps owning the handle).
-    crate::shim::call(|err, len| unsafe { ladder_max_pool_2x2(x.as_ptr().cast(), out.as_mut_ptr().cast(), err, len) })
-        .unwrap_or_else(|msg| panic!("max_pool2d_2x2 of a {:?} tensor {size:?}: {msg}", x.kind()));
+    crate::ffi::model::max_pool_2x2(x, &mut out).unwrap_or_else(|msg| panic!("max_pool2d_2x2 of a {:?} tensor {size:?}: {msg}", x.kind()));
     out
-}
-
-extern "C" {
-    /// `model_shim.cpp`: fills a contiguous CPU tensor with dropout's noise (0 or 1/(1 − p)).
-    fn ladder_dropout_noise(noise: *mut c_void, p: f64, err: *mut c_char, errlen: usize) -> c_int;
-    /// `model_shim.cpp`: differentiable `max_pool2d(x, 2)` of an NCHW tensor, stored into `out`.
-    fn ladder_max_pool_2x2(x: *const c_void, out: *mut c_void, err: *mut c_char, errlen: usize) -> c_int;
 }
 
 /// `dropout(xs, p, train)`: in train mode each element of `xs` (any shape, a floating dtype) is
@@ -152,9 +141,9 @@ extern "C" {
 /// a serial loop — ~10% of a bf16 BasicNet step, for the 9,216 × batch mask after the
 /// convolutions (perf). Here the noise is filled in one parallel pass from a counter-based
 /// generator (SplitMix64 words keyed by one draw from libtorch's default CPU generator, see
-/// src/model_shim.cpp): 32 random bits per element, so the keep probability is 1 − p rounded
+/// src/ffi/model_shim.cpp): 32 random bits per element, so the keep probability is 1 − p rounded
 /// to 2^-32 (exact for BasicNet's 0.25 and 0.5). The masks are a function of the generator's
-/// state, which [`crate::train::seed_batch`] sets before each batch, and do not depend on the
+/// state, which [`crate::recipe::seed_batch`] sets before each batch, and do not depend on the
 /// number of threads. They differ from the masks PyTorch would draw for the same seed (neither
 /// library promises its masks across versions). On other devices libtorch's fused dropout runs.
 ///
@@ -167,10 +156,7 @@ pub fn dropout(xs: &Tensor, p: f64, train: bool) -> Tensor {
         return xs.dropout(p, train);
     }
     let mut noise = Tensor::empty(xs.size(), (xs.kind(), tch::Device::Cpu));
-    // SAFETY: `noise` is a live tensor handle; the shim checks it is contiguous, on the CPU and
-    // of a floating dtype before writing its elements.
-    crate::shim::call(|err, len| unsafe { ladder_dropout_noise(noise.as_mut_ptr().cast(), p, err, len) })
-        .unwrap_or_else(|msg| panic!("dropout on a {:?} tensor: {msg}", xs.kind()));
+    crate::ffi::model::dropout_noise(&mut noise, p).unwrap_or_else(|msg| panic!("dropout on a {:?} tensor: {msg}", xs.kind()));
     xs * noise
 }
 

@@ -4,7 +4,7 @@
 //! Rust, so a run that used it cannot be checkpointed and resumed exactly. This AdamW holds its
 //! moments as tensors we own and steps through libtorch's fused kernel, `at::_fused_adamw_` —
 //! what `torch.optim.AdamW(fused=True)` runs, on CPU and CUDA — through a short C++ shim
-//! (`optim_shim.cpp`; tch has no binding for in-place ops over tensor lists). Per element, with
+//! (`ffi/optim_shim.cpp`; tch has no binding for in-place ops over tensor lists). Per element, with
 //! `t` the parameter's step count after this step:
 //!
 //! ```text
@@ -27,28 +27,7 @@
 
 use crate::{Error, Result};
 use serde::{Deserialize, Serialize};
-use std::ffi::{c_char, c_int, c_void};
 use tch::{Kind, Tensor};
-
-extern "C" {
-    /// `optim_shim.cpp`: `at::_fused_adamw_` over `n` parameters (no AMSGrad, no maximize).
-    #[allow(clippy::too_many_arguments)]
-    fn ladder_fused_adamw(
-        params: *const *const c_void,
-        grads: *const *const c_void,
-        exp_avgs: *const *const c_void,
-        exp_avg_sqs: *const *const c_void,
-        steps: *const *const c_void,
-        n: usize,
-        lr: f64,
-        beta1: f64,
-        beta2: f64,
-        weight_decay: f64,
-        eps: f64,
-        err: *mut c_char,
-        errlen: usize,
-    ) -> c_int;
-}
 
 /// AdamW hyper-parameters, with PyTorch's defaults (`torch.optim.AdamW`: lr 1e-3, betas
 /// (0.9, 0.999), eps 1e-8, weight_decay 0.01).
@@ -199,32 +178,16 @@ impl AdamW {
             grads.push(grad);
         }
         for (_, _, idx) in &groups {
-            let ptrs = |f: &dyn Fn(usize) -> *const c_void| idx.iter().map(|&i| f(i)).collect::<Vec<_>>();
-            let st = |i: usize| self.state[i].as_ref().expect("created above");
-            let (p, g) = (ptrs(&|i| self.params[i].as_ptr() as _), ptrs(&|i| grads[i].as_ptr() as _));
-            let (m, v) = (ptrs(&|i| st(i).exp_avg.as_ptr() as _), ptrs(&|i| st(i).exp_avg_sq.as_ptr() as _));
-            let t = ptrs(&|i| st(i).step_t.as_ptr() as _);
-            // SAFETY: every pointer is tch's `at::Tensor *` of a tensor alive for the call (held
-            // by `self` or `grads`); the shim reads `idx.len()` entries of each array and writes
-            // at most `len` bytes, NUL included, into `err`.
-            crate::shim::call(|err, len| unsafe {
-                ladder_fused_adamw(
-                    p.as_ptr(),
-                    g.as_ptr(),
-                    m.as_ptr(),
-                    v.as_ptr(),
-                    t.as_ptr(),
-                    idx.len(),
-                    c.lr,
-                    c.beta1,
-                    c.beta2,
-                    c.weight_decay,
-                    c.eps,
-                    err,
-                    len,
-                )
-            })
-            .map_err(|msg| Error::invalid("optimizer step", "AdamW", format!("gradients libtorch's fused AdamW accepts ({msg})")))?;
+            let states: Vec<&ParamState> = idx.iter().map(|&i| self.state[i].as_ref().expect("created above")).collect();
+            let tensors = crate::ffi::optim::FusedAdamW {
+                params: &idx.iter().map(|&i| &self.params[i]).collect::<Vec<_>>(),
+                grads: &idx.iter().map(|&i| &grads[i]).collect::<Vec<_>>(),
+                exp_avgs: &states.iter().map(|s| &s.exp_avg).collect::<Vec<_>>(),
+                exp_avg_sqs: &states.iter().map(|s| &s.exp_avg_sq).collect::<Vec<_>>(),
+                steps: &states.iter().map(|s| &s.step_t).collect::<Vec<_>>(),
+            };
+            crate::ffi::optim::fused_adamw(&tensors, &c)
+                .map_err(|msg| Error::invalid("optimizer step", "AdamW", format!("gradients libtorch's fused AdamW accepts ({msg})")))?;
         }
         Ok(())
     }

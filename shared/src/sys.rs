@@ -1,10 +1,14 @@
-//! The few POSIX/Linux calls the launcher needs (process groups, parent-death signals, kill,
-//! signal handlers), each wrapped in a safe function. This is the only module of the launcher
-//! with `unsafe`.
+//! The few POSIX/Linux calls the launcher and the progress records need — process groups,
+//! parent-death signals (`prctl`), kill, signal handlers, file locks, shared mappings — each
+//! wrapped in a safe function, on [`nix`] (system calls), [`signal_hook`] (signal handlers) and
+//! [`memmap2`] (mappings). What neither covers is called through `libc` here, with its
+//! `# Safety`: `dlopen` of libtorch's CUDA backend and `atexit`.
 
+use nix::sys::signal::{self, Signal};
+use nix::unistd::{self, Pid};
 use std::os::unix::process::CommandExt;
 use std::process::Command;
-use std::sync::atomic::{AtomicI32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 pub(crate) use libc::{SIGHUP, SIGINT, SIGKILL, SIGTERM};
 
@@ -13,21 +17,18 @@ pub(crate) use libc::{SIGHUP, SIGINT, SIGKILL, SIGTERM};
 /// `death_signal` when this process dies (Linux `PR_SET_PDEATHSIG`), so no rank outlives its
 /// launcher.
 pub(crate) fn prepare_child(cmd: &mut Command, death_signal: i32, new_group: bool) {
-    let parent = std::process::id() as libc::pid_t;
+    let Ok(death) = Signal::try_from(death_signal) else { return };
+    let parent = unistd::getpid();
     let hook = move || -> std::io::Result<()> {
-        // SAFETY: setpgid, prctl, getppid and raise are async-signal-safe system calls with
-        // plain integer arguments; nothing is allocated between fork and exec.
-        unsafe {
-            if new_group && libc::setpgid(0, 0) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            if libc::prctl(libc::PR_SET_PDEATHSIG, death_signal as libc::c_ulong, 0, 0, 0) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            // The parent may have died between fork and prctl: then no signal would come.
-            if libc::getppid() != parent {
-                libc::raise(death_signal);
-            }
+        // System calls only (setpgid, prctl, getppid, raise): async-signal-safe, nothing is
+        // allocated between fork and exec.
+        if new_group {
+            unistd::setpgid(Pid::from_raw(0), Pid::from_raw(0))?;
+        }
+        nix::sys::prctl::set_pdeathsig(death)?;
+        // The parent may have died between fork and prctl: then no signal would come.
+        if unistd::getppid() != parent {
+            let _ = signal::raise(death);
         }
         Ok(())
     };
@@ -42,22 +43,18 @@ pub(crate) fn prepare_child(cmd: &mut Command, death_signal: i32, new_group: boo
 /// Returns false when the parent died while this was being set up (this process was
 /// re-parented), in which case the caller should stop.
 pub(crate) fn set_own_death_signal(signal: i32) -> bool {
-    // SAFETY: prctl(PR_SET_PDEATHSIG) and getppid take and return plain integers.
-    unsafe {
-        let parent = libc::getppid();
-        libc::prctl(libc::PR_SET_PDEATHSIG, signal as libc::c_ulong, 0, 0, 0);
-        libc::getppid() == parent
+    let parent = unistd::getppid();
+    if let Ok(s) = Signal::try_from(signal) {
+        let _ = nix::sys::prctl::set_pdeathsig(s);
     }
+    unistd::getppid() == parent
 }
 
 /// Makes this process the leader of its own process group (no-op when it already is, as
 /// mpirun's ranks are), so that [`kill_own_group`] reaches its whole tree and nothing else.
 pub(crate) fn become_group_leader() {
-    // SAFETY: getpgrp/getpid/setpgid take and return plain integers.
-    unsafe {
-        if libc::getpgrp() != libc::getpid() {
-            libc::setpgid(0, 0);
-        }
+    if unistd::getpgrp() != unistd::getpid() {
+        let _ = unistd::setpgid(Pid::from_raw(0), Pid::from_raw(0));
     }
 }
 
@@ -67,71 +64,73 @@ pub(crate) fn kill_group(pgid: u32, signal: i32) -> bool {
     if pgid <= 1 {
         return false; // never signal "every process" or init's group
     }
-    // SAFETY: kill with a negative pid signals a process group; plain integers.
-    unsafe { libc::kill(-(pgid as libc::pid_t), signal) == 0 }
+    let (Ok(pgid), Ok(s)) = (i32::try_from(pgid), Signal::try_from(signal)) else { return false };
+    signal::killpg(Pid::from_raw(pgid), s).is_ok()
 }
 
 /// Sends `signal` to every process of this process's own group (this process included).
 pub(crate) fn kill_own_group(signal: i32) {
-    // SAFETY: kill(0, sig) signals the caller's process group; plain integers.
-    unsafe {
-        libc::kill(0, signal);
+    if let Ok(s) = Signal::try_from(signal) {
+        let _ = signal::kill(Pid::from_raw(0), s); // pid 0: the caller's process group
     }
 }
 
 /// Whether this process runs as root (mpirun then needs `OMPI_ALLOW_RUN_AS_ROOT`).
 pub(crate) fn is_root() -> bool {
-    // SAFETY: geteuid cannot fail and takes no arguments.
-    unsafe { libc::geteuid() == 0 }
+    unistd::geteuid().is_root()
 }
+
+/// The signals [`install_termination_handlers`] catches.
+const TERMINATION: [i32; 3] = [SIGINT, SIGTERM, SIGHUP];
 
 /// The last termination signal received since [`install_termination_handlers`] (0: none).
-static RECEIVED: AtomicI32 = AtomicI32::new(0);
+static RECEIVED: AtomicUsize = AtomicUsize::new(0);
 
-extern "C" fn on_signal(signal: libc::c_int) {
-    // Only an atomic store: async-signal-safe.
-    RECEIVED.store(signal, Ordering::SeqCst);
-}
+/// Per signal of [`TERMINATION`]: whether its default action runs when it arrives. signal-hook
+/// keeps its handler installed once registered, so "the default action is back" is an action of
+/// its own that runs the default (terminate) while armed — registered once per process, first,
+/// so that it runs before any other action of ours.
+static DEFAULT_ARMED: [AtomicBool; 3] = [const { AtomicBool::new(false) }; 3];
 
-/// The handlers that were in place before [`install_termination_handlers`].
-pub(crate) struct SavedHandlers(Vec<(i32, libc::sigaction)>);
-
-impl std::fmt::Debug for SavedHandlers {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SavedHandlers").field("signals", &self.0.iter().map(|s| s.0).collect::<Vec<_>>()).finish()
-    }
-}
+/// The handlers that were in place before [`install_termination_handlers`]: its own
+/// registrations, and per signal whether the default action was in force.
+#[derive(Debug)]
+pub(crate) struct SavedHandlers(Vec<(usize, signal_hook::SigId, bool)>);
 
 /// Catches SIGINT, SIGTERM and SIGHUP: instead of dying, the process records the signal for
-/// [`received_signal`] so that it can stop its children first. Returns the previous handlers
-/// for [`restore_handlers`].
+/// [`received_signal`] so that it can stop its children first. Returns what
+/// [`restore_handlers`] needs to put the previous dispositions back.
 pub(crate) fn install_termination_handlers() -> SavedHandlers {
+    static DEFAULT_ACTIONS: std::sync::Once = std::sync::Once::new();
     RECEIVED.store(0, Ordering::SeqCst);
+    let before = Dispositions::of_this_process();
+    let registry_installed = DEFAULT_ACTIONS.is_completed();
+    DEFAULT_ACTIONS.call_once(|| {
+        for (i, &s) in TERMINATION.iter().enumerate() {
+            let _ = signal_hook::flag::register_conditional_default(s, &DEFAULT_ARMED[i]);
+        }
+    });
     let mut saved = Vec::new();
-    for signal in [SIGINT, SIGTERM, SIGHUP] {
-        // SAFETY: a zeroed sigaction is a valid starting value; the handler only stores to an
-        // atomic, which is async-signal-safe; sigemptyset/sigaction get valid pointers.
-        unsafe {
-            let mut action: libc::sigaction = std::mem::zeroed();
-            action.sa_sigaction = on_signal as extern "C" fn(libc::c_int) as usize;
-            action.sa_flags = libc::SA_RESTART;
-            libc::sigemptyset(&mut action.sa_mask);
-            let mut old: libc::sigaction = std::mem::zeroed();
-            if libc::sigaction(signal, &action, &mut old) == 0 {
-                saved.push((signal, old));
-            }
+    for (i, &s) in TERMINATION.iter().enumerate() {
+        // Once signal-hook's handler is in place, the kernel sees a handler: the default is in
+        // force exactly when our default action is armed.
+        let was_default = if registry_installed { DEFAULT_ARMED[i].load(Ordering::SeqCst) } else { before.is_default(s) };
+        DEFAULT_ARMED[i].store(false, Ordering::SeqCst);
+        if let Ok(id) = signal_hook::flag::register_usize(s, &RECEIVED, s as usize) {
+            saved.push((i, id, was_default));
         }
     }
     SavedHandlers(saved)
 }
 
-/// Puts back the handlers [`install_termination_handlers`] replaced.
+/// Puts back the dispositions [`install_termination_handlers`] replaced: the signals stop being
+/// recorded, and those whose default action was in force terminate the process again (an
+/// ignored one stays ignored; a handler installed before ours, which signal-hook chains to, is
+/// left as it was).
 pub(crate) fn restore_handlers(saved: SavedHandlers) {
-    for (signal, old) in saved.0 {
-        // SAFETY: `old` is the sigaction the kernel returned for this signal.
-        unsafe {
-            libc::sigaction(signal, &old, std::ptr::null_mut());
-        }
+    for (i, id, was_default) in saved.0 {
+        signal_hook::low_level::unregister(id);
+        DEFAULT_ARMED[i].store(was_default, Ordering::SeqCst);
     }
 }
 
@@ -139,32 +138,36 @@ pub(crate) fn restore_handlers(saved: SavedHandlers) {
 pub(crate) fn received_signal() -> Option<i32> {
     match RECEIVED.load(Ordering::SeqCst) {
         0 => None,
-        s => Some(s),
+        s => Some(s as i32),
     }
 }
 
 /// The conventional name of a signal number (`"SIGKILL"`), or `"signal N"`.
 pub(crate) fn signal_name(signal: i32) -> String {
-    let name = match signal {
-        libc::SIGHUP => "SIGHUP",
-        libc::SIGINT => "SIGINT",
-        libc::SIGQUIT => "SIGQUIT",
-        libc::SIGILL => "SIGILL",
-        libc::SIGTRAP => "SIGTRAP",
-        libc::SIGABRT => "SIGABRT",
-        libc::SIGBUS => "SIGBUS",
-        libc::SIGFPE => "SIGFPE",
-        libc::SIGKILL => "SIGKILL",
-        libc::SIGUSR1 => "SIGUSR1",
-        libc::SIGSEGV => "SIGSEGV",
-        libc::SIGUSR2 => "SIGUSR2",
-        libc::SIGPIPE => "SIGPIPE",
-        libc::SIGALRM => "SIGALRM",
-        libc::SIGTERM => "SIGTERM",
-        libc::SIGXCPU => "SIGXCPU",
-        _ => return format!("signal {signal}"),
-    };
-    name.to_string()
+    Signal::try_from(signal).map_or_else(|_| format!("signal {signal}"), |s| s.as_str().to_string())
+}
+
+/// This process's signal dispositions as the kernel reports them (`SigIgn`, `SigCgt` of
+/// `/proc/self/status`): which signals are ignored, which have a handler.
+struct Dispositions {
+    ignored: u64,
+    caught: u64,
+}
+
+impl Dispositions {
+    /// Read from `/proc/self/status`; all default when it cannot be read.
+    fn of_this_process() -> Self {
+        let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+        let mask =
+            |key: &str| status.lines().find_map(|l| l.strip_prefix(key)).and_then(|v| u64::from_str_radix(v.trim(), 16).ok()).unwrap_or(0);
+        Self { ignored: mask("SigIgn:"), caught: mask("SigCgt:") }
+    }
+
+    /// Whether `signal` (1..=64) has its default action: neither ignored nor caught.
+    fn is_default(&self, signal: i32) -> bool {
+        let bit = 1u64.checked_shl(signal as u32 - 1).unwrap_or(0);
+        (self.ignored | self.caught) & bit == 0
+    }
 }
 
 /// Loads `libtorch_cuda.so` (found through the binary's rpath) with `RTLD_GLOBAL`, so that
@@ -195,7 +198,7 @@ pub(crate) fn load_torch_cuda() -> Result<(), String> {
 /// stores are plain memory writes that any process reading the file sees — no system call per
 /// update.
 pub(crate) struct SharedWords {
-    ptr: *mut std::sync::atomic::AtomicU64,
+    map: memmap2::MmapRaw,
     len: usize,
 }
 
@@ -206,32 +209,22 @@ impl std::fmt::Debug for SharedWords {
 }
 
 impl SharedWords {
-    /// Maps the first `len` words of `file` (which must be at least `len * 8` bytes long).
+    /// Maps the first `len` words of `file` (which must be at least `len * 8` bytes long),
+    /// shared and read-write.
     pub(crate) fn map(file: &std::fs::File, len: usize) -> std::io::Result<Self> {
-        use std::os::fd::AsRawFd;
-        // SAFETY: a fresh shared read-write mapping of an open file's first len*8 bytes; the
-        // kernel chooses the address. The mapping outlives the file descriptor (POSIX).
-        let p =
-            unsafe { libc::mmap(std::ptr::null_mut(), len * 8, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, file.as_raw_fd(), 0) };
-        if p == libc::MAP_FAILED {
-            return Err(std::io::Error::last_os_error());
-        }
-        Ok(Self { ptr: p.cast(), len })
+        let map = memmap2::MmapOptions::new().len(len * 8).map_raw(file)?;
+        Ok(Self { map, len })
     }
 
     /// Stores `value` in word `i` (ignored when out of range).
     pub(crate) fn store(&self, i: usize, value: u64) {
         if i < self.len {
-            // SAFETY: in range of a live, page-aligned mapping; AtomicU64 has u64's layout.
-            unsafe { (*self.ptr.add(i)).store(value, Ordering::Release) };
+            let word = self.map.as_mut_ptr().cast::<std::sync::atomic::AtomicU64>();
+            // SAFETY: word `i` is in range of a live, page-aligned mapping of `len` words (so
+            // aligned for u64) that lives as long as `self`; AtomicU64 has u64's layout, and
+            // other processes only ever read or store whole words.
+            unsafe { (*word.add(i)).store(value, Ordering::Release) };
         }
-    }
-}
-
-impl Drop for SharedWords {
-    fn drop(&mut self) {
-        // SAFETY: unmaps exactly the mapping made in `map`, once.
-        unsafe { libc::munmap(self.ptr.cast(), self.len * 8) };
     }
 }
 
@@ -252,21 +245,23 @@ pub(crate) fn libcuda_loads() -> bool {
     !handle.is_null()
 }
 
-/// Takes an exclusive `flock` on `file`, waiting for it (released when the file is closed):
-/// what serialises the ranks of one node that build the same data cache.
+/// An exclusive `flock` on a file, held until this is dropped.
+#[derive(Debug)]
+pub(crate) struct FileLock(#[allow(dead_code)] nix::fcntl::Flock<std::fs::File>);
+
+/// Takes an exclusive `flock` on `file`, waiting for it; released when the returned lock is
+/// dropped: what serialises the ranks of one node that build the same data cache.
 ///
 /// # Errors
 /// The OS error, e.g. on a file system without locks (callers then proceed unlocked).
-pub(crate) fn lock_exclusive(file: &std::fs::File) -> std::io::Result<()> {
-    use std::os::fd::AsRawFd;
+pub(crate) fn lock_exclusive(file: &std::fs::File) -> std::io::Result<FileLock> {
+    // A duplicate descriptor shares the open file description, and so the lock, with `file`.
+    let mut f = file.try_clone()?;
     loop {
-        // SAFETY: flock on a file descriptor this `File` owns; plain integers.
-        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) } == 0 {
-            return Ok(());
-        }
-        let err = std::io::Error::last_os_error();
-        if err.kind() != std::io::ErrorKind::Interrupted {
-            return Err(err);
+        match nix::fcntl::Flock::lock(f, nix::fcntl::FlockArg::LockExclusive) {
+            Ok(lock) => return Ok(FileLock(lock)),
+            Err((back, nix::errno::Errno::EINTR)) => f = back,
+            Err((_, errno)) => return Err(errno.into()),
         }
     }
 }
@@ -302,23 +297,6 @@ extern "C" fn remove_files_at_exit() {
 /// without allocating).
 static ON_SIGNAL_PATHS: std::sync::OnceLock<(std::ffi::CString, std::ffi::CString)> = std::sync::OnceLock::new();
 
-extern "C" fn remove_record_then_die(signal: libc::c_int) {
-    if let Some((file, dir)) = ON_SIGNAL_PATHS.get() {
-        // SAFETY: unlink, rmdir, signal and raise are async-signal-safe; the paths are
-        // NUL-terminated and live for the whole process (a static).
-        unsafe {
-            libc::unlink(file.as_ptr());
-            libc::rmdir(dir.as_ptr()); // only when empty
-        }
-    }
-    // SAFETY: restoring the default action and re-raising: the process ends by this signal,
-    // as it would have without the handler (same exit status for the launcher).
-    unsafe {
-        libc::signal(signal, libc::SIG_DFL);
-        libc::raise(signal);
-    }
-}
-
 /// Removes `file` (and its directory, once empty) when this process is ended by SIGTERM or
 /// SIGINT — how `mpirun` stops the ranks of a job one of whose ranks failed (SIGTERM, SIGKILL
 /// 1 s later: Open MPI's `odls_base_sigkill_timeout`) — then ends by that signal as before.
@@ -330,19 +308,25 @@ pub(crate) fn remove_on_termination_signal(file: &std::path::Path) {
     if ON_SIGNAL_PATHS.set((f, d)).is_err() {
         return;
     }
-    for signal in [libc::SIGTERM, libc::SIGINT] {
-        // SAFETY: sigaction with a zeroed struct queries the current action; the handler is a
-        // plain extern "C" fn that only makes async-signal-safe calls.
-        unsafe {
-            let mut old: libc::sigaction = std::mem::zeroed();
-            if libc::sigaction(signal, std::ptr::null(), &mut old) != 0 || old.sa_sigaction != libc::SIG_DFL {
-                continue;
-            }
-            let mut action: libc::sigaction = std::mem::zeroed();
-            action.sa_sigaction = remove_record_then_die as extern "C" fn(libc::c_int) as libc::sighandler_t;
-            libc::sigemptyset(&mut action.sa_mask);
-            libc::sigaction(signal, &action, std::ptr::null_mut());
+    let before = Dispositions::of_this_process();
+    for s in [SIGTERM, SIGINT] {
+        if !before.is_default(s) {
+            continue;
         }
+        let action = move || {
+            if let Some((file, dir)) = ON_SIGNAL_PATHS.get() {
+                let _ = unistd::unlink(file.as_c_str());
+                let _ = unistd::unlinkat(nix::fcntl::AT_FDCWD, dir.as_c_str(), unistd::UnlinkatFlags::RemoveDir);
+                // only when empty
+            }
+            // The default action, as it would have been without this handler: the process ends
+            // by this signal (same exit status for the launcher).
+            let _ = signal_hook::low_level::emulate_default_handler(s);
+        };
+        // SAFETY: the action only makes async-signal-safe calls — unlink and unlinkat on
+        // NUL-terminated paths that live for the whole process (a static, read without
+        // allocating), then sigaction, sigprocmask and raise (emulate_default_handler).
+        let _ = unsafe { signal_hook::low_level::register(s, action) };
     }
 }
 
@@ -356,5 +340,45 @@ pub(crate) fn remove_at_exit(file: std::path::PathBuf) {
     });
     if let Ok(mut files) = AT_EXIT_FILES.lock() {
         files.push(file);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::process::ExitStatusExt;
+
+    /// While the handlers are installed a SIGTERM is recorded and the process lives on; once
+    /// they are restored, SIGTERM's default action ends the process again. Run in a child
+    /// process (this test binary again), which the second signal ends.
+    #[test]
+    fn termination_handlers_record_then_restore_the_default() {
+        const NAME: &str = "sys::tests::termination_handlers_record_then_restore_the_default";
+        if std::env::var_os("LADDER_SYS_CHILD").is_none() {
+            let out = Command::new(std::env::current_exe().unwrap())
+                .args(["--exact", NAME, "--nocapture", "--test-threads", "1"])
+                .env("LADDER_SYS_CHILD", "1")
+                .output()
+                .unwrap();
+            let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+            assert!(text.contains("SIGTERM recorded"), "the child did not reach the restore: {text}");
+            assert_eq!(out.status.signal(), Some(SIGTERM), "the child was not ended by SIGTERM ({}): {text}", out.status);
+            return;
+        }
+        let saved = install_termination_handlers();
+        signal::raise(Signal::SIGTERM).unwrap();
+        assert_eq!(received_signal(), Some(SIGTERM));
+        println!("SIGTERM recorded");
+        restore_handlers(saved);
+        let _ = signal::raise(Signal::SIGTERM);
+        panic!("still alive after SIGTERM with the default action restored");
+    }
+
+    #[test]
+    fn signals_are_named_as_the_kernel_does() {
+        assert_eq!(signal_name(SIGKILL), "SIGKILL");
+        assert_eq!(signal_name(libc::SIGABRT), "SIGABRT");
+        assert_eq!(signal_name(0), "signal 0");
+        assert_eq!(signal_name(64), "signal 64");
     }
 }

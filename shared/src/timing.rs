@@ -17,6 +17,21 @@
 //! let timing = timer.finish();                      // StepTiming, seconds and bytes
 //! ```
 //!
+//! A loop that has no other place for the data and step-end laps lets [`StepTimer::timed`]
+//! take them: the iterator it wraps the loader in resumes the clock, laps [`Phase::Data`] as it
+//! hands out each batch and ends the step ([`Phase::Optimizer`]) when the next one is asked for
+//! or the loop is left, so the loop body marks only where forward and backward end:
+//!
+//! ```text
+//! for (x, y) in timer.timed(loader.iter(), model.comm()) {
+//!     let loss = model.forward_t(&x, true)?.nll_loss(&y);
+//!     timer.lap(Phase::Forward, model.comm());
+//!     model.backward(&loss)?;
+//!     timer.lap(Phase::Backward, model.comm());
+//!     optimizer.step();
+//! }
+//! ```
+//!
 //! How the clock is read: every lap reads `Instant::now()` once (on CUDA after a device
 //! synchronize, so that queued kernels count in the phase that queued them); a step's time runs
 //! from the end of the previous step (or from [`StepTimer::start`] / [`StepTimer::resume`]) to
@@ -31,7 +46,7 @@
 
 use serde::{Deserialize, Serialize};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tch::Device;
 
@@ -51,7 +66,8 @@ pub struct Comm {
 /// A phase of a training step.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Phase {
-    /// Fetching the batch (and the loop's own bookkeeping since the previous step ended).
+    /// Fetching the batch (and the loop's own bookkeeping since the previous step ended; under
+    /// [`StepTimer::timed`], the batch alone).
     Data,
     /// zero_grad, forward pass and loss.
     Forward,
@@ -59,7 +75,8 @@ pub enum Phase {
     Backward,
     /// Time inside collectives (gradient all-reduce / reduce-scatter, FSDP all-gathers).
     Comm,
-    /// Optimizer step (with gradient clipping and scaling where the loop does them).
+    /// Optimizer step (with gradient clipping and scaling where the loop does them; under
+    /// [`StepTimer::timed`], with what the loop body does after it).
     Optimizer,
 }
 
@@ -181,6 +198,15 @@ impl StepTiming {
 /// Times the steps of a training loop (see the module docs).
 #[derive(Debug)]
 pub struct StepTimer {
+    /// The clock, shared with the iterators of [`timed`](Self::timed).
+    clock: Arc<Mutex<Clock>>,
+    rss: RssProbe,
+    start_rss_mib: f64,
+}
+
+/// What the laps update: the step in progress and the totals.
+#[derive(Debug)]
+struct Clock {
     cuda: Option<i64>,
     phase_start: Instant,
     mark: Instant,
@@ -195,55 +221,26 @@ pub struct StepTimer {
     samples: u64,
     timed_samples: u64,
     first_step_s: f64,
-    rss: RssProbe,
-    start_rss_mib: f64,
+    /// Wall seconds of the loops over [`StepTimer::timed`] iterators (creation to drop).
+    loops_s: f64,
 }
 
-impl StepTimer {
-    /// Starts the training phase: resets the peak RSS, starts the clock. `device` is where the
-    /// model trains (CUDA laps synchronize it).
-    pub fn start(device: Device) -> Self {
-        let start_rss_mib = crate::memory::current_rss_bytes().map_or(0.0, crate::memory::mib);
-        let rss = RssProbe::start();
-        let now = Instant::now();
-        Self {
-            cuda: match device {
-                Device::Cuda(i) => Some(i as i64),
-                _ => None,
-            },
-            phase_start: now,
-            mark: now,
-            comm_mark: Comm::default(),
-            current: PhaseTimes::default(),
-            current_bytes: 0,
-            current_samples: 0,
-            step_times: Vec::new(),
-            phases: PhaseTimes::default(),
-            comm_bytes: 0,
-            samples: 0,
-            timed_samples: 0,
-            first_step_s: 0.0,
-            rss,
-            start_rss_mib,
-        }
-    }
-
-    /// Restarts the clock without ending a step: what passed since the last lap (evaluation
-    /// between epochs, a checkpoint) belongs to no step. `comm` is the model's current total,
-    /// so that collectives outside steps are not counted either.
-    pub fn resume(&mut self, comm: Comm) {
+impl Clock {
+    fn resume(&mut self, comm: Comm) {
         self.mark = Instant::now();
         self.comm_mark = comm;
     }
 
-    /// Ends `phase`: the time since the previous lap goes to it, less the communication that
-    /// `comm` (the model's cumulative totals) grew by, which goes to [`Phase::Comm`].
-    pub fn lap(&mut self, phase: Phase, comm: Comm) {
+    /// Ends `phase`. `comm`: the model's cumulative totals, whose growth since the last lap that
+    /// read them is moved to [`Phase::Comm`]; `None` where no collective can have run since (the
+    /// next lap that reads them moves any that did).
+    fn lap(&mut self, phase: Phase, comm: Option<Comm>) {
         if let Some(i) = self.cuda {
             tch::Cuda::synchronize(i);
         }
         let now = Instant::now();
         let dt = now.duration_since(self.mark).as_secs_f64();
+        let comm = comm.unwrap_or(self.comm_mark);
         let dc = (comm.seconds - self.comm_mark.seconds).clamp(0.0, dt);
         *self.current.slot(phase) += dt - dc;
         self.current.comm_s += dc;
@@ -251,14 +248,7 @@ impl StepTimer {
         (self.mark, self.comm_mark) = (now, comm);
     }
 
-    /// Adds samples to the step in progress (a loader handing out a micro-batch).
-    pub fn add_samples(&mut self, samples: u64) {
-        self.current_samples += samples;
-    }
-
-    /// Ends `phase` (as [`lap`](Self::lap)) and the step, which processed `samples` more samples
-    /// on this rank (besides those given to [`add_samples`](Self::add_samples)).
-    pub fn end_step(&mut self, phase: Phase, comm: Comm, samples: u64) {
+    fn end_step(&mut self, phase: Phase, comm: Option<Comm>, samples: u64) {
         self.lap(phase, comm);
         let step = std::mem::take(&mut self.current);
         let bytes = std::mem::take(&mut self.current_bytes);
@@ -275,17 +265,105 @@ impl StepTimer {
             self.timed_samples += samples;
         }
     }
+}
+
+/// The clock, whoever held it last (a panic while holding it leaves figures, not a poison).
+fn lock(clock: &Mutex<Clock>) -> std::sync::MutexGuard<'_, Clock> {
+    clock.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+impl StepTimer {
+    /// Starts the training phase: resets the peak RSS, starts the clock. `device` is where the
+    /// model trains (CUDA laps synchronize it).
+    pub fn start(device: Device) -> Self {
+        let start_rss_mib = crate::memory::current_rss_bytes().map_or(0.0, crate::memory::mib);
+        let rss = RssProbe::start();
+        let now = Instant::now();
+        let clock = Clock {
+            cuda: match device {
+                Device::Cuda(i) => Some(i as i64),
+                _ => None,
+            },
+            phase_start: now,
+            mark: now,
+            comm_mark: Comm::default(),
+            current: PhaseTimes::default(),
+            current_bytes: 0,
+            current_samples: 0,
+            step_times: Vec::new(),
+            phases: PhaseTimes::default(),
+            comm_bytes: 0,
+            samples: 0,
+            timed_samples: 0,
+            first_step_s: 0.0,
+            loops_s: 0.0,
+        };
+        Self { clock: Arc::new(Mutex::new(clock)), rss, start_rss_mib }
+    }
+
+    /// Restarts the clock without ending a step: what passed since the last lap (evaluation
+    /// between epochs, a checkpoint) belongs to no step. `comm` is the model's current total,
+    /// so that collectives outside steps are not counted either.
+    pub fn resume(&mut self, comm: Comm) {
+        lock(&self.clock).resume(comm);
+    }
+
+    /// Ends `phase`: the time since the previous lap goes to it, less the communication that
+    /// `comm` (the model's cumulative totals) grew by, which goes to [`Phase::Comm`].
+    pub fn lap(&mut self, phase: Phase, comm: Comm) {
+        lock(&self.clock).lap(phase, Some(comm));
+    }
+
+    /// Adds samples to the step in progress (a loader handing out a micro-batch).
+    pub fn add_samples(&mut self, samples: u64) {
+        lock(&self.clock).current_samples += samples;
+    }
+
+    /// Ends `phase` (as [`lap`](Self::lap)) and the step, which processed `samples` more samples
+    /// on this rank (besides those given to [`add_samples`](Self::add_samples)).
+    pub fn end_step(&mut self, phase: Phase, comm: Comm, samples: u64) {
+        lock(&self.clock).end_step(phase, Some(comm), samples);
+    }
+
+    /// Times one step per item of `batches` (an epoch of a loader): the clock resumes now with
+    /// the model's totals `comm` (as [`resume`](Self::resume)); each batch handed out ends
+    /// [`Phase::Data`]; asking for the next batch, or leaving the loop (dropping the iterator),
+    /// ends the step with [`Phase::Optimizer`] and the batch's samples ([`Batch::samples`]).
+    /// The loop body marks where forward and backward end with [`lap`](Self::lap).
+    ///
+    /// Neither of the iterator's laps reads the model's communication totals (it does not hold
+    /// the model): collectives of the data phase or after the backward lap (none in a loop
+    /// whose only collectives are the model's forward and backward) would be moved out at the
+    /// next step's forward lap. What the loop does after the optimizer step (logging) counts in
+    /// [`Phase::Optimizer`].
+    pub fn timed<I>(&mut self, batches: I, comm: Comm) -> Timed<I>
+    where
+        I: Iterator,
+        I::Item: Batch,
+    {
+        self.resume(comm);
+        let started = lock(&self.clock).mark;
+        Timed { batches, clock: Arc::clone(&self.clock), open: None, started }
+    }
+
+    /// Wall seconds of the loops over [`timed`](Self::timed) batches so far, each from the
+    /// iterator's creation to its drop: the training loop's time, read from its own clock, not
+    /// summed from the steps (against which it checks them).
+    pub fn loops_s(&self) -> f64 {
+        lock(&self.clock).loops_s
+    }
 
     /// Steps ended so far.
     pub fn steps(&self) -> u64 {
-        self.step_times.len() as u64
+        lock(&self.clock).step_times.len() as u64
     }
 
     /// The figures so far (the training-phase peak RSS read now).
     pub fn finish(&self) -> StepTiming {
-        let n = self.step_times.len() as u64;
+        let clock = lock(&self.clock);
+        let n = clock.step_times.len() as u64;
         let warmup = n.min(WARMUP_STEPS);
-        let mut timed: Vec<f64> = self.step_times[warmup as usize..].to_vec();
+        let mut timed: Vec<f64> = clock.step_times[warmup as usize..].to_vec();
         let timed_s: f64 = timed.iter().sum();
         timed.sort_by(f64::total_cmp);
         let k = timed.len();
@@ -296,19 +374,86 @@ impl StepTimer {
             steps: n,
             warmup_steps: warmup,
             timed_steps: k as u64,
-            samples: self.samples,
-            timed_samples: self.timed_samples,
-            steps_s: self.step_times.iter().sum::<f64>() + 0.0,
+            samples: clock.samples,
+            timed_samples: clock.timed_samples,
+            steps_s: clock.step_times.iter().sum::<f64>() + 0.0,
             timed_s: timed_s + 0.0,
-            first_step_s: self.first_step_s,
+            first_step_s: clock.first_step_s,
             step_p50_s: pick(0.5),
             step_p95_s: pick(0.95),
-            phases: self.phases.scaled(per),
-            comm_bytes_per_step: self.comm_bytes as f64 * per,
+            phases: clock.phases.scaled(per),
+            comm_bytes_per_step: clock.comm_bytes as f64 * per,
             train_peak_rss_mib: peak,
             rss_scope: scope,
             train_start_rss_mib: self.start_rss_mib,
         }
+    }
+}
+
+/// A batch a training step consumes: how many samples it holds.
+pub trait Batch {
+    /// Samples in the batch (its leading dimension).
+    fn samples(&self) -> u64;
+}
+
+impl Batch for (tch::Tensor, tch::Tensor) {
+    /// The inputs' leading dimension: `[batch, …]` images with their `[batch]` labels.
+    fn samples(&self) -> u64 {
+        self.0.size().first().map_or(0, |&n| n as u64)
+    }
+}
+
+/// The batches of one epoch, each timed as a step: see [`StepTimer::timed`].
+#[derive(Debug)]
+pub struct Timed<I> {
+    batches: I,
+    clock: Arc<Mutex<Clock>>,
+    /// The samples of the step handed out and not yet ended.
+    open: Option<u64>,
+    /// When the loop began.
+    started: Instant,
+}
+
+impl<I> Timed<I> {
+    /// Ends the step in progress, if any.
+    fn end_open_step(&mut self) {
+        if let Some(samples) = self.open.take() {
+            lock(&self.clock).end_step(Phase::Optimizer, None, samples);
+        }
+    }
+}
+
+impl<I> Iterator for Timed<I>
+where
+    I: Iterator,
+    I::Item: Batch,
+{
+    type Item = I::Item;
+
+    fn next(&mut self) -> Option<I::Item> {
+        self.end_open_step();
+        let batch = self.batches.next()?;
+        lock(&self.clock).lap(Phase::Data, None);
+        self.open = Some(batch.samples());
+        Some(batch)
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        self.batches.size_hint()
+    }
+}
+
+impl<I> ExactSizeIterator for Timed<I>
+where
+    I: ExactSizeIterator,
+    I::Item: Batch,
+{
+}
+
+impl<I> Drop for Timed<I> {
+    fn drop(&mut self) {
+        self.end_open_step();
+        lock(&self.clock).loops_s += self.started.elapsed().as_secs_f64();
     }
 }
 
@@ -412,6 +557,43 @@ mod tests {
     }
 
     #[test]
+    fn timed_batches_are_steps_ended_by_the_next_batch_or_by_leaving_the_loop() {
+        let batch = |n: i64| (tch::Tensor::zeros([n, 1], tch::kind::FLOAT_CPU), tch::Tensor::zeros([n], tch::kind::INT64_CPU));
+        let mut t = StepTimer::start(Device::Cpu);
+        let mut comm = Comm::default();
+        let begun = Instant::now();
+        for epoch in 0..2 {
+            spin(10); // evaluation between epochs: no step's time
+            let batches = vec![batch(64), batch(64), batch(32)];
+            for (i, b) in t.timed(batches.into_iter(), comm).enumerate() {
+                assert!(b.samples() > 0);
+                spin(1);
+                t.lap(Phase::Forward, comm);
+                spin(2);
+                // 0.5 ms of "all-reduce", 4 KiB, inside backward.
+                comm = Comm { seconds: comm.seconds + 0.0005, bytes: comm.bytes + 4096 };
+                t.lap(Phase::Backward, comm);
+                spin(1);
+                if epoch == 1 && i == 1 {
+                    break; // the step still ends, when the loop lets go of the batches
+                }
+            }
+        }
+        let f = t.finish();
+        // Epoch 1: 64, 64, 32; epoch 2: 64, 64 and the break. Steps 3..5 are timed.
+        assert_eq!((f.steps, f.warmup_steps, f.timed_steps), (5, 2, 3));
+        assert_eq!((f.samples, f.timed_samples), (288, 160));
+        assert_eq!(f.comm_bytes_per_step, 4096.0);
+        assert!((f.phases.comm_s - 0.0005).abs() < 1e-12, "{:?}", f.phases);
+        assert!((f.phases.total() * 3.0 - f.timed_s).abs() < 1e-9);
+        assert!(f.phases.forward_s >= 0.001 && f.phases.backward_s >= 0.0015 && f.phases.optimizer_s >= 0.001, "{:?}", f.phases);
+        // The 2 × 10 ms before each epoch belong to no step, nor to the loops; the loops' own
+        // clock holds the steps.
+        assert!(f.steps_s + 0.02 <= begun.elapsed().as_secs_f64(), "{f:?}");
+        assert!(t.loops_s() + 1e-9 >= f.steps_s && t.loops_s() + 0.02 <= begun.elapsed().as_secs_f64(), "{} {f:?}", t.loops_s());
+    }
+
+    #[test]
     fn training_phase_peak_excludes_what_came_before() {
         let before = vec![1u8; 160 << 20];
         std::hint::black_box(&before);
@@ -424,8 +606,8 @@ mod tests {
 
     #[test]
     fn percentiles_are_nearest_rank() {
-        let mut t = StepTimer::start(Device::Cpu);
-        t.step_times = (1..=22).map(f64::from).collect(); // 2 warm-up + 20 timed: 3..=22
+        let t = StepTimer::start(Device::Cpu);
+        lock(&t.clock).step_times = (1..=22).map(f64::from).collect(); // 2 warm-up + 20 timed: 3..=22
         let f = t.finish();
         assert_eq!((f.step_p50_s, f.step_p95_s, f.timed_steps), (12.0, 21.0, 20));
         assert_eq!(StepTimer::start(Device::Cpu).finish().timed_steps, 0);

@@ -3,7 +3,7 @@
 
 mod common;
 
-use ladder_core::dist::{init_process_group, Backend, ReduceOp};
+use ladder_core::dist::{init_process_group, Backend, Collective, ReduceOp};
 use ladder_core::Error;
 use tch::{Device, Kind, Tensor};
 
@@ -90,16 +90,20 @@ fn rank_collectives() {
             pg.reduce_scatter(&mut out, &input, ReduceOp::Avg).unwrap();
             assert_eq!(values(&out), [(base + w * j0) / w, (base + w * (j0 + 1.0)) / w], "{ctx} reduce_scatter Avg");
         }
-        // reduce_scatter_consuming (an all-reduce in place at 2 ranks): the same blocks.
+        // reduce_scatter of a handed-over input (an all-reduce in place at 2 ranks): the same blocks.
         for op in [ReduceOp::Sum, ReduceOp::Avg].into_iter().filter(|&op| kind != Kind::Int64 || op == ReduceOp::Sum) {
             let mut consumed = Tensor::zeros([2], (kind, Device::Cpu));
-            pg.reduce_scatter_consuming(&mut consumed, input.copy(), op).unwrap();
+            pg.run(Collective::reduce_scatter(&mut consumed, input.copy(), op)).unwrap();
             let d = if op == ReduceOp::Avg { w } else { 1.0 };
-            assert_eq!(values(&consumed), [(base + w * j0) / d, (base + w * (j0 + 1.0)) / d], "{ctx} reduce_scatter_consuming {op:?}");
+            assert_eq!(
+                values(&consumed),
+                [(base + w * j0) / d, (base + w * (j0 + 1.0)) / d],
+                "{ctx} reduce_scatter of a handed-over input {op:?}"
+            );
         }
         // Its checks are the reduce-scatter's: a wrong block size is an error before any message.
         let mut wrong = Tensor::zeros([3], (kind, Device::Cpu));
-        assert!(pg.reduce_scatter_consuming(&mut wrong, input.copy(), ReduceOp::Sum).is_err(), "{ctx}: block size");
+        assert!(pg.run(Collective::reduce_scatter(&mut wrong, input.copy(), ReduceOp::Sum)).is_err(), "{ctx}: block size");
         // coalesced: two tensors of different shapes in one call.
         let mut ts = [Tensor::full([2, 3], r, (kind, Device::Cpu)), Tensor::full([4], 1.0, (kind, Device::Cpu))];
         pg.all_reduce_coalesced(&mut ts, ReduceOp::Sum).unwrap();

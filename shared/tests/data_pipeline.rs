@@ -5,7 +5,8 @@ use std::collections::HashSet;
 use std::sync::{Mutex, MutexGuard, OnceLock};
 
 use ladder_core::data::{
-    eval_shard, mnist::workspace_data_dir, DataLoader, Dataset, DistributedSampler, Mnist, RandomSampler, Sampler, SequentialSampler,
+    eval_shard, mnist::workspace_data_dir, DataLoader, Dataset, DistributedSampler, DistributedSamplerOptions, Mnist, RandomSampler,
+    Sampler, SequentialSampler,
 };
 use ladder_core::Error;
 use tch::{Kind, Tensor};
@@ -127,7 +128,7 @@ fn distributed_loader_world3_on_train() {
     let m = mnist();
     let mut seen = HashSet::new();
     for rank in 0..3 {
-        let s = DistributedSampler::new(60_000, 3, rank, true, 0, false).unwrap();
+        let s = DistributedSampler::new(60_000, 3, rank, DistributedSamplerOptions::default()).unwrap();
         assert_eq!((s.num_samples(), s.total_size()), (20_000, 60_000));
         seen.extend(s.indices());
         let loader = DataLoader::new(&m.train, 64, Box::new(s)).unwrap();
@@ -142,7 +143,7 @@ fn distributed_loader_world3_on_train() {
 fn shares(n: usize, w: usize, shuffle: bool, seed: u64, drop_last: bool, epoch: u64) -> Vec<Vec<usize>> {
     (0..w)
         .map(|r| {
-            let mut s = DistributedSampler::new(n, w, r, shuffle, seed, drop_last).unwrap();
+            let mut s = DistributedSampler::new(n, w, r, DistributedSamplerOptions { shuffle, seed, drop_last }).unwrap();
             s.set_epoch(epoch);
             let idx = s.indices();
             assert_eq!(idx.len(), s.len());
@@ -164,7 +165,8 @@ fn distributed_sampler_disjoint_covering_and_padding() {
                 assert_eq!(distinct, (0..n).collect(), "n={n} w={w}: covers 0..n");
                 // Exactly total - n indices repeat (the padding), and nothing else does.
                 assert_eq!(all.len() - distinct.len(), total - n, "n={n} w={w}");
-                let padding = DistributedSampler::new(n, w, 0, shuffle, 0, false).unwrap().padding();
+                let padding =
+                    DistributedSampler::new(n, w, 0, DistributedSamplerOptions { shuffle, ..Default::default() }).unwrap().padding();
                 assert_eq!(padding, total - n);
 
                 let dropped = shares(n, w, shuffle, 0, true, 0);
@@ -177,7 +179,7 @@ fn distributed_sampler_disjoint_covering_and_padding() {
     // N=10, W=3: 4 per rank, 2 padded (indices 0 and 1 again in torch's order).
     assert_eq!(shares(10, 3, false, 0, false, 0), [vec![0, 3, 6, 9], vec![1, 4, 7, 0], vec![2, 5, 8, 1]]);
     // N=10, W=4 drop_last: ceil((10-4)/4) = 2 per rank, total 8.
-    let s = DistributedSampler::new(10, 4, 3, false, 0, true).unwrap();
+    let s = DistributedSampler::new(10, 4, 3, DistributedSamplerOptions { shuffle: false, drop_last: true, ..Default::default() }).unwrap();
     assert_eq!((s.num_samples(), s.total_size(), s.indices()), (2, 8, vec![3, 7]));
 }
 
@@ -195,10 +197,10 @@ fn distributed_sampler_epochs_and_seeds() {
 
 #[test]
 fn distributed_sampler_errors() {
-    let err = DistributedSampler::new(10, 2, 2, true, 0, false).unwrap_err();
+    let err = DistributedSampler::new(10, 2, 2, DistributedSamplerOptions::default()).unwrap_err();
     assert!(matches!(err, Error::RankOutOfRange { rank: 2, world_size: 2, .. }));
     assert_eq!(err.to_string(), "DistributedSampler::new: rank 2 is outside 0..2");
-    let err = DistributedSampler::new(10, 0, 0, true, 0, false).unwrap_err();
+    let err = DistributedSampler::new(10, 0, 0, DistributedSamplerOptions::default()).unwrap_err();
     assert!(matches!(err, Error::InvalidValue { .. }));
     assert_eq!(err.to_string(), "invalid value \"0\" for num_replicas: at least 1 (the world size)");
 }

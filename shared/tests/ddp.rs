@@ -8,7 +8,7 @@ mod common;
 use common::{assert_close, global_batches, no_dropout};
 use ladder_core::dist::{init_process_group, Backend, ProcessGroup};
 use ladder_core::model::{BasicNet, Model};
-use ladder_core::parallel::{DdpOptions, DistributedDataParallel};
+use ladder_core::parallel::{DdpOptions, DistributedDataParallel, GradSync};
 use ladder_core::Error;
 use tch::nn::{self, ModuleT, OptimizerConfig};
 use tch::{Device, Kind, Tensor};

@@ -12,7 +12,7 @@ use ladder_core::dist::local::LocalGroup;
 use ladder_core::dist::{init_process_group, Backend, ProcessGroup};
 use ladder_core::model::{BasicNet, Model, Segmented};
 use ladder_core::parallel::fsdp::{explain_units, plan_units, FlatParamUnit, FullyShardedDataParallel};
-use ladder_core::parallel::{BackwardPrefetch, FsdpOptions, MixedPrecision, ShardingStrategy};
+use ladder_core::parallel::{BackwardPrefetch, FsdpOptions, GradSync, MixedPrecision, ShardingStrategy};
 use ladder_core::parallel::{DdpOptions, DistributedDataParallel};
 use ladder_core::Error;
 use std::collections::BTreeMap;
@@ -116,7 +116,7 @@ fn assert_sd_close(what: &str, a: &[(String, Tensor)], b: &[(String, Tensor)]) {
 
 /// What rank `rank` should hold of `unit`, computed from a full (single-process) state dict:
 /// the unit's tensors flattened in order, zero-padded, and sliced.
-fn expected_shard(unit: &FlatParamUnit, full: &[(String, Tensor)], rank: usize, sharded: bool) -> Tensor {
+fn expected_shard(unit: &FlatParamUnit, full: &[(String, Tensor)], rank: usize, strategy: ShardingStrategy) -> Tensor {
     let pieces: Vec<Tensor> =
         unit.param_names.iter().map(|n| full.iter().find(|(k, _)| k == n).expect("key in reference").1.reshape([-1])).collect();
     let mut flat = Tensor::cat(&pieces, 0);
@@ -124,17 +124,17 @@ fn expected_shard(unit: &FlatParamUnit, full: &[(String, Tensor)], rank: usize, 
     if pad > 0 {
         flat = Tensor::cat(&[flat.shallow_clone(), flat.zeros_like().narrow(0, 0, pad)], 0);
     }
-    let (start, len) = unit.shard_range(rank, sharded);
+    let (start, len) = unit.shard_range(rank, strategy);
     flat.narrow(0, start, len)
 }
 
 /// Every rank's shards against a reference state dict; rank 0's full state dict too.
 fn check_against(fsdp: &FullyShardedDataParallel<'_, BasicNet>, reference: &[(String, Tensor)], what: &str) {
-    let sharded = fsdp.config().sharding_strategy.is_sharded();
+    let strategy = fsdp.config().sharding_strategy;
     let rank = fsdp.rank();
     for (unit, (key, shard)) in fsdp.units().iter().zip(fsdp.sharded_state_dict()) {
         assert_eq!(key, unit.key());
-        let expected = expected_shard(unit, reference, rank, sharded);
+        let expected = expected_shard(unit, reference, rank, strategy);
         assert_close(&format!("{what}: rank {rank} shard {key}"), &shard, &expected);
     }
     match fsdp.full_state_dict().unwrap() {
@@ -289,7 +289,7 @@ fn rank_clip_and_state_dicts() {
         let shard_grads: StateDict =
             fsdp.units().iter().zip(&fsdp.var_store().trainable_variables()).map(|(u, t)| (u.key(), t.grad())).collect();
         for (unit, (key, g)) in fsdp.units().iter().zip(&shard_grads) {
-            let expected = expected_shard(unit, &ref_clipped, rank, strategy.is_sharded());
+            let expected = expected_shard(unit, &ref_clipped, rank, strategy);
             assert_close(&format!("{strategy}: rank {rank} clipped grad {key}"), g, &expected);
         }
         opt.step();
@@ -373,8 +373,9 @@ fn rank_clip_and_state_dicts() {
         assert!(!same, "without sync_module_states the other ranks' shards come from their own initialisation");
         // The first shard is rank 0's own.
         let unit = &d.units()[0];
-        let own = expected_shard(unit, &copies(&init0.named_parameters()), 0, true);
-        let got = expected_shard(unit, &full, 0, true);
+        let strategy = d.config().sharding_strategy;
+        let own = expected_shard(unit, &copies(&init0.named_parameters()), 0, strategy);
+        let got = expected_shard(unit, &full, 0, strategy);
         assert!(own.equal(&got), "rank 0's shard is rank 0's initialisation");
     }
 }
@@ -505,7 +506,7 @@ fn rank_mixed_precision_and_no_sync() {
     let loss = fsdp.forward_t(&x1, true).unwrap().nll_loss(&y1);
     fsdp.backward(&loss).unwrap();
     for (unit, t) in fsdp.units().iter().zip(fsdp.var_store().trainable_variables()) {
-        let expected = expected_shard(unit, &ref_grads, rank, true);
+        let expected = expected_shard(unit, &ref_grads, rank, fsdp.config().sharding_strategy);
         assert_close(&format!("rank {rank} accumulated grad {}", unit.key()), &t.grad(), &expected);
     }
 }

@@ -73,7 +73,7 @@ fn evaluation_in_pieces_equals_the_whole_batch() {
     let whole = tch::no_grad(|| net.forward_t(&x, false));
     let data = ladder_core::data::Dataset::from_tensors(x.shallow_clone(), y.shallow_clone()).unwrap();
     let mut pieces = Vec::new();
-    let sums = ladder_core::train::evaluate_with(
+    let sums = ladder_core::eval::evaluate_with(
         |b| {
             pieces.push(b.size()[0]);
             Ok(net.forward_t(b, false))

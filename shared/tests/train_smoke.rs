@@ -1,7 +1,7 @@
 //! The single-process baseline on real MNIST: a 100-step smoke run learns, the binary's --help
 //! and its flag errors are what a user sees.
 
-use ladder_core::train::{run, TrainArgs};
+use ladder_core::metrics::Report;
 use std::process::Command;
 
 const BIN: &str = env!("CARGO_BIN_EXE_ladder-baseline");
@@ -10,22 +10,23 @@ const BIN: &str = env!("CARGO_BIN_EXE_ladder-baseline");
 fn hundred_real_steps_learn_mnist() {
     let dir = tempfile::tempdir().unwrap();
     let json = dir.path().join("m.json");
-    let args = TrainArgs {
-        max_steps: Some(100),
-        log_interval: 0,
-        device: Some(ladder_core::device::DeviceKind::Cpu),
-        metrics_json: Some(json.clone()),
-        ..TrainArgs::default()
-    };
-    let report = run(&args).unwrap();
+    let out = Command::new(BIN)
+        .args(["--max-steps", "100", "--log-interval", "0", "--device", "cpu", "--metrics-json"])
+        .arg(&json)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
+    let report: Report = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     assert_eq!(report.steps, 100);
     assert_eq!(report.eval_samples, 10_000);
     assert!(report.test_loss < 0.5, "test loss {}", report.test_loss);
     assert!(report.accuracy > 0.90, "accuracy {}", report.accuracy);
     assert!(report.train_loss < 1.0 && report.train_loss > report.test_loss, "train loss {}", report.train_loss);
-    // The JSON the bench reads holds the same figures.
-    let written: ladder_core::metrics::Report = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
-    assert_eq!(written, report);
+    // The JSON the bench reads holds the figures the run printed.
+    let printed: Vec<&str> = stdout.lines().collect();
+    let epoch = report.history[0];
+    assert_eq!(printed, [epoch.train_line(), epoch.test_line(), report.figures_line()], "{stdout}");
 }
 
 #[test]

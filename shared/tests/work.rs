@@ -1,11 +1,11 @@
-//! The non-blocking collectives (`*_start` → `Work`) against their closed forms at world sizes
+//! The non-blocking collectives (`ProcessGroup::start` → `Work`) against their closed forms at world sizes
 //! 2 and 3, several in flight at once; and the collective timeout: a rank that never arrives
 //! makes the others fail with a typed error naming it, and the job ends.
 
 mod common;
 
 use ladder_core::dist::progress::{self, Recorder};
-use ladder_core::dist::{init_process_group, work, Backend, ReduceOp};
+use ladder_core::dist::{init_process_group, work, Backend, Collective, ReduceOp};
 use ladder_core::Error;
 use std::time::Duration;
 use tch::{Device, Kind, Tensor};
@@ -34,7 +34,7 @@ fn rank_nonblocking() {
         // Two all-reduces in flight at once, completed in reverse order.
         let mut a = Tensor::full([1000], r, (kind, Device::Cpu));
         let mut b = Tensor::full([3], r + 1.0, (kind, Device::Cpu));
-        let mut wa = pg.all_reduce_start(&mut a, ReduceOp::Sum).unwrap();
+        let mut wa = pg.start(Collective::all_reduce(&mut a, ReduceOp::Sum)).unwrap();
         if pg.rank() == 0 {
             // Rank 0 makes progress on the first before starting the second, the others do
             // not: both must still be issued in one order on every rank (MPI's rule), which
@@ -42,7 +42,7 @@ fn rank_nonblocking() {
             std::thread::sleep(std::time::Duration::from_millis(20));
             let _ = wa.test().unwrap();
         }
-        let mut wb = pg.all_reduce_start(&mut b, ReduceOp::Avg).unwrap();
+        let mut wb = pg.start(Collective::all_reduce(&mut b, ReduceOp::Avg)).unwrap();
         assert!(wb.seq() == wa.seq() + 1, "sequence numbers count collectives: {wa:?} {wb:?}");
         while !wb.test().unwrap() {}
         drop(wb);
@@ -51,11 +51,11 @@ fn rank_nonblocking() {
         assert!(values(&b).iter().all(|&v| v == (tri + w) / w), "{kind:?} avg");
     }
     let mut t = Tensor::full([5], r, (Kind::Int64, Device::Cpu));
-    pg.broadcast_start(&mut t, 1).unwrap().wait().unwrap();
+    pg.start(Collective::broadcast(&mut t, 1)).unwrap().wait().unwrap();
     assert_eq!(values(&t), [1.0; 5]);
     let input = Tensor::full([2], r, (Kind::Float, Device::Cpu));
     let mut out = Tensor::zeros([2 * pg.world_size() as i64], (Kind::Float, Device::Cpu));
-    pg.all_gather_start(&mut out, &input).unwrap().wait().unwrap();
+    pg.start(Collective::all_gather(&mut out, &input)).unwrap().wait().unwrap();
     let expect: Vec<f64> = (0..pg.world_size()).flat_map(|q| [q as f64, q as f64]).collect();
     assert_eq!(values(&out), expect);
     // The owned form: the Work keeps its tensors alive after the caller dropped its handles;
@@ -63,7 +63,7 @@ fn rank_nonblocking() {
     // all-reduce issued while it is in flight completes in between, on every rank.
     let owned_out = Tensor::zeros([3 * pg.world_size() as i64], (Kind::Float, Device::Cpu));
     let result = owned_out.shallow_clone();
-    let work = pg.all_gather_start_owned(owned_out, Tensor::full([3], r + 0.5, (Kind::Float, Device::Cpu))).unwrap();
+    let work = pg.start(Collective::all_gather(owned_out, Tensor::full([3], r + 0.5, (Kind::Float, Device::Cpu)))).unwrap();
     assert_ne!(work.seq(), 0, "the MPI group starts it non-blocking (a completed Work has no sequence number)");
     let mut between = Tensor::full([4], r, (Kind::Float, Device::Cpu));
     pg.all_reduce(&mut between, ReduceOp::Sum).unwrap();
@@ -73,20 +73,20 @@ fn rank_nonblocking() {
     assert_eq!(values(&result), expect);
     let big = Tensor::arange(2 * pg.world_size() as i64, (Kind::Float, Device::Cpu));
     let mut mine = Tensor::zeros([2], (Kind::Float, Device::Cpu));
-    pg.reduce_scatter_start(&mut mine, &big, ReduceOp::Sum).unwrap().wait().unwrap();
+    pg.start(Collective::reduce_scatter(&mut mine, &big, ReduceOp::Sum)).unwrap().wait().unwrap();
     let k = 2.0 * r;
     assert_eq!(values(&mine), [k * w, (k + 1.0) * w]);
-    pg.barrier_start().unwrap().wait().unwrap();
+    pg.start(Collective::barrier()).unwrap().wait().unwrap();
     // Ranks disagreeing on numel: the typed mismatch error on every rank, from the probe.
     let mut bad = Tensor::zeros([2 + pg.rank() as i64], (Kind::Float, Device::Cpu));
     // (The probe completes inside the start, so the start itself returns the error.)
-    let err = pg.all_reduce_start(&mut bad, ReduceOp::Sum).and_then(|w| w.wait()).unwrap_err();
+    let err = pg.start(Collective::all_reduce(&mut bad, ReduceOp::Sum)).and_then(|w| w.wait()).unwrap_err();
     assert!(matches!(err, Error::CollectiveMismatch { .. }), "{err}");
     // The blocking form still agrees with the non-blocking one, bit for bit.
     let mut x = Tensor::full([7], r + 0.1, (Kind::Float, Device::Cpu));
     let mut y = x.copy();
     pg.all_reduce(&mut x, ReduceOp::Avg).unwrap();
-    pg.all_reduce_start(&mut y, ReduceOp::Avg).unwrap().wait().unwrap();
+    pg.start(Collective::all_reduce(&mut y, ReduceOp::Avg)).unwrap().wait().unwrap();
     assert!(x.equal(&y));
 }
 
@@ -113,7 +113,7 @@ fn rank_work_times_out() {
         std::thread::sleep(Duration::from_secs(60)); // stuck: ended by rank 0's abort
     }
     // The agreement probe is waited for inside the start, so the timeout can come from it.
-    match pg.all_reduce_start(&mut t, ReduceOp::Sum).and_then(|w| w.wait()) {
+    match pg.start(Collective::all_reduce(&mut t, ReduceOp::Sum)).and_then(|w| w.wait()) {
         Err(e @ Error::CollectiveTimeout { .. }) => {
             let Error::CollectiveTimeout { op, seq, rank, not_arrived, .. } = &e else { unreachable!() };
             eprintln!("CollectiveTimeout: {op} #{seq} rank {rank} not_arrived {not_arrived:?}");
@@ -187,9 +187,9 @@ fn uneven_batch_counts_are_an_error_at_world_size_3() {
 #[ignore = "rank body: run under mpirun by uneven_batch_counts_are_an_error_at_world_size_3"]
 fn rank_uneven_batches() {
     let pg = init_process_group(Backend::Mpi).unwrap();
-    ladder_core::train::check_batch_counts(&*pg, 7).unwrap();
+    ladder_core::recipe::check_batch_counts(&*pg, 7).unwrap();
     let mine = if pg.rank() == 2 { 6 } else { 7 };
-    let err = ladder_core::train::check_batch_counts(&*pg, mine).unwrap_err();
+    let err = ladder_core::recipe::check_batch_counts(&*pg, mine).unwrap_err();
     assert_eq!(
         err.to_string(),
         "uneven data: rank 2 has 6 batches per epoch but rank 0 has 7; every rank must run the same number of steps \
@@ -200,7 +200,7 @@ fn rank_uneven_batches() {
 /// A batch larger than one rank's share of the data: the typed error, at world sizes 1 and 3.
 #[test]
 fn batch_size_larger_than_a_ranks_share_snapshot() {
-    use ladder_core::train::check_batch_size;
+    use ladder_core::recipe::check_batch_size;
     assert!(check_batch_size("--batch-size", 20_000, 60_000, 3).is_ok());
     let texts: Vec<String> = [(60_001, 1), (20_001, 3), (100_000, 2)]
         .iter()
@@ -214,7 +214,7 @@ fn batch_size_larger_than_a_ranks_share_snapshot() {
 /// memory and the largest batch that fits — at levels 1/2 (`--batch-size`) and 3.
 #[test]
 fn batch_too_large_for_memory_snapshot() {
-    use ladder_core::train::check_batch_memory;
+    use ladder_core::recipe::check_batch_memory;
     const GIB: u64 = 1 << 30;
     // The normal runs fit easily: batch 64, 1000 (evaluation) at 3 ranks in 4 GiB.
     assert!(check_batch_memory("--batch-size", 64, 128, 3, 4 * GIB).is_ok());

@@ -2,8 +2,9 @@
 //! with PyTorch's DDP beside them; and memory per rank, stacked as parameters / gradients /
 //! optimizer / gathered / the rest of the peak RSS.
 
-use super::{MatrixSummary, Precision, Row, Strategy};
+use super::{MatrixSummary, Row};
 use crate::error::{Error, Result};
+use ladder_core::parallel::Precision;
 use plotters::prelude::*;
 use std::path::Path;
 
@@ -45,7 +46,7 @@ pub fn write_plots(summary: &MatrixSummary, dir: &Path) -> Result<Vec<std::path:
 /// samples/s (median) against world size: one line per level × strategy at fc1 128 in fp32, and
 /// one for PyTorch DDP over gloo.
 fn throughput(summary: &MatrixSummary, path: &Path) -> Result<bool> {
-    let base = |r: &&Row| r.case.width == 128 && r.case.precision == Precision::Fp32 && r.case.level.is_some();
+    let base = |r: &&Row| r.case.width == 128 && r.case.precision == Precision::No && r.case.level.is_some();
     let mut series: Vec<(String, Vec<(f64, f64)>)> = Vec::new();
     let mut push = |name: String, x: f64, y: f64| match series.iter_mut().find(|(n, _)| *n == name) {
         Some((_, pts)) => pts.push((x, y)),
@@ -57,7 +58,7 @@ fn throughput(summary: &MatrixSummary, path: &Path) -> Result<bool> {
         if let Some(s) = r.samples_per_s {
             push(format!("level {} {}", r.case.level.unwrap_or(0), r.case.strategy.name()), ws, s.median);
         }
-        if let (Some(p), Strategy::Ddp) = (r.peer_samples_per_s, r.case.strategy) {
+        if let Some(p) = r.peer_samples_per_s.filter(|_| r.case.strategy.is_ddp()) {
             if !peer_done.contains(&r.case.world_size) {
                 peer_done.push(r.case.world_size);
                 push("PyTorch DDP (gloo)".into(), ws, p.median);
@@ -117,7 +118,7 @@ fn memory(summary: &MatrixSummary, path: &Path) -> Result<bool> {
             let rss = r.peak_rss_per_rank.first().copied().unwrap_or(0.0);
             let rest = (rss - parts.iter().sum::<f64>()).max(0.0);
             let c = &r.case;
-            let name = format!("L{} {} ×{} fc1 {} {}", c.level.unwrap_or(0), c.strategy.name(), c.world_size, c.width, c.precision.name());
+            let name = format!("L{} {} ×{} fc1 {} {}", c.level.unwrap_or(0), c.strategy.name(), c.world_size, c.width, c.precision.label());
             Some((name, [parts[0], parts[1], parts[2], parts[3], rest]))
         })
         .collect();

@@ -19,7 +19,7 @@ fn case_cells(c: &super::Case) -> [String; 5] {
         c.strategy.name().into(),
         c.world_size.to_string(),
         c.width.to_string(),
-        c.precision.name().into(),
+        c.precision.label().into(),
     ]
 }
 
@@ -364,7 +364,7 @@ pub fn render_markdown(summary: &MatrixSummary) -> String {
     }
     if let Some(a) = &summary.allreduce {
         s.push_str(&format!(
-            "\n## All-reduce, {} ranks (f32, sum; busbw = algbw × 2(n−1)/n)\n\nours: `ProcessGroup::all_reduce`, which checks on every call that all ranks pass the same numel and dtype (one small all-reduce first); layout checked once: `all_reduce_prechecked`, the path DDP's buckets take (their layout is checked once, when DDP is built); raw: rsmpi's `all_reduce_into`.\n\n{}\n",
+            "\n## All-reduce, {} ranks (f32, sum; busbw = algbw × 2(n−1)/n)\n\nours: `ProcessGroup::all_reduce`, which checks on every call that all ranks pass the same numel and dtype (one small all-reduce first); layout checked once: `Collective::all_reduce(..).prechecked()`, the path DDP's buckets take (their layout is checked once, when DDP is built); raw: rsmpi's `all_reduce_into`.\n\n{}\n",
             a.world_size,
             render_allreduce(summary, true)
         ));
@@ -440,7 +440,7 @@ pub fn render_csv(summary: &MatrixSummary) -> String {
             c.strategy.name().into(),
             c.world_size.to_string(),
             c.width.to_string(),
-            c.precision.name().into(),
+            c.precision.label().into(),
             c.steps.to_string(),
             r.samples_per_s.map_or(0, |s| s.n).to_string(),
             f(r.samples_per_s.map(|s| s.median)),

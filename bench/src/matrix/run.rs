@@ -2,11 +2,12 @@
 //! whose report the bench reads back.
 
 use super::render::{render_markdown, render_terminal};
-use super::{aggregate, label, plan, AllReduce, Case, MatrixSummary, Ours, Peer, Precision, RunArgs, Strategy, Theirs};
+use super::{aggregate, label, plan, AllReduce, Case, MatrixSummary, Ours, Peer, RunArgs, Theirs};
 use crate::error::{Error, Result};
 use crate::figures::RunFigures;
 use crate::machine::Machine;
 use crate::{process, require_binary, write_file, LEVELS};
+use ladder_core::parallel::Precision;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
@@ -26,12 +27,11 @@ struct Paths {
 /// writing results. A run's own failure is recorded in its row (see [`MatrixSummary::check`]).
 pub fn run_matrix(args: &RunArgs) -> Result<MatrixSummary> {
     let (cases, mut skipped) = plan(args)?;
-    let root = args.root.clone().unwrap_or_else(crate::default_root);
-    let bin_dir = args.bin_dir.clone().unwrap_or_else(|| root.join("target").join("release"));
+    let root = args.launch.root();
     let paths = Paths {
         out_dir: args.out_dir.clone().unwrap_or_else(|| root.join("bench").join("results")),
         python: args.python.clone().unwrap_or_else(|| root.join(".venv").join("bin").join("python")),
-        bin_dir,
+        bin_dir: args.launch.bin_dir(),
         root,
     };
     // Check every binary before measuring anything.
@@ -106,7 +106,7 @@ pub fn run_matrix(args: &RunArgs) -> Result<MatrixSummary> {
     };
     let repeats_of = |c: &Case| if c.width == 128 { args.repeats } else { args.wide_repeats.min(args.repeats) };
     let total = args.repeats * peers_per_repeat + cases.iter().map(repeats_of).sum::<usize>();
-    let timeout = Duration::from_secs(args.timeout_s);
+    let timeout = args.launch.timeout();
     let mut ours = Ours::new();
     let mut theirs = Theirs::new();
     let mut k = 0;
@@ -217,13 +217,13 @@ fn torch_version(python: &Path) -> Option<String> {
 /// The flags a level binary must take for `case`, beyond the common training ones.
 fn needed_flags(case: &Case) -> Vec<&'static str> {
     let mut f = vec!["--strategy"];
-    if !matches!(case.strategy, Strategy::Ddp | Strategy::Single) {
+    if case.strategy.sharding().is_some() {
         f.push("--fsdp-min-num-params");
     }
     if case.width != 128 {
         f.push("--width");
     }
-    if case.precision == Precision::Bf16 {
+    if case.precision != Precision::No {
         f.push("--mixed-precision");
     }
     f
@@ -254,14 +254,14 @@ fn run_ours(case: &Case, repeat: usize, paths: &Paths, timeout: Duration) -> std
             let mut c = Command::new(paths.bin_dir.join("ladder-run"));
             c.arg("--nproc-per-node").arg(case.world_size.to_string()).arg(paths.bin_dir.join(LEVELS[usize::from(n) - 1].binary));
             c.args(["--strategy", case.strategy.name()]);
-            if case.strategy != Strategy::Ddp {
+            if case.strategy.sharding().is_some() {
                 c.args(["--fsdp-min-num-params", "0"]);
             }
             if case.width != 128 {
                 c.args(["--width", &case.width.to_string()]);
             }
-            if case.precision == Precision::Bf16 {
-                c.args(["--mixed-precision", "bf16"]);
+            if case.precision != Precision::No {
+                c.args(["--mixed-precision", &case.precision.to_string()]);
             }
             c
         }

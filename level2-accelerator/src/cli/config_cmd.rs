@@ -1,7 +1,7 @@
 //! `ladder-accelerate config`: writes the config file `launch` reads, as `accelerate config`
 //! (prompts) and `accelerate config default` (`--default`).
 
-use super::{CmdResult, SettingsArgs};
+use super::CmdResult;
 use level2_accelerator::config::{
     default_config_file, default_fsdp_min_num_params, AcceleratorConfig, BackwardPrefetch, ConfigFormat, DistributedType, Origin,
     Precision, ShardingStrategy,
@@ -23,7 +23,7 @@ pub struct ConfigArgs {
     #[arg(long)]
     pub default: bool,
     #[command(flatten)]
-    pub settings: SettingsArgs,
+    pub settings: AcceleratorConfig,
 }
 
 /// Runs `config`: decides the settings (flags, defaults or prompts), writes the file, prints it.
@@ -36,7 +36,7 @@ pub fn run(args: &ConfigArgs) -> CmdResult {
         })?,
     };
     ConfigFormat::of(&path)?;
-    let flags = args.settings.to_config();
+    let flags = args.settings.clone();
     flags.validate(&Origin::Flags)?;
     let cfg = if args.default {
         with_defaults(&flags, &Machine::detect())
@@ -162,56 +162,13 @@ pub fn ask(p: &mut dyn Prompter, machine: &Machine) -> Result<AcceleratorConfig>
     let distributed = kind != 0;
     let mut machines = 1;
     if distributed {
-        let n = p.input("How many different machines will you use (use more than 1 for multi-node training)?", "1", &check_count(1))?;
-        machines = n.trim().parse().unwrap_or(1);
-        cfg.num_machines = Some(machines);
-        if machines > 1 {
-            let rank = p.input("What is the rank of this machine?", "0", &move |s: &str| match s.trim().parse::<usize>() {
-                Ok(r) if r < machines => Ok(()),
-                _ => Err(format!("expected a machine index in 0..{machines}")),
-            })?;
-            cfg.machine_rank = rank.trim().parse().ok();
-            let ip = p.input("What is the IP address of the machine that will host the main process?", "", &|s: &str| {
-                if s.trim().is_empty() {
-                    Err("expected a host name or IP address".into())
-                } else {
-                    Ok(())
-                }
-            })?;
-            cfg.main_process_ip = Some(ip.trim().to_string());
-            let port = p.input("What is the port you will use to communicate with the main process?", "29500", &|s: &str| match s
-                .trim()
-                .parse::<u16>()
-            {
-                Ok(p) if p >= 1 => Ok(()),
-                _ => Err("expected a port in 1..=65535".into()),
-            })?;
-            cfg.main_process_port = port.trim().parse().ok();
-        } else {
-            cfg.machine_rank = Some(0);
-        }
+        machines = ask_machines(p, &mut cfg)?;
     }
     let mut use_fsdp = false;
     if distributed {
         use_fsdp = p.confirm("Do you want to use FullyShardedDataParallel?", false)?;
         if use_fsdp {
-            let strategies = [ShardingStrategy::FullShard, ShardingStrategy::ShardGradOp, ShardingStrategy::NoShard];
-            let names: Vec<&str> = strategies.iter().map(|s| ladder_core::parallel::Choice::name(*s)).collect();
-            let i = p.select("What should be your sharding strategy?", &names, 0)?;
-            cfg.fsdp_sharding_strategy = Some(strategies[i]);
-            let n = p.input(
-                "What should be your FSDP's minimum number of parameters for Default Auto Wrapping Policy?",
-                &default_fsdp_min_num_params().to_string(),
-                &check_count(0),
-            )?;
-            cfg.fsdp_min_num_params = n.trim().parse().ok();
-            // Accelerate offers BACKWARD_PRE first (its questionnaire's default); the
-            // plugin's default when nothing is given is NO_PREFETCH.
-            let prefetches = [BackwardPrefetch::BackwardPre, BackwardPrefetch::BackwardPost, BackwardPrefetch::NoPrefetch];
-            let names: Vec<&str> = prefetches.iter().map(|p| ladder_core::parallel::Choice::name(*p)).collect();
-            let i = p.select("What should be your FSDP's backward prefetch policy?", &names, 0)?;
-            cfg.fsdp_backward_prefetch = Some(prefetches[i]);
-            cfg.fsdp_forward_prefetch = Some(p.confirm("Do you want to enable FSDP's forward prefetch policy?", false)?);
+            ask_fsdp(p, &mut cfg)?;
         }
         cfg.use_fsdp = Some(use_fsdp);
     }
@@ -246,6 +203,62 @@ pub fn ask(p: &mut dyn Prompter, machine: &Machine) -> Result<AcceleratorConfig>
     let i = p.select(prompt, &names, 0)?;
     cfg.mixed_precision = Some(precisions[i]);
     Ok(cfg)
+}
+
+/// The machines: how many, and for several this one's rank and the main process's address
+/// and port. Returns the number of machines.
+fn ask_machines(p: &mut dyn Prompter, cfg: &mut AcceleratorConfig) -> Result<usize> {
+    let n = p.input("How many different machines will you use (use more than 1 for multi-node training)?", "1", &check_count(1))?;
+    let machines: usize = n.trim().parse().unwrap_or(1);
+    cfg.num_machines = Some(machines);
+    if machines == 1 {
+        cfg.machine_rank = Some(0);
+        return Ok(machines);
+    }
+    let rank = p.input("What is the rank of this machine?", "0", &move |s: &str| match s.trim().parse::<usize>() {
+        Ok(r) if r < machines => Ok(()),
+        _ => Err(format!("expected a machine index in 0..{machines}")),
+    })?;
+    cfg.machine_rank = rank.trim().parse().ok();
+    let ip = p.input("What is the IP address of the machine that will host the main process?", "", &|s: &str| {
+        if s.trim().is_empty() {
+            Err("expected a host name or IP address".into())
+        } else {
+            Ok(())
+        }
+    })?;
+    cfg.main_process_ip = Some(ip.trim().to_string());
+    let port = p.input("What is the port you will use to communicate with the main process?", "29500", &|s: &str| match s
+        .trim()
+        .parse::<u16>()
+    {
+        Ok(p) if p >= 1 => Ok(()),
+        _ => Err("expected a port in 1..=65535".into()),
+    })?;
+    cfg.main_process_port = port.trim().parse().ok();
+    Ok(machines)
+}
+
+/// FSDP's settings: sharding strategy, auto-wrap threshold, backward and forward prefetch.
+fn ask_fsdp(p: &mut dyn Prompter, cfg: &mut AcceleratorConfig) -> Result<()> {
+    let strategies = [ShardingStrategy::FullShard, ShardingStrategy::ShardGradOp, ShardingStrategy::NoShard];
+    let names: Vec<&str> = strategies.iter().map(|s| ladder_core::parallel::Choice::name(*s)).collect();
+    let i = p.select("What should be your sharding strategy?", &names, 0)?;
+    cfg.fsdp_sharding_strategy = Some(strategies[i]);
+    let n = p.input(
+        "What should be your FSDP's minimum number of parameters for Default Auto Wrapping Policy?",
+        &default_fsdp_min_num_params().to_string(),
+        &check_count(0),
+    )?;
+    cfg.fsdp_min_num_params = n.trim().parse().ok();
+    // Accelerate offers BACKWARD_PRE first (its questionnaire's default); the
+    // plugin's default when nothing is given is NO_PREFETCH.
+    let prefetches = [BackwardPrefetch::BackwardPre, BackwardPrefetch::BackwardPost, BackwardPrefetch::NoPrefetch];
+    let names: Vec<&str> = prefetches.iter().map(|p| ladder_core::parallel::Choice::name(*p)).collect();
+    let i = p.select("What should be your FSDP's backward prefetch policy?", &names, 0)?;
+    cfg.fsdp_backward_prefetch = Some(prefetches[i]);
+    cfg.fsdp_forward_prefetch = Some(p.confirm("Do you want to enable FSDP's forward prefetch policy?", false)?);
+    Ok(())
 }
 
 #[cfg(test)]

@@ -7,7 +7,7 @@
 //! path) or spawned directly with the torchrun variables (backend nccl). Unlike Accelerate's
 //! `launch --cpu --num_processes 2`, which starts one process, two processes are started.
 
-use super::{implicit_config_file, CmdResult, SettingsArgs};
+use super::{implicit_config_file, CmdResult};
 use ladder_core::launch::{LaunchBackend, LaunchConfig};
 use level2_accelerator::config::{env_var, AcceleratorConfig, DistributedType, Origin, ResolvedConfig, CONFIG_FILE_VAR, SETTINGS};
 use level2_accelerator::{Error, Result};
@@ -35,7 +35,7 @@ pub struct LaunchArgs {
     #[arg(long = "no-prefix", alias = "no_prefix")]
     pub no_prefix: bool,
     #[command(flatten)]
-    pub settings: SettingsArgs,
+    pub settings: AcceleratorConfig,
     /// PROGRAM and its ARGS: what every rank runs; everything after PROGRAM goes to it.
     #[arg(value_name = "PROGRAM", required = true, num_args = 1.., trailing_var_arg = true, allow_hyphen_values = true)]
     pub command: Vec<String>,
@@ -43,10 +43,7 @@ pub struct LaunchArgs {
 
 /// Where a launch setting came from, in the launcher's words.
 fn origin_of(setting: &str, flags: &AcceleratorConfig, file: &AcceleratorConfig, file_path: Option<&PathBuf>) -> String {
-    let given = |c: &AcceleratorConfig| match setting {
-        "use_fsdp" => c.effective_use_fsdp().is_some(),
-        _ => c.is_given(setting),
-    };
+    let given = |c: &AcceleratorConfig| c.with_implied().is_given(setting);
     if given(flags) {
         format!("flag --{}", setting.replace('_', "-"))
     } else if given(file) {
@@ -170,7 +167,7 @@ fn rank_command(backend: LaunchBackend, hostfile: bool, exported: &[(&str, Strin
 /// Runs `launch`: resolves the settings, prints the ranks and the settings, exports the
 /// variables and starts the job; returns the launcher's exit code.
 pub fn run(args: &LaunchArgs) -> CmdResult {
-    let flags = args.settings.to_config();
+    let flags = args.settings.clone();
     flags.validate(&Origin::Flags)?;
     let file_path = match &args.config_file {
         Some(p) => Some(p.clone()),

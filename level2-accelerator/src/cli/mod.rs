@@ -11,8 +11,7 @@ mod config_cmd;
 mod env_cmd;
 mod launch_cmd;
 
-use clap::{Args, Parser, Subcommand};
-use level2_accelerator::config::{AcceleratorConfig, BackwardPrefetch, DistributedType, Precision, ShardingStrategy};
+use clap::{Parser, Subcommand};
 use level2_accelerator::{Error, Result};
 use std::io::Write;
 use std::path::PathBuf;
@@ -40,106 +39,6 @@ enum Command {
     Launch(launch_cmd::LaunchArgs),
     /// Print versions, hardware and the active config, for a bug report, as `accelerate env`.
     Env(env_cmd::EnvArgs),
-}
-
-/// The settings a user can give as flags (every one optional: not given stays `None`).
-/// Accelerate's underscore spellings (`--num_processes`) are accepted too. A boolean flag
-/// alone means true; `--cpu=false` gives false explicitly.
-#[derive(Debug, Clone, Default, Args)]
-pub struct SettingsArgs {
-    /// How the job is distributed: no, multi-cpu (mpi), multi-gpu (nccl), fsdp.
-    #[arg(long = "distributed-type", alias = "distributed_type", value_enum, value_parser = ladder_core::cli::choice::<DistributedType>(), value_name = "TYPE", ignore_case = true)]
-    pub distributed_type: Option<DistributedType>,
-    /// Total number of processes over all machines [default: 1].
-    #[arg(long = "num-processes", alias = "num_processes", value_name = "N", value_parser = at_least_one)]
-    pub num_processes: Option<usize>,
-    /// Number of machines [default: 1].
-    #[arg(long = "num-machines", alias = "num_machines", value_name = "M", value_parser = at_least_one)]
-    pub num_machines: Option<usize>,
-    /// This machine's index, 0..num_machines [default: 0].
-    #[arg(long = "machine-rank", alias = "machine_rank", value_name = "R")]
-    pub machine_rank: Option<usize>,
-    /// Address of machine 0 (MASTER_ADDR) [default: 127.0.0.1].
-    #[arg(long = "main-process-ip", alias = "main_process_ip", value_name = "ADDR")]
-    pub main_process_ip: Option<String>,
-    /// Rendezvous port on machine 0 (MASTER_PORT) [default: a free port on one machine, 29500 on several].
-    #[arg(long = "main-process-port", alias = "main_process_port", value_name = "PORT", value_parser = clap::value_parser!(u16).range(1..))]
-    pub main_process_port: Option<u16>,
-    /// Mixed precision: no, bf16, fp16 (fp16 needs CUDA) [default: no].
-    #[arg(long = "mixed-precision", alias = "mixed_precision", value_parser = ladder_core::cli::spelling::<Precision>(), value_name = "MODE")]
-    pub mixed_precision: Option<Precision>,
-    /// Micro-batches per optimizer step [default: 1].
-    #[arg(long = "gradient-accumulation-steps", alias = "gradient_accumulation_steps", value_name = "K", value_parser = at_least_one)]
-    pub gradient_accumulation_steps: Option<usize>,
-    /// Train on the CPU even when a GPU is available [default: false].
-    #[arg(long, alias = "use_cpu", value_name = "BOOL", num_args = 0..=1, require_equals = true, default_missing_value = "true", value_parser = bool_value)]
-    pub cpu: Option<bool>,
-    /// Wrap the model in FSDP instead of DDP [default: false].
-    #[arg(long = "use-fsdp", alias = "use_fsdp", value_name = "BOOL", num_args = 0..=1, require_equals = true, default_missing_value = "true", value_parser = bool_value)]
-    pub use_fsdp: Option<bool>,
-    /// FSDP sharding strategy: full-shard, shard-grad-op, no-shard [default: full-shard].
-    #[arg(long = "fsdp-sharding-strategy", alias = "fsdp_sharding_strategy", value_parser = ladder_core::cli::spelling::<ShardingStrategy>(), value_name = "STRATEGY")]
-    pub fsdp_sharding_strategy: Option<ShardingStrategy>,
-    /// FSDP auto-wrap threshold: layers with at least this many parameters get their own unit [default: 100000000].
-    #[arg(long = "fsdp-min-num-params", alias = "fsdp_min_num_params", value_name = "N")]
-    pub fsdp_min_num_params: Option<usize>,
-    /// FSDP backward prefetch: backward-pre, backward-post, no-prefetch [default: no-prefetch].
-    #[arg(long = "fsdp-backward-prefetch", alias = "fsdp_backward_prefetch", value_parser = ladder_core::cli::spelling::<BackwardPrefetch>(), value_name = "POLICY")]
-    pub fsdp_backward_prefetch: Option<BackwardPrefetch>,
-    /// FSDP forward prefetch: start the next unit's all-gather before the current unit's forward [default: false].
-    #[arg(long = "fsdp-forward-prefetch", alias = "fsdp_forward_prefetch", value_name = "BOOL", num_args = 0..=1, require_equals = true, default_missing_value = "true", value_parser = bool_value)]
-    pub fsdp_forward_prefetch: Option<bool>,
-    /// The loader's batch size is global, split between the processes [default: false].
-    #[arg(long = "split-batches", alias = "split_batches", value_name = "BOOL", num_args = 0..=1, require_equals = true, default_missing_value = "true", value_parser = bool_value)]
-    pub split_batches: Option<bool>,
-    /// Pad the last batches so every process gets as many [default: true].
-    #[arg(long = "even-batches", alias = "even_batches", value_name = "BOOL", num_args = 0..=1, require_equals = true, default_missing_value = "true", value_parser = bool_value)]
-    pub even_batches: Option<bool>,
-    /// Seed for set_seed [default: not set].
-    #[arg(long, value_name = "SEED")]
-    pub seed: Option<u64>,
-}
-
-impl SettingsArgs {
-    /// The flags as an [`AcceleratorConfig`] (`None` where no flag was given).
-    pub fn to_config(&self) -> AcceleratorConfig {
-        AcceleratorConfig {
-            distributed_type: self.distributed_type,
-            num_processes: self.num_processes,
-            num_machines: self.num_machines,
-            machine_rank: self.machine_rank,
-            main_process_ip: self.main_process_ip.clone(),
-            main_process_port: self.main_process_port,
-            mixed_precision: self.mixed_precision,
-            gradient_accumulation_steps: self.gradient_accumulation_steps,
-            cpu: self.cpu,
-            use_fsdp: self.use_fsdp,
-            fsdp_sharding_strategy: self.fsdp_sharding_strategy,
-            fsdp_min_num_params: self.fsdp_min_num_params,
-            fsdp_backward_prefetch: self.fsdp_backward_prefetch,
-            fsdp_forward_prefetch: self.fsdp_forward_prefetch,
-            split_batches: self.split_batches,
-            even_batches: self.even_batches,
-            seed: self.seed,
-        }
-    }
-}
-
-/// clap parser for counts that must be at least 1.
-fn at_least_one(s: &str) -> std::result::Result<usize, String> {
-    match s.parse::<usize>() {
-        Ok(n) if n >= 1 => Ok(n),
-        _ => Err("expected a whole number of at least 1".to_string()),
-    }
-}
-
-/// clap parser for booleans, as Accelerate's `str_to_bool`.
-fn bool_value(s: &str) -> std::result::Result<bool, String> {
-    match s.trim().to_ascii_lowercase().as_str() {
-        "y" | "yes" | "t" | "true" | "on" | "1" => Ok(true),
-        "n" | "no" | "f" | "false" | "off" | "0" => Ok(false),
-        _ => Err("expected true or false (also 1/0, yes/no, on/off)".to_string()),
-    }
 }
 
 /// The config file a command reads when `--config-file` is not given: `$ACCELERATE_CONFIG_FILE`,

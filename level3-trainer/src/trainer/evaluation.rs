@@ -8,6 +8,8 @@ use crate::error::{Error, Result};
 use crate::output::{Progress, ReportWriter};
 use crate::state::{LogEntry, Metrics};
 use ladder_core::data::Dataset;
+use ladder_core::dist::ReduceOp;
+use level2_accelerator::DataLoaderOptions;
 use std::time::Instant;
 use tch::{Device, Kind, Tensor};
 
@@ -126,7 +128,7 @@ impl Trainer {
         // Rank r's p-th sample is dataset position p·W + r; positions ≥ n are padding.
         let real_on_rank = if rank < n { (n - rank).div_ceil(w) } else { 0 };
         let bs = self.args.per_device_eval_batch_size;
-        let loader = self.accelerator.prepare_data_loader(data, bs, false)?;
+        let loader = self.accelerator.prepare_data_loader(data, DataLoaderOptions { batch_size: bs, ..Default::default() })?;
         let (mut loss_sum, mut count, mut outputs, mut labels, mut steps) = (0.0f64, 0usize, Vec::new(), Vec::new(), 0usize);
         tch::no_grad(|| -> Result<()> {
             for (b, (images, ys)) in loader.iter().enumerate() {
@@ -157,7 +159,8 @@ impl Trainer {
             }
             Ok(())
         })?;
-        let sums = self.accelerator.reduce(&Tensor::from_slice(&[loss_sum, count as f64]).to_device(self.accelerator.device()), "sum")?;
+        let sums =
+            self.accelerator.reduce(&Tensor::from_slice(&[loss_sum, count as f64]).to_device(self.accelerator.device()), ReduceOp::Sum)?;
         let sums = Vec::<f64>::try_from(sums.to_device(Device::Cpu))?;
         let predictions = if outputs.is_empty() { Tensor::zeros([0, 10], (Kind::Float, Device::Cpu)) } else { Tensor::cat(&outputs, 0) };
         let label_ids = if labels.is_empty() { Tensor::zeros([0], (Kind::Int64, Device::Cpu)) } else { Tensor::cat(&labels, 0) };

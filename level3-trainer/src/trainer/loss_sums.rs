@@ -2,6 +2,7 @@
 //! checkpoints so that a resumed run logs what an uninterrupted one would.
 
 use crate::error::Result;
+use ladder_core::dist::ReduceOp;
 use level2_accelerator::Accelerator;
 use tch::{Device, Tensor};
 
@@ -27,7 +28,7 @@ impl LossSums {
 
     /// The window's mean step loss over all ranks; resets the window. Collective.
     pub(super) fn take_window(&mut self, acc: &Accelerator) -> Result<f64> {
-        let t = acc.reduce(&Tensor::from_slice(&[self.window_sum]).to_device(acc.device()), "sum")?;
+        let t = acc.reduce(&Tensor::from_slice(&[self.window_sum]).to_device(acc.device()), ReduceOp::Sum)?;
         let loss = t.double_value(&[0]) / (acc.num_processes() as f64 * self.window_steps as f64);
         self.window_sum = 0.0;
         self.window_steps = 0;
@@ -36,13 +37,13 @@ impl LossSums {
 
     /// `(Σ over ranks of total_sum, total_steps)`. Collective.
     pub(super) fn all_reduced_total(&self, acc: &Accelerator) -> Result<(f64, f64)> {
-        let t = acc.reduce(&Tensor::from_slice(&[self.total_sum]).to_device(acc.device()), "sum")?;
+        let t = acc.reduce(&Tensor::from_slice(&[self.total_sum]).to_device(acc.device()), ReduceOp::Sum)?;
         Ok((t.double_value(&[0]), self.total_steps as f64))
     }
 
     /// The sums over ranks, for a checkpoint. Collective.
     pub(super) fn checkpoint_extra(&self, acc: &Accelerator) -> Result<serde_json::Map<String, serde_json::Value>> {
-        let t = acc.reduce(&Tensor::from_slice(&[self.window_sum, self.total_sum]).to_device(acc.device()), "sum")?;
+        let t = acc.reduce(&Tensor::from_slice(&[self.window_sum, self.total_sum]).to_device(acc.device()), ReduceOp::Sum)?;
         let v = Vec::<f64>::try_from(t.to_device(Device::Cpu))?;
         let mut m = serde_json::Map::new();
         m.insert("loss_window_sum".into(), v[0].into());

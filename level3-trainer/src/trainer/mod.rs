@@ -145,13 +145,13 @@ impl Trainer {
         let accelerator = Accelerator::with_kwargs_handlers(Self::accelerator_config(&args), Default::default(), init)?;
         accelerator.set_check_finite(!args.allow_non_finite);
         if let Some(train) = &train_dataset {
-            ladder_core::train::check_batch_size(
+            ladder_core::recipe::check_batch_size(
                 "per_device_train_batch_size",
                 args.per_device_train_batch_size,
                 train.len(),
                 accelerator.num_processes(),
             )?;
-            ladder_core::train::check_batch_fits_memory(
+            ladder_core::recipe::check_batch_fits_memory(
                 "per_device_train_batch_size",
                 args.per_device_train_batch_size,
                 net.config().width,
@@ -277,12 +277,14 @@ impl Trainer {
     /// `save_model()`. Collective.
     ///
     /// # Errors
-    /// [`Error::Io`] naming the directory; libtorch's serialisation errors.
+    /// [`Error::Io`] naming the directory; an invalid value naming `output_dir/model.safetensors`
+    /// when the file cannot be written.
     pub fn save_model(&self) -> Result<PathBuf> {
         let path = self.args.output_dir.join(core_ckpt::MODEL_FILE);
         if let Some(weights) = self.accelerator.get_state_dict()? {
             std::fs::create_dir_all(&self.args.output_dir).map_err(|e| Error::io(&self.args.output_dir, e))?;
-            ladder_core::train::save_weights(&path, &weights)?;
+            ladder_core::recipe::save_weights(&path, &weights)
+                .map_err(|e| e.named_by(&[(ladder_core::recipe::WEIGHTS_FILE, "output_dir/model.safetensors")]))?;
         }
         self.accelerator.wait_for_everyone()?;
         Ok(path)

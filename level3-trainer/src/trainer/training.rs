@@ -15,6 +15,7 @@ use crate::state::{LogEntry, Metrics, TrainerState};
 use ladder_core::data::Dataset;
 use ladder_core::memory::ModelStateBytes;
 use ladder_core::model::BasicNet;
+use level2_accelerator::DataLoaderOptions;
 use std::path::PathBuf;
 use std::time::Instant;
 use tch::Tensor;
@@ -142,7 +143,10 @@ impl Trainer {
         let resume_dir = self.resume_dir(resume_from_checkpoint.as_ref())?;
         self.prepare_output_dir(resume_dir.is_some())?;
         let plan = self.plan(train_dataset.len());
-        let loader = self.accelerator.prepare_data_loader(&train_dataset, self.args.per_device_train_batch_size, true)?;
+        let loader = self.accelerator.prepare_data_loader(
+            &train_dataset,
+            DataLoaderOptions { batch_size: self.args.per_device_train_batch_size, shuffle: true, ..Default::default() },
+        )?;
         debug_assert_eq!(loader.len(), plan.batches_per_epoch);
         let resumed = match &resume_dir {
             Some(dir) => Some(self.resume(dir, &plan)?),

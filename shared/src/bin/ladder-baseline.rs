@@ -4,8 +4,16 @@
 //! Launch: `ladder-baseline` (or `make demo`). One epoch reaches ~98% test accuracy.
 
 use clap::Parser;
-use ladder_core::train::{run, TrainArgs};
+use ladder_core::data::DataLoader;
+use ladder_core::eval::{evaluate, EvalSums};
+use ladder_core::metrics::Report;
+use ladder_core::model::{BasicNet, BasicNetConfig};
+use ladder_core::recipe::{adamw, batch_loss, end_of_epoch, save_weights, seed_batch, TrainArgs, WEIGHTS_FILE};
+use ladder_core::timing::Phase;
+use ladder_core::{Error, Result};
 use std::process::ExitCode;
+use std::time::Instant;
+use tch::nn;
 
 /// Single-process BasicNet on MNIST (the baseline every level is compared with).
 #[derive(Debug, Parser)]
@@ -31,4 +39,116 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = run(&cli.train);
     ladder_core::metrics::finish(result, |r| r.figures_line())
+}
+
+/// Runs the single-process baseline: BasicNet on MNIST, the tutorial's loop, then evaluation
+/// over the whole test set. Intra-op threads = all cores.
+///
+/// # Errors
+/// Invalid flags, data errors, an unavailable device.
+fn run(args: &TrainArgs) -> Result<Report> {
+    let start = Instant::now();
+    args.validate()?;
+    let env = ladder_core::dist::DistEnv::from_env()?;
+    if env.world_size > 1 {
+        return Err(Error::Env(format!(
+            "ladder-baseline is the single-process reference, but this process was started as rank {} of {} \
+             (WORLD_SIZE={}); it would train {} unrelated copies. Start level1-raw-ddp (or level 2, 3) under the launcher instead",
+            env.rank, env.world_size, env.world_size, env.world_size
+        )));
+    }
+    args.check_device()?;
+    let device = args.device_kind().resolve(0)?;
+    ladder_core::device::set_threads_per_rank(1);
+    ladder_core::device::tune_malloc_for_training();
+    tch::manual_seed(args.seed as i64);
+    let mnist = args.load_mnist()?;
+    args.check_batch_size(mnist.train.len(), 1)?;
+    args.check_batch_memory(BasicNetConfig::default().width, 1, device)?;
+    let (train, test) = (mnist.train.to_device(device), mnist.test.to_device(device));
+
+    let vs = nn::VarStore::new(device);
+    let net = BasicNet::new(&vs.root(), BasicNetConfig::default());
+    let mut opt = adamw(&vs, args.lr)?;
+    let mut loader = DataLoader::shuffled(&train, args.batch_size, args.seed)?;
+
+    let mut steps = 0usize;
+    let mut train_s = 0.0;
+    let mut samples = 0usize;
+    let mut train_loss = 0.0;
+    let mut history = Vec::new();
+    let mut eval = EvalSums::default();
+    let (mut timer, no_comm) = (ladder_core::timing::StepTimer::start(device), ladder_core::timing::Comm::default());
+    // ANCHOR: baseline_loop
+    for epoch in 1..=args.epochs {
+        loader.set_epoch(epoch as u64 - 1);
+        let t0 = Instant::now();
+        timer.resume(no_comm);
+        let (mut loss_sum, mut n_batches) = (0.0, 0usize);
+        let mut stop = false;
+        for (batch_idx, (images, labels)) in loader.iter().enumerate() {
+            // The same dropout masks as level 1 at world size 1: one computation.
+            timer.lap(Phase::Data, no_comm);
+            seed_batch(args.seed, 0, steps as u64);
+            opt.zero_grad();
+            let loss = batch_loss(&net, &images, &labels);
+            timer.lap(Phase::Forward, no_comm);
+            loss.backward();
+            timer.lap(Phase::Backward, no_comm);
+            opt.step();
+            timer.end_step(Phase::Optimizer, no_comm, images.size()[0] as u64);
+            let l = loss.double_value(&[]);
+            loss_sum += l;
+            n_batches += 1;
+            samples += images.size()[0] as usize;
+            steps += 1;
+            if args.log_interval > 0 && batch_idx % args.log_interval == 0 {
+                println!(
+                    "Train Epoch: {epoch} [{}/{} ({:.0}%)]\tLoss: {l:.6}",
+                    batch_idx * args.batch_size,
+                    loader.num_samples(),
+                    100.0 * batch_idx as f64 / loader.len() as f64
+                );
+            }
+            if args.max_steps.is_some_and(|m| steps >= m) {
+                stop = true;
+                break;
+            }
+        }
+        train_s += t0.elapsed().as_secs_f64();
+        train_loss = loss_sum / n_batches.max(1) as f64;
+        eval = evaluate(&net, &test, 1000);
+        history.push(end_of_epoch(None, epoch, n_batches, train_loss, &eval)?);
+        if stop {
+            break;
+        }
+    }
+    // ANCHOR_END: baseline_loop
+
+    if let Some(path) = &args.save_model {
+        save_weights(path, &ladder_core::model::Model::named_parameters(&net))
+            .map_err(|e| e.named_by(&[(WEIGHTS_FILE, "--save-model")]))?;
+    }
+    let peak = ladder_core::memory::peak_rss_bytes().map(ladder_core::memory::mib).unwrap_or(0.0);
+    let timing = timer.finish();
+    let report = Report {
+        accuracy: eval.accuracy(),
+        eval_samples: eval.count as u64,
+        test_loss: eval.mean_loss(),
+        train_loss,
+        samples_per_s: if timing.timed_steps > 0 { timing.samples_per_s() } else { samples as f64 / train_s.max(1e-9) },
+        wall_s: start.elapsed().as_secs_f64(),
+        peak_rss_mib: peak,
+        train_peak_rss_mib: timing.train_peak_rss_mib,
+        samples: samples as u64,
+        timing,
+        steps: steps as u64,
+        world_size: 1,
+        strategy: "single".into(),
+        ranks: Vec::new(),
+        history,
+        extra: serde_json::Map::new(),
+    };
+    args.write_metrics_json(&report)?;
+    Ok(report)
 }

@@ -130,8 +130,9 @@ pub fn cache_paths(gz: &Path, md5: &str) -> Vec<PathBuf> {
 fn cached(gz: &Path, cache: &Path, md5: &str) -> std::io::Result<Option<SharedBytes>> {
     let Ok(mut src) = File::open(gz) else { return Ok(None) };
     // Ranks of one node take turns: the first builds the cache, the next find it built. A file
-    // system without locks only loses that courtesy (the rename keeps every reader safe).
-    let _ = crate::sys::lock_exclusive(&src);
+    // system without locks only loses that courtesy (the rename keeps every reader safe). The
+    // lock is held until this function returns.
+    let _lock = crate::sys::lock_exclusive(&src);
     if let Some(bytes) = map_if_valid(cache, md5)? {
         return Ok(Some(bytes));
     }

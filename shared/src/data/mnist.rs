@@ -385,7 +385,7 @@ pub fn resolve_data_dir(flag: Option<&Path>) -> PathBuf {
 
 /// The precedence of [`resolve_data_dir`] with its inputs injected: `flag`, the value of
 /// `MNIST_DIR` (`None` or empty: unset), and whether `./data/mnist` exists.
-pub fn resolve_data_dir_with(flag: Option<&Path>, mnist_dir: Option<&OsStr>, local_exists: bool) -> PathBuf {
+fn resolve_data_dir_with(flag: Option<&Path>, mnist_dir: Option<&OsStr>, local_exists: bool) -> PathBuf {
     if let Some(flag) = flag {
         return flag.to_path_buf();
     }

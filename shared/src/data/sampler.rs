@@ -83,6 +83,25 @@ impl Sampler for RandomSampler {
     }
 }
 
+/// The keyword arguments of `torch.utils.data.DistributedSampler` beside the dataset and the
+/// ranks, with PyTorch's defaults (`shuffle=True, seed=0, drop_last=False`):
+/// `DistributedSamplerOptions { seed: 1, ..Default::default() }`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct DistributedSamplerOptions {
+    /// Shuffle the indices every epoch (by `seed + epoch`); else `0..N` in order.
+    pub shuffle: bool,
+    /// The shuffle's seed; every rank must use the same.
+    pub seed: u64,
+    /// Cut the indices to a multiple of the world size instead of padding them by repetition.
+    pub drop_last: bool,
+}
+
+impl Default for DistributedSamplerOptions {
+    fn default() -> Self {
+        Self { shuffle: true, seed: 0, drop_last: false }
+    }
+}
+
 /// Each rank's share of a dataset, as `torch.utils.data.DistributedSampler`.
 ///
 /// Per epoch: the indices `0..N` (shuffled by `seed + epoch` when `shuffle`); without `drop_last`
@@ -104,14 +123,15 @@ pub struct DistributedSampler {
 }
 
 impl DistributedSampler {
-    /// A sampler for `rank` of `num_replicas` over a dataset of `dataset_len` samples, at epoch 0.
-    ///
-    /// PyTorch's defaults are `shuffle = true`, `seed = 0`, `drop_last = false`.
+    /// A sampler for `rank` of `num_replicas` over a dataset of `dataset_len` samples, at epoch 0
+    /// (`DistributedSampler(dataset, num_replicas, rank, shuffle, seed, drop_last)`; the options'
+    /// defaults are PyTorch's).
     ///
     /// # Errors
     /// [`Error::InvalidValue`] when `num_replicas` is 0; [`Error::RankOutOfRange`] when
     /// `rank >= num_replicas`.
-    pub fn new(dataset_len: usize, num_replicas: usize, rank: usize, shuffle: bool, seed: u64, drop_last: bool) -> Result<Self> {
+    pub fn new(dataset_len: usize, num_replicas: usize, rank: usize, options: DistributedSamplerOptions) -> Result<Self> {
+        let DistributedSamplerOptions { shuffle, seed, drop_last } = options;
         if num_replicas == 0 {
             return Err(Error::invalid("num_replicas", 0, "at least 1 (the world size)"));
         }
@@ -189,21 +209,36 @@ mod tests {
     #[test]
     fn torch_example_n10_w3() {
         // torch: DistributedSampler(range(10), 3, r, shuffle=False) -> [0,3,6,9] [1,4,7,0] [2,5,8,1]
-        let got: Vec<Vec<usize>> = (0..3).map(|r| DistributedSampler::new(10, 3, r, false, 0, false).unwrap().indices()).collect();
+        let got: Vec<Vec<usize>> = (0..3)
+            .map(|r| {
+                DistributedSampler::new(10, 3, r, DistributedSamplerOptions { shuffle: false, ..Default::default() }).unwrap().indices()
+            })
+            .collect();
         assert_eq!(got, [vec![0, 3, 6, 9], vec![1, 4, 7, 0], vec![2, 5, 8, 1]]);
         // drop_last: [0,3,6] [1,4,7] [2,5,8]
-        let got: Vec<Vec<usize>> = (0..3).map(|r| DistributedSampler::new(10, 3, r, false, 0, true).unwrap().indices()).collect();
+        let got: Vec<Vec<usize>> = (0..3)
+            .map(|r| {
+                DistributedSampler::new(10, 3, r, DistributedSamplerOptions { shuffle: false, drop_last: true, ..Default::default() })
+                    .unwrap()
+                    .indices()
+            })
+            .collect();
         assert_eq!(got, [vec![0, 3, 6], vec![1, 4, 7], vec![2, 5, 8]]);
     }
 
     #[test]
     fn padding_repeats_the_whole_list_when_world_exceeds_n() {
         // N=2, W=5: total 5, list [0,1,0,1,0].
-        let got: Vec<usize> = (0..5).flat_map(|r| DistributedSampler::new(2, 5, r, false, 0, false).unwrap().indices()).collect();
+        let got: Vec<usize> = (0..5)
+            .flat_map(|r| {
+                DistributedSampler::new(2, 5, r, DistributedSamplerOptions { shuffle: false, ..Default::default() }).unwrap().indices()
+            })
+            .collect();
         assert_eq!(got, [0, 1, 0, 1, 0]);
-        let s = DistributedSampler::new(2, 5, 4, false, 0, true).unwrap();
+        let s =
+            DistributedSampler::new(2, 5, 4, DistributedSamplerOptions { shuffle: false, drop_last: true, ..Default::default() }).unwrap();
         assert_eq!((s.num_samples(), s.total_size(), s.indices()), (0, 0, vec![]));
-        assert!(DistributedSampler::new(0, 2, 1, true, 0, false).unwrap().indices().is_empty());
+        assert!(DistributedSampler::new(0, 2, 1, DistributedSamplerOptions::default()).unwrap().indices().is_empty());
     }
 
     #[test]

@@ -8,6 +8,7 @@
 //! [`ProcessGroup`]; dropping it (or [`destroy_process_group`]) finalises the backend.
 //! With nothing set the world has one rank and every collective is the identity.
 
+pub mod collective;
 pub mod env;
 pub mod local;
 #[cfg(feature = "mpi")]
@@ -22,6 +23,7 @@ use crate::{Error, Result};
 use std::time::Duration;
 use tch::{Device, Kind, Tensor};
 
+pub use collective::{Agreement, Buffer, Call, Collective, Input};
 pub use env::DistEnv;
 pub use work::{parse_timeout, timeout_from_env, Work, DEFAULT_TIMEOUT, TIMEOUT_VAR};
 
@@ -60,15 +62,24 @@ impl std::fmt::Display for Backend {
 
 /// A group of ranks and the collectives between them, as a `torch.distributed` process group.
 ///
+/// A backend implements [`run`](Self::run) (and, if it has host-side asynchrony,
+/// [`start`](Self::start)) for every [`Collective`]; the torch-named calls
+/// ([`all_reduce`](Self::all_reduce), [`broadcast`](Self::broadcast), …) are that collective
+/// run with the defaults: blocking, checked, on borrowed tensors.
+///
 /// Every collective works in place on tch tensors that are contiguous, of one of the dtypes
 /// f32, f64, bf16, f16, i64, and on the backend's device (CPU for MPI, CUDA for NCCL). A tensor
 /// that is not is a typed [`Error::BadTensor`]; ranks that disagree on numel or dtype get
-/// [`Error::CollectiveMismatch`] on every rank instead of undefined behaviour.
+/// [`Error::CollectiveMismatch`] on every rank instead of undefined behaviour (unless the call
+/// is [`Agreement::Prechecked`]).
 pub trait ProcessGroup: std::fmt::Debug {
     /// The engine behind this group.
     fn backend(&self) -> &'static str;
     /// This process's rank, `0..world_size`.
     fn rank(&self) -> usize;
+    /// This process's rank among the ranks on its node (`LOCAL_RANK`, `0..LOCAL_WORLD_SIZE`;
+    /// the GPU it uses under NCCL).
+    fn local_rank(&self) -> usize;
     /// Number of ranks in the group.
     fn world_size(&self) -> usize;
     /// The device this group's tensors live on (CPU for MPI; `cuda:local_rank` for NCCL).
@@ -79,27 +90,6 @@ pub trait ProcessGroup: std::fmt::Debug {
     /// collective may follow it. Default: nothing to release.
     fn shutdown(&self) {}
 
-    /// Reduces `tensor` element-wise over all ranks with `op`; every rank receives the result.
-    /// As `dist.all_reduce(tensor, op)`.
-    fn all_reduce(&self, tensor: &mut Tensor, op: ReduceOp) -> Result<()>;
-
-    /// Copies `tensor` of rank `src` into `tensor` on every rank. As `dist.broadcast`.
-    ///
-    /// # Errors
-    /// [`Error::RankOutOfRange`] when `src >= world_size`.
-    fn broadcast(&self, tensor: &mut Tensor, src: usize) -> Result<()>;
-
-    /// Gathers every rank's `input` (numel n) into `output` (numel world_size · n), rank r's
-    /// block at `[r·n, (r+1)·n)`. As `dist.all_gather_into_tensor(output, input)`.
-    fn all_gather(&self, output: &mut Tensor, input: &Tensor) -> Result<()>;
-
-    /// Reduces `input` (numel world_size · n) over ranks with `op` and leaves block `rank`
-    /// (numel n) of the result in `output`. As `dist.reduce_scatter_tensor(output, input, op)`.
-    fn reduce_scatter(&self, output: &mut Tensor, input: &Tensor, op: ReduceOp) -> Result<()>;
-
-    /// Returns once every rank has called it. As `dist.barrier()`.
-    fn barrier(&self) -> Result<()>;
-
     /// How long a collective may wait for the other ranks before it fails with
     /// [`Error::CollectiveTimeout`] (as `init_process_group(timeout=...)`; default
     /// [`DEFAULT_TIMEOUT`], 600 s).
@@ -107,85 +97,87 @@ pub trait ProcessGroup: std::fmt::Debug {
         DEFAULT_TIMEOUT
     }
 
-    /// Starts [`all_reduce`](Self::all_reduce) and returns at once, as
-    /// `dist.all_reduce(tensor, op, async_op=True)`: the result is in `tensor` once the
-    /// returned [`Work`] completed ([`Work::wait`], [`Work::test`]). Backends without
-    /// host-side asynchrony complete it before returning (default).
-    fn all_reduce_start<'a>(&'a self, tensor: &'a mut Tensor, op: ReduceOp) -> Result<Work<'a>> {
-        self.all_reduce(tensor, op)?;
-        Ok(Work::completed("all_reduce"))
+    /// Runs `collective` and returns once it completed, as `torch.distributed`'s calls with
+    /// `async_op=False`.
+    ///
+    /// # Errors
+    /// [`Error::BadTensor`] for a tensor the backend cannot take or blocks of the wrong size,
+    /// [`Error::RankOutOfRange`] for a broadcast's `src >= world_size`,
+    /// [`Error::CollectiveMismatch`] when the ranks disagree on numel or dtype (checked calls),
+    /// [`Error::CollectiveTimeout`] / [`Error::GroupAborted`], and the backend's own errors.
+    fn run(&self, collective: Collective<'_>) -> Result<()>;
+
+    /// Starts `collective` and returns at once, as `async_op=True`: the result is in place once
+    /// the returned [`Work`] completed ([`Work::wait`], [`Work::test`]); the `Work` keeps the
+    /// tensors (borrowed or handed over) until then. A checked collective is issued before this
+    /// returns (past its agreement probe), so several started ones are issued in call order on
+    /// every rank. Default, for backends without host-side asynchrony: [`run`](Self::run), then
+    /// a completed `Work`.
+    ///
+    /// # Errors
+    /// As [`run`](Self::run); a failure after the start comes from the `Work`.
+    fn start<'a>(&'a self, collective: Collective<'a>) -> Result<Work<'a>> {
+        let name = collective.name();
+        self.run(collective)?;
+        Ok(Work::completed(name))
     }
 
-    /// [`all_reduce`](Self::all_reduce) without the per-call cross-rank agreement check (the
-    /// 4-integer all-reduce on numel and dtype that precedes every collective, doubling the
-    /// latency of small messages). For callers that verified their layout across ranks once —
-    /// DDP's buckets, checked when it is built — and then issue the same tensors every step.
-    /// Ranks that pass different numels or dtypes get an MPI error or wrong results instead of
-    /// [`Error::CollectiveMismatch`] (never memory unsafety: each rank's MPI writes only its
-    /// own buffer). Default: the checked call.
-    fn all_reduce_prechecked(&self, tensor: &mut Tensor, op: ReduceOp) -> Result<()> {
-        self.all_reduce(tensor, op)
+    /// Reduces `tensor` element-wise over all ranks with `op`; every rank receives the result.
+    /// As `dist.all_reduce(tensor, op)`: [`Collective::all_reduce`], run.
+    ///
+    /// # Errors
+    /// As [`run`](Self::run).
+    fn all_reduce(&self, tensor: &mut Tensor, op: ReduceOp) -> Result<()> {
+        self.run(Collective::all_reduce(tensor, op))
     }
 
-    /// [`all_reduce_start`](Self::all_reduce_start) without the agreement check, as
-    /// [`all_reduce_prechecked`](Self::all_reduce_prechecked). It also issues the collective at
-    /// once (the checked start issues it only once its probe completed), so several started
-    /// ones are issued in call order on every rank. Default: the checked start.
-    fn all_reduce_start_prechecked<'a>(&'a self, tensor: &'a mut Tensor, op: ReduceOp) -> Result<Work<'a>> {
-        self.all_reduce_start(tensor, op)
+    /// Copies `tensor` of rank `src` into `tensor` on every rank. As `dist.broadcast`.
+    ///
+    /// # Errors
+    /// [`Error::RankOutOfRange`] when `src >= world_size`; as [`run`](Self::run).
+    fn broadcast(&self, tensor: &mut Tensor, src: usize) -> Result<()> {
+        self.run(Collective::broadcast(tensor, src))
     }
 
-    /// Starts [`broadcast`](Self::broadcast); see [`all_reduce_start`](Self::all_reduce_start).
-    fn broadcast_start<'a>(&'a self, tensor: &'a mut Tensor, src: usize) -> Result<Work<'a>> {
-        self.broadcast(tensor, src)?;
-        Ok(Work::completed("broadcast"))
+    /// Gathers every rank's `input` (numel n) into `output` (numel world_size · n), rank r's
+    /// block at `[r·n, (r+1)·n)`. As `dist.all_gather_into_tensor(output, input)`.
+    ///
+    /// # Errors
+    /// As [`run`](Self::run).
+    fn all_gather(&self, output: &mut Tensor, input: &Tensor) -> Result<()> {
+        self.run(Collective::all_gather(output, input))
     }
 
-    /// Starts [`all_gather`](Self::all_gather); see [`all_reduce_start`](Self::all_reduce_start).
-    fn all_gather_start<'a>(&'a self, output: &'a mut Tensor, input: &'a Tensor) -> Result<Work<'a>> {
-        self.all_gather(output, input)?;
-        Ok(Work::completed("all_gather"))
+    /// Reduces `input` (numel world_size · n) over ranks with `op` and leaves block `rank`
+    /// (numel n) of the result in `output`. As `dist.reduce_scatter_tensor(output, input, op)`.
+    ///
+    /// # Errors
+    /// As [`run`](Self::run).
+    fn reduce_scatter(&self, output: &mut Tensor, input: &Tensor, op: ReduceOp) -> Result<()> {
+        self.run(Collective::reduce_scatter(output, input, op))
     }
 
-    /// Starts [`all_gather`](Self::all_gather) on tensors the returned [`Work`] owns, so that it
-    /// can outlive the caller's scope (FSDP keeps a prefetched all-gather across segments).
-    /// Pass shallow clones ([`Tensor::shallow_clone`]) and keep one of `output`: it holds the
-    /// result once the work completed, and must not be read, resized or freed before. Default:
-    /// the blocking all-gather, completed on return.
-    fn all_gather_start_owned(&self, output: Tensor, input: Tensor) -> Result<Work<'_>> {
-        let mut output = output;
-        self.all_gather(&mut output, &input)?;
-        Ok(Work::completed("all_gather"))
-    }
-
-    /// [`reduce_scatter`](Self::reduce_scatter) of an `input` the caller gives up: afterwards
-    /// `input` holds unspecified values (a backend may reduce it in place). Same result in
-    /// `output`, to float rounding. For callers whose input is a temporary, such as FSDP's flat
-    /// gradient. Default: the reduce-scatter.
-    fn reduce_scatter_consuming(&self, output: &mut Tensor, input: Tensor, op: ReduceOp) -> Result<()> {
-        self.reduce_scatter(output, &input, op)
-    }
-
-    /// Starts [`reduce_scatter`](Self::reduce_scatter); see
-    /// [`all_reduce_start`](Self::all_reduce_start).
-    fn reduce_scatter_start<'a>(&'a self, output: &'a mut Tensor, input: &'a Tensor, op: ReduceOp) -> Result<Work<'a>> {
-        self.reduce_scatter(output, input, op)?;
-        Ok(Work::completed("reduce_scatter"))
-    }
-
-    /// Starts [`barrier`](Self::barrier); see [`all_reduce_start`](Self::all_reduce_start).
-    fn barrier_start(&self) -> Result<Work<'_>> {
-        self.barrier()?;
-        Ok(Work::completed("barrier"))
+    /// Returns once every rank has called it. As `dist.barrier()`.
+    ///
+    /// # Errors
+    /// As [`run`](Self::run).
+    fn barrier(&self) -> Result<()> {
+        self.run(Collective::barrier())
     }
 
     /// All-reduces many tensors with one call: they are packed into one flat buffer (one copy
     /// in, one out), reduced, and unpacked. All must share dtype and device.
+    ///
+    /// # Errors
+    /// [`Error::BadTensor`] for tensors of mixed dtype or device; as [`run`](Self::run).
     fn all_reduce_coalesced(&self, tensors: &mut [Tensor], op: ReduceOp) -> Result<()> {
         coalesced(tensors, "all_reduce_coalesced", self.rank(), |flat| self.all_reduce(flat, op))
     }
 
     /// Broadcasts many tensors from `src` with one call (packed into one flat buffer).
+    ///
+    /// # Errors
+    /// As [`all_reduce_coalesced`](Self::all_reduce_coalesced).
     fn broadcast_coalesced(&self, tensors: &mut [Tensor], src: usize) -> Result<()> {
         coalesced(tensors, "broadcast_coalesced", self.rank(), |flat| self.broadcast(flat, src))
     }
@@ -281,6 +273,31 @@ pub(crate) fn check_tensor(op: &'static str, rank: usize, device: Device, t: &Te
         return bad(format!("tensor is on {:?}, but this process group works on {:?}", t.device(), device));
     }
     Ok(())
+}
+
+/// Checks a call's arguments as every backend needs them: each tensor contiguous, of a
+/// supported dtype, on `device` ([`check_tensor`]; an input before an output); an all-gather's
+/// output and a reduce-scatter's input `world_size` blocks the size and dtype of the other
+/// tensor ([`check_blocks`]); a broadcast's `src` in range ([`check_rank`]).
+pub(crate) fn check_call(call: &Call<'_>, rank: usize, world_size: usize, device: Device) -> Result<()> {
+    match call {
+        Call::AllReduce { tensor, .. } => check_tensor("all_reduce", rank, device, tensor),
+        Call::Broadcast { tensor, src } => {
+            check_tensor("broadcast", rank, device, tensor)?;
+            check_rank("broadcast", *src, world_size)
+        }
+        Call::AllGather { output, input } => {
+            check_tensor("all_gather", rank, device, input)?;
+            check_tensor("all_gather", rank, device, output)?;
+            check_blocks("all_gather", rank, world_size, output, input)
+        }
+        Call::ReduceScatter { output, input, .. } => {
+            check_tensor("reduce_scatter", rank, device, input)?;
+            check_tensor("reduce_scatter", rank, device, output)?;
+            check_blocks("reduce_scatter", rank, world_size, input, output)
+        }
+        Call::Barrier => Ok(()),
+    }
 }
 
 /// Checks `big` holds `world_size` blocks the size and dtype of `small`.

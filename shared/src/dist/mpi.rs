@@ -1,33 +1,48 @@
 //! The `mpi` backend: OpenMPI through rsmpi's raw bindings (`mpi::ffi`), in place on CPU
-//! tensors. Each collective is one non-blocking MPI call on the tensor's own memory — no
-//! staging copy — preceded by one non-blocking 4-integer `MPI_Iallreduce` that checks every
-//! rank passed the same numel and dtype (a mismatch would otherwise be undefined behaviour in
-//! MPI). The `*_start` methods return a [`Work`] that advances this two-stage state machine
-//! with `MPI_Test`; the blocking collectives are start + [`Work::wait`], which fails with
+//! tensors. Each collective is one MPI call on the tensor's own memory — no staging copy —
+//! preceded, unless the call is [`Agreement::Prechecked`], by one 4-integer Max all-reduce that
+//! checks every rank passed the same numel and dtype (a mismatch would otherwise be undefined
+//! behaviour in MPI).
+//!
+//! [`ProcessGroup::run`] uses Open MPI's blocking calls, the fastest for small messages, each
+//! armed in the group's [`Watchdog`]: when one waits longer than the timeout, the watchdog
+//! prints its [`Error::CollectiveTimeout`] and calls `MPI_Abort`. [`ProcessGroup::start`] uses
+//! the non-blocking calls (`MPI_Iallreduce`, …) and returns a [`Work`] that advances the
+//! two-stage state machine (probe, then the collective) with `MPI_Test` and fails with
 //! [`Error::CollectiveTimeout`] after the group's timeout instead of waiting forever.
 //!
 //! bf16 and f16 have no MPI datatype: reductions of them go through an f32 copy; broadcast and
 //! all_gather move their bytes as 16-bit integers.
 //!
-//! The blocking collectives keep Open MPI's blocking calls, the fastest for small messages, each
-//! armed in the group's [`Watchdog`]: when one waits longer than the timeout, the watchdog
-//! prints its [`Error::CollectiveTimeout`] and calls `MPI_Abort`.
-//!
 //! The communicator's error handler is `MPI_ERRORS_RETURN`, and every return code is checked
 //! and turned into [`Error::Backend`] with MPI's own error string. After a timeout the group is
 //! failed: shutting it down calls `MPI_Abort`, so mpirun (and `ladder-run`) stop every rank.
+//!
+//! Here: the group, its set-up and shutdown; [`blocking`] and [`nonblocking`]: the two forms
+//! of the collectives. `MPI_IN_PLACE` comes from [`crate::ffi::mpi`].
+//!
+//! # Safety
+//!
+//! The `unsafe` blocks call rsmpi's raw bindings (`mpi::ffi`), each with its `SAFETY` comment.
+//! What makes them sound: `MPI_COMM_WORLD` is live from `MPI_Init` until the group is
+//! finalised, and no collective runs after that ([`Watch::begin`] and the group's lifetime
+//! order them); every tensor handed to MPI was checked first (contiguous, on the CPU, of a
+//! dtype whose element size the datatype matches, with the block sizes the call needs) and its
+//! element count fits a C `int` ([`MpiGroup::count`]); a non-blocking call's buffers, probe
+//! included, are kept alive by its [`Work`] until `MPI_Test` reported the request complete,
+//! and a `Work` that times out is forgotten rather than dropped, so its memory is never
+//! released while MPI may still write it.
 
-use super::work::{Pending, Watch, Watchdog, Work};
-use super::{agreement_probe, check_agreement, check_rank, check_tensor, DistEnv, ProcessGroup, ReduceOp};
+mod blocking;
+mod nonblocking;
+
+use super::work::{Watch, Watchdog, Work};
+use super::{check_call, Call, Collective, DistEnv, ProcessGroup, ReduceOp};
 use crate::{Error, Result};
 use mpi::ffi;
 use mpi::traits::{AsRaw, Communicator};
-use std::ffi::{c_int, c_void};
+use std::ffi::c_int;
 use tch::{Device, Kind, Tensor};
-
-extern "C" {
-    fn ladder_mpi_in_place() -> *mut c_void;
-}
 
 /// A process group over `MPI_COMM_WORLD`.
 pub struct MpiGroup {
@@ -35,6 +50,7 @@ pub struct MpiGroup {
     universe: std::cell::RefCell<Option<mpi::environment::Universe>>,
     comm: ffi::MPI_Comm,
     rank: usize,
+    local_rank: usize,
     world_size: usize,
     watch: Watch,
     dog: Watchdog,
@@ -75,7 +91,8 @@ impl MpiGroup {
         let code = unsafe { ffi::MPI_Comm_set_errhandler(comm, ffi::RSMPI_ERRORS_RETURN) };
         let watch = Watch::new(rank, world_size, timeout);
         let dog = Watchdog::new(&watch, Box::new(abort_world));
-        let group = Self { universe: std::cell::RefCell::new(Some(universe)), comm, rank, world_size, watch, dog };
+        let group =
+            Self { universe: std::cell::RefCell::new(Some(universe)), comm, rank, local_rank: env.local_rank, world_size, watch, dog };
         group.check("MPI_Comm_set_errhandler", code)?;
         Ok(group)
     }
@@ -214,25 +231,14 @@ fn mpi_op(op: ReduceOp) -> ffi::MPI_Op {
 }
 
 impl MpiGroup {
-    /// An all-gather's arguments: contiguous CPU tensors of a supported dtype, `output` holding
-    /// `world_size` blocks the size and dtype of `input`.
-    fn check_all_gather(&self, output: &Tensor, input: &Tensor) -> Result<()> {
-        check_tensor("all_gather", self.rank, Device::Cpu, input)?;
-        check_tensor("all_gather", self.rank, Device::Cpu, output)?;
-        super::check_blocks("all_gather", self.rank, self.world_size, output, input)
-    }
-
-    /// A reduce-scatter's arguments: as [`check_all_gather`](Self::check_all_gather) with
-    /// `input` the large tensor, and `Avg` only on floating-point tensors.
-    fn check_reduce_scatter(&self, output: &Tensor, input: &Tensor, op: ReduceOp) -> Result<()> {
-        check_tensor("reduce_scatter", self.rank, Device::Cpu, input)?;
-        check_tensor("reduce_scatter", self.rank, Device::Cpu, output)?;
-        super::check_blocks("reduce_scatter", self.rank, self.world_size, input, output)?;
-        self.check_avg("reduce_scatter", input.kind(), op)
-    }
-
-    fn check_avg(&self, op: &'static str, kind: Kind, reduce: ReduceOp) -> Result<()> {
-        if reduce == ReduceOp::Avg && kind == Kind::Int64 {
+    /// `ReduceOp::Avg` needs a floating-point tensor (as NCCL, which has no integer average).
+    fn check_avg(&self, call: &Call<'_>) -> Result<()> {
+        let (op, kind) = match call {
+            Call::AllReduce { tensor, op: ReduceOp::Avg } => ("all_reduce", tensor.kind()),
+            Call::ReduceScatter { input, op: ReduceOp::Avg, .. } => ("reduce_scatter", input.kind()),
+            _ => return Ok(()),
+        };
+        if kind == Kind::Int64 {
             return Err(Error::BadTensor {
                 op,
                 rank: self.rank,
@@ -242,137 +248,11 @@ impl MpiGroup {
         Ok(())
     }
 
-    /// Starts collective `op`: the non-blocking agreement probe on `numel` and `kind` first;
-    /// once every rank agreed, `main` issues the collective's own non-blocking call, and
-    /// `finish` runs when that completed.
-    fn start<'a>(
-        &'a self,
-        op: &'static str,
-        numel: i64,
-        kind: Kind,
-        main: Box<dyn FnOnce() -> Result<ffi::MPI_Request> + 'a>,
-        finish: Option<Box<dyn FnOnce() + 'a>>,
-    ) -> Result<Work<'a>> {
-        let seq = self.watch.begin(op)?;
-        let mut probe = Box::new(agreement_probe(numel, kind));
-        let mut req = null_request();
-        // SAFETY: `probe` is 4 heap-stable i64 reduced in place and kept alive (in the pending
-        // state) until the request completed; the communicator is live.
-        let rc = unsafe {
-            ffi::MPI_Iallreduce(
-                ladder_mpi_in_place(),
-                probe.as_mut_ptr() as *mut c_void,
-                4,
-                ffi::RSMPI_INT64_T,
-                ffi::RSMPI_MAX,
-                self.comm,
-                &mut req,
-            )
-        };
-        self.check("MPI_Iallreduce", rc)?;
-        let pending = MpiPending { group: self, op, req, stage: Some(Stage { probe, numel, kind, main }), finish };
-        let mut work = Work::pending(op, seq, &self.watch, Box::new(pending));
-        // Issue the collective itself before returning: were it issued later, from a `test`,
-        // a collective started meanwhile could be issued before it on one rank and after it
-        // on another. The probe is 4 integers; only its latency is waited for here.
-        work.wait_issued()?;
-        Ok(work)
-    }
-
-    /// Starts `MPI_Iallgather` of `input` into `output` (both checked by the caller); `finish`
-    /// runs once it completed. The raw pointers are valid while the caller's borrows (or the
-    /// tensors `finish` owns) live, which the returned Work outlives on every path.
-    fn iallgather<'a>(&'a self, output: &Tensor, input: &Tensor, finish: Option<Box<dyn FnOnce() + 'a>>) -> Result<Work<'a>> {
-        let (n, kind, numel) = (self.count("all_gather", input)?, input.kind(), input.numel() as i64);
-        let (i, o) = (input.data_ptr(), output.data_ptr());
-        let main = Box::new(move || {
-            let ty = raw_type(kind);
-            let mut req = null_request();
-            // SAFETY: input holds n and output world_size·n contiguous CPU elements of one
-            // datatype, both kept alive by the Work (borrowed or owned) until the request
-            // completed.
-            let rc = unsafe { ffi::MPI_Iallgather(i, n, ty, o, n, ty, self.comm, &mut req) };
-            self.check("MPI_Iallgather", rc).map(|_| req)
-        });
-        self.start("all_gather", numel, kind, main, finish)
-    }
-
-    /// `MPI_Iallreduce` in place on `n` elements of `ty` at `p`.
-    fn iallreduce(&self, p: *mut c_void, n: c_int, ty: ffi::MPI_Datatype, op: ReduceOp) -> Result<ffi::MPI_Request> {
-        let mut req = null_request();
-        // SAFETY: the caller's buffer holds `n` elements of `ty` and stays borrowed by the Work
-        // until the request completed.
-        let rc = unsafe { ffi::MPI_Iallreduce(ladder_mpi_in_place(), p, n, ty, mpi_op(op), self.comm, &mut req) };
-        self.check("MPI_Iallreduce", rc)?;
-        Ok(req)
-    }
-
-    /// `MPI_Ireduce_scatter_block` from `input` (world_size·n elements) to `output` (n).
-    fn ireduce_scatter(
-        &self,
-        input: *mut c_void,
-        output: *mut c_void,
-        n: c_int,
-        ty: ffi::MPI_Datatype,
-        op: ReduceOp,
-    ) -> Result<ffi::MPI_Request> {
-        let mut req = null_request();
-        // SAFETY: as `iallreduce`; input and output do not overlap.
-        let rc = unsafe { ffi::MPI_Ireduce_scatter_block(input, output, n, ty, mpi_op(op), self.comm, &mut req) };
-        self.check("MPI_Ireduce_scatter_block", rc)?;
-        Ok(req)
-    }
-}
-
-fn null_request() -> ffi::MPI_Request {
-    // SAFETY: reading rsmpi's predefined null request handle.
-    unsafe { ffi::RSMPI_REQUEST_NULL }
-}
-
-/// The agreement probe in flight and the collective to issue once it completed.
-struct Stage<'a> {
-    probe: Box<[i64; 4]>,
-    numel: i64,
-    kind: Kind,
-    main: Box<dyn FnOnce() -> Result<ffi::MPI_Request> + 'a>,
-}
-
-/// A started MPI collective: probe → main call → finish.
-struct MpiPending<'a> {
-    group: &'a MpiGroup,
-    op: &'static str,
-    req: ffi::MPI_Request,
-    stage: Option<Stage<'a>>,
-    finish: Option<Box<dyn FnOnce() + 'a>>,
-}
-
-impl Pending for MpiPending<'_> {
-    fn issued(&self) -> bool {
-        self.stage.is_none()
-    }
-
-    fn test(&mut self) -> Result<bool> {
-        loop {
-            let mut done: c_int = 0;
-            // SAFETY: `req` is the live request of the current stage; the status is ignored.
-            let rc = unsafe { ffi::MPI_Test(&mut self.req, &mut done, ffi::RSMPI_STATUS_IGNORE) };
-            self.group.check("MPI_Test", rc)?;
-            if done == 0 {
-                return Ok(false);
-            }
-            match self.stage.take() {
-                Some(Stage { probe, numel, kind, main }) => {
-                    check_agreement(self.op, self.group.rank, numel, kind, &probe)?;
-                    self.req = main()?;
-                }
-                None => {
-                    if let Some(f) = self.finish.take() {
-                        f();
-                    }
-                    return Ok(true);
-                }
-            }
-        }
+    /// Checks what every call needs before any message: [`check_call`], then
+    /// [`check_avg`](Self::check_avg).
+    fn check_call(&self, call: &Call<'_>) -> Result<()> {
+        check_call(call, self.rank, self.world_size, Device::Cpu)?;
+        self.check_avg(call)
     }
 }
 
@@ -387,6 +267,9 @@ impl ProcessGroup for MpiGroup {
     fn rank(&self) -> usize {
         self.rank
     }
+    fn local_rank(&self) -> usize {
+        self.local_rank
+    }
     fn world_size(&self) -> usize {
         self.world_size
     }
@@ -397,168 +280,15 @@ impl ProcessGroup for MpiGroup {
         self.watch.timeout()
     }
 
-    fn all_reduce(&self, tensor: &mut Tensor, op: ReduceOp) -> Result<()> {
-        check_tensor("all_reduce", self.rank, Device::Cpu, tensor)?;
-        self.check_avg("all_reduce", tensor.kind(), op)?;
-        self.blocking("all_reduce", || self.all_reduce_blocking(tensor, op))
+    /// Open MPI's blocking calls, armed in the watchdog (see [`blocking`]).
+    fn run(&self, collective: Collective<'_>) -> Result<()> {
+        self.run_blocking(collective)
     }
 
-    fn all_reduce_prechecked(&self, tensor: &mut Tensor, op: ReduceOp) -> Result<()> {
-        check_tensor("all_reduce", self.rank, Device::Cpu, tensor)?;
-        self.check_avg("all_reduce", tensor.kind(), op)?;
-        self.blocking("all_reduce", || self.all_reduce_unchecked(tensor, op))
-    }
-
-    fn all_reduce_start_prechecked<'a>(&'a self, tensor: &'a mut Tensor, op: ReduceOp) -> Result<Work<'a>> {
-        check_tensor("all_reduce", self.rank, Device::Cpu, tensor)?;
-        self.check_avg("all_reduce", tensor.kind(), op)?;
-        if is_half(tensor.kind()) {
-            // Rare (DDP reduces in the gradients' dtype): the checked path's f32 detour.
-            return self.all_reduce_start(tensor, op);
-        }
-        let (n, kind, ws) = (self.count("all_reduce", tensor)?, tensor.kind(), self.world_size as f64);
-        let seq = self.watch.begin("all_reduce")?;
-        let req = self.iallreduce(tensor.data_ptr(), n, raw_type(kind), op)?;
-        let finish: Option<Box<dyn FnOnce() + 'a>> = (op == ReduceOp::Avg).then(|| {
-            Box::new(move || {
-                let _ = tensor.g_div_scalar_(ws);
-            }) as Box<dyn FnOnce() + 'a>
-        });
-        let pending = MpiPending { group: self, op: "all_reduce", req, stage: None, finish };
-        Ok(Work::pending("all_reduce", seq, &self.watch, Box::new(pending)))
-    }
-
-    fn broadcast(&self, tensor: &mut Tensor, src: usize) -> Result<()> {
-        check_tensor("broadcast", self.rank, Device::Cpu, tensor)?;
-        check_rank("broadcast", src, self.world_size)?;
-        self.blocking("broadcast", || self.broadcast_blocking(tensor, src))
-    }
-
-    fn all_gather(&self, output: &mut Tensor, input: &Tensor) -> Result<()> {
-        self.check_all_gather(output, input)?;
-        self.blocking("all_gather", || self.all_gather_blocking(output, input))
-    }
-
-    fn reduce_scatter(&self, output: &mut Tensor, input: &Tensor, op: ReduceOp) -> Result<()> {
-        self.check_reduce_scatter(output, input, op)?;
-        self.blocking("reduce_scatter", || self.reduce_scatter_blocking(output, input, op))
-    }
-
-    fn barrier(&self) -> Result<()> {
-        self.blocking("barrier", || self.barrier_blocking())
-    }
-
-    /// At 2 ranks: the all-reduce in place, then this rank's block. Open MPI 4.1's all-reduce
-    /// is tuned better than its `MPI_Reduce_scatter_block` there, though a reduce-scatter moves
-    /// half the bytes (2 ranks, 2-core AMD EPYC: 151 MB 74–79 ms against 101–103 ms, 4.7 MB
-    /// 0.60 against 0.75–0.82 ms; FULL_SHARD at width 4096 spent 127–138 ms per step in
-    /// collectives against 143–157, with 40–50 MiB less peak RSS per rank). At 3 and more
-    /// ranks `MPI_Reduce_scatter_block`, as fast or faster there.
-    fn reduce_scatter_consuming(&self, output: &mut Tensor, input: Tensor, op: ReduceOp) -> Result<()> {
-        if self.world_size != 2 || is_half(input.kind()) {
-            return self.reduce_scatter(output, &input, op);
-        }
-        self.check_reduce_scatter(output, &input, op)?;
-        let mut input = input;
-        // Avg: sum, then divide only this rank's block (the rest is thrown away).
-        self.all_reduce(&mut input, if op == ReduceOp::Avg { ReduceOp::Sum } else { op })?;
-        let n = output.numel() as i64;
-        output.f_copy_(&input.narrow(0, self.rank as i64 * n, n))?;
-        if op == ReduceOp::Avg {
-            let _ = output.f_div_scalar_(self.world_size as f64)?;
-        }
-        Ok(())
-    }
-
-    fn all_reduce_start<'a>(&'a self, tensor: &'a mut Tensor, op: ReduceOp) -> Result<Work<'a>> {
-        check_tensor("all_reduce", self.rank, Device::Cpu, tensor)?;
-        self.check_avg("all_reduce", tensor.kind(), op)?;
-        let (n, kind, numel, ws) = (self.count("all_reduce", tensor)?, tensor.kind(), tensor.numel() as i64, self.world_size as f64);
-        if is_half(kind) {
-            let wide = tensor.to_kind(Kind::Float);
-            let p = wide.data_ptr();
-            let main = Box::new(move || self.iallreduce(p, n, raw_type(Kind::Float), op));
-            let finish = Box::new(move || {
-                let mut wide = wide;
-                if op == ReduceOp::Avg {
-                    let _ = wide.g_div_scalar_(ws);
-                }
-                tensor.copy_(&wide);
-            });
-            return self.start("all_reduce", numel, kind, main, Some(finish));
-        }
-        let p = tensor.data_ptr();
-        let main = Box::new(move || self.iallreduce(p, n, raw_type(kind), op));
-        let finish: Option<Box<dyn FnOnce() + 'a>> = (op == ReduceOp::Avg).then(|| {
-            Box::new(move || {
-                let _ = tensor.g_div_scalar_(ws);
-            }) as Box<dyn FnOnce() + 'a>
-        });
-        self.start("all_reduce", numel, kind, main, finish)
-    }
-
-    fn broadcast_start<'a>(&'a self, tensor: &'a mut Tensor, src: usize) -> Result<Work<'a>> {
-        check_tensor("broadcast", self.rank, Device::Cpu, tensor)?;
-        check_rank("broadcast", src, self.world_size)?;
-        let (n, kind, numel, p) = (self.count("broadcast", tensor)?, tensor.kind(), tensor.numel() as i64, tensor.data_ptr());
-        let main = Box::new(move || {
-            let mut req = null_request();
-            // SAFETY: contiguous CPU tensor of `n` elements of the datatype's size, borrowed by
-            // the Work until the request completed.
-            let rc = unsafe { ffi::MPI_Ibcast(p, n, raw_type(kind), src as c_int, self.comm, &mut req) };
-            self.check("MPI_Ibcast", rc).map(|_| req)
-        });
-        self.start("broadcast", numel, kind, main, None)
-    }
-
-    fn all_gather_start<'a>(&'a self, output: &'a mut Tensor, input: &'a Tensor) -> Result<Work<'a>> {
-        self.check_all_gather(output, input)?;
-        self.iallgather(output, input, None)
-    }
-
-    fn all_gather_start_owned(&self, output: Tensor, input: Tensor) -> Result<Work<'_>> {
-        self.check_all_gather(&output, &input)?;
-        let (o, i) = (output.shallow_clone(), input.shallow_clone());
-        // The Work owns the two tensors until the request completed (then `finish` drops them).
-        self.iallgather(&o, &i, Some(Box::new(move || drop((output, input)))))
-    }
-
-    fn reduce_scatter_start<'a>(&'a self, output: &'a mut Tensor, input: &'a Tensor, op: ReduceOp) -> Result<Work<'a>> {
-        self.check_reduce_scatter(output, input, op)?;
-        let (n, kind, numel, ws) = (self.count("reduce_scatter", output)?, input.kind(), input.numel() as i64, self.world_size as f64);
-        if is_half(kind) {
-            let wide_in = input.to_kind(Kind::Float);
-            let wide_out = output.to_kind(Kind::Float);
-            let (i, o) = (wide_in.data_ptr(), wide_out.data_ptr());
-            let main = Box::new(move || self.ireduce_scatter(i, o, n, raw_type(Kind::Float), op));
-            let finish = Box::new(move || {
-                let mut wide_out = wide_out;
-                if op == ReduceOp::Avg {
-                    let _ = wide_out.g_div_scalar_(ws);
-                }
-                output.copy_(&wide_out);
-                drop(wide_in);
-            });
-            return self.start("reduce_scatter", numel, kind, main, Some(finish));
-        }
-        let (i, o) = (input.data_ptr(), output.data_ptr());
-        let main = Box::new(move || self.ireduce_scatter(i, o, n, raw_type(kind), op));
-        let finish: Option<Box<dyn FnOnce() + 'a>> = (op == ReduceOp::Avg).then(|| {
-            Box::new(move || {
-                let _ = output.g_div_scalar_(ws);
-            }) as Box<dyn FnOnce() + 'a>
-        });
-        self.start("reduce_scatter", numel, kind, main, finish)
-    }
-
-    fn barrier_start(&self) -> Result<Work<'_>> {
-        let seq = self.watch.begin("barrier")?;
-        let mut req = null_request();
-        // SAFETY: the communicator is live; `req` is a valid out-pointer.
-        let rc = unsafe { ffi::MPI_Ibarrier(self.comm, &mut req) };
-        self.check("MPI_Ibarrier", rc)?;
-        let pending = MpiPending { group: self, op: "barrier", req, stage: None, finish: None };
-        Ok(Work::pending("barrier", seq, &self.watch, Box::new(pending)))
+    /// Open MPI's non-blocking calls, advanced by the [`Work`] with `MPI_Test` (see
+    /// [`nonblocking`]).
+    fn start<'a>(&'a self, collective: Collective<'a>) -> Result<Work<'a>> {
+        self.start_nonblocking(collective)
     }
 }
 
@@ -568,112 +298,7 @@ fn abort_world() {
     unsafe { ffi::MPI_Abort(ffi::RSMPI_COMM_WORLD, 1) };
 }
 
-/// The blocking forms: Open MPI's blocking calls, preceded by the blocking agreement probe,
-/// under the watchdog's deadline.
-impl MpiGroup {
-    /// Runs blocking collective `op` with its sequence number and progress record, armed in
-    /// the watchdog.
-    fn blocking(&self, op: &'static str, f: impl FnOnce() -> Result<()>) -> Result<()> {
-        let seq = self.watch.begin(op)?;
-        let armed = self.dog.arm(op, seq);
-        let r = f();
-        drop(armed);
-        self.watch.end(seq);
-        r
-    }
-
-    /// One small all-reduce that makes every rank agree that each passed `numel` elements of
-    /// `kind`; the error names the smallest and largest value seen.
-    fn agree(&self, op: &'static str, numel: i64, kind: Kind) -> Result<()> {
-        let mut v = agreement_probe(numel, kind);
-        // SAFETY: `v` is 4 contiguous i64 used in place; the communicator is live.
-        let rc = unsafe {
-            ffi::MPI_Allreduce(ladder_mpi_in_place(), v.as_mut_ptr() as *mut c_void, 4, ffi::RSMPI_INT64_T, ffi::RSMPI_MAX, self.comm)
-        };
-        self.check("MPI_Allreduce", rc)?;
-        check_agreement(op, self.rank, numel, kind, &v)
-    }
-
-    /// In-place MPI_Allreduce on a contiguous f32/f64/i64 tensor.
-    fn all_reduce_raw(&self, t: &mut Tensor, op: ReduceOp) -> Result<()> {
-        let n = self.count("all_reduce", t)?;
-        // SAFETY: `t` is contiguous on the CPU with `n` elements of the datatype's size (checked by
-        // the caller), and nothing else touches it during the call.
-        let rc = unsafe { ffi::MPI_Allreduce(ladder_mpi_in_place(), t.data_ptr(), n, raw_type(t.kind()), mpi_op(op), self.comm) };
-        self.check("MPI_Allreduce", rc)
-    }
-
-    fn reduce_scatter_raw(&self, output: &mut Tensor, input: &Tensor, op: ReduceOp) -> Result<()> {
-        let n = self.count("reduce_scatter", output)?;
-        // SAFETY: input holds world_size·n and output n contiguous CPU elements of one datatype
-        // (checked by the caller); they do not overlap.
-        let rc =
-            unsafe { ffi::MPI_Reduce_scatter_block(input.data_ptr(), output.data_ptr(), n, raw_type(input.kind()), mpi_op(op), self.comm) };
-        self.check("MPI_Reduce_scatter_block", rc)
-    }
-
-    fn all_reduce_blocking(&self, tensor: &mut Tensor, op: ReduceOp) -> Result<()> {
-        self.agree("all_reduce", tensor.numel() as i64, tensor.kind())?;
-        self.all_reduce_unchecked(tensor, op)
-    }
-
-    /// The all-reduce itself (f32 through a copy for 16-bit floats; Avg divides after).
-    fn all_reduce_unchecked(&self, tensor: &mut Tensor, op: ReduceOp) -> Result<()> {
-        if is_half(tensor.kind()) {
-            let mut wide = tensor.to_kind(Kind::Float);
-            self.all_reduce_raw(&mut wide, op)?;
-            if op == ReduceOp::Avg {
-                let _ = wide.g_div_scalar_(self.world_size as f64);
-            }
-            tensor.copy_(&wide);
-            return Ok(());
-        }
-        self.all_reduce_raw(tensor, op)?;
-        if op == ReduceOp::Avg {
-            let _ = tensor.g_div_scalar_(self.world_size as f64);
-        }
-        Ok(())
-    }
-
-    fn broadcast_blocking(&self, tensor: &mut Tensor, src: usize) -> Result<()> {
-        self.agree("broadcast", tensor.numel() as i64, tensor.kind())?;
-        let n = self.count("broadcast", tensor)?;
-        // SAFETY: contiguous CPU tensor of `n` elements of the datatype's size.
-        let rc = unsafe { ffi::MPI_Bcast(tensor.data_ptr(), n, raw_type(tensor.kind()), src as c_int, self.comm) };
-        self.check("MPI_Bcast", rc)
-    }
-
-    fn all_gather_blocking(&self, output: &mut Tensor, input: &Tensor) -> Result<()> {
-        self.agree("all_gather", input.numel() as i64, input.kind())?;
-        let n = self.count("all_gather", input)?;
-        let ty = raw_type(input.kind());
-        // SAFETY: input holds n and output world_size·n contiguous CPU elements of one datatype.
-        let rc = unsafe { ffi::MPI_Allgather(input.data_ptr(), n, ty, output.data_ptr(), n, ty, self.comm) };
-        self.check("MPI_Allgather", rc)
-    }
-
-    fn reduce_scatter_blocking(&self, output: &mut Tensor, input: &Tensor, op: ReduceOp) -> Result<()> {
-        self.agree("reduce_scatter", input.numel() as i64, input.kind())?;
-        if is_half(input.kind()) {
-            let wide_in = input.to_kind(Kind::Float);
-            let mut wide_out = output.to_kind(Kind::Float);
-            self.reduce_scatter_raw(&mut wide_out, &wide_in, op)?;
-            if op == ReduceOp::Avg {
-                let _ = wide_out.g_div_scalar_(self.world_size as f64);
-            }
-            output.copy_(&wide_out);
-            return Ok(());
-        }
-        self.reduce_scatter_raw(output, input, op)?;
-        if op == ReduceOp::Avg {
-            let _ = output.g_div_scalar_(self.world_size as f64);
-        }
-        Ok(())
-    }
-
-    fn barrier_blocking(&self) -> Result<()> {
-        // SAFETY: the communicator is live.
-        let rc = unsafe { ffi::MPI_Barrier(self.comm) };
-        self.check("MPI_Barrier", rc)
-    }
+fn null_request() -> ffi::MPI_Request {
+    // SAFETY: reading rsmpi's predefined null request handle.
+    unsafe { ffi::RSMPI_REQUEST_NULL }
 }

@@ -15,7 +15,7 @@
 
 use super::rendezvous::TcpStore;
 use super::work::Watch;
-use super::{agreement_probe, check_agreement, check_rank, check_tensor, DistEnv, ProcessGroup, ReduceOp};
+use super::{agreement_probe, check_agreement, check_call, Call, Collective, DistEnv, ProcessGroup, ReduceOp};
 use crate::{Error, Result};
 use cudarc::nccl::{result as nccl, sys};
 use std::ffi::{c_int, c_void};
@@ -29,6 +29,7 @@ pub const RENDEZVOUS_TIMEOUT: Duration = Duration::from_secs(300);
 pub struct NcclGroup {
     comm: sys::ncclComm_t,
     rank: usize,
+    local_rank: usize,
     world_size: usize,
     device: Device,
     // Keeps the CUDA primary context alive and current for this thread.
@@ -96,7 +97,16 @@ impl NcclGroup {
         unsafe { nccl::comm_init_rank(&mut comm, env.world_size as c_int, id, env.rank as c_int) }
             .map_err(|e| nccl_error(env.rank, "ncclCommInitRank", e))?;
         let watch = Watch::new(env.rank, env.world_size, timeout);
-        Ok(Self { comm, rank: env.rank, world_size: env.world_size, device, _ctx: ctx, destroyed: std::cell::Cell::new(false), watch })
+        Ok(Self {
+            comm,
+            rank: env.rank,
+            local_rank: env.local_rank,
+            world_size: env.world_size,
+            device,
+            _ctx: ctx,
+            destroyed: std::cell::Cell::new(false),
+            watch,
+        })
     }
 
     fn stream() -> sys::cudaStream_t {
@@ -178,9 +188,14 @@ impl NcclGroup {
         f(self.comm, Self::stream()).map(|_| ()).map_err(|e| nccl_error(self.rank, name, e))
     }
 
-    fn check(&self, op: &'static str, reduce: Option<ReduceOp>, t: &Tensor) -> Result<()> {
-        check_tensor(op, self.rank, self.device, t)?;
-        if reduce == Some(ReduceOp::Avg) && t.kind() == Kind::Int64 {
+    /// `ReduceOp::Avg` needs a floating-point tensor (NCCL has no integer average).
+    fn check_avg(&self, call: &Call<'_>) -> Result<()> {
+        let (op, kind) = match call {
+            Call::AllReduce { tensor, op: ReduceOp::Avg } => ("all_reduce", tensor.kind()),
+            Call::ReduceScatter { input, op: ReduceOp::Avg, .. } => ("reduce_scatter", input.kind()),
+            _ => return Ok(()),
+        };
+        if kind == Kind::Int64 {
             return Err(Error::BadTensor {
                 op,
                 rank: self.rank,
@@ -225,6 +240,9 @@ impl ProcessGroup for NcclGroup {
     fn rank(&self) -> usize {
         self.rank
     }
+    fn local_rank(&self) -> usize {
+        self.local_rank
+    }
     fn world_size(&self) -> usize {
         self.world_size
     }
@@ -235,55 +253,51 @@ impl ProcessGroup for NcclGroup {
         self.watch.timeout()
     }
 
-    fn all_reduce(&self, t: &mut Tensor, op: ReduceOp) -> Result<()> {
-        self.check("all_reduce", Some(op), t)?;
-        self.agree("all_reduce", t.numel() as i64, t.kind())?;
-        let (n, ty) = (t.numel(), dtype(t.kind()));
-        let p = t.data_ptr();
-        // SAFETY: contiguous tensor of n elements on this group's GPU, reduced in place.
-        self.call("ncclAllReduce", |c, s| unsafe { nccl::all_reduce(p as *const c_void, p, n, ty, red_op(op), c, s) })
-    }
-
-    fn broadcast(&self, t: &mut Tensor, src: usize) -> Result<()> {
-        self.check("broadcast", None, t)?;
-        check_rank("broadcast", src, self.world_size)?;
-        self.agree("broadcast", t.numel() as i64, t.kind())?;
-        let (n, ty) = (t.numel(), dtype(t.kind()));
-        let p = t.data_ptr();
-        // SAFETY: contiguous tensor of n elements on this group's GPU, in place.
-        self.call("ncclBroadcast", |c, s| unsafe { nccl::broadcast(p as *const c_void, p, n, ty, src as c_int, c, s) })
-    }
-
-    fn all_gather(&self, output: &mut Tensor, input: &Tensor) -> Result<()> {
-        self.check("all_gather", None, input)?;
-        self.check("all_gather", None, output)?;
-        super::check_blocks("all_gather", self.rank, self.world_size, output, input)?;
-        self.agree("all_gather", input.numel() as i64, input.kind())?;
-        let (n, ty) = (input.numel(), dtype(input.kind()));
-        let (i, o) = (input.data_ptr(), output.data_ptr());
-        // SAFETY: input n and output world_size·n elements on this group's GPU.
-        self.call("ncclAllGather", |c, s| unsafe { nccl::all_gather(i as *const c_void, o, n, ty, c, s) })
-    }
-
-    fn reduce_scatter(&self, output: &mut Tensor, input: &Tensor, op: ReduceOp) -> Result<()> {
-        self.check("reduce_scatter", Some(op), input)?;
-        self.check("reduce_scatter", Some(op), output)?;
-        super::check_blocks("reduce_scatter", self.rank, self.world_size, input, output)?;
-        self.agree("reduce_scatter", input.numel() as i64, input.kind())?;
-        let (n, ty) = (output.numel(), dtype(input.kind()));
-        let (i, o) = (input.data_ptr(), output.data_ptr());
-        // SAFETY: input world_size·n and output n elements on this group's GPU.
-        self.call("ncclReduceScatter", |c, s| unsafe { nccl::reduce_scatter(i as *const c_void, o, n, ty, red_op(op), c, s) })
-    }
-
-    fn barrier(&self) -> Result<()> {
-        let mut t = Tensor::zeros([1], (Kind::Float, self.device));
-        self.all_reduce(&mut t, ReduceOp::Sum)?;
-        tch::Cuda::synchronize(match self.device {
-            Device::Cuda(i) => i as i64,
-            _ => 0,
-        });
-        Ok(())
+    /// Enqueues the collective on the stream after the agreement probe, whose result the host
+    /// reads (within the timeout): the probe runs for [`Prechecked`](super::Agreement::Prechecked) calls too, as
+    /// it is where this backend observes the collective timeout. The collective completes in
+    /// stream order, so the default [`start`](ProcessGroup::start) returns a completed `Work`.
+    fn run(&self, collective: Collective<'_>) -> Result<()> {
+        let call = collective.call;
+        check_call(&call, self.rank, self.world_size, self.device)?;
+        self.check_avg(&call)?;
+        match call {
+            Call::AllReduce { tensor, op } => {
+                self.agree("all_reduce", tensor.numel() as i64, tensor.kind())?;
+                let (n, ty, p) = (tensor.numel(), dtype(tensor.kind()), tensor.data_ptr());
+                // SAFETY: contiguous tensor of n elements on this group's GPU, reduced in place.
+                self.call("ncclAllReduce", |c, s| unsafe { nccl::all_reduce(p as *const c_void, p, n, ty, red_op(op), c, s) })
+            }
+            Call::Broadcast { tensor, src } => {
+                self.agree("broadcast", tensor.numel() as i64, tensor.kind())?;
+                let (n, ty, p) = (tensor.numel(), dtype(tensor.kind()), tensor.data_ptr());
+                // SAFETY: contiguous tensor of n elements on this group's GPU, in place.
+                self.call("ncclBroadcast", |c, s| unsafe { nccl::broadcast(p as *const c_void, p, n, ty, src as c_int, c, s) })
+            }
+            Call::AllGather { output, input } => {
+                self.agree("all_gather", input.numel() as i64, input.kind())?;
+                let (n, ty) = (input.numel(), dtype(input.kind()));
+                let (i, o) = (input.data_ptr(), output.data_ptr());
+                // SAFETY: input n and output world_size·n elements on this group's GPU.
+                self.call("ncclAllGather", |c, s| unsafe { nccl::all_gather(i as *const c_void, o, n, ty, c, s) })
+            }
+            Call::ReduceScatter { output, input, op } => {
+                self.agree("reduce_scatter", input.numel() as i64, input.kind())?;
+                let (n, ty) = (output.numel(), dtype(input.kind()));
+                let (i, o) = (input.data_ptr(), output.data_ptr());
+                // SAFETY: input world_size·n and output n elements on this group's GPU.
+                self.call("ncclReduceScatter", |c, s| unsafe { nccl::reduce_scatter(i as *const c_void, o, n, ty, red_op(op), c, s) })
+            }
+            Call::Barrier => {
+                let mut t = Tensor::zeros([1], (Kind::Float, self.device));
+                self.all_reduce(&mut t, ReduceOp::Sum)?;
+                tch::Cuda::synchronize(match self.device {
+                    Device::Cuda(i) => i as i64,
+                    _ => 0,
+                });
+                Ok(())
+            }
+        }
     }
 }
 

@@ -32,8 +32,8 @@ const MAGIC: u64 = 0x4c41_4444_5052_4731; // "LADDPRG1"
 
 static STEP: AtomicU64 = AtomicU64::new(0);
 
-/// Sets this process's current training step (1-based; 0 is set-up). Every level calls it
-/// through [`crate::train::seed_batch`] before each batch; collectives record it.
+/// Sets this process's current training step (1-based; 0 is set-up). The levels call it
+/// before each batch (beside [`crate::recipe::seed_batch`]); collectives record it.
 pub fn set_step(step: u64) {
     STEP.store(step, Ordering::Relaxed);
 }

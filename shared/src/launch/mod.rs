@@ -471,32 +471,25 @@ pub fn check_hostfile(path: &Path, nnodes: usize, nproc_per_node: usize) -> Resu
     Ok(hosts)
 }
 
-/// Checks that `program` names an executable file (a path, or a name found in `PATH`).
+/// Checks that `program` names an executable file: a path, or a name found in `PATH` (through
+/// the `which` crate, as the shell's `which`).
 fn find_program(program: &str) -> Result<PathBuf> {
-    let executable = |p: &Path| {
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::metadata(p).map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0).unwrap_or(false)
-    };
     if program.contains('/') {
         let p = PathBuf::from(program);
-        if executable(&p) {
+        if which::which(&p).is_ok() {
             return Ok(p);
         }
         let why = if p.exists() { "exists but is not an executable file" } else { "does not exist" };
         return Err(Error::invalid("PROGRAM", program, format!("{program} {why}; expected a path to an executable file")));
     }
     let path = std::env::var_os("PATH").unwrap_or_default();
-    for dir in std::env::split_paths(&path) {
-        let p = dir.join(program);
-        if executable(&p) {
-            return Ok(p);
-        }
-    }
-    Err(Error::invalid(
-        "PROGRAM",
-        program,
-        format!("not found; expected a program in PATH ({}) or a path to an executable file", path.to_string_lossy()),
-    ))
+    which::which_in(program, Some(&path), ".").map_err(|_| {
+        Error::invalid(
+            "PROGRAM",
+            program,
+            format!("not found; expected a program in PATH ({}) or a path to an executable file", path.to_string_lossy()),
+        )
+    })
 }
 
 /// The `ladder-run` binary that serves as rank worker (see [`run`]).

@@ -12,11 +12,36 @@ use crate::optim::AdamW;
 use crate::timing::Comm;
 use crate::{Error, Result};
 use std::collections::BTreeMap;
-use tch::{Kind, Tensor};
+use tch::{Device, Kind, Tensor};
+
+/// Whether backward synchronises gradients — PyTorch's `require_backward_grad_sync` — and
+/// `no_sync`, the closure that turns it off, written once for DDP and FSDP.
+pub trait GradSync {
+    /// True when the next backward synchronises the gradients (the default).
+    fn require_backward_grad_sync(&self) -> bool;
+
+    /// Turns the gradient sync of the next backwards on or off (what
+    /// [`no_sync`](Self::no_sync) toggles for the duration of a closure).
+    fn set_require_backward_grad_sync(&mut self, sync: bool);
+
+    /// Runs `f` with gradient synchronisation off, as `with model.no_sync():` — gradients
+    /// accumulate locally; the next backward outside syncs the accumulated sum. The switch is
+    /// put back as it was.
+    fn no_sync<R>(&mut self, f: impl FnOnce(&mut Self) -> R) -> R
+    where
+        Self: Sized,
+    {
+        let before = self.require_backward_grad_sync();
+        self.set_require_backward_grad_sync(false);
+        let out = f(self);
+        self.set_require_backward_grad_sync(before);
+        out
+    }
+}
 
 /// What a data-parallel strategy does for a training loop. Every method that communicates must
 /// be called by every rank in the same order, as any collective.
-pub trait DataParallel {
+pub trait DataParallel: GradSync {
     /// The forward pass: images `[b, 1, 28, 28]` → log-probabilities `[b, 10]` in the compute
     /// dtype. In train mode with grad on, the graph is kept for [`backward`](Self::backward).
     ///
@@ -25,15 +50,11 @@ pub trait DataParallel {
     fn forward(&mut self, xs: &Tensor, train: bool) -> Result<Tensor>;
 
     /// `loss.backward()`, then the gradient sync unless it is switched off
-    /// ([`set_require_backward_grad_sync`](Self::set_require_backward_grad_sync)).
+    /// ([`GradSync::set_require_backward_grad_sync`]).
     ///
     /// # Errors
     /// Collective errors; [`Error::Torch`] from autograd.
     fn backward(&mut self, loss: &Tensor) -> Result<()>;
-
-    /// Turns the gradient sync of the next backwards on or off (PyTorch's
-    /// `require_backward_grad_sync`, what `no_sync` toggles).
-    fn set_require_backward_grad_sync(&mut self, sync: bool);
 
     /// What an optimizer updates on this rank, with names, in its order: the parameters
     /// (`conv1.weight`, …) for DDP, this rank's FlatParameter shards (`fc1._flat_param`, …) for
@@ -94,6 +115,13 @@ pub trait DataParallel {
     fn explain(&self) -> String;
 }
 
+/// True when autograd records operations here (not inside `no_grad`): DDP's segmented forward
+/// and FSDP's forward keep graphs for backward only then.
+pub(crate) fn grad_enabled() -> bool {
+    let probe = Tensor::zeros([1], (Kind::Float, Device::Cpu)).set_requires_grad(true);
+    (&probe * 1.0).requires_grad()
+}
+
 /// Clips `grads` (what this rank holds) by their global L2 norm, as `clip_grad_norm_`: the
 /// squared norms are summed in f64 — over ranks too, with one all-reduce, when `sharded_over`
 /// is given (FSDP's shards at W > 1) — and every gradient is scaled by `min(1, max_norm /
@@ -134,9 +162,6 @@ impl<M: Segmented> DataParallel for DistributedDataParallel<'_, M> {
     }
     fn backward(&mut self, loss: &Tensor) -> Result<()> {
         DistributedDataParallel::backward(self, loss)
-    }
-    fn set_require_backward_grad_sync(&mut self, sync: bool) {
-        DistributedDataParallel::set_require_backward_grad_sync(self, sync)
     }
     fn optimizer_params(&self) -> Vec<(String, Tensor)> {
         self.named_parameters().iter().map(|(n, t)| (n.clone(), t.shallow_clone())).collect()
@@ -187,9 +212,6 @@ impl<M: Segmented> DataParallel for FullyShardedDataParallel<'_, M> {
     }
     fn backward(&mut self, loss: &Tensor) -> Result<()> {
         FullyShardedDataParallel::backward(self, loss)
-    }
-    fn set_require_backward_grad_sync(&mut self, sync: bool) {
-        FullyShardedDataParallel::set_require_backward_grad_sync(self, sync)
     }
     fn optimizer_params(&self) -> Vec<(String, Tensor)> {
         self.units().iter().map(|u| u.key()).zip(self.shards()).collect()

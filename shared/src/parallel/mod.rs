@@ -27,7 +27,7 @@ pub mod fsdp;
 pub mod wrapped;
 
 pub use choice::{Choice, ChoiceError};
-pub use data_parallel::DataParallel;
+pub use data_parallel::{DataParallel, GradSync};
 pub use ddp::DistributedDataParallel;
 pub use fsdp::FullyShardedDataParallel;
 pub use wrapped::WrappedModel;

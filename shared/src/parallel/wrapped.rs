@@ -10,11 +10,11 @@
 
 use super::data_parallel::{clip_grad_norm, DataParallel};
 use super::{DistributedDataParallel, FsdpOptions, FullyShardedDataParallel, ShardingStrategy, Strategy, WrapConfig};
-use crate::dist::{ProcessGroup, ReduceOp};
+use crate::dist::{Collective, ProcessGroup, ReduceOp};
+use crate::eval::EvalSums;
 use crate::memory::ModelStateBytes;
 use crate::model::BasicNet;
 use crate::optim::{AdamW, AdamWConfig};
-use crate::train::EvalSums;
 use crate::{Error, Result};
 use tch::{nn, Kind, Tensor};
 
@@ -120,10 +120,10 @@ impl<'pg> WrappedModel<'pg> {
     /// The wrapped model's forward pass: images `[b, 1, 28, 28]` f32 → log-probabilities `[b, 10]`
     /// (f32 also under mixed precision).
     ///
-    /// In eval mode (`train` false) a batch of more than [`EVAL_PIECE`](crate::train::EVAL_PIECE)
+    /// In eval mode (`train` false) a batch of more than [`EVAL_PIECE`](crate::eval::EVAL_PIECE)
     /// images runs in pieces of that many, their outputs concatenated: the same
     /// log-probabilities per image, an eighth of the activations at the tutorial's test batch
-    /// of 1,000 (see [`EVAL_PIECE`](crate::train::EVAL_PIECE)).
+    /// of 1,000 (see [`EVAL_PIECE`](crate::eval::EVAL_PIECE)).
     ///
     /// # Errors
     /// FSDP's gather errors.
@@ -131,7 +131,7 @@ impl<'pg> WrappedModel<'pg> {
         if train {
             self.forward_whole(xs, true)
         } else {
-            crate::train::forward_in_pieces(xs, |piece| self.forward_whole(piece, false))
+            crate::eval::forward_in_pieces(xs, |piece| self.forward_whole(piece, false))
         }
     }
 
@@ -164,7 +164,7 @@ impl<'pg> WrappedModel<'pg> {
     /// # Errors
     /// A `max_norm` that is not positive and finite; collective errors (sharded FSDP).
     pub fn clip_grad_norm(&self, max_norm: f64) -> Result<f64> {
-        let sharded_over = self.inner.grads_are_sharded().then(|| self.pg);
+        let sharded_over = self.inner.grads_are_sharded().then_some(self.pg);
         clip_grad_norm(&self.optimizer_grads(), max_norm, sharded_over)
     }
 
@@ -264,7 +264,7 @@ impl<'pg> WrappedModel<'pg> {
             };
             let mut first = Tensor::from_slice(&[code as f64]).to_device(pg.device());
             // The same 1-element f64 on every rank at every step: no agreement probe needed.
-            pg.all_reduce_prechecked(&mut first, ReduceOp::Min)?;
+            pg.run(Collective::all_reduce(&mut first, ReduceOp::Min).prechecked())?;
             first.double_value(&[0]) as usize
         };
         if first >= 2 * w {
@@ -330,7 +330,7 @@ impl<'pg> WrappedModel<'pg> {
     }
     // ANCHOR_END: wrapped_memory
 
-    /// Exact distributed evaluation over `test` (see [`crate::train::evaluate_distributed`]):
+    /// Exact distributed evaluation over `test` (see [`crate::eval::evaluate_distributed`]):
     /// every image counted once at any world size, on the strategy's own outputs (the compute
     /// dtype). Collective.
     ///
@@ -338,7 +338,7 @@ impl<'pg> WrappedModel<'pg> {
     /// Collective errors.
     pub fn evaluate(&mut self, test: &crate::data::Dataset, batch_size: usize) -> Result<EvalSums> {
         let inner = &mut self.inner;
-        crate::train::evaluate_distributed_with(self.pg, |x| inner.forward(x, false), test, batch_size)
+        crate::eval::evaluate_distributed_with(self.pg, |x| inner.forward(x, false), test, batch_size)
     }
 
     /// The unwrapped model's weights on rank 0 (`conv1.weight`, …, definition order, shapes of

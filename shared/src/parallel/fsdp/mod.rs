@@ -39,8 +39,9 @@
 //!    computation (`BackwardPost`: after it, once the current unit's parameters are freed, so
 //!    it overlaps the gradient's reduce-scatter); `forward_prefetch` (default off, as PyTorch)
 //!    starts the next unit's all-gather before the current unit's forward. The collective is
-//!    non-blocking ([`ProcessGroup::all_gather_start_owned`]) and at most one is in flight, so
-//!    every rank issues collectives in one order; results are bit-identical with or without.
+//!    non-blocking ([`ProcessGroup::start`] of an all-gather handed its tensors, so that the
+//!    `Work` owns them) and at most one is in flight, so every rank issues collectives in one
+//!    order; results are bit-identical with or without.
 //!    What it buys depends on the engine: Open MPI progresses a non-blocking collective only
 //!    inside MPI calls, so on CPU a prefetched all-gather advances during the next blocking
 //!    collective (the reduce-scatter) or its wait, not while libtorch computes.
@@ -54,23 +55,26 @@
 //! `param_dtype` (the root input is cast too, as FSDP's `cast_root_forward_inputs`); gradients
 //! are reduced in `reduce_dtype` and cast back to the shard's dtype.
 
+mod backward;
+mod gather;
 mod plan;
 mod state_dict;
 mod storage;
 
 pub use plan::{explain_units, plan_units, FlatParamUnit};
 
-use crate::dist::{ProcessGroup, ReduceOp, Work};
+use crate::dist::ProcessGroup;
 use crate::memory::ModelStateBytes;
 use crate::model::Segmented;
+use crate::parallel::data_parallel::{clip_grad_norm, grad_enabled};
 use crate::parallel::ddp::check_in_sync;
-use crate::parallel::{BackwardPrefetch, FsdpOptions, MixedPrecision};
+use crate::parallel::{FsdpOptions, GradSync, MixedPrecision};
 use crate::{Error, Result};
+use gather::{Gathered, Inflight};
 use plan::{flatten_padded, segment_params};
-use std::time::{Duration, Instant};
-use storage::FlatStorage;
+use std::time::Duration;
 use tch::nn::{self, OptimizerConfig};
-use tch::{Device, Kind, Tensor};
+use tch::{Kind, Tensor};
 
 /// What forward keeps for backward, per segment.
 struct Saved {
@@ -78,42 +82,6 @@ struct Saved {
     x: Tensor,
     /// The segment's output with its graph (whose saved tensors view the gathered parameters).
     y: Tensor,
-}
-
-/// An all-gather started ahead of need (forward or backward prefetch).
-struct Inflight<'pg> {
-    /// The unit it gathers.
-    unit: usize,
-    /// The collective; it owns shallow clones of the shard's cast and of the gathered storage.
-    work: Work<'pg>,
-}
-
-/// A unit's gathered parameters.
-enum Gathered {
-    /// `NoShard`: the shard is the whole flat parameter; this is the shard itself (0 extra
-    /// bytes) or its cast to the compute dtype (mixed precision; those bytes).
-    Local(Tensor, u64),
-    /// Sharded: the all-gathered flat parameter, `[padded_numel]` in the compute dtype. Under
-    /// `FullShard` it is released between forward and backward and refilled in place.
-    Flat(FlatStorage),
-}
-
-impl Gathered {
-    /// The flat parameter while its memory is allocated.
-    fn tensor(&self) -> Option<&Tensor> {
-        match self {
-            Gathered::Local(t, _) => Some(t),
-            Gathered::Flat(s) => s.tensor(),
-        }
-    }
-
-    /// Bytes it adds while allocated.
-    fn bytes(&self) -> u64 {
-        match self {
-            Gathered::Local(_, b) => *b,
-            Gathered::Flat(s) => s.nbytes(),
-        }
-    }
 }
 
 /// A model whose parameters, gradients and optimizer state are sharded over ranks.
@@ -169,6 +137,18 @@ pub struct FullyShardedDataParallel<'pg, M: Segmented> {
     prefetches: u64,
 }
 
+/// FSDP's gradient reduction after backward: on by default; under `no_sync` the unsharded
+/// gradients accumulate locally (full size per unit, as PyTorch) and the next synced backward
+/// reduces the sum.
+impl<M: Segmented> GradSync for FullyShardedDataParallel<'_, M> {
+    fn require_backward_grad_sync(&self) -> bool {
+        self.require_backward_grad_sync
+    }
+    fn set_require_backward_grad_sync(&mut self, sync: bool) {
+        self.require_backward_grad_sync = sync;
+    }
+}
+
 impl<M: Segmented> std::fmt::Debug for FullyShardedDataParallel<'_, M> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("FullyShardedDataParallel")
@@ -178,12 +158,6 @@ impl<M: Segmented> std::fmt::Debug for FullyShardedDataParallel<'_, M> {
             .field("units", &self.units.len())
             .finish()
     }
-}
-
-/// True when autograd records operations here (not inside `no_grad`).
-fn grad_enabled() -> bool {
-    let probe = Tensor::zeros([1], (Kind::Float, Device::Cpu)).set_requires_grad(true);
-    (&probe * 1.0).requires_grad()
 }
 
 impl<'pg, M: Segmented> FullyShardedDataParallel<'pg, M> {
@@ -217,7 +191,6 @@ impl<'pg, M: Segmented> FullyShardedDataParallel<'pg, M> {
             let mut ts: Vec<Tensor> = params.iter().map(|(_, t)| t.detach()).collect();
             tch::no_grad(|| pg.broadcast_coalesced(&mut ts, 0))?;
         }
-        let sharded = config.sharding_strategy.is_sharded();
         let shard_vs = nn::VarStore::new(pg.device());
         let mut shards = Vec::with_capacity(units.len());
         for unit in &units {
@@ -225,7 +198,7 @@ impl<'pg, M: Segmented> FullyShardedDataParallel<'pg, M> {
                 let pieces: Vec<Tensor> = unit.params.iter().map(|&p| params[p].1.detach().reshape([-1])).collect();
                 flatten_padded(&pieces, unit)
             });
-            let (start, len) = unit.shard_range(rank, sharded);
+            let (start, len) = unit.shard_range(rank, config.sharding_strategy);
             let shard = tch::no_grad(|| flat.narrow(0, start, len).copy());
             let key = unit.key();
             let mut path = shard_vs.root();
@@ -366,207 +339,6 @@ impl<'pg, M: Segmented> FullyShardedDataParallel<'pg, M> {
         self.mixed_precision.map_or(self.shards[u].kind(), |mp| mp.reduce_dtype.kind())
     }
 
-    /// All-gathers unit `u` (in the compute dtype) and points the model's parameters at it. A
-    /// unit released after forward (`FullShard`) is refilled *in its own storage*, which the
-    /// views saved by forward's graph share; a unit already gathered is left as it is.
-    fn gather(&mut self, u: usize) -> Result<()> {
-        if self.inflight.as_ref().is_some_and(|f| f.unit == u) {
-            return self.finish_prefetch();
-        }
-        if self.is_gathered(u) {
-            // Nothing to communicate: another unit's prefetch stays in flight.
-            return Ok(());
-        }
-        // Another unit's prefetch: complete it first (collectives complete in issue order).
-        self.finish_prefetch()?;
-        let gathered = if !self.config.sharding_strategy.is_sharded() {
-            // NoShard: the "shard" is the whole flat parameter; only a dtype cast copies.
-            let (pkind, shard) = (self.param_kind(u), self.shards[u].detach());
-            tch::no_grad(|| {
-                if pkind == shard.kind() {
-                    Gathered::Local(shard, 0)
-                } else {
-                    Gathered::Local(shard.to_kind(pkind), self.units[u].numel as u64 * pkind.elt_size_in_bytes() as u64)
-                }
-            })
-        } else {
-            let (storage, mut full, input) = self.gather_buffers(u)?;
-            let t0 = Instant::now();
-            // The collective writes the storage's memory directly; `full` and the saved views
-            // share it.
-            tch::no_grad(|| self.pg.all_gather(&mut full, &input))?;
-            self.comm += t0.elapsed();
-            self.comm_bytes += storage.nbytes();
-            Gathered::Flat(storage)
-        };
-        self.keep_gathered(u, gathered);
-        self.point_params(u)
-    }
-
-    /// What an all-gather of sharded unit `u` needs: the unit's flat storage, allocated (a
-    /// storage released after forward is refilled in place, for forward's graph views it),
-    /// the buffer to gather into (a view of that storage) and the shard cast to the compute
-    /// dtype.
-    ///
-    /// # Errors
-    /// [`Error::Fsdp`] if the storage cannot be allocated.
-    fn gather_buffers(&mut self, u: usize) -> Result<(FlatStorage, Tensor, Tensor)> {
-        let (rank, pkind) = (self.pg.rank(), self.param_kind(u));
-        let shard = self.shards[u].detach();
-        let mut storage = match self.gathered[u].take() {
-            Some(Gathered::Flat(released)) => released,
-            _ => FlatStorage::new(self.units[u].padded_numel, pkind, shard.device()),
-        };
-        let full = storage.refill(rank)?.shallow_clone();
-        let input = tch::no_grad(|| shard.to_kind(pkind).contiguous());
-        Ok((storage, full, input))
-    }
-
-    /// Keeps `gathered` as unit `u`'s gathered parameters, counting its bytes as live.
-    fn keep_gathered(&mut self, u: usize, gathered: Gathered) {
-        self.live_gathered += gathered.bytes();
-        self.peak_gathered = self.peak_gathered.max(self.live_gathered);
-        self.gathered[u] = Some(gathered);
-    }
-
-    /// True when unit `u`'s gathered parameters are allocated (and not still in flight).
-    fn is_gathered(&self, u: usize) -> bool {
-        self.gathered[u].as_ref().is_some_and(|g| g.tensor().is_some()) && self.inflight.as_ref().is_none_or(|f| f.unit != u)
-    }
-
-    /// Points the model's parameters of unit `u` at views of its gathered flat parameter.
-    fn point_params(&mut self, u: usize) -> Result<()> {
-        let full = match self.gathered[u].as_ref().and_then(Gathered::tensor) {
-            Some(t) => t.shallow_clone(),
-            None => return Ok(()),
-        };
-        let unit = &self.units[u];
-        for (k, &p) in unit.params.iter().enumerate() {
-            let n: i64 = unit.shapes[k].iter().product();
-            let view = full.narrow(0, unit.offsets[k], n).view(unit.shapes[k].as_slice());
-            self.params[p].1.f_set_data(&view)?;
-        }
-        Ok(())
-    }
-
-    /// Starts all-gathering sharded unit `u` without waiting for it (PyTorch's prefetch);
-    /// [`gather`](Self::gather) completes it when the unit is needed, and nothing reads the
-    /// storage before. At most one prefetch is in flight: a previous one is completed first.
-    /// No-op when `u` is already gathered or in flight, or nothing is sharded.
-    fn prefetch(&mut self, u: usize) -> Result<()> {
-        if !self.config.sharding_strategy.is_sharded() || self.inflight.as_ref().is_some_and(|f| f.unit == u) || self.is_gathered(u) {
-            return Ok(());
-        }
-        self.finish_prefetch()?;
-        let (mut storage, full, input) = self.gather_buffers(u)?;
-        let t0 = Instant::now();
-        let started = self.pg.all_gather_start_owned(full, input);
-        self.comm += t0.elapsed();
-        let work = match started {
-            Ok(work) => work,
-            Err(e) => {
-                // Nothing was issued: hand the memory back and keep the (released) storage.
-                storage.release(self.pg.rank())?;
-                self.gathered[u] = Some(Gathered::Flat(storage));
-                return Err(e);
-            }
-        };
-        self.comm_bytes += storage.nbytes();
-        self.keep_gathered(u, Gathered::Flat(storage));
-        self.inflight = Some(Inflight { unit: u, work });
-        self.prefetches += 1;
-        Ok(())
-    }
-
-    /// Waits for the prefetched all-gather in flight, if any, and points its unit's
-    /// parameters at the result. The wait counts as communication time; the time it ran
-    /// behind computation does not.
-    fn finish_prefetch(&mut self) -> Result<()> {
-        let Some(Inflight { unit, work }) = self.inflight.take() else { return Ok(()) };
-        let t0 = Instant::now();
-        let waited = work.wait();
-        self.comm += t0.elapsed();
-        if let Err(e) = waited {
-            // The storage holds no parameters: release it, so that nothing takes it for gathered.
-            if let Some(Gathered::Flat(storage)) = &mut self.gathered[unit] {
-                if storage.is_filled() {
-                    self.live_gathered -= storage.nbytes();
-                    storage.release(self.pg.rank())?;
-                }
-            }
-            return Err(e);
-        }
-        self.point_params(unit)
-    }
-
-    /// The next unit forward needs after segment `i` that is neither `current` nor gathered.
-    fn next_unit_forward(&self, i: usize, current: Option<usize>) -> Option<usize> {
-        self.seg_unit[i + 1..].iter().flatten().copied().find(|&v| Some(v) != current && !self.is_gathered(v))
-    }
-
-    /// The next unit backward needs after segment `i` (segments run in reverse) that is
-    /// neither `current` nor gathered.
-    fn next_unit_backward(&self, i: usize, current: Option<usize>) -> Option<usize> {
-        self.seg_unit[..i].iter().rev().flatten().copied().find(|&v| Some(v) != current && !self.is_gathered(v))
-    }
-
-    /// Points unit `u`'s parameters at 0-element tensors, so that nothing outside forward's
-    /// graph views the gathered flat parameter.
-    fn empty_params(&mut self, u: usize, kind: Kind) -> Result<()> {
-        let device = self.pg.device();
-        for &p in &self.units[u].params {
-            self.params[p].1.f_set_data(&Tensor::empty([0], (kind, device)))?;
-        }
-        Ok(())
-    }
-
-    /// Frees unit `u`'s gathered parameters (the model's tensors go back to 0 elements). The
-    /// memory goes when the last view of it does: at once, unless a forward graph that was not
-    /// backpropagated still holds views (it is dropped by the next forward).
-    fn free(&mut self, u: usize) -> Result<()> {
-        if self.inflight.as_ref().is_some_and(|f| f.unit == u) {
-            self.finish_prefetch()?;
-        }
-        if let Some(g) = self.gathered[u].take() {
-            if let Some(t) = g.tensor() {
-                self.live_gathered -= g.bytes();
-                self.empty_params(u, t.kind())?;
-            }
-        }
-        Ok(())
-    }
-
-    /// `FullShard` after a unit's forward: frees the memory of its gathered flat parameter but
-    /// keeps the storage object, which forward's graph views, for [`gather`](Self::gather) to
-    /// refill before the unit's backward (PyTorch's reshard: `storage().resize_(0)`).
-    fn release(&mut self, u: usize) -> Result<()> {
-        if self.inflight.as_ref().is_some_and(|f| f.unit == u) {
-            self.finish_prefetch()?;
-        }
-        let rank = self.pg.rank();
-        let kind = self.param_kind(u);
-        if let Some(Gathered::Flat(storage)) = &mut self.gathered[u] {
-            if storage.is_filled() {
-                self.live_gathered -= storage.nbytes();
-                storage.release(rank)?;
-                self.empty_params(u, kind)?;
-            }
-        }
-        Ok(())
-    }
-
-    /// Frees every unit and drops what the last forward kept for backward (a graph whose
-    /// parameters are freed, or about to change, can no longer be backpropagated).
-    fn free_all(&mut self) -> Result<()> {
-        self.finish_prefetch()?;
-        self.saved.clear();
-        self.output = None;
-        for u in 0..self.units.len() {
-            self.free(u)?;
-        }
-        Ok(())
-    }
-
     /// The wrapped model's forward pass (`fsdp(x)`), segment by segment, gathering each unit
     /// before its first segment. Input and output as the model's (BasicNet: `[batch, 1, 28, 28]`
     /// → `[batch, 10]` f32 log-probabilities); under mixed precision a floating input is cast
@@ -628,154 +400,11 @@ impl<'pg, M: Segmented> FullyShardedDataParallel<'pg, M> {
         Ok(out)
     }
 
-    /// Runs `loss.backward()` (which stops at the output of [`forward_t`](Self::forward_t)),
-    /// then backpropagates the graphs forward kept, segment by segment in reverse — refilling a
-    /// `FullShard` unit's gathered parameters (one all-gather into the storage its graph views)
-    /// before its last segment — and, unless inside [`no_sync`](Self::no_sync), reduces each
-    /// unit's gradient as soon as it is complete: reduce-scatter(Avg) into the shard's `.grad`
-    /// (accumulating, as PyTorch), or all-reduce(Avg) for `NoShard`. Call it where
-    /// single-process code calls `loss.backward()`: `zero_grad` → `backward` →
-    /// (`clip_grad_norm`) → `step`.
-    ///
-    /// # Errors
-    /// [`Error::Fsdp`] when no grad-mode `forward_t` precedes it (or it is called twice for one
-    /// forward); collective errors; [`Error::Torch`] from autograd.
-    pub fn backward(&mut self, loss: &Tensor) -> Result<()> {
-        let Some(out) = self.output.take() else {
-            return Err(Error::Fsdp {
-                rank: self.pg.rank(),
-                problem: "backward called without a preceding forward_t in grad mode (or twice for one forward); \
-                          expected forward_t(x, train) → loss → backward(&loss)"
-                    .into(),
-            });
-        };
-        tch::with_grad(|| loss.f_backward())?;
-        let mut g = out.grad();
-        if !g.defined() {
-            g = out.zeros_like();
-        }
-        let mut saved = std::mem::take(&mut self.saved);
-        let sharded = self.config.sharding_strategy.is_sharded();
-        for i in (0..saved.len()).rev() {
-            let Saved { x, y } = saved.pop().expect("one Saved per segment");
-            let unit = self.seg_unit[i];
-            if let Some(u) = unit {
-                // FullShard: refill the storage forward's graph views (no-op when gathered).
-                self.gather(u)?;
-            }
-            if self.config.backward_prefetch == BackwardPrefetch::BackwardPre {
-                // BACKWARD_PRE: the next unit's all-gather starts before this segment's
-                // gradient computation.
-                if let Some(v) = self.next_unit_backward(i, unit) {
-                    self.prefetch(v)?;
-                }
-            }
-            let want_x = i > 0 && x.requires_grad();
-            let mut inputs: Vec<Tensor> = Vec::new();
-            if want_x {
-                inputs.push(x.shallow_clone());
-            }
-            inputs.extend(self.seg_params[i].iter().map(|&p| self.params[p].1.shallow_clone()));
-            let grads: Vec<Tensor> = if inputs.is_empty() || !y.requires_grad() {
-                Vec::new()
-            } else {
-                // torch.autograd.grad(y, inputs, grad_outputs=g): nothing accumulates in .grad,
-                // and (retain_graph=False) the graph's saved tensors are released as it runs.
-                crate::autograd::grad(&y, &g, &inputs)?
-            };
-            drop((y, inputs));
-            let grad_of = |k: usize| grads.get(k).filter(|t| t.defined());
-            let done = unit.filter(|&u| self.units[u].segments.first() == Some(&i));
-            if let Some(u) = done.filter(|_| sharded) {
-                // The unit's backward is over: free its gathered parameters before the gradient
-                // is flattened and reduced (peak: per-parameter gradients + flat gradient, not
-                // those and the gathered parameters too).
-                self.free(u)?;
-                if self.config.backward_prefetch == BackwardPrefetch::BackwardPost {
-                    // BACKWARD_POST: with this unit's parameters freed, the next unit's
-                    // all-gather starts before this unit's gradient is reduced.
-                    if let Some(v) = self.next_unit_backward(i, Some(u)) {
-                        self.prefetch(v)?;
-                    }
-                }
-            }
-            if let Some(u) = unit {
-                let unit_ref = &self.units[u];
-                let pkind = self.param_kind(u);
-                let fg = self.full_grads[u].get_or_insert_with(|| Tensor::zeros([unit_ref.padded_numel], (pkind, self.shards[u].device())));
-                tch::no_grad(|| {
-                    for (k, &p) in self.seg_params[i].iter().enumerate() {
-                        if let Some(gp) = grad_of(usize::from(want_x) + k) {
-                            let j = unit_ref.params.iter().position(|&q| q == p).expect("segment params are in the unit");
-                            let n: i64 = unit_ref.shapes[j].iter().product();
-                            let _ = fg.narrow(0, unit_ref.offsets[j], n).view(unit_ref.shapes[j].as_slice()).f_add_(gp)?;
-                        }
-                    }
-                    Ok::<(), tch::TchError>(())
-                })?;
-            }
-            if want_x {
-                g = match grad_of(0) {
-                    Some(gx) => gx.shallow_clone(),
-                    None => x.zeros_like(),
-                };
-            }
-            drop(grads);
-            if let Some(u) = done {
-                self.reduce_unit(u)?;
-            }
-        }
-        self.finish_prefetch()
-    }
-
-    /// A unit's gradient is complete: reduce it into the shard's gradient, unless under
-    /// `no_sync` (then it stays in `full_grads`, accumulating across backwards).
-    fn reduce_unit(&mut self, u: usize) -> Result<()> {
-        if !self.require_backward_grad_sync {
-            return Ok(());
-        }
-        let Some(fg) = self.full_grads[u].take() else { return Ok(()) };
-        let rkind = self.reduce_kind(u);
-        let shard = self.shards[u].shallow_clone();
-        let reduced = tch::no_grad(|| -> Result<Tensor> {
-            let mut input = fg.to_kind(rkind).contiguous();
-            drop(fg); // `input` may be `fg` itself (no cast): nothing else reads it
-            let bytes = (input.numel() * input.kind().elt_size_in_bytes()) as u64;
-            let t0 = Instant::now();
-            let out = if self.config.sharding_strategy.is_sharded() {
-                let mut out = Tensor::zeros([self.units[u].shard_numel], (rkind, input.device()));
-                // The flat gradient is a temporary: the backend may reduce it in place.
-                self.pg.reduce_scatter_consuming(&mut out, input, ReduceOp::Avg)?;
-                out
-            } else {
-                self.pg.all_reduce(&mut input, ReduceOp::Avg)?;
-                input
-            };
-            self.comm += t0.elapsed();
-            self.comm_bytes += bytes;
-            Ok(out.to_kind(shard.kind()))
-        })?;
-        // Accumulate into shard.grad (defined or not — zero_grad sets it to None), as autograd
-        // accumulates into a leaf: shard.backward(reduced).
-        crate::autograd::backward_with_grad(&shard, &reduced)?;
-        Ok(())
-    }
-
-    /// Runs `f` with gradient reduction off, as `with fsdp.no_sync():` — unsharded gradients
-    /// accumulate locally (full size per unit, as PyTorch); the next `backward` outside reduces
-    /// the accumulated sum.
-    pub fn no_sync<R>(&mut self, f: impl FnOnce(&mut Self) -> R) -> R {
-        let before = self.require_backward_grad_sync;
-        self.require_backward_grad_sync = false;
-        let out = f(self);
-        self.require_backward_grad_sync = before;
-        out
-    }
-
     /// Clips the gradients of all shards by their global L2 norm, as
-    /// `FullyShardedDataParallel.clip_grad_norm_(max_norm)`: the squared norms of the local
-    /// shards are summed over ranks with one all-reduce (none for `NoShard`, whose ranks each
-    /// hold the whole gradient), then every gradient is scaled by
+    /// `FullyShardedDataParallel.clip_grad_norm_(max_norm)`: the shared
+    /// [`clip_grad_norm`](crate::parallel::data_parallel::clip_grad_norm) over this rank's
+    /// shards' gradients, their squared norms summed over ranks with one all-reduce (none for
+    /// `NoShard`, whose ranks each hold the whole gradient); every gradient is scaled by
     /// `min(1, max_norm / (total_norm + 1e-6))`. Returns the total norm (before clipping).
     /// Padding holds zero gradients and does not change the norm.
     ///
@@ -783,36 +412,8 @@ impl<'pg, M: Segmented> FullyShardedDataParallel<'pg, M> {
     /// [`Error::InvalidValue`] for a `max_norm` that is not positive and finite; collective
     /// errors.
     pub fn clip_grad_norm(&self, max_norm: f64) -> Result<f64> {
-        if !(max_norm.is_finite() && max_norm > 0.0) {
-            return Err(Error::invalid("max_norm", max_norm, "a positive, finite gradient norm"));
-        }
-        tch::no_grad(|| {
-            let mut local_sq = 0.0;
-            for s in &self.shards {
-                let g = s.grad();
-                if g.defined() {
-                    local_sq += g.to_kind(Kind::Double).square().sum(Kind::Double).double_value(&[]);
-                }
-            }
-            let total_sq = if self.config.sharding_strategy.is_sharded() && self.pg.world_size() > 1 {
-                let mut t = Tensor::from_slice(&[local_sq]).to_device(self.pg.device());
-                self.pg.all_reduce(&mut t, ReduceOp::Sum)?;
-                t.double_value(&[0])
-            } else {
-                local_sq
-            };
-            let total = total_sq.sqrt();
-            let coef = (max_norm / (total + 1e-6)).min(1.0);
-            if coef < 1.0 {
-                for s in &self.shards {
-                    let mut g = s.grad();
-                    if g.defined() {
-                        let _ = g.f_mul_scalar_(coef)?;
-                    }
-                }
-            }
-            Ok(total)
-        })
+        let grads: Vec<Tensor> = self.shards.iter().map(Tensor::grad).collect();
+        clip_grad_norm(&grads, max_norm, self.config.sharding_strategy.is_sharded().then_some(self.pg))
     }
 
     /// This rank's shards (one trainable `[shard_numel]` tensor per unit, unit order): what an
@@ -824,12 +425,6 @@ impl<'pg, M: Segmented> FullyShardedDataParallel<'pg, M> {
     /// The unwrapped model's parameter names, in definition order.
     pub fn param_names(&self) -> Vec<String> {
         self.params.iter().map(|(n, _)| n.clone()).collect()
-    }
-
-    /// Turns the gradient reduction of the next backwards on or off (what
-    /// [`no_sync`](Self::no_sync) toggles for the duration of a closure).
-    pub fn set_require_backward_grad_sync(&mut self, sync: bool) {
-        self.require_backward_grad_sync = sync;
     }
 
     /// Debug check that the ranks agree: for `NoShard` every rank's full parameters must be

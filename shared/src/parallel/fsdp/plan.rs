@@ -52,9 +52,11 @@ impl FlatParamUnit {
         }
     }
 
-    /// `(start, len)` of rank `rank`'s shard in the padded flat parameter, elements.
-    pub fn shard_range(&self, rank: usize, sharded: bool) -> (i64, i64) {
-        if sharded {
+    /// `(start, len)` of rank `rank`'s shard in the padded flat parameter under `strategy`,
+    /// elements: `[rank·shard_numel, (rank+1)·shard_numel)` when it shards, the whole flat
+    /// parameter (`NoShard`) otherwise.
+    pub fn shard_range(&self, rank: usize, strategy: ShardingStrategy) -> (i64, i64) {
+        if strategy.is_sharded() {
             (rank as i64 * self.shard_numel, self.shard_numel)
         } else {
             (0, self.shard_numel)

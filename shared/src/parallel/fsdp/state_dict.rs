@@ -80,7 +80,7 @@ impl<M: Segmented> FullyShardedDataParallel<'_, M> {
         let expected: BTreeMap<&str, &[i64]> =
             self.units.iter().flat_map(|u| u.param_names.iter().zip(&u.shapes).map(|(n, s)| (n.as_str(), s.as_slice()))).collect();
         check_keys(&map, &expected, "full", "the unwrapped model's named_parameters()")?;
-        let (rank, sharded) = (self.pg.rank(), self.config.sharding_strategy.is_sharded());
+        let (rank, strategy) = (self.pg.rank(), self.config.sharding_strategy);
         tch::no_grad(|| {
             self.units
                 .iter()
@@ -90,7 +90,7 @@ impl<M: Segmented> FullyShardedDataParallel<'_, M> {
                     let pieces: Vec<Tensor> =
                         unit.param_names.iter().map(|n| map[n.as_str()].to_device(device).to_kind(kind).reshape([-1])).collect();
                     let flat = flatten_padded(&pieces, unit);
-                    let (start, len) = unit.shard_range(rank, sharded);
+                    let (start, len) = unit.shard_range(rank, strategy);
                     Ok(flat.narrow(0, start, len).copy())
                 })
                 .collect()

@@ -1,6 +1,6 @@
 //! Freeing a storage's memory and refilling the same storage — the mechanism behind FSDP's
 //! "free the gathered parameters after forward, all-gather them again before backward"
-//! without a second forward (FFI to `storage_shim.cpp`).
+//! without a second forward (FFI to `storage_shim.cpp`, declared in `crate::ffi::storage`).
 //!
 //! Why a storage and not a tensor: forward's autograd graph saves tensors that *view* the
 //! gathered flat parameter (`linear` saves `weight.t()`, a view libtorch creates and we never
@@ -25,13 +25,7 @@
 //! is dropped instead is never read. The views are never handed to user code while released.
 
 use crate::{Error, Result};
-use std::ffi::{c_char, c_int, c_void};
 use tch::{Device, Kind, Tensor};
-
-extern "C" {
-    /// `storage_shim.cpp`: sets the byte size of the tensor's storage (0 frees it).
-    fn ladder_storage_resize_bytes(t: *const c_void, nbytes: usize, err: *mut c_char, errlen: usize) -> c_int;
-}
 
 /// A flat buffer (`[numel]`, one dtype, one device) whose memory can be released and allocated
 /// again *in the same storage*, so that views of it made while it was filled — the model's
@@ -94,13 +88,12 @@ impl FlatStorage {
     }
 
     fn resize(&self, nbytes: usize, rank: usize) -> Result<()> {
-        // SAFETY: `flat.as_ptr()` is tch's `at::Tensor *`, alive for the call; the shim only
-        // touches that tensor's StorageImpl and writes at most `len` bytes (NUL included) into
-        // `err`. Resizing is what makes views unreadable until refilled: see the module's
-        // `# Safety`.
-        crate::shim::call(|err, len| unsafe { ladder_storage_resize_bytes(self.flat.as_ptr() as *const c_void, nbytes, err, len) }).map_err(
-            |msg| Error::Fsdp { rank, problem: format!("resizing a gathered FlatParameter's storage to {nbytes} bytes failed: {msg}") },
-        )
+        // SAFETY: resizing is what makes views unreadable until refilled: see the module's
+        // `# Safety` (`flat` is alive for the call).
+        unsafe { crate::ffi::storage::resize_bytes(&self.flat, nbytes) }.map_err(|msg| Error::Fsdp {
+            rank,
+            problem: format!("resizing a gathered FlatParameter's storage to {nbytes} bytes failed: {msg}"),
+        })
     }
 }
 

@@ -1,8 +1,9 @@
-// Two CPU kernels of BasicNet that libtorch runs as serial scalar loops (see model.rs).
+// Two CPU kernels of BasicNet that libtorch runs as serial scalar loops (see src/model.rs; declared in
+// src/ffi/model.rs).
 //
 // 1. Dropout's noise tensor on CPU in one parallel pass, instead of libtorch's CPU `bernoulli_`:
 // that kernel draws one mt19937 number per element in a serial loop (perf: ~10% of a bf16
-// BasicNet step, for the 9,216 × batch mask after the convolutions). See model.rs `dropout`.
+// BasicNet step, for the 9,216 × batch mask after the convolutions). See src/model.rs `dropout`.
 //
 // The random bits come from a counter-based generator: word i of a call is
 // splitmix64(key + (i + 1) · 0x9E3779B97F4A7C15) — the i-th output of Steele, Lea & Flood's

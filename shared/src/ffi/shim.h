@@ -1,6 +1,6 @@
-// What every libtorch shim (src/*_shim.cpp, src/fsdp/storage_shim.cpp) does at its C boundary:
-// run the body, turn any C++ exception into a return code and a message, so that nothing
-// unwinds into Rust.
+// What every libtorch shim (src/ffi/*_shim.cpp) does at its C boundary: run the body, turn any
+// C++ exception into a return code and a message, so that nothing unwinds into Rust (the Rust
+// side: `call` in src/ffi/mod.rs).
 #pragma once
 
 #include <cstddef>

@@ -1,7 +1,8 @@
 // AdamW's step through libtorch's fused kernel, `at::_fused_adamw_` — what
 // `torch.optim.AdamW(fused=True)` calls (CPU and CUDA): one pass over each parameter, its
 // gradient and its two moments, instead of a dozen element-wise ops with their temporaries.
-// tch has no binding for it (its generator skips in-place ops over tensor lists). See optim.rs.
+// tch has no binding for it (its generator skips in-place ops over tensor lists). See src/optim.rs (declared in
+// src/ffi/optim.rs).
 #include <ATen/core/Tensor.h>
 #include <ATen/core/grad_mode.h>
 #include <ATen/ops/_fused_adamw.h>

@@ -1,7 +1,8 @@
 // Backward from a tensor with a given gradient — `torch.autograd.backward([y], [g])` and
 // `torch.autograd.grad([y], inputs, [g])` — which tch cannot express: its `run_backward` takes
 // no grad_outputs, so a segment's backward had to start from the root `(y * g).sum()`, two extra
-// passes over the segment's output forward and two more backward. See autograd.rs.
+// passes over the segment's output forward and two more backward. See src/autograd.rs (declared in
+// src/ffi/autograd.rs).
 #include <ATen/core/Tensor.h>
 #include <ATen/core/grad_mode.h>
 #include <torch/csrc/autograd/autograd.h>

@@ -1,20 +1,18 @@
-//! The pieces of the tutorial's training job that every level shares: the command-line
-//! arguments, data loading, one optimizer step, and evaluation — plus the single-process
-//! baseline [`run`] that `make demo` starts with.
+//! The training recipe every level shares: the command-line arguments ([`TrainArgs`]) and
+//! their checks, the batch-size and memory checks, the batch counts every rank must agree on,
+//! one dropout seed per batch, the AdamW recipe, weight saving and the end-of-epoch lines.
 //!
 //! Recipe (PyTorch's MNIST example with the DDP tutorial's optimizer): BasicNet, AdamW (lr 1e-3,
 //! betas 0.9/0.999, eps 1e-8, weight_decay 0.01), `nll_loss` on log-probabilities, batch 64,
-//! train mode with dropout, evaluation in eval mode under `no_grad`, argmax accuracy.
+//! train mode with dropout, evaluation ([`crate::eval`]) in eval mode under `no_grad`, argmax
+//! accuracy. The single-process baseline that runs it is the `ladder-baseline` binary.
 
-use crate::data::{resolve_data_dir, DataLoader, Dataset, Mnist};
+use crate::data::{resolve_data_dir, Mnist};
 use crate::device::DeviceKind;
-use crate::metrics::Report;
-use crate::model::{BasicNet, BasicNetConfig};
-use crate::timing::Phase;
+use crate::eval::EvalSums;
 use crate::{Error, Result};
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
-use std::time::Instant;
 use tch::nn::{self, ModuleT};
 use tch::{Kind, Tensor};
 
@@ -133,9 +131,11 @@ impl TrainArgs {
         // Files written after training are checked before it, so a typo costs seconds, not an
         // epoch (nothing is created here).
         // (The metrics JSON creates missing directories; the weights file does not.)
-        for (flag, path, creates_dirs) in [("--metrics-json", &self.metrics_json, true), ("--save-model", &self.save_model, false)] {
+        for (flag, path, dirs) in
+            [("--metrics-json", &self.metrics_json, MissingDirs::Created), ("--save-model", &self.save_model, MissingDirs::Refused)]
+        {
             if let Some(path) = path {
-                check_output_file(flag, path, creates_dirs)?;
+                check_output_file(flag, path, dirs)?;
             }
         }
         Ok(())
@@ -160,6 +160,30 @@ impl TrainArgs {
     /// memory and the largest batch that fits.
     pub fn check_batch_memory(&self, width: i64, local_world_size: usize, device: tch::Device) -> Result<()> {
         check_batch_fits_memory("--batch-size", self.batch_size, width, local_world_size, device)
+    }
+
+    /// Checks that the device given with `--device` can be used (for cuda: a driver, libtorch's
+    /// CUDA backend and a device), before anything is set up; nothing to check without
+    /// `--device` (the default is cuda only where it is available).
+    ///
+    /// # Errors
+    /// [`Error::CudaUnavailable`] naming `--device`.
+    pub fn check_device(&self) -> Result<()> {
+        match self.device {
+            Some(kind) => kind.resolve(0).map(drop).map_err(|e| e.named_by(&[("device", "--device")])),
+            None => Ok(()),
+        }
+    }
+
+    /// Writes `report` to the `--metrics-json` file when one was given (pretty JSON, atomically:
+    /// [`Report::write_json`](crate::metrics::Report::write_json)). One process writes it (rank
+    /// 0); every level and the baseline end with it.
+    ///
+    /// # Errors
+    /// [`Error::InvalidValue`] naming `--metrics-json` and the path when it cannot be written.
+    pub fn write_metrics_json(&self, report: &crate::metrics::Report) -> Result<()> {
+        let Some(path) = &self.metrics_json else { return Ok(()) };
+        report.write_json(path).map_err(|e| Error::invalid("--metrics-json", path.display(), format!("a writable file ({e})")))
     }
 
     /// The collective timeout of `--timeout` (or `LADDER_COLLECTIVE_TIMEOUT_S`).
@@ -330,11 +354,10 @@ pub fn end_of_epoch(
 /// (`seed`, `rank`, `batch_index`) alone: a run resumed from a checkpoint at batch k draws the
 /// same masks as one that never stopped, without saving generator state (tch cannot read it).
 /// `batch_index` counts micro-batches from 0 over all epochs. Ranks draw different masks, as
-/// independent workers do. Every level calls it before each batch's forward.
+/// independent workers do. Every level calls it before each batch's forward (the distributed
+/// levels beside [`crate::dist::progress::set_step`], which records where the rank is).
 // ANCHOR: seed_batch
 pub fn seed_batch(seed: u64, rank: usize, batch_index: u64) {
-    // Where this rank is, for collective timeouts and ladder-run's summary (1-based step).
-    crate::dist::progress::set_step(batch_index + 1);
     // splitmix64 of the three inputs: well-spread seeds for neighbouring batches.
     let mut z = seed
         .wrapping_mul(0x9E37_79B9_7F4A_7C15)
@@ -347,104 +370,23 @@ pub fn seed_batch(seed: u64, rank: usize, batch_index: u64) {
 }
 // ANCHOR_END: seed_batch
 
-/// Writes `weights` (name → tensor) to `path` as safetensors, atomically; the error names the
-/// `--save-model` flag.
+/// The name [`save_weights`]' errors give the file they could not write; a level renames it to
+/// its own flag or argument with [`Error::named_by`] (`--save-model`, `output_dir`).
+pub const WEIGHTS_FILE: &str = "weights file";
+
+/// Writes `weights` (name → tensor) to `path` as safetensors, atomically (a temporary file in
+/// the same directory, renamed into place).
 ///
 /// # Errors
-/// [`Error::InvalidValue`] naming `--save-model` and the path when it cannot be written.
+/// [`Error::InvalidValue`] naming [`WEIGHTS_FILE`] and the path when it cannot be written.
 pub fn save_weights(path: &std::path::Path, weights: &[(String, Tensor)]) -> Result<()> {
-    let bad = |e: String| Error::invalid("--save-model", path.display(), format!("a writable file ({e})"));
+    let bad = |e: String| Error::invalid(WEIGHTS_FILE, path.display(), format!("a writable file ({e})"));
     let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(std::path::Path::new("."));
     let tmp = tempfile::Builder::new().prefix(".ladder-").suffix(".safetensors").tempfile_in(dir).map_err(|e| bad(e.to_string()))?;
     let cpu: Vec<(String, Tensor)> = weights.iter().map(|(k, t)| (k.clone(), t.detach().to_device(tch::Device::Cpu))).collect();
     Tensor::write_safetensors(&cpu, tmp.path()).map_err(|e| bad(e.to_string()))?;
     tmp.persist(path).map_err(|e| bad(e.error.to_string()))?;
     Ok(())
-}
-
-/// Sums from evaluating part of the test set; all-reducing them over ranks gives the exact
-/// figures of the whole set.
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub struct EvalSums {
-    /// Images whose argmax prediction equals the label.
-    pub correct: i64,
-    /// Sum of the per-image negative log-likelihoods.
-    pub loss_sum: f64,
-    /// Images evaluated.
-    pub count: i64,
-}
-
-impl EvalSums {
-    /// `correct / count` (0 when nothing was evaluated).
-    pub fn accuracy(&self) -> f64 {
-        if self.count == 0 {
-            0.0
-        } else {
-            self.correct as f64 / self.count as f64
-        }
-    }
-    /// Mean negative log-likelihood.
-    pub fn mean_loss(&self) -> f64 {
-        if self.count == 0 {
-            0.0
-        } else {
-            self.loss_sum / self.count as f64
-        }
-    }
-}
-
-/// Evaluates `model` on every image of `data` once, in eval mode under `no_grad`, in batches of
-/// `batch_size`, on the dataset's device. As the tutorial's `test()` (whose test batch is 1,000);
-/// each batch's forward runs in pieces of at most [`EVAL_PIECE`] images (see there).
-pub fn evaluate(model: &impl ModuleT, data: &Dataset, batch_size: usize) -> EvalSums {
-    evaluate_with(|x| Ok(model.forward_t(x, false)), data, batch_size).expect("a plain forward cannot fail")
-}
-
-/// The most images one evaluation forward sees at once. A batch of the tutorial's 1,000 test
-/// images is run as pieces of 128 and their outputs concatenated before the loss: each image's
-/// log-probabilities do not depend on which images share its forward, so the loss and the count
-/// are the batch's, but the activations held at once are an eighth (BasicNet's conv2 output for
-/// 1,000 images alone is 147 MB, and that evaluation was each rank's peak RSS: ~640 MiB against
-/// ~280 MiB while training). Smaller pieces also ran faster on CPU (BasicNet, one thread:
-/// 645 ms per 1,000 images whole, 317 ms in pieces of 128).
-pub const EVAL_PIECE: usize = 128;
-
-/// An evaluation forward of `xs` `[b, …]` in pieces of at most [`EVAL_PIECE`] along the batch
-/// dimension, outputs concatenated in order (`forward(xs)` itself when `b` ≤ `EVAL_PIECE`).
-///
-/// # Errors
-/// The first error `forward` returns.
-pub fn forward_in_pieces(xs: &Tensor, mut forward: impl FnMut(&Tensor) -> Result<Tensor>) -> Result<Tensor> {
-    let (n, piece) = (xs.size()[0], EVAL_PIECE as i64);
-    if n <= piece {
-        return forward(xs);
-    }
-    let outs = (0..n).step_by(EVAL_PIECE).map(|i| forward(&xs.narrow(0, i, piece.min(n - i))));
-    Ok(Tensor::cat(&outs.collect::<Result<Vec<Tensor>>>()?, 0))
-}
-
-/// [`evaluate`] over any forward function (e.g. an FSDP model's, which gathers its shards):
-/// `forward` maps images `[b, 1, 28, 28]` to log-probabilities `[b, 10]`; it runs under
-/// `no_grad`.
-///
-/// # Errors
-/// The first error `forward` returns.
-pub fn evaluate_with(mut forward: impl FnMut(&Tensor) -> Result<Tensor>, data: &Dataset, batch_size: usize) -> Result<EvalSums> {
-    let n = data.len();
-    let mut sums = EvalSums::default();
-    tch::no_grad(|| {
-        let mut start = 0;
-        while start < n {
-            let len = batch_size.min(n - start);
-            let part = data.slice(start..start + len);
-            let out = forward_in_pieces(&part.images(), &mut forward)?;
-            sums.loss_sum += out.nll_loss(&part.labels).double_value(&[]) * len as f64;
-            sums.correct += out.argmax(-1, false).eq_tensor(&part.labels).sum(Kind::Int64).int64_value(&[]);
-            sums.count += len as i64;
-            start += len;
-        }
-        Ok(sums)
-    })
 }
 
 /// The loss of one batch: `nll_loss(model(images), labels)`, mean over the batch.
@@ -463,125 +405,23 @@ pub fn adamw(vs: &nn::VarStore, lr: f64) -> Result<crate::optim::AdamW> {
     crate::optim::AdamW::new(vs.trainable_variables(), crate::optim::AdamWConfig { lr, ..Default::default() })
 }
 
-/// Runs the single-process baseline: BasicNet on MNIST, the tutorial's loop, then evaluation
-/// over the whole test set. Intra-op threads = all cores.
-///
-/// # Errors
-/// Invalid flags, data errors, an unavailable device.
-pub fn run(args: &TrainArgs) -> Result<Report> {
-    let start = Instant::now();
-    args.validate()?;
-    let env = crate::dist::DistEnv::from_env()?;
-    if env.world_size > 1 {
-        return Err(Error::Env(format!(
-            "ladder-baseline is the single-process reference, but this process was started as rank {} of {} \
-             (WORLD_SIZE={}); it would train {} unrelated copies. Start level1-raw-ddp (or level 2, 3) under the launcher instead",
-            env.rank, env.world_size, env.world_size, env.world_size
-        )));
-    }
-    let device = args.device_kind().resolve(0)?;
-    crate::device::set_threads_per_rank(1);
-    crate::device::tune_malloc_for_training();
-    tch::manual_seed(args.seed as i64);
-    let mnist = args.load_mnist()?;
-    args.check_batch_size(mnist.train.len(), 1)?;
-    args.check_batch_memory(BasicNetConfig::default().width, 1, device)?;
-    let (train, test) = (mnist.train.to_device(device), mnist.test.to_device(device));
-
-    let vs = nn::VarStore::new(device);
-    let net = BasicNet::new(&vs.root(), BasicNetConfig::default());
-    let mut opt = adamw(&vs, args.lr)?;
-    let mut loader = DataLoader::shuffled(&train, args.batch_size, args.seed)?;
-
-    let mut steps = 0usize;
-    let mut train_s = 0.0;
-    let mut samples = 0usize;
-    let mut train_loss = 0.0;
-    let mut history = Vec::new();
-    let mut eval = EvalSums::default();
-    let (mut timer, no_comm) = (crate::timing::StepTimer::start(device), crate::timing::Comm::default());
-    // ANCHOR: baseline_loop
-    for epoch in 1..=args.epochs {
-        loader.set_epoch(epoch as u64 - 1);
-        let t0 = Instant::now();
-        timer.resume(no_comm);
-        let (mut loss_sum, mut n_batches) = (0.0, 0usize);
-        let mut stop = false;
-        for (batch_idx, (images, labels)) in loader.iter().enumerate() {
-            // The same dropout masks as level 1 at world size 1: one computation.
-            timer.lap(Phase::Data, no_comm);
-            seed_batch(args.seed, 0, steps as u64);
-            opt.zero_grad();
-            let loss = batch_loss(&net, &images, &labels);
-            timer.lap(Phase::Forward, no_comm);
-            loss.backward();
-            timer.lap(Phase::Backward, no_comm);
-            opt.step();
-            timer.end_step(Phase::Optimizer, no_comm, images.size()[0] as u64);
-            let l = loss.double_value(&[]);
-            loss_sum += l;
-            n_batches += 1;
-            samples += images.size()[0] as usize;
-            steps += 1;
-            if args.log_interval > 0 && batch_idx % args.log_interval == 0 {
-                println!(
-                    "Train Epoch: {epoch} [{}/{} ({:.0}%)]\tLoss: {l:.6}",
-                    batch_idx * args.batch_size,
-                    loader.num_samples(),
-                    100.0 * batch_idx as f64 / loader.len() as f64
-                );
-            }
-            if args.max_steps.is_some_and(|m| steps >= m) {
-                stop = true;
-                break;
-            }
-        }
-        train_s += t0.elapsed().as_secs_f64();
-        train_loss = loss_sum / n_batches.max(1) as f64;
-        eval = evaluate(&net, &test, 1000);
-        history.push(end_of_epoch(None, epoch, n_batches, train_loss, &eval)?);
-        if stop {
-            break;
-        }
-    }
-    // ANCHOR_END: baseline_loop
-
-    if let Some(path) = &args.save_model {
-        save_weights(path, &crate::model::Model::named_parameters(&net))?;
-    }
-    let peak = crate::memory::peak_rss_bytes().map(crate::memory::mib).unwrap_or(0.0);
-    let timing = timer.finish();
-    let report = Report {
-        accuracy: eval.accuracy(),
-        eval_samples: eval.count as u64,
-        test_loss: eval.mean_loss(),
-        train_loss,
-        samples_per_s: if timing.timed_steps > 0 { timing.samples_per_s() } else { samples as f64 / train_s.max(1e-9) },
-        wall_s: start.elapsed().as_secs_f64(),
-        peak_rss_mib: peak,
-        train_peak_rss_mib: timing.train_peak_rss_mib,
-        samples: samples as u64,
-        timing,
-        steps: steps as u64,
-        world_size: 1,
-        strategy: "single".into(),
-        ranks: Vec::new(),
-        history,
-        extra: serde_json::Map::new(),
-    };
-    if let Some(path) = &args.metrics_json {
-        report.write_json(path).map_err(|e| Error::invalid("--metrics-json", path.display(), format!("a writable file ({e})")))?;
-    }
-    Ok(report)
+/// What the writer of a file does with the missing directories above it (see
+/// [`check_output_file`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MissingDirs {
+    /// It creates them (the metrics JSON, as `write_atomic`).
+    Created,
+    /// They must exist already (the weights file, as [`save_weights`]).
+    Refused,
 }
 
 /// Checks that `path` can be written as a file later: it is not a directory, and its parent is
-/// a directory — or, when the writer creates missing directories (`creates_dirs`), its nearest
-/// existing ancestor is.
+/// a directory — or, when the writer creates missing directories ([`MissingDirs::Created`]),
+/// its nearest existing ancestor is.
 ///
 /// # Errors
 /// [`Error::InvalidValue`] naming `flag`, the path and what is wrong.
-pub fn check_output_file(flag: &str, path: &std::path::Path, creates_dirs: bool) -> Result<()> {
+pub fn check_output_file(flag: &str, path: &std::path::Path, dirs: MissingDirs) -> Result<()> {
     let bad = |why: String| Err(Error::invalid(flag, path.display(), format!("a writable file ({why})")));
     if path.is_dir() {
         return bad("Is a directory".into());
@@ -591,7 +431,7 @@ pub fn check_output_file(flag: &str, path: &std::path::Path, creates_dirs: bool)
         if d.exists() {
             return if d.is_dir() { Ok(()) } else { bad(format!("{} is not a directory", d.display())) };
         }
-        if !creates_dirs {
+        if dirs == MissingDirs::Refused {
             return bad(format!("its directory {} does not exist", d.display()));
         }
         dir = d.parent();
@@ -599,57 +439,24 @@ pub fn check_output_file(flag: &str, path: &std::path::Path, creates_dirs: bool)
     Ok(()) // relative to the working directory, which exists
 }
 
-/// Exact distributed evaluation: rank r evaluates the contiguous, unpadded slice
-/// [`eval_shard`](crate::data::eval_shard)`(n, r, W)` of `data` and the correct counts, loss sums
-/// and image counts are all-reduced (Sum). Every image is counted exactly once at any world
-/// size (10,000, not the 10,002 a padding sampler would give), and the figures equal the
-/// single-process [`evaluate`] of the same weights.
-///
-/// # Errors
-/// Collective errors.
-pub fn evaluate_distributed(
-    pg: &dyn crate::dist::ProcessGroup,
-    model: &impl ModuleT,
-    data: &Dataset,
-    batch_size: usize,
-) -> Result<EvalSums> {
-    evaluate_distributed_with(pg, |x| Ok(model.forward_t(x, false)), data, batch_size)
-}
-
-/// [`evaluate_distributed`] over any forward function (see [`evaluate_with`]).
-///
-/// # Errors
-/// Errors of `forward`; collective errors.
-// ANCHOR: exact_eval
-pub fn evaluate_distributed_with(
-    pg: &dyn crate::dist::ProcessGroup,
-    forward: impl FnMut(&Tensor) -> Result<Tensor>,
-    data: &Dataset,
-    batch_size: usize,
-) -> Result<EvalSums> {
-    let shard = crate::data::eval_shard(data.len(), pg.rank(), pg.world_size());
-    let local = evaluate_with(forward, &data.slice(shard), batch_size)?;
-    let mut sums = Tensor::from_slice(&[local.correct as f64, local.loss_sum, local.count as f64]).to_device(pg.device());
-    pg.all_reduce(&mut sums, crate::dist::ReduceOp::Sum)?;
-    let v = Vec::<f64>::try_from(sums.to_device(tch::Device::Cpu)).map_err(Error::Torch)?;
-    Ok(EvalSums { correct: v[0].round() as i64, loss_sum: v[1], count: v[2].round() as i64 })
-}
-// ANCHOR_END: exact_eval
-
 #[cfg(test)]
 mod tests {
-    use super::check_output_file;
+    use super::{check_output_file, MissingDirs};
 
     #[test]
     fn output_files_are_checked_before_training() {
         let dir = tempfile::tempdir().unwrap();
-        let msg = |p: &std::path::Path, creates: bool| check_output_file("--x", p, creates).map_err(|e| e.to_string());
-        assert!(msg(dir.path(), true).unwrap_err().ends_with("a writable file (Is a directory)"));
+        let msg = |p: &std::path::Path, dirs: MissingDirs| check_output_file("--x", p, dirs).map_err(|e| e.to_string());
+        assert!(msg(dir.path(), MissingDirs::Created).unwrap_err().ends_with("a writable file (Is a directory)"));
         let nested = dir.path().join("a/b/m.json");
-        assert!(msg(&nested, true).is_ok(), "missing directories are created by such a writer");
-        assert!(msg(&nested, false).unwrap_err().ends_with(&format!("its directory {} does not exist)", dir.path().join("a/b").display())));
-        assert!(msg(&dir.path().join("m.json"), false).is_ok());
-        assert!(msg(std::path::Path::new("m.json"), false).is_ok(), "the working directory");
-        assert!(msg(std::path::Path::new("/dev/null/m.json"), true).unwrap_err().ends_with("(/dev/null is not a directory)"));
+        assert!(msg(&nested, MissingDirs::Created).is_ok(), "missing directories are created by such a writer");
+        assert!(msg(&nested, MissingDirs::Refused)
+            .unwrap_err()
+            .ends_with(&format!("its directory {} does not exist)", dir.path().join("a/b").display())));
+        assert!(msg(&dir.path().join("m.json"), MissingDirs::Refused).is_ok());
+        assert!(msg(std::path::Path::new("m.json"), MissingDirs::Refused).is_ok(), "the working directory");
+        assert!(msg(std::path::Path::new("/dev/null/m.json"), MissingDirs::Created)
+            .unwrap_err()
+            .ends_with("(/dev/null is not a directory)"));
     }
 }

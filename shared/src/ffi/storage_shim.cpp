@@ -2,7 +2,8 @@
 // release the memory of a storage in place and allocate it again later, so that every tensor
 // viewing that storage — including the views autograd saved for backward — sees the new memory
 // once it is refilled. tch has no binding for it: `Tensor::resize_` only ever grows a storage,
-// and `Tensor::set_` repoints one tensor, not the views the graph holds. See storage.rs.
+// and `Tensor::set_` repoints one tensor, not the views the graph holds. See
+// src/parallel/fsdp/storage.rs (declared in src/ffi/storage.rs).
 #include <ATen/core/Tensor.h>
 #include <c10/core/DeviceGuard.h>
 #include <c10/core/StorageImpl.h>
@@ -10,7 +11,7 @@
 #include <cstring>
 #include <exception>
 
-#include "../../shim.h"
+#include "shim.h"
 
 // `t` is tch's tensor handle (torch-sys's `tensor` is `at::Tensor *`). Sets the byte size of
 // `t`'s storage to `nbytes`: 0 frees its memory; otherwise fresh memory is allocated with the

@@ -1,0 +1,204 @@
+//! The matrix's cells: what a cell runs (a level or the baseline, how the model is replicated,
+//! ranks, width, precision) and the PyTorch peer it is measured next to.
+
+use clap::builder::PossibleValue;
+use clap::ValueEnum;
+use ladder_core::parallel::{Choice, Precision, ShardingStrategy, Strategy};
+use serde::{Deserialize, Serialize};
+use std::sync::OnceLock;
+
+/// How a cell replicates the model: one process without a process group (`single`, the
+/// bench's own notion: `ladder-baseline`), or one of the core's strategies across ranks.
+/// Written as the flag value and report name: `single`, `ddp`, `fsdp-full-shard`, …; read as
+/// any spelling of [`Strategy`].
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Replication {
+    /// One process, no process group: `ladder-baseline` (level-independent).
+    Single,
+    /// A level binary under `ladder-run`, with this strategy (its default options).
+    Parallel(Strategy),
+}
+
+impl Replication {
+    /// The flag value / report name: `single`, or the strategy's ([`Strategy::name`]).
+    pub fn name(self) -> &'static str {
+        Choice::name(self)
+    }
+
+    /// FSDP's sharding strategy; `None` for `single` and DDP.
+    pub fn sharding(self) -> Option<ShardingStrategy> {
+        match self {
+            Replication::Single => None,
+            Replication::Parallel(s) => s.sharding(),
+        }
+    }
+
+    /// True for DDP.
+    pub fn is_ddp(self) -> bool {
+        matches!(self, Replication::Parallel(Strategy::Ddp(_)))
+    }
+}
+
+impl From<Strategy> for Replication {
+    fn from(strategy: Strategy) -> Self {
+        Replication::Parallel(strategy)
+    }
+}
+
+impl ValueEnum for Replication {
+    /// `single`, then the core's strategies in their `--help` order.
+    fn value_variants<'a>() -> &'a [Self] {
+        static ALL: OnceLock<Vec<Replication>> = OnceLock::new();
+        ALL.get_or_init(|| std::iter::once(Replication::Single).chain(Strategy::value_variants().iter().map(|&s| s.into())).collect())
+    }
+
+    fn to_possible_value(&self) -> Option<PossibleValue> {
+        match self {
+            Replication::Single => {
+                Some(PossibleValue::new("single").help("One process, no process group: `ladder-baseline` (level-independent)"))
+            }
+            Replication::Parallel(s) => s.to_possible_value(),
+        }
+    }
+}
+
+impl Choice for Replication {
+    const WHAT: &'static str = "strategy";
+    fn name(self) -> &'static str {
+        match self {
+            Replication::Single => "single",
+            Replication::Parallel(s) => s.name(),
+        }
+    }
+    fn unsupported(text: &str) -> Option<&'static str> {
+        <Strategy as Choice>::unsupported(text)
+    }
+}
+ladder_core::impl_choice!(Replication);
+
+/// serde for a cell's precision: written as [`Precision::label`] (`fp32`, `bf16`: the name in
+/// ids, tables and `bench.json`), read as any spelling of [`Precision`].
+mod precision_label {
+    use ladder_core::parallel::Precision;
+
+    pub fn serialize<S: serde::Serializer>(p: &Precision, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(p.label())
+    }
+
+    pub fn deserialize<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Precision, D::Error> {
+        serde::Deserialize::deserialize(d)
+    }
+}
+
+/// A PyTorch peer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(tag = "peer", rename_all = "kebab-case")]
+pub enum Peer {
+    /// `bench/reference/tutorial.py`: the MNIST example loop, one process.
+    Tutorial,
+    /// `bench/reference/ddp_gloo.py` under `torchrun --standalone --nproc-per-node W`.
+    DdpGloo {
+        /// Ranks.
+        world_size: usize,
+    },
+    /// `bench/reference/accelerate_loop.py` under `accelerate launch --num_processes W`
+    /// (W processes over gloo on CPU): level 2's twin.
+    Accelerate {
+        /// Processes.
+        world_size: usize,
+    },
+    /// `bench/reference/trainer.py` (🤗 `Trainer`, `TrainingArguments`) under `torchrun
+    /// --standalone --nproc-per-node W`: level 3's twin.
+    Trainer {
+        /// Processes.
+        world_size: usize,
+    },
+}
+
+impl Peer {
+    /// `pytorch-tutorial`, `pytorch-ddp-gloo-w2`.
+    pub fn id(self) -> String {
+        match self {
+            Peer::Tutorial => "pytorch-tutorial".into(),
+            Peer::DdpGloo { world_size } => format!("pytorch-ddp-gloo-w{world_size}"),
+            Peer::Accelerate { world_size } => format!("hf-accelerate-w{world_size}"),
+            Peer::Trainer { world_size } => format!("hf-trainer-w{world_size}"),
+        }
+    }
+
+    /// Whether the peer needs 🤗 accelerate and transformers in the venv.
+    pub fn needs_hf(self) -> bool {
+        matches!(self, Peer::Accelerate { .. } | Peer::Trainer { .. })
+    }
+
+    /// What the peer is, for tables: `PyTorch DDP (gloo)`, `🤗 Accelerate`, …
+    pub fn title(self) -> &'static str {
+        match self {
+            Peer::Tutorial => "PyTorch tutorial",
+            Peer::DdpGloo { .. } => "PyTorch DDP (gloo)",
+            Peer::Accelerate { .. } => "🤗 Accelerate",
+            Peer::Trainer { .. } => "🤗 Trainer",
+        }
+    }
+}
+
+/// One cell of the matrix.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Case {
+    /// File-name-safe id: `baseline-w1-128-fp32`, `l2-fsdp-full-shard-w4-4096-bf16`.
+    pub id: String,
+    /// Level, `None` for the single-process baseline.
+    pub level: Option<u8>,
+    /// How the model is replicated (`single`, `ddp`, `fsdp-full-shard`, …).
+    pub strategy: Replication,
+    /// Ranks.
+    pub world_size: usize,
+    /// fc1 width.
+    pub width: i64,
+    /// Precision (`no` or `bf16`; written `fp32`, `bf16`).
+    #[serde(with = "precision_label")]
+    pub precision: Precision,
+    /// Optimizer steps per rank.
+    pub steps: usize,
+    /// The PyTorch twin, if any.
+    pub peer: Option<Peer>,
+}
+
+/// `L2 fsdp-full-shard ×4 fc1 4096 bf16` / `baseline single ×1 fc1 128 fp32`.
+pub fn label(case: &Case) -> String {
+    let who = case.level.map_or("baseline".to_string(), |l| format!("L{l}"));
+    format!("{who} {} ×{} fc1 {} {}", case.strategy.name(), case.world_size, case.width, case.precision.label())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cells_are_written_with_the_report_names_and_read_in_any_spelling() {
+        let case = Case {
+            id: "l1-fsdp-full-shard-w2-128-bf16".into(),
+            level: Some(1),
+            strategy: Strategy::fsdp(ShardingStrategy::FullShard).into(),
+            world_size: 2,
+            width: 128,
+            precision: Precision::Bf16,
+            steps: 3,
+            peer: None,
+        };
+        let json = serde_json::to_value(&case).unwrap();
+        assert_eq!((&json["strategy"], &json["precision"]), (&"fsdp-full-shard".into(), &"bf16".into()));
+        let single = serde_json::json!({"id": "b", "level": null, "strategy": "single", "world_size": 1, "width": 128,
+            "precision": "fp32", "steps": 3, "peer": null});
+        let single: Case = serde_json::from_value(single).unwrap();
+        assert_eq!((single.strategy, single.precision), (Replication::Single, Precision::No));
+        assert_eq!(serde_json::to_value(&single).unwrap()["precision"], "fp32");
+        assert_eq!(label(&single), "baseline single ×1 fc1 128 fp32");
+        let read: Replication = "FULL_SHARD".parse().unwrap();
+        assert_eq!((read, read.sharding(), read.is_ddp()), (case.strategy, Some(ShardingStrategy::FullShard), false));
+        let names: Vec<&str> = Replication::value_variants().iter().map(|r| r.name()).collect();
+        assert_eq!(names, ["single", "ddp", "fsdp-full-shard", "fsdp-shard-grad-op", "fsdp-no-shard"]);
+        let err = "zero3".parse::<Replication>().unwrap_err().to_string();
+        assert!(err.starts_with("invalid strategy \"zero3\": expected single, ddp, fsdp-full-shard"), "{err}");
+    }
+}

@@ -1,0 +1,212 @@
+//! `bench run`'s options and the cells they select.
+
+use super::case::{Case, Peer, Replication};
+use crate::error::{Error, Result};
+use ladder_core::parallel::{Precision, ShardingStrategy, Strategy};
+use std::path::PathBuf;
+
+/// `bench run`'s options. Every list flag takes comma-separated values.
+#[derive(Debug, Clone, clap::Args)]
+pub struct RunArgs {
+    /// Levels (1, 2, 3).
+    #[arg(long, value_delimiter = ',', default_values_t = [1u8, 2, 3])]
+    pub levels: Vec<u8>,
+    /// Strategies (`single` is ladder-baseline, one process).
+    #[arg(long, value_parser = ladder_core::cli::spelling::<Replication>(), value_delimiter = ',', default_values_t = DEFAULT_STRATEGIES)]
+    pub strategies: Vec<Replication>,
+    /// World sizes (ranks; more ranks than cores are oversubscribed).
+    #[arg(long, value_delimiter = ',', default_values_t = [1usize, 2, 4])]
+    pub world_sizes: Vec<usize>,
+    /// fc1 widths (128 is the tutorial's BasicNet; 4096 gives ~38M parameters).
+    #[arg(long, value_delimiter = ',', default_values_t = [128i64, 4096])]
+    pub widths: Vec<i64>,
+    /// Precisions, as every level's `--mixed-precision` (`no`, also read as `fp32`; `bf16`);
+    /// reports name them fp32 and bf16. The baseline is fp32 only.
+    #[arg(long, value_parser = ladder_core::cli::spelling_among(&[Precision::No, Precision::Bf16]), value_delimiter = ',', default_values_t = [Precision::No, Precision::Bf16])]
+    pub precisions: Vec<Precision>,
+    /// Optimizer steps per rank for width-128 runs (938 is one epoch at one process).
+    #[arg(long, default_value_t = 300)]
+    pub steps: usize,
+    /// Optimizer steps per rank for runs at another width (memory measurements).
+    #[arg(long, default_value_t = 20)]
+    pub wide_steps: usize,
+    /// Repeats of every run, interleaved with the PyTorch peers (median, min, max reported).
+    #[arg(long, default_value_t = 3)]
+    pub repeats: usize,
+    /// Repeats of runs at another width (memory measurements vary little; at most --repeats).
+    #[arg(long, default_value_t = 1)]
+    pub wide_repeats: usize,
+    /// Leave the PyTorch peers out (no ratios).
+    #[arg(long)]
+    pub no_peers: bool,
+    /// Install 🤗 accelerate and transformers into the peers' venv (pip, from PyPI; nothing
+    /// happens when both import already) so that levels 2 and 3 get their Accelerate and
+    /// Trainer peers. Without it those peers run only if the venv has them.
+    #[arg(long)]
+    pub install_peers: bool,
+    /// Leave the all-reduce bandwidth and DDP bucket measurements out.
+    #[arg(long)]
+    pub no_allreduce: bool,
+    /// Timed rounds per bucket_cap_mb in the DDP bucket measurement.
+    #[arg(long, default_value_t = 30)]
+    pub bucket_iters: usize,
+    /// Ranks of the all-reduce and DDP bucket measurements.
+    #[arg(long, default_value_t = 2)]
+    pub allreduce_ranks: usize,
+    /// Output directory. Default: `<root>/bench/results`.
+    #[arg(long)]
+    pub out_dir: Option<PathBuf>,
+    /// The workspace, its binaries, the time limit.
+    #[command(flatten)]
+    pub launch: crate::LaunchArgs,
+    /// Python of the PyTorch peers. Default: `<root>/.venv/bin/python`.
+    #[arg(long)]
+    pub python: Option<PathBuf>,
+}
+
+/// `--strategies`' default: the baseline, DDP, FULL_SHARD and SHARD_GRAD_OP.
+const DEFAULT_STRATEGIES: [Replication; 4] = [
+    Replication::Single,
+    Replication::Parallel(Strategy::Ddp(ladder_core::parallel::DdpOptions::DEFAULT)),
+    Replication::Parallel(Strategy::Fsdp(ladder_core::parallel::FsdpOptions::with_sharding(ShardingStrategy::FullShard))),
+    Replication::Parallel(Strategy::Fsdp(ladder_core::parallel::FsdpOptions::with_sharding(ShardingStrategy::ShardGradOp))),
+];
+
+/// The cells `args` select, in run order, and a line for every combination left out and why.
+///
+/// # Errors
+/// [`Error::InvalidValue`] for an unknown level, an empty list, world size 0, width < 1,
+/// 0 steps or 0 repeats.
+pub fn plan(args: &RunArgs) -> Result<(Vec<Case>, Vec<String>)> {
+    let levels = crate::select_levels(&args.levels)?;
+    check(args)?;
+    let (mut cases, mut skipped) = (Vec::new(), Vec::new());
+    let steps_for = |width: i64| if width == 128 { args.steps } else { args.wide_steps };
+    for &strategy in &args.strategies {
+        if strategy == Replication::Single {
+            if !args.world_sizes.contains(&1) {
+                skipped.push("single: runs at world size 1 only, not among --world-sizes".into());
+                continue;
+            }
+            for &width in &args.widths {
+                for &precision in &args.precisions {
+                    if width != 128 || precision != Precision::No {
+                        skipped.push(format!(
+                            "single at width {width} {}: ladder-baseline is the tutorial's BasicNet in fp32 only",
+                            precision.label()
+                        ));
+                        continue;
+                    }
+                    cases.push(Case {
+                        id: "baseline-w1-128-fp32".into(),
+                        level: None,
+                        strategy,
+                        world_size: 1,
+                        width,
+                        precision,
+                        steps: steps_for(width),
+                        peer: (!args.no_peers).then_some(Peer::Tutorial),
+                    });
+                }
+            }
+            continue;
+        }
+        for level in &levels {
+            for &world_size in &args.world_sizes {
+                for &width in &args.widths {
+                    for &precision in &args.precisions {
+                        // Each level's twin: PyTorch DDP, 🤗 Accelerate, 🤗 Trainer.
+                        let twin = match level.number {
+                            1 => Peer::DdpGloo { world_size },
+                            2 => Peer::Accelerate { world_size },
+                            _ => Peer::Trainer { world_size },
+                        };
+                        let peer = (!args.no_peers && strategy.is_ddp() && width == 128 && precision == Precision::No).then_some(twin);
+                        cases.push(Case {
+                            id: format!("l{}-{}-w{world_size}-{width}-{}", level.number, strategy.name(), precision.label()),
+                            level: Some(level.number),
+                            strategy,
+                            world_size,
+                            width,
+                            precision,
+                            steps: steps_for(width),
+                            peer,
+                        });
+                    }
+                }
+            }
+        }
+    }
+    Ok((cases, skipped))
+}
+
+/// The list and count flags' values.
+///
+/// # Errors
+/// [`Error::InvalidValue`] naming the first flag out of range.
+fn check(args: &RunArgs) -> Result<()> {
+    let invalid = |flag: &'static str, value: String, expected: &str| Err(Error::InvalidValue { flag, value, expected: expected.into() });
+    if args.strategies.is_empty() {
+        return invalid("--strategies", String::new(), "at least one strategy");
+    }
+    if args.precisions.is_empty() {
+        return invalid("--precisions", String::new(), "fp32, bf16 or both");
+    }
+    if args.world_sizes.is_empty() || args.world_sizes.contains(&0) {
+        return invalid("--world-sizes", format!("{:?}", args.world_sizes), "one or more world sizes of at least 1");
+    }
+    if args.widths.is_empty() || args.widths.iter().any(|&w| w < 1) {
+        return invalid("--widths", format!("{:?}", args.widths), "one or more fc1 widths of at least 1");
+    }
+    if args.steps == 0 || args.wide_steps == 0 {
+        return invalid("--steps", format!("{} / --wide-steps {}", args.steps, args.wide_steps), "at least 1 step");
+    }
+    if args.repeats == 0 || args.wide_repeats == 0 {
+        return invalid("--repeats", format!("{} / --wide-repeats {}", args.repeats, args.wide_repeats), "at least 1 repeat");
+    }
+    Ok(())
+}
+
+/// `bench run`'s options from `flags` (tests).
+#[cfg(test)]
+pub(crate) fn args(flags: &[&str]) -> RunArgs {
+    use clap::Parser;
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        run: RunArgs,
+    }
+    Cli::parse_from(std::iter::once("bench").chain(flags.iter().copied())).run
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_default_matrix_and_what_it_leaves_out() {
+        let (cases, skipped) = plan(&args(&[])).unwrap();
+        // baseline 1 + levels 1, 2 and 3: 3 strategies × 3 world sizes × 2 widths × 2 precisions.
+        assert_eq!(cases.len(), 1 + 3 * 36);
+        assert_eq!(cases[0].id, "baseline-w1-128-fp32");
+        assert_eq!(cases[0].peer, Some(Peer::Tutorial));
+        // Peers: ddp at width 128 in fp32, per level and world size.
+        let with_peer: Vec<&str> = cases.iter().filter(|c| c.level.is_some() && c.peer.is_some()).map(|c| c.id.as_str()).collect();
+        assert_eq!(with_peer.len(), 9);
+        assert!(with_peer.contains(&"l3-ddp-w4-128-fp32"));
+        assert!(cases.iter().all(|c| c.steps == if c.width == 128 { 300 } else { 20 }));
+        assert_eq!(cases.iter().filter(|c| c.level == Some(1) && c.precision == Precision::Bf16).count(), 18);
+        assert_eq!(
+            skipped,
+            [
+                "single at width 128 bf16: ladder-baseline is the tutorial's BasicNet in fp32 only",
+                "single at width 4096 fp32: ladder-baseline is the tutorial's BasicNet in fp32 only",
+                "single at width 4096 bf16: ladder-baseline is the tutorial's BasicNet in fp32 only",
+            ]
+        );
+        let (cases, _) =
+            plan(&args(&["--levels", "2", "--strategies", "ddp", "--world-sizes", "2", "--widths", "128", "--no-peers"])).unwrap();
+        assert_eq!(cases.iter().map(|c| c.id.as_str()).collect::<Vec<_>>(), ["l2-ddp-w2-128-fp32", "l2-ddp-w2-128-bf16"]);
+        assert!(cases.iter().all(|c| c.peer.is_none()));
+    }
+}

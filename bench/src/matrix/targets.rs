@@ -1,0 +1,139 @@
+//! The targets of issues #10 and #11, checked against a run's rows.
+
+use super::case::{label, Case, Peer};
+use super::rows::Row;
+use ladder_core::parallel::ShardingStrategy;
+use serde::{Deserialize, Serialize};
+
+/// A target of issues #10 and #11, for one cell, with its measured value.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Target {
+    /// The issue that sets it (10 or 11).
+    pub issue: u32,
+    /// What is compared: `ours / PyTorch DDP (gloo) samples/s`.
+    pub what: String,
+    /// The cell ([`label`]).
+    pub cell: String,
+    /// The measured ratio.
+    pub measured: f64,
+    /// The threshold.
+    pub threshold: f64,
+    /// `true`: measured ≥ threshold is met; `false`: measured ≤ threshold is.
+    pub at_least: bool,
+    /// Whether the measured value meets the threshold.
+    pub met: bool,
+}
+
+impl Target {
+    fn new(issue: u32, what: String, cell: &Case, measured: f64, threshold: f64, at_least: bool) -> Self {
+        let met = if at_least { measured >= threshold } else { measured <= threshold };
+        Self { issue, what, cell: label(cell), measured, threshold, at_least, met }
+    }
+
+    /// `≥ 1.30×` / `≤ 0.50×`.
+    pub fn bound(&self) -> String {
+        format!("{} {:.2}×", if self.at_least { "≥" } else { "≤" }, self.threshold)
+    }
+}
+
+/// Every target the rows can be checked against, in row order: ours / peer samples/s ≥ 1.3 and
+/// training-phase peak RSS / peer's ≤ 0.5 (#11), FSDP FULL_SHARD / DDP ≥ 0.9 (#11), bf16 / fp32
+/// ≥ 1.5 (#11), at width ≥ 4096 FULL_SHARD's training RSS growth ≤ 0.8× DDP's and
+/// SHARD_GRAD_OP's whole-process peak RSS ≤ DDP's, medians over repeats (#11), level 2 / level 1
+/// ≥ 0.98 and level 3 / level 1 ≥ 0.97 (#10).
+pub fn targets(rows: &[Row]) -> Vec<Target> {
+    let mut out = Vec::new();
+    for r in rows {
+        let c = &r.case;
+        let peer = c.peer.map_or("PyTorch", Peer::title);
+        if let Some(ratio) = r.ratio {
+            out.push(Target::new(11, format!("ours / {peer} samples/s"), c, ratio.median, 1.3, true));
+        }
+        let ours_train = r.train_peak_rss_per_rank.iter().copied().reduce(f64::max);
+        if let (Some(a), Some(b)) = (ours_train, r.peer_train_peak_rss_mib) {
+            out.push(Target::new(11, format!("training-phase peak RSS per rank, ours / {peer}"), c, a / b, 0.5, false));
+        }
+        if let (Some(ShardingStrategy::FullShard), Some(v)) = (c.strategy.sharding(), r.vs_ddp) {
+            out.push(Target::new(11, "FSDP FULL_SHARD / DDP samples/s".into(), c, v, 0.9, true));
+        }
+        if let Some(v) = r.vs_fp32 {
+            out.push(Target::new(11, "bf16 / fp32 samples/s".into(), c, v, 1.5, true));
+        }
+        // The memory targets are set for the wide model, where sharding has bytes to save.
+        if c.width >= 4096 {
+            if let (Some(ShardingStrategy::FullShard), Some(v)) = (c.strategy.sharding(), r.vs_ddp_rss_growth) {
+                out.push(Target::new(11, "FULL_SHARD / DDP RSS growth in training per rank".into(), c, v, 0.8, false));
+            }
+            if let (Some(ShardingStrategy::ShardGradOp), Some(v)) = (c.strategy.sharding(), r.vs_ddp_peak_rss) {
+                out.push(Target::new(11, "SHARD_GRAD_OP / DDP peak RSS per rank".into(), c, v, 1.0, false));
+            }
+        }
+        match (c.level, r.vs_level1) {
+            (Some(2), Some(v)) => out.push(Target::new(10, "level 2 / level 1 samples/s".into(), c, v, 0.98, true)),
+            (Some(3), Some(v)) => out.push(Target::new(10, "level 3 / level 1 samples/s".into(), c, v, 0.97, true)),
+            _ => {}
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::figures::{RunFigures, StepTiming};
+    use crate::matrix::plan::{args, plan};
+    use crate::matrix::rows::tests::figures;
+    use crate::matrix::rows::{aggregate, Ours, Theirs};
+
+    /// Two ranks whose training started at `start` MiB and peaked at `peak`, whole-process `whole`.
+    fn memory_figures(start: [f64; 2], peak: [f64; 2], whole: [f64; 2]) -> RunFigures {
+        let ranks = (0..2)
+            .map(|r| crate::figures::RankFigures {
+                rank: r,
+                peak_rss_mib: whole[r],
+                timing: StepTiming { train_start_rss_mib: start[r], train_peak_rss_mib: peak[r], ..Default::default() },
+                ..Default::default()
+            })
+            .collect();
+        RunFigures { ranks, ..figures(100.0) }
+    }
+
+    #[test]
+    fn the_fsdp_memory_targets_compare_with_ddp_at_width_4096_only() {
+        let flags = ["--levels", "1", "--strategies", "ddp,fsdp-full-shard,fsdp-shard-grad-op", "--world-sizes", "2"];
+        let flags: Vec<&str> = flags.into_iter().chain(["--widths", "128,4096", "--precisions", "fp32", "--no-peers"]).collect();
+        let (cases, _) = plan(&args(&flags)).unwrap();
+        let mut ours = Ours::new();
+        for c in &cases {
+            // DDP grows by 400 MiB (rank 1's, the larger), FULL_SHARD by 200, SHARD_GRAD_OP by 300;
+            // whole-process peaks 1,000 / 900 / 1,100 MiB (SHARD_GRAD_OP above DDP: not met).
+            // FULL_SHARD's third repeat is an outlier (390 MiB): the ratio takes the median.
+            let runs = match c.strategy.sharding() {
+                None => vec![memory_figures([500.0, 500.0], [850.0, 900.0], [1000.0, 990.0])],
+                Some(ShardingStrategy::FullShard) => vec![
+                    memory_figures([500.0, 450.0], [700.0, 600.0], [900.0, 880.0]),
+                    memory_figures([500.0, 450.0], [690.0, 650.0], [900.0, 880.0]),
+                    memory_figures([500.0, 450.0], [890.0, 600.0], [900.0, 880.0]),
+                ],
+                _ => vec![memory_figures([500.0, 500.0], [800.0, 700.0], [1100.0, 1050.0])],
+            };
+            ours.insert(c.id.clone(), runs.into_iter().map(|f| Ok((f, 1.0))).collect());
+        }
+        let rows = aggregate(&cases, &ours, &Theirs::new());
+        let full = rows.iter().find(|r| r.case.id == "l1-fsdp-full-shard-w2-4096-fp32").unwrap();
+        assert_eq!(full.train_rss_growth_per_rank, [390.0, 200.0], "per rank, the max over repeats");
+        assert_eq!(full.train_rss_growth_median, Some(200.0));
+        assert_eq!(full.vs_ddp_rss_growth, Some(0.5));
+        let sgo = rows.iter().find(|r| r.case.id == "l1-fsdp-shard-grad-op-w2-4096-fp32").unwrap();
+        assert_eq!(sgo.vs_ddp_peak_rss, Some(1.1));
+        let memory: Vec<(String, bool)> =
+            targets(&rows).into_iter().filter(|t| t.what.contains("RSS")).map(|t| (format!("{} · {}", t.what, t.cell), t.met)).collect();
+        assert_eq!(
+            memory,
+            [
+                ("FULL_SHARD / DDP RSS growth in training per rank · L1 fsdp-full-shard ×2 fc1 4096 fp32".to_string(), true),
+                ("SHARD_GRAD_OP / DDP peak RSS per rank · L1 fsdp-shard-grad-op ×2 fc1 4096 fp32".to_string(), false),
+            ]
+        );
+    }
+}

@@ -1,0 +1,135 @@
+//! Checkpoints, as Accelerate's `save_state` / `load_state`, and the trained weights
+//! (`get_state_dict`, `unwrap_model`).
+
+use super::Accelerator;
+use crate::scaler::GradScaler;
+use crate::{Error, Result};
+use ladder_core::checkpoint::{self, Checkpoint, TrainingState};
+use ladder_core::dist::ReduceOp;
+use ladder_core::model::{BasicNet, BasicNetConfig};
+use std::path::Path;
+use tch::{nn, Device, Tensor};
+
+impl Accelerator {
+    /// Where training stands: steps, batches, the training loader's epoch and position, and
+    /// the loss scale (fp16) in `extra["grad_scaler"]`.
+    pub fn training_state(&self) -> TrainingState {
+        let state = self.shared.state.borrow();
+        let mut s = state.gradient.training_state(self.num_processes());
+        if let Some(scaler) = state.guard.scaler {
+            s.extra.insert("grad_scaler".into(), serde_json::to_value(scaler).expect("GradScaler serialises"));
+        }
+        s
+    }
+
+    /// `save_state(dir)`: the model (unwrapped keys), the optimizer (unwrapped keys), and the
+    /// training state, written by the main process into `dir` atomically (a kill mid-write
+    /// leaves the previous checkpoint loadable). Collective.
+    ///
+    /// # Errors
+    /// No prepared model or optimizer; I/O errors naming the file; collective errors.
+    pub fn save_state(&self, dir: &Path) -> Result<()> {
+        self.save_state_with(dir, serde_json::Map::new(), &[])
+    }
+
+    /// [`save_state`](Self::save_state) with extra training-state fields and extra files (the
+    /// Trainer's `trainer_state.json`, a scheduler's state).
+    ///
+    /// # Errors
+    /// As [`save_state`](Self::save_state).
+    pub fn save_state_with(&self, dir: &Path, extra: serde_json::Map<String, serde_json::Value>, files: &[(&str, Vec<u8>)]) -> Result<()> {
+        let model = self.shared.model("save_state")?;
+        let opt = self.shared.optimizer("save_state")?;
+        let weights = model.borrow().full_state_dict()?;
+        let moments = model.borrow().optimizer_state_dict(&opt.borrow())?;
+        let mut state = self.training_state();
+        state.extra.extend(extra);
+        let result = match (weights, moments) {
+            (Some(model), Some(optimizer)) => checkpoint::save(dir, &Checkpoint { model, optimizer, state }, files).map_err(Error::from),
+            _ => Ok(()),
+        };
+        // Every rank learns whether the main process succeeded before anyone goes on.
+        let pg = self.shared.pg;
+        let mut ok = Tensor::from_slice(&[f64::from(u8::from(result.is_ok()))]).to_device(pg.device());
+        pg.all_reduce(&mut ok, ReduceOp::Min)?;
+        if ok.double_value(&[0]) == 0.0 && result.is_ok() {
+            return Err(Error::Usage { op: "save_state", problem: format!("the main process could not write {}", dir.display()) });
+        }
+        result
+    }
+
+    /// `load_state(dir)`: restores the model, the optimizer, the loss scale, the step counters,
+    /// and the training loaders' position (their next epoch resumes where the checkpoint was
+    /// taken, skipping the batches already seen). Every process reads the directory (a shared
+    /// filesystem across nodes). Returns the training state.
+    ///
+    /// # Errors
+    /// A missing or corrupt checkpoint (named); missing or unexpected keys; a checkpoint
+    /// written at another world size (the data order would differ).
+    pub fn load_state(&self, dir: &Path) -> Result<TrainingState> {
+        let model = self.shared.model("load_state")?;
+        let opt = self.shared.optimizer("load_state")?;
+        let ckpt = checkpoint::load(dir)?;
+        let world_size = self.num_processes();
+        if ckpt.state.world_size != world_size {
+            return Err(ladder_core::Error::Checkpoint {
+                dir: dir.into(),
+                problem: format!(
+                    "written by {} processes, loaded by {world_size}: resuming at another world size would change the data order",
+                    ckpt.state.world_size
+                ),
+            }
+            .into());
+        }
+        model.borrow_mut().load_full_state_dict(&ckpt.model)?;
+        model.borrow().load_optimizer_state_dict(&mut opt.borrow_mut(), &ckpt.optimizer)?;
+        let scaler = match ckpt.state.extra.get("grad_scaler") {
+            Some(v) => Some(
+                serde_json::from_value::<GradScaler>(v.clone())
+                    .map_err(|e| ladder_core::Error::Checkpoint { dir: dir.into(), problem: format!("grad_scaler: {e}") })?,
+            ),
+            None => None,
+        };
+        self.set_seed(ckpt.state.seed);
+        let mut state = self.shared.state.borrow_mut();
+        state.gradient.restore(&ckpt.state);
+        if scaler.is_some() {
+            state.guard.scaler = scaler;
+        }
+        drop(state);
+        Ok(ckpt.state)
+    }
+
+    /// The prepared model's weights with the unwrapped model's keys (`conv1.weight`, …,
+    /// definition order; FSDP gathers them), on the main process; `None` on the others
+    /// (Accelerate's `get_state_dict`). Collective.
+    ///
+    /// # Errors
+    /// No prepared model; collective errors.
+    pub fn get_state_dict(&self) -> Result<Option<Vec<(String, Tensor)>>> {
+        let sd = self.shared.model("get_state_dict")?.borrow().full_state_dict()?;
+        Ok(sd)
+    }
+
+    /// The unwrapped model with the trained weights, on the main process (`None` on the
+    /// others): a plain BasicNet on the CPU, FSDP's shards gathered. Collective.
+    ///
+    /// # Errors
+    /// No prepared model; collective errors.
+    pub fn unwrap_model(&self, config: BasicNetConfig) -> Result<Option<(nn::VarStore, BasicNet)>> {
+        let sd = self.shared.model("unwrap_model")?.borrow().full_state_dict()?;
+        let Some(sd) = sd else { return Ok(None) };
+        let mut vs = nn::VarStore::new(Device::Cpu);
+        let net = BasicNet::new(&vs.root(), config);
+        tch::no_grad(|| -> Result<()> {
+            let vars = vs.variables();
+            for (name, t) in &sd {
+                let v = vars.get(name).ok_or_else(|| ladder_core::Error::StateDict(format!("model: unexpected key {name}")))?;
+                v.shallow_clone().f_copy_(t).map_err(ladder_core::Error::from)?;
+            }
+            Ok(())
+        })?;
+        vs.freeze();
+        Ok(Some((vs, net)))
+    }
+}

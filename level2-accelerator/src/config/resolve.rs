@@ -1,0 +1,158 @@
+//! Resolving the settings once — builder > launcher environment > config file > default —
+//! with the source of each, and the checks of values given together.
+
+use super::{fp16_cpu_conflict, AcceleratorConfig, DistributedType, Origin, ResolvedConfig, Source, CONFIG_FILE_VAR, SETTINGS};
+use crate::{Error, Result};
+use ladder_core::parallel::{DdpOptions, FsdpOptions, Precision, Strategy, WrapConfig};
+use std::path::PathBuf;
+
+impl AcceleratorConfig {
+    /// `use_fsdp` as given, else true when `distributed_type` is `FSDP` (Accelerate's way of
+    /// saying it), else not given.
+    pub fn effective_use_fsdp(&self) -> Option<bool> {
+        self.use_fsdp.or(match self.distributed_type {
+            Some(DistributedType::Fsdp) => Some(true),
+            _ => None,
+        })
+    }
+
+    /// This config with what it implies made explicit: `use_fsdp` from `distributed_type:
+    /// FSDP` ([`effective_use_fsdp`](Self::effective_use_fsdp)). What resolution and the
+    /// launcher's variables read.
+    pub fn with_implied(&self) -> AcceleratorConfig {
+        AcceleratorConfig { use_fsdp: self.effective_use_fsdp(), ..self.clone() }
+    }
+
+    /// Checks every given value (each with its setting's parser, the rule a variable or a flag
+    /// obeys) and the combinations of given values; `origin` says where they come from and is
+    /// named in the error.
+    ///
+    /// # Errors
+    /// [`Error::InvalidSetting`] for a value its setting's parser refuses (`num_processes`,
+    /// `num_machines` or `gradient_accumulation_steps` 0, `main_process_port` 0, an empty
+    /// `main_process_ip`) and for `machine_rank` outside `0..num_machines`;
+    /// [`Error::Conflict`] for `num_processes` not a multiple of `num_machines`, `fp16` with
+    /// `cpu`, `use_fsdp: false` with `distributed_type: FSDP`.
+    pub fn validate(&self, origin: &Origin) -> Result<()> {
+        self.validate_each(origin)?;
+        let machines = self.num_machines.unwrap_or(1);
+        if let Some(r) = self.machine_rank.filter(|r| *r >= machines) {
+            return Err(Error::InvalidSetting {
+                setting: "machine_rank".into(),
+                value: r.to_string(),
+                origin: origin.describe("machine_rank"),
+                expected: format!("a machine index in 0..{machines} (num_machines {machines})"),
+            });
+        }
+        if let Some(n) = self.num_processes.filter(|n| n % machines != 0) {
+            return Err(Error::Conflict {
+                first: format!("num_processes {n} ({})", origin.describe("num_processes")),
+                second: format!("num_machines {machines} ({})", origin.describe("num_machines")),
+                why: "num_processes counts the processes of all machines and must be a multiple of num_machines".into(),
+            });
+        }
+        if self.mixed_precision == Some(Precision::Fp16) && self.cpu == Some(true) {
+            return Err(fp16_cpu_conflict(&origin.describe("mixed_precision"), &origin.describe("cpu")));
+        }
+        if self.distributed_type == Some(DistributedType::Fsdp) && self.use_fsdp == Some(false) {
+            return Err(Error::Conflict {
+                first: format!("distributed_type FSDP ({})", origin.describe("distributed_type")),
+                second: format!("use_fsdp false ({})", origin.describe("use_fsdp")),
+                why: "distributed_type FSDP means use_fsdp true; remove one of them".into(),
+            });
+        }
+        Ok(())
+    }
+}
+
+impl ResolvedConfig {
+    /// Resolves every setting by the precedence builder > launcher env > config file > default.
+    ///
+    /// `builder` is what the program set explicitly; `env` a lookup (`|k| std::env::var(k).ok()`
+    /// in production, a map in tests). The config file is the one named by
+    /// `ACCELERATE_CONFIG_FILE`, else none: a program never reads the user's default config by
+    /// itself (`ladder-accelerate launch` reads it and exports the variables).
+    ///
+    /// # Errors
+    /// [`Error::InvalidSetting`] naming the variable (e.g. `ACCELERATE_MIXED_PRECISION=fp8`,
+    /// `ACCELERATE_GRADIENT_ACCUMULATION_STEPS=0`, an empty value), the builder field or the file
+    /// key and what was expected; the errors of [`AcceleratorConfig::load`] for the file;
+    /// [`Error::Conflict`] for `fp16` together with `cpu`, naming where each came from.
+    pub fn resolve(builder: &AcceleratorConfig, env: impl Fn(&str) -> Option<String>) -> Result<ResolvedConfig> {
+        builder.validate(&Origin::Builder)?;
+        let config_file = match env(CONFIG_FILE_VAR) {
+            Some(p) if p.trim().is_empty() => {
+                return Err(Error::InvalidSetting {
+                    setting: "config file".into(),
+                    value: p,
+                    origin: format!("environment variable {CONFIG_FILE_VAR}"),
+                    expected: "the path of a .yaml, .yml, .toml or .json config file (or leave the variable unset)".into(),
+                })
+            }
+            Some(p) => Some(PathBuf::from(p)),
+            None => None,
+        };
+        let file = match &config_file {
+            Some(p) => AcceleratorConfig::load(p)?,
+            None => AcceleratorConfig::default(),
+        };
+        let resolved = ResolvedConfig::pick_all(builder, &file, &env, config_file)?;
+        if resolved.mixed_precision == Precision::Fp16 && resolved.cpu {
+            return Err(fp16_cpu_conflict(&resolved.describe_source("mixed_precision"), &resolved.describe_source("cpu")));
+        }
+        Ok(resolved)
+    }
+
+    /// How the model is wrapped: DDP (PyTorch's options), or FSDP with
+    /// `fsdp_sharding_strategy`, `fsdp_min_num_params`, `fsdp_backward_prefetch` and
+    /// `fsdp_forward_prefetch` when `use_fsdp`.
+    pub fn strategy(&self) -> Strategy {
+        if !self.use_fsdp {
+            return Strategy::default();
+        }
+        Strategy::Fsdp(FsdpOptions {
+            sharding_strategy: self.fsdp_sharding_strategy,
+            min_num_params: self.fsdp_min_num_params,
+            backward_prefetch: self.fsdp_backward_prefetch,
+            forward_prefetch: self.fsdp_forward_prefetch,
+            ..FsdpOptions::default()
+        })
+    }
+
+    /// The core's wrapping settings these values stand for, with DDP's options (from
+    /// [`DistributedDataParallelKwargs`](crate::DistributedDataParallelKwargs)) when the
+    /// [`strategy`](Self::strategy) is DDP, and the mixed precision. What
+    /// [`Accelerator::prepare_model`](crate::Accelerator::prepare_model) wraps the model with.
+    pub fn wrap_config(&self, ddp: DdpOptions) -> WrapConfig {
+        let strategy = match self.strategy() {
+            Strategy::Ddp(_) => Strategy::Ddp(ddp),
+            fsdp => fsdp,
+        };
+        WrapConfig { strategy, mixed_precision: self.mixed_precision }
+    }
+
+    /// Where `setting` came from (`Source::Default` for a name that is not a setting).
+    pub fn source(&self, setting: &str) -> Source {
+        self.sources.get(setting).copied().unwrap_or(Source::Default)
+    }
+
+    /// Where `setting` came from, in words: `set by the program`, `from ACCELERATE_…`,
+    /// `from config file F`, `default`.
+    pub fn describe_source(&self, setting: &str) -> String {
+        match self.source(setting) {
+            Source::Builder => "set by the program".into(),
+            Source::Env => format!("from {}", super::env_var(setting).unwrap_or("the environment")),
+            Source::ConfigFile => match &self.config_file {
+                Some(f) => format!("from config file {}", f.display()),
+                None => "from the config file".into(),
+            },
+            Source::Default => "default".into(),
+        }
+    }
+
+    /// One line per setting with its value and where it came from, e.g.
+    /// `mixed_precision: bf16 (from ACCELERATE_MIXED_PRECISION)`; lines end with `\n`.
+    pub fn banner(&self) -> String {
+        SETTINGS.iter().map(|(setting, _)| format!("{setting}: {} ({})\n", self.value_of(setting), self.describe_source(setting))).collect()
+    }
+}

@@ -1,0 +1,124 @@
+//! The table of settings: each declared once, with its file key and flag (the name), type,
+//! parser, description (the doc comment; its first paragraph is the flag's help) and — for
+//! the settings a program resolves — its launcher variable (Accelerate's name) and default.
+//! Everything else is derived by [`settings!`](super::table).
+//!
+//! Booleans are read as Accelerate's `str_to_bool` reads them (`true`/`false`, `1`/`0`,
+//! `yes`/`no`, `on`/`off`, any case: its launcher writes `True`); the choices take every
+//! spelling of the references (`FSDP_SHARDING_STRATEGY` also PyTorch's numbers `1`..`3`,
+//! `FSDP_BACKWARD_PREFETCH` PyTorch's `1`, `2`, names in any case). An empty variable is an
+//! error.
+
+use super::table::parse;
+use super::DistributedType;
+use ladder_core::parallel::{BackwardPrefetch, Precision, ShardingStrategy};
+
+settings! {
+    // Read by `ladder-accelerate launch` only: how many processes, where.
+    launch {
+        /// How the job is distributed: no, multi-cpu (mpi), multi-gpu (nccl), fsdp.
+        ///
+        /// Accelerate's `NO`, `MULTI_CPU`, `MULTI_GPU`, `FSDP` (see [`DistributedType`]).
+        #[arg(value_name = "TYPE")]
+        distributed_type: DistributedType, parse parse::choice;
+
+        /// Total number of processes over all machines [default: 1].
+        ///
+        /// Accelerate's meaning: a multiple of `num_machines`.
+        #[arg(value_name = "N")]
+        num_processes: usize, parse parse::positive;
+
+        /// Number of machines [default: 1].
+        #[arg(value_name = "M")]
+        num_machines: usize, parse parse::positive;
+
+        /// This machine's index, 0..num_machines [default: 0].
+        #[arg(value_name = "R")]
+        machine_rank: usize, parse parse::count;
+
+        /// Address of machine 0 (MASTER_ADDR) [default: 127.0.0.1].
+        #[arg(value_name = "ADDR")]
+        main_process_ip: String, parse parse::address;
+
+        /// Rendezvous port on machine 0 (MASTER_PORT) [default: a free port on one machine, 29500 on several].
+        #[arg(value_name = "PORT")]
+        main_process_port: u16, parse parse::port;
+    }
+    // Resolved by every program: builder > variable > config file > default.
+    resolved {
+        /// Mixed precision: no, bf16, fp16 (fp16 needs CUDA) [default: no].
+        #[arg(value_name = "MODE")]
+        mixed_precision: Precision => Precision = Precision::No,
+            env "ACCELERATE_MIXED_PRECISION", parse parse::choice;
+
+        /// Micro-batches per optimizer step [default: 1].
+        #[arg(value_name = "K")]
+        gradient_accumulation_steps: usize => usize = 1,
+            env "ACCELERATE_GRADIENT_ACCUMULATION_STEPS", parse parse::positive;
+
+        /// Train on the CPU even when a GPU is available [default: false].
+        ///
+        /// Accelerate's `cpu`; its config files also say `use_cpu`.
+        #[arg(value_name = "BOOL", num_args = 0..=1, require_equals = true, default_missing_value = "true", alias = "use_cpu")]
+        #[serde(alias = "use_cpu")]
+        cpu: bool => bool = false,
+            env "ACCELERATE_USE_CPU", parse parse::bool;
+
+        /// Wrap the model in FSDP instead of DDP [default: false].
+        ///
+        /// `distributed_type: FSDP` implies it.
+        #[arg(value_name = "BOOL", num_args = 0..=1, require_equals = true, default_missing_value = "true")]
+        use_fsdp: bool => bool = false,
+            env "ACCELERATE_USE_FSDP", parse parse::bool;
+
+        /// FSDP sharding strategy: full-shard, shard-grad-op, no-shard [default: full-shard].
+        #[arg(value_name = "STRATEGY")]
+        fsdp_sharding_strategy: ShardingStrategy => ShardingStrategy = ShardingStrategy::FullShard,
+            env "FSDP_SHARDING_STRATEGY", parse parse::choice;
+
+        /// FSDP auto-wrap threshold: layers with at least this many parameters get their own unit [default: 100000000].
+        ///
+        /// PyTorch's `size_based_auto_wrap_policy` default: one unit for BasicNet.
+        #[arg(value_name = "N")]
+        fsdp_min_num_params: usize => usize = super::default_fsdp_min_num_params(),
+            env "FSDP_MIN_NUM_PARAMS", parse parse::count;
+
+        /// FSDP backward prefetch: backward-pre, backward-post, no-prefetch [default: no-prefetch].
+        ///
+        /// Accelerate's default (`FullyShardedDataParallelPlugin(backward_prefetch=None)`);
+        /// PyTorch's own is `BACKWARD_PRE`.
+        #[arg(value_name = "POLICY")]
+        fsdp_backward_prefetch: BackwardPrefetch => BackwardPrefetch = BackwardPrefetch::NoPrefetch,
+            env "FSDP_BACKWARD_PREFETCH", parse parse::choice;
+
+        /// FSDP forward prefetch: start the next unit's all-gather before the current unit's forward [default: false].
+        ///
+        /// Sharded strategies only; Accelerate's and PyTorch's default.
+        #[arg(value_name = "BOOL", num_args = 0..=1, require_equals = true, default_missing_value = "true")]
+        fsdp_forward_prefetch: bool => bool = false,
+            env "FSDP_FORWARD_PREFETCH", parse parse::bool;
+
+        /// The loader's batch size is global, split between the processes [default: false].
+        ///
+        /// The batch size must then be a multiple of the number of processes.
+        #[arg(value_name = "BOOL", num_args = 0..=1, require_equals = true, default_missing_value = "true")]
+        split_batches: bool => bool = false,
+            env "ACCELERATE_SPLIT_BATCHES", parse parse::bool;
+
+        /// Pad the last batches so every process gets as many [default: true].
+        ///
+        /// Accelerate's default; false is refused for training (the shorter ranks' collectives
+        /// would hang).
+        #[arg(value_name = "BOOL", num_args = 0..=1, require_equals = true, default_missing_value = "true")]
+        even_batches: bool => bool = true,
+            env "ACCELERATE_EVEN_BATCHES", parse parse::bool;
+
+        /// Seed for set_seed [default: not set].
+        ///
+        /// torch and the samplers here (Python, NumPy and torch in Accelerate);
+        /// `ACCELERATE_SEED` is ddp-ladder's own variable.
+        #[arg(value_name = "SEED")]
+        seed: u64 => Option<u64> = None,
+            env "ACCELERATE_SEED", parse parse::seed;
+    }
+}

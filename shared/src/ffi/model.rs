@@ -1,0 +1,36 @@
+//! `model_shim.cpp`: two CPU kernels of BasicNet (see [`crate::model::dropout`] and
+//! [`crate::model::max_pool2d_2x2`]).
+
+use std::ffi::{c_char, c_int, c_void};
+use tch::Tensor;
+
+extern "C" {
+    /// Fills a contiguous CPU tensor with dropout's noise (0 or 1/(1 − p)); the shim checks
+    /// the tensor's device, layout and dtype and `p` in (0, 1). Returns 0, or 1 with the
+    /// message in `err`.
+    ///
+    /// # Safety
+    /// `noise` is a live tensor handle; `err` points to `errlen` writable bytes.
+    fn ladder_dropout_noise(noise: *mut c_void, p: f64, err: *mut c_char, errlen: usize) -> c_int;
+
+    /// Differentiable `max_pool2d(x, 2)` of an NCHW CPU tensor, assigned to the tensor of
+    /// handle `out`; the shim checks `x`'s shape. Returns 0, or 1 with the message in `err`.
+    ///
+    /// # Safety
+    /// `x` and `out` are live tensor handles; `err` points to `errlen` writable bytes.
+    fn ladder_max_pool_2x2(x: *const c_void, out: *mut c_void, err: *mut c_char, errlen: usize) -> c_int;
+}
+
+/// Fills `noise` with dropout's noise for probability `p`; the shim's message on failure.
+pub(crate) fn dropout_noise(noise: &mut Tensor, p: f64) -> Result<(), String> {
+    // SAFETY: `noise` is a live tensor handle, borrowed mutably for the call; the shim checks
+    // it is contiguous, on the CPU and of a floating dtype before writing its elements.
+    super::call(|err, len| unsafe { ladder_dropout_noise(noise.as_mut_ptr().cast(), p, err, len) })
+}
+
+/// `max_pool2d(x, 2)` into `out` (its tensor replaced); the shim's message on failure.
+pub(crate) fn max_pool_2x2(x: &Tensor, out: &mut Tensor) -> Result<(), String> {
+    // SAFETY: both are live tensor handles borrowed for the call; the shim checks x's layout and
+    // replaces `out`'s tensor by assignment (tch keeps owning the handle).
+    super::call(|err, len| unsafe { ladder_max_pool_2x2(x.as_ptr().cast(), out.as_mut_ptr().cast(), err, len) })
+}

@@ -1,0 +1,146 @@
+//! FSDP's backward: the graphs forward kept, run segment by segment in reverse with
+//! `torch.autograd.grad`, each unit refilled before its last segment and its gradient reduced
+//! (reduce-scatter, or all-reduce for `NoShard`) as soon as it is complete.
+
+use super::{FullyShardedDataParallel, Saved};
+use crate::dist::{Collective, ReduceOp};
+use crate::model::Segmented;
+use crate::parallel::BackwardPrefetch;
+use crate::{Error, Result};
+use std::time::Instant;
+use tch::Tensor;
+
+impl<M: Segmented> FullyShardedDataParallel<'_, M> {
+    /// Runs `loss.backward()` (which stops at the output of [`forward_t`](Self::forward_t)),
+    /// then backpropagates the graphs forward kept, segment by segment in reverse — refilling a
+    /// `FullShard` unit's gathered parameters (one all-gather into the storage its graph views)
+    /// before its last segment — and, unless inside [`no_sync`](crate::parallel::GradSync::no_sync), reduces each
+    /// unit's gradient as soon as it is complete: reduce-scatter(Avg) into the shard's `.grad`
+    /// (accumulating, as PyTorch), or all-reduce(Avg) for `NoShard`. Call it where
+    /// single-process code calls `loss.backward()`: `zero_grad` → `backward` →
+    /// (`clip_grad_norm`) → `step`.
+    ///
+    /// # Errors
+    /// [`Error::Fsdp`] when no grad-mode `forward_t` precedes it (or it is called twice for one
+    /// forward); collective errors; [`Error::Torch`] from autograd.
+    pub fn backward(&mut self, loss: &Tensor) -> Result<()> {
+        let Some(out) = self.output.take() else {
+            return Err(Error::Fsdp {
+                rank: self.pg.rank(),
+                problem: "backward called without a preceding forward_t in grad mode (or twice for one forward); \
+                          expected forward_t(x, train) → loss → backward(&loss)"
+                    .into(),
+            });
+        };
+        tch::with_grad(|| loss.f_backward())?;
+        let mut g = out.grad();
+        if !g.defined() {
+            g = out.zeros_like();
+        }
+        let mut saved = std::mem::take(&mut self.saved);
+        let sharded = self.config.sharding_strategy.is_sharded();
+        for i in (0..saved.len()).rev() {
+            let Saved { x, y } = saved.pop().expect("one Saved per segment");
+            let unit = self.seg_unit[i];
+            if let Some(u) = unit {
+                // FullShard: refill the storage forward's graph views (no-op when gathered).
+                self.gather(u)?;
+            }
+            if self.config.backward_prefetch == BackwardPrefetch::BackwardPre {
+                // BACKWARD_PRE: the next unit's all-gather starts before this segment's
+                // gradient computation.
+                if let Some(v) = self.next_unit_backward(i, unit) {
+                    self.prefetch(v)?;
+                }
+            }
+            let want_x = i > 0 && x.requires_grad();
+            let mut inputs: Vec<Tensor> = Vec::new();
+            if want_x {
+                inputs.push(x.shallow_clone());
+            }
+            inputs.extend(self.seg_params[i].iter().map(|&p| self.params[p].1.shallow_clone()));
+            let grads: Vec<Tensor> = if inputs.is_empty() || !y.requires_grad() {
+                Vec::new()
+            } else {
+                // torch.autograd.grad(y, inputs, grad_outputs=g): nothing accumulates in .grad,
+                // and (retain_graph=False) the graph's saved tensors are released as it runs.
+                crate::autograd::grad(&y, &g, &inputs)?
+            };
+            drop((y, inputs));
+            let grad_of = |k: usize| grads.get(k).filter(|t| t.defined());
+            let done = unit.filter(|&u| self.units[u].segments.first() == Some(&i));
+            if let Some(u) = done.filter(|_| sharded) {
+                // The unit's backward is over: free its gathered parameters before the gradient
+                // is flattened and reduced (peak: per-parameter gradients + flat gradient, not
+                // those and the gathered parameters too).
+                self.free(u)?;
+                if self.config.backward_prefetch == BackwardPrefetch::BackwardPost {
+                    // BACKWARD_POST: with this unit's parameters freed, the next unit's
+                    // all-gather starts before this unit's gradient is reduced.
+                    if let Some(v) = self.next_unit_backward(i, Some(u)) {
+                        self.prefetch(v)?;
+                    }
+                }
+            }
+            if let Some(u) = unit {
+                let unit_ref = &self.units[u];
+                let pkind = self.param_kind(u);
+                let fg = self.full_grads[u].get_or_insert_with(|| Tensor::zeros([unit_ref.padded_numel], (pkind, self.shards[u].device())));
+                tch::no_grad(|| {
+                    for (k, &p) in self.seg_params[i].iter().enumerate() {
+                        if let Some(gp) = grad_of(usize::from(want_x) + k) {
+                            let j = unit_ref.params.iter().position(|&q| q == p).expect("segment params are in the unit");
+                            let n: i64 = unit_ref.shapes[j].iter().product();
+                            let _ = fg.narrow(0, unit_ref.offsets[j], n).view(unit_ref.shapes[j].as_slice()).f_add_(gp)?;
+                        }
+                    }
+                    Ok::<(), tch::TchError>(())
+                })?;
+            }
+            if want_x {
+                g = match grad_of(0) {
+                    Some(gx) => gx.shallow_clone(),
+                    None => x.zeros_like(),
+                };
+            }
+            drop(grads);
+            if let Some(u) = done {
+                self.reduce_unit(u)?;
+            }
+        }
+        self.finish_prefetch()
+    }
+
+    /// A unit's gradient is complete: reduce it into the shard's gradient, unless under
+    /// `no_sync` (then it stays in `full_grads`, accumulating across backwards).
+    fn reduce_unit(&mut self, u: usize) -> Result<()> {
+        if !self.require_backward_grad_sync {
+            return Ok(());
+        }
+        let Some(fg) = self.full_grads[u].take() else { return Ok(()) };
+        let rkind = self.reduce_kind(u);
+        let shard = self.shards[u].shallow_clone();
+        let reduced = tch::no_grad(|| -> Result<Tensor> {
+            let mut input = fg.to_kind(rkind).contiguous();
+            drop(fg); // `input` may be `fg` itself (no cast): nothing else reads it
+            let bytes = (input.numel() * input.kind().elt_size_in_bytes()) as u64;
+            let t0 = Instant::now();
+            let out = if self.config.sharding_strategy.is_sharded() {
+                let mut out = Tensor::zeros([self.units[u].shard_numel], (rkind, input.device()));
+                // The flat gradient is a temporary: the backend may reduce it in place.
+                self.pg.run(Collective::reduce_scatter(&mut out, input, ReduceOp::Avg))?;
+                out
+            } else {
+                self.pg.all_reduce(&mut input, ReduceOp::Avg)?;
+                input
+            };
+            self.comm += t0.elapsed();
+            self.comm_bytes += bytes;
+            Ok(out.to_kind(shard.kind()))
+        })?;
+        // Accumulate into shard.grad (defined or not — zero_grad sets it to None), as autograd
+        // accumulates into a leaf: shard.backward(reduced).
+        crate::autograd::backward_with_grad(&shard, &reduced)?;
+        Ok(())
+    }
+}

@@ -10,8 +10,12 @@
 
 use crate::error::{Error, Result};
 use crate::memory;
-use crate::tables::{self, number, numbers, Table};
+use crate::tables::{number, numbers, Table};
 use std::path::{Path, PathBuf};
+
+pub mod full;
+mod network;
+pub use full::{split, PAGE_CHARS};
 
 /// The inputs of one run.
 #[derive(Debug, Clone)]
@@ -232,21 +236,7 @@ fn sharding(m: &Matrix) -> Result<String> {
         if rows.is_empty() {
             continue;
         }
-        let mut out = Table {
-            header: [
-                "strategy",
-                "model state per rank, MiB",
-                "+ gathered peak, MiB",
-                "peak RSS per rank, MiB",
-                "samples/s",
-                "vs DDP",
-                "collective payload, KiB/step",
-                "comm share",
-            ]
-            .map(String::from)
-            .to_vec(),
-            rows: Vec::new(),
-        };
+        let mut out = Table { header: SHARDING_HEADER.map(String::from).to_vec(), rows: Vec::new() };
         let mut ddp: Option<(f64, f64)> = None; // (peak RSS, samples/s)
         for r in &rows {
             let strategy = t.get(r, "strategy").unwrap_or("?");
@@ -288,25 +278,45 @@ fn sharding(m: &Matrix) -> Result<String> {
          reduce-scatter input), not the bytes each rank sends.\n",
     );
     if let Some(widest) = m.values("fc1").into_iter().max_by_key(|w| w.parse::<u64>().unwrap_or(0)) {
-        let mine: Vec<_> = words.iter().filter(|w| w.0 == widest).collect();
-        if !mine.is_empty() {
-            let parts: Vec<String> = mine
-                .iter()
-                .map(|(_, s, d_rss, rss, ratio)| {
-                    format!(
-                        "{} saves about {} of DDP's {} MiB per rank ({:.0}%) at {:.2}× its samples/s",
-                        strategy_label(s),
-                        round_to(d_rss - rss, 10.0),
-                        round_to(*d_rss, 10.0),
-                        100.0 * (d_rss - rss) / d_rss,
-                        ratio
-                    )
-                })
-                .collect();
-            text.push_str(&format!("\nIn words, at fc1 {widest}: {}.\n", parts.join("; ")));
-        }
+        text.push_str(&in_words(&widest, &words));
     }
     Ok(text)
+}
+
+/// The columns of [`sharding`]'s tables.
+const SHARDING_HEADER: [&str; 8] = [
+    "strategy",
+    "model state per rank, MiB",
+    "+ gathered peak, MiB",
+    "peak RSS per rank, MiB",
+    "samples/s",
+    "vs DDP",
+    "collective payload, KiB/step",
+    "comm share",
+];
+
+/// The sentence under [`sharding`]'s tables: what each sharded strategy saves against DDP at
+/// `width`, from `words` = (width, strategy, DDP's peak RSS, its peak RSS, samples/s ratio).
+fn in_words(width: &str, words: &[(String, String, f64, f64, f64)]) -> String {
+    let parts: Vec<String> = words
+        .iter()
+        .filter(|w| w.0 == width)
+        .map(|(_, s, d_rss, rss, ratio)| {
+            format!(
+                "{} saves about {} of DDP's {} MiB per rank ({:.0}%) at {:.2}× its samples/s",
+                strategy_label(s),
+                round_to(d_rss - rss, 10.0),
+                round_to(*d_rss, 10.0),
+                100.0 * (d_rss - rss) / d_rss,
+                ratio
+            )
+        })
+        .collect();
+    if parts.is_empty() {
+        String::new()
+    } else {
+        format!("\nIn words, at fc1 {width}: {}.\n", parts.join("; "))
+    }
 }
 
 fn round_to(x: f64, step: f64) -> String {
@@ -359,20 +369,7 @@ fn mib1(x: u64) -> String {
 /// The model-state columns against the arithmetic (`book-check memory`), fp32, every level.
 fn model_state(m: &Matrix) -> Result<String> {
     let mem = m.memory.as_ref().ok_or_else(|| m.missing("Memory", "the table itself"))?;
-    let mut out = Table {
-        header: [
-            "strategy",
-            "fc1",
-            "arithmetic: parameters / gradients / AdamW, MiB",
-            "arithmetic: gathered, MiB",
-            "measured: level 1",
-            "level 2",
-            "level 3",
-        ]
-        .map(String::from)
-        .to_vec(),
-        rows: Vec::new(),
-    };
+    let mut out = Table { header: MODEL_STATE_HEADER.map(String::from).to_vec(), rows: Vec::new() };
     let mut mismatches = Vec::new();
     let mut seen = Vec::new();
     let ranks_all: Vec<&str> = mem.rows.iter().filter_map(|r| mem.get(r, "ranks")).collect();
@@ -434,17 +431,30 @@ fn model_state(m: &Matrix) -> Result<String> {
         out.rows.push(row);
     }
     let verdict = if mismatches.is_empty() {
-        "Every measured figure equals the arithmetic at the printed digit: parameters, gradients and AdamW state one by \
-         one, and the gathered peak — for FULL_SHARD the largest unit with the unit prefetched beside it at level 1 (which \
-         prefetches by default, as PyTorch's FSDP does) and the largest unit alone at levels 2 and 3 (which do not, as \
-         Accelerate's and Transformers' defaults)."
-            .to_string()
+        ALL_EQUAL.to_string()
     } else {
         format!("These measured figures differ from the arithmetic: {}.", mismatches.join("; "))
     };
     let ranks = ranks_all.first().copied().unwrap_or("?");
     Ok(format!("{}\nRank 0 at {ranks} ranks, fp32:\n\n{}\n{verdict}\n", caption(&m.run.line), out.markdown()))
 }
+
+/// The columns of [`model_state`]'s table.
+const MODEL_STATE_HEADER: [&str; 7] = [
+    "strategy",
+    "fc1",
+    "arithmetic: parameters / gradients / AdamW, MiB",
+    "arithmetic: gathered, MiB",
+    "measured: level 1",
+    "level 2",
+    "level 3",
+];
+
+/// [`model_state`]'s verdict when every measured figure equals the arithmetic.
+const ALL_EQUAL: &str = "Every measured figure equals the arithmetic at the printed digit: parameters, gradients and \
+    AdamW state one by one, and the gathered peak — for FULL_SHARD the largest unit with the unit prefetched beside it at \
+    level 1 (which prefetches by default, as PyTorch's FSDP does) and the largest unit alone at levels 2 and 3 (which do \
+    not, as Accelerate's and Transformers' defaults).";
 
 /// The peak RSS of each rank at the widest width, every level and strategy, fp32.
 fn rss_per_rank(m: &Matrix) -> Result<String> {
@@ -480,61 +490,6 @@ fn rss_per_rank(m: &Matrix) -> Result<String> {
     Ok(format!("{}\n**fc1 {widest}, fp32**, training-phase peak RSS:\n\n{}\n{note}\n", caption(&m.run.line), out.markdown()))
 }
 
-/// The all-reduce table, four columns.
-fn allreduce(run: &Run) -> Option<String> {
-    let sec = tables::section(&run.bench, "All-reduce")?;
-    let t = Table::all(sec).into_iter().next()?;
-    let pick = ["bytes", "ours busbw GB/s", "raw rsmpi busbw GB/s", "ours / raw"];
-    let cols: Vec<usize> = pick.iter().filter_map(|c| t.col(c)).collect();
-    if cols.len() != pick.len() {
-        return None;
-    }
-    let small = Table {
-        header: pick.map(String::from).to_vec(),
-        rows: t.rows.iter().map(|r| cols.iter().map(|&c| r[c].clone()).collect()).collect(),
-    };
-    let title =
-        run.bench.lines().find(|l| l.starts_with("## All-reduce")).map(|l| l.trim_start_matches("## ").to_string()).unwrap_or_default();
-    Some(format!("{}\n**{title}**\n\n{}", caption(&run.line), small.markdown()))
-}
-
-/// What two hosts would reach today: the reference run's DDP step at the tutorial's width, with
-/// its all-reduce replaced by one of the gradients at the TCP bandwidth the two-host run
-/// measured (`generated/cluster.md`). `None` without a two-host run.
-fn two_hosts(m: &Matrix) -> Result<Option<String>> {
-    let Some(cluster) = &m.run.cluster else { return Ok(None) };
-    let Some(bw) = Table::all(cluster).into_iter().find(|t| t.header.first().map(String::as_str) == Some("bytes")) else {
-        return Ok(None);
-    };
-    let Some(tcp) = bw.rows.iter().find(|r| r[0].contains("TCP")) else { return Ok(None) };
-    let Some(col) = bw.col("4 MiB") else { return Ok(None) };
-    let Some(busbw) = number(&tcp[col]) else { return Ok(None) };
-    let steps = m.steps.as_ref().ok_or_else(|| m.missing("Steps", "the table itself"))?;
-    let Some(r) = steps.select(&[("level", "1"), ("strategy", "ddp"), ("fc1", "128"), ("precision", "fp32")]).first().copied() else {
-        return Ok(None);
-    };
-    let (Some(step), Some(comm)) = (steps.get(r, "step p50 ms").and_then(number), steps.get(r, "comm ms").and_then(number)) else {
-        return Err(m.missing("Steps", "step p50 ms` or `comm ms"));
-    };
-    let ranks: f64 = steps.get(r, "ranks").and_then(number).unwrap_or(2.0);
-    let bytes = 4 * memory::num_parameters(128);
-    // algbw = busbw · n / (2(n − 1)); the all-reduce takes bytes / algbw.
-    let algbw = busbw * ranks / (2.0 * (ranks - 1.0)).max(1.0);
-    let tcp_ms = bytes as f64 / (algbw * 1e9) * 1e3;
-    let ratio = step / (step - comm + tcp_ms);
-    let source = cluster.lines().find(|l| !l.trim().is_empty()).unwrap_or("").trim();
-    Ok(Some(format!(
-        "{}\nToday's level-1 DDP step at the tutorial's width takes {step:.1} ms at {ranks:.0} ranks on one host, {comm:.2} ms of \
-         it in the gradient all-reduce (the reference run). The two-host run measured {busbw:.2} GB/s of bus bandwidth over TCP \
-         at 4 MiB; at that rate the {} bytes of BasicNet's gradients take about {tcp_ms:.0} ms, so a step across two hosts would \
-         take about {:.0} ms and two hosts would reach about **{ratio:.2}×** the samples/s of one (an estimate from the two runs, \
-         not a measurement; the two-host run: {source}).\n",
-        caption(&m.run.line),
-        thousands(bytes),
-        step - comm + tcp_ms
-    )))
-}
-
 /// `demo.md` without its title (a chapter's heading would otherwise come from an included
 /// file), with the run's caption.
 fn demo_table(run: &Run) -> String {
@@ -546,141 +501,6 @@ fn demo_table(run: &Run) -> String {
         }
         Err(_) => format!("{}\nThe reference run has no demo table.\n", caption(&run.line)),
     }
-}
-
-/// Approximate rendered width of a column, in characters: its longest cell, or its header's
-/// longest word (headers wrap), plus the cell padding.
-fn column_width(t: &Table, c: usize) -> usize {
-    let cells = t.rows.iter().map(|r| r[c].chars().count()).max().unwrap_or(0);
-    let head = t.header[c].split_whitespace().map(|w| w.chars().count()).max().unwrap_or(0);
-    cells.max(head) + 3
-}
-
-/// The width, in characters, one table may take on a page 1280 px wide (mdBook's content
-/// column at the default font size).
-pub const PAGE_CHARS: usize = 88;
-
-/// `t` cut into tables that each fit [`PAGE_CHARS`]: the `keys` columns repeated in each, the
-/// other columns in order. Columns whose every cell is the same (or `—`) are left out and
-/// returned as `name: value` for the caption.
-pub fn split(t: &Table, keys: &[usize]) -> (Vec<Table>, Vec<String>) {
-    let mut constant = Vec::new();
-    let mut rest = Vec::new();
-    for c in 0..t.header.len() {
-        if keys.contains(&c) {
-            continue;
-        }
-        let first = t.rows.first().map(|r| r[c].as_str()).unwrap_or("");
-        if t.rows.iter().all(|r| r[c] == first) {
-            if first != "—" && !first.is_empty() {
-                constant.push(format!("{} {first}", t.header[c]));
-            }
-            continue;
-        }
-        if t.rows.iter().all(|r| r[c] == "—" || r[c].is_empty()) {
-            continue;
-        }
-        rest.push(c);
-    }
-    let key_width: usize = keys.iter().map(|&c| column_width(t, c)).sum();
-    let mut chunks: Vec<Vec<usize>> = Vec::new();
-    let mut width = key_width;
-    for c in rest {
-        let w = column_width(t, c);
-        match chunks.last_mut() {
-            Some(chunk) if width + w <= PAGE_CHARS => chunk.push(c),
-            _ => {
-                chunks.push(vec![c]);
-                width = key_width;
-            }
-        }
-        width += w;
-    }
-    let tables = chunks
-        .into_iter()
-        .map(|chunk| {
-            let cols: Vec<usize> = keys.iter().copied().chain(chunk).collect();
-            Table {
-                header: cols.iter().map(|&c| t.header[c].clone()).collect(),
-                rows: t.rows.iter().map(|r| cols.iter().map(|&c| r[c].clone()).collect()).collect(),
-            }
-        })
-        .collect();
-    (tables, constant)
-}
-
-/// The full tables of the run for the Measurements chapter: every section of the bench's
-/// Markdown but the Targets (those are the developers', in `bench/results/`), each matrix table
-/// grouped by width and precision and cut to the page's width, with the bench's note on its
-/// columns.
-fn full_tables(run: &Run) -> String {
-    let mut out = caption(&run.line);
-    let mut sections = Vec::new();
-    for line in run.bench.lines() {
-        if let Some(title) = line.strip_prefix("## ") {
-            sections.push(title.trim().to_string());
-        }
-    }
-    for title in sections.iter().filter(|t| !t.starts_with("Targets")) {
-        let Some(sec) = tables::section(&run.bench, title) else { continue };
-        let Some(t) = Table::all(sec).into_iter().next() else { continue };
-        out.push_str(&format!("\n**{title}**\n\n"));
-        let is_matrix = ["fc1", "precision"].iter().all(|k| t.col(k).is_some());
-        if is_matrix {
-            let (fc1, prec) = (t.col("fc1").unwrap_or(0), t.col("precision").unwrap_or(0));
-            let keys: Vec<usize> = ["level", "strategy"].iter().filter_map(|k| t.col(k)).collect();
-            let mut groups: Vec<(String, String)> = Vec::new();
-            for r in &t.rows {
-                let g = (r[fc1].clone(), r[prec].clone());
-                if !groups.contains(&g) {
-                    groups.push(g);
-                }
-            }
-            for (w, p) in groups {
-                let sub =
-                    Table { header: t.header.clone(), rows: t.rows.iter().filter(|r| r[fc1] == w && r[prec] == p).cloned().collect() };
-                let sub_without: Table = Table {
-                    header: sub.header.iter().enumerate().filter(|(c, _)| *c != fc1 && *c != prec).map(|(_, h)| h.clone()).collect(),
-                    rows: sub
-                        .rows
-                        .iter()
-                        .map(|r| r.iter().enumerate().filter(|(c, _)| *c != fc1 && *c != prec).map(|(_, v)| v.clone()).collect())
-                        .collect(),
-                };
-                let keys2: Vec<usize> = keys.iter().map(|&k| k - usize::from(k > fc1) - usize::from(k > prec)).collect();
-                let (parts, constant) = split(&sub_without, &keys2);
-                let mut head = format!("fc1 {w}, {p}");
-                if !constant.is_empty() {
-                    head.push_str(&format!(" (every row: {})", constant.join(", ")));
-                }
-                out.push_str(&format!("*{head}*\n\n"));
-                for part in parts {
-                    out.push_str(&part.markdown());
-                    out.push('\n');
-                }
-            }
-        } else {
-            let (parts, constant) = split(&t, &[0]);
-            if !constant.is_empty() {
-                out.push_str(&format!("*every row: {}*\n\n", constant.join(", ")));
-            }
-            for part in parts {
-                out.push_str(&part.markdown());
-                out.push('\n');
-            }
-        }
-        if let Some(note) = tables::note_after_table(sec) {
-            out.push_str(&format!("{note}\n"));
-        }
-        // The sentence before the table, when the bench writes one (the all-reduce's legend).
-        if let Some(before) = sec.split("\n|").next() {
-            let b = before.trim();
-            if !b.is_empty() && !b.starts_with('|') {
-                out.push_str(&format!("\n{b}\n"));
-            }
-        }
-    }
-    out
 }
 
 /// Every file this module generates from `run`, as (file name in `book/src/generated/`, text).
@@ -696,12 +516,12 @@ pub fn generated(run: &Run) -> Result<Vec<(String, String)>> {
         ("q-bf16.md".to_string(), bf16(&m)?),
         ("q-model-state.md".to_string(), model_state(&m)?),
         ("q-rss-per-rank.md".to_string(), rss_per_rank(&m)?),
-        ("measurements-full.md".to_string(), full_tables(run)),
+        ("measurements-full.md".to_string(), full::full_tables(run)),
     ];
-    if let Some(a) = allreduce(run) {
+    if let Some(a) = network::allreduce(run) {
         out.push(("q-allreduce.md".to_string(), a));
     }
-    if let Some(t) = two_hosts(&m)? {
+    if let Some(t) = network::two_hosts(&m)? {
         out.push(("q-two-hosts.md".to_string(), t));
     }
     out.push(("demo-table.md".to_string(), demo_table(run)));
@@ -732,18 +552,6 @@ pub fn load(generated_dir: &Path) -> Result<Option<Run>> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn split_keeps_keys_and_drops_constants() {
-        let t = Table {
-            header: ["level", "a", "b", "eval samples", "peer"].map(String::from).to_vec(),
-            rows: vec![["1", "x", "1", "10000", "—"].map(String::from).to_vec(), ["2", "y", "2", "10000", "—"].map(String::from).to_vec()],
-        };
-        let (parts, constant) = split(&t, &[0]);
-        assert_eq!(constant, ["eval samples 10000"]);
-        assert_eq!(parts.len(), 1);
-        assert_eq!(parts[0].header, ["level", "a", "b"]);
-    }
 
     #[test]
     fn captions_name_date_and_commit() {

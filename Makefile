@@ -61,7 +61,7 @@ book: setup
 	$(RELEASE)/book-check rendered
 
 ## make book-data: the book's measured tables and plots (book/src/generated/demo.md, bench.md,
-## *.svg, provenance.md) from `bench demo` and a small `bench run` matrix on this machine.
+## provenance.md, then book-check generate) from `bench demo` and a small `bench run` matrix.
 ## Several minutes; run it on an idle machine. BOOK_BENCH_ARGS overrides the matrix.
 book-data: build
 	bash scripts/book-data.sh

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # make book-data: the measured tables and plots of the book, from one reference run on this
 # machine. Runs `bench demo` (the three levels, one epoch each at 2 ranks) and a small `bench run`
-# matrix, then copies their markdown and SVG output into book/src/generated/ with a provenance
+# matrix, then copies their markdown output into book/src/generated/ with a provenance
 # note (machine, commit, date, commands). Several minutes on a 2-core machine; run it when the
 # machine is otherwise idle, since the figures are throughput measurements.
 #
@@ -46,13 +46,6 @@ copy() { # copy SRC DEST: a file the bench was expected to write
 }
 copy "$WORK/demo/demo.md" "$OUT/demo.md"
 copy "$WORK/bench/bench.md" "$OUT/bench.md"
-for svg in throughput.svg memory.svg; do
-    if [[ -f "$WORK/bench/$svg" ]]; then
-        cp "$WORK/bench/$svg" "$OUT/$svg"
-    else # the bench writes no plot without the rows it needs: say so in the book, not a broken image
-        printf '<svg xmlns="http://www.w3.org/2000/svg" width="640" height="80" viewBox="0 0 640 80"><rect width="640" height="80" fill="#f4f4f4" stroke="#999"/><text x="20" y="45" font-family="sans-serif" font-size="16">%s: not written by the last make book-data run</text></svg>\n' "$svg" > "$OUT/$svg"
-    fi
-done
 
 {
     echo "<!-- written by scripts/book-data.sh (make book-data); do not edit -->"
@@ -69,7 +62,7 @@ done
     echo "| demo | \`$demo_cmd\` (exit $demo_status) |"
     echo "| bench | \`$bench_cmd\` (exit $bench_status) |"
 } > "$OUT/provenance.md"
-echo "book-data: wrote $OUT/demo.md, $OUT/bench.md, the plots and $OUT/provenance.md"
+echo "book-data: wrote $OUT/demo.md, $OUT/bench.md and $OUT/provenance.md"
 
 # Every table, plot and the README's `make demo` block are generated from this run by
 # book-check (small tables per question, full tables, plots; each with the run's provenance line).

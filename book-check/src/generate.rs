@@ -54,7 +54,12 @@ pub fn outputs(root: &Path) -> Result<Vec<Output>> {
         out.push(Output { path, text, from: "the test's snapshot" });
     }
     if let Some(run) = figures::load(&root.join(&gen))? {
-        for (name, text) in figures::generated(&run)? {
+        let counts = diff::LEVELS.iter().map(|l| diff::user_code(root, l).map(|c| diff::code_lines(&c))).collect::<Result<Vec<_>>>()?;
+        let demo_md = std::fs::read_to_string(root.join(&gen).join("demo.md")).unwrap_or_default();
+        for (name, mut text) in figures::generated(&run)? {
+            if name == "demo-table.md" {
+                text.push_str(&figures::line_count_note(&demo_md, &counts).unwrap_or_default());
+            }
             out.push(Output { path: gen.join(name), text, from: "the reference run (generated/bench.md)" });
         }
         let demo_file = root.join(&gen).join("demo.md");

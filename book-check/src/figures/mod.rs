@@ -503,6 +503,26 @@ fn demo_table(run: &Run) -> String {
     }
 }
 
+/// A note for the demo table when its "user code lines" (counted by the run) are not what the
+/// `user_code` spans count now (`current`: one count per level, in the table's row order): the
+/// code changed after the run. `None` when they agree or the table has no such column.
+pub fn line_count_note(demo_md: &str, current: &[usize]) -> Option<String> {
+    let t = Table::all(demo_md).into_iter().find(|t| t.col("user code lines").is_some())?;
+    let c = t.col("user code lines")?;
+    let measured: Vec<String> = t.rows.iter().map(|r| r[c].trim().to_string()).collect();
+    let now: Vec<String> = current.iter().map(usize::to_string).collect();
+    if measured == now {
+        return None;
+    }
+    Some(format!(
+        "\n*The user code has changed since this run: its spans count {} lines now (levels 1, 2, 3; \
+         `book-check generate` counts them), against {} in the table. The next `make book-data` \
+         measures the code as it is.*\n",
+        now.join(", "),
+        measured.join(", ")
+    ))
+}
+
 /// Every file this module generates from `run`, as (file name in `book/src/generated/`, text).
 ///
 /// # Errors
@@ -552,6 +572,15 @@ pub fn load(generated_dir: &Path) -> Result<Option<Run>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_demo_table_counting_other_code_gets_a_note() {
+        let demo = "| level | user code lines | wall s |\n|---|---:|---:|\n| 1 | 99 | 2 |\n| 2 | 71 | 2 |\n| 3 | 38 | 2 |\n";
+        assert_eq!(line_count_note(demo, &[99, 71, 38]), None);
+        let note = line_count_note(demo, &[60, 83, 38]).unwrap();
+        assert!(note.contains("count 60, 83, 38 lines now") && note.contains("against 99, 71, 38"), "{note}");
+        assert_eq!(line_count_note("no table", &[1]), None);
+    }
 
     #[test]
     fn captions_name_date_and_commit() {

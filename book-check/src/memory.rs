@@ -72,12 +72,12 @@ pub fn rows(width: u64, w: u64) -> Vec<Row> {
             bytes: PerRank { parameters: F32 * n, gradients: F32 * n, optimizer: 2 * F32 * n, gathered: 0, gathered_no_prefetch: 0 },
         },
         Row {
-            scheme: "ZeRO-1 (optimizer state sharded)",
+            scheme: "ZeRO-1",
             here: "not implemented",
             bytes: PerRank { parameters: F32 * n, gradients: F32 * n, optimizer: 2 * F32 * shard, gathered: 0, gathered_no_prefetch: 0 },
         },
         Row {
-            scheme: "ZeRO-2 (+ gradients sharded)",
+            scheme: "ZeRO-2 · SHARD_GRAD_OP",
             here: "`fsdp-shard-grad-op`",
             bytes: PerRank {
                 parameters: F32 * shard,
@@ -88,7 +88,7 @@ pub fn rows(width: u64, w: u64) -> Vec<Row> {
             },
         },
         Row {
-            scheme: "ZeRO-3 (+ parameters sharded)",
+            scheme: "ZeRO-3 · FULL_SHARD",
             here: "`fsdp-full-shard`",
             bytes: PerRank {
                 parameters: F32 * shard,
@@ -175,26 +175,34 @@ pub fn markdown(widths: &[u64], world_sizes: &[u64]) -> String {
         out.push_str(&format!(" **{}** ({} MiB) |", thousands(num_parameters(width)), mib(F32 * num_parameters(width))));
     }
     out.push_str("\n\n");
+    out.push_str(
+        "The schemes: **DDP** (here `ddp`, and `fsdp-no-shard`, FSDP's code path with DDP's memory); **ZeRO-1**, the \
+         optimizer state sharded (PyTorch's `ZeroRedundancyOptimizer`; not implemented here); **ZeRO-2**, the gradients \
+         too (`fsdp-shard-grad-op`); **ZeRO-3**, the parameters too (`fsdp-full-shard`). FSDP keeps one FlatParameter \
+         per layer, padded to a multiple of the ranks. *Persistent* is what a rank holds throughout; *+ gathered* what a \
+         sharded scheme holds on top while it computes: with backward prefetch / without, where they differ.\n\n",
+    );
     for &width in widths {
         for &w in world_sizes {
             out.push_str(&format!(
-                "Per rank at w = {width}, {w} ranks (MiB; FSDP: one FlatParameter per layer, each padded to a multiple of {w}):\n\n\
-                 | scheme | in this project | parameters | gradients | AdamW state | persistent | + gathered, prefetch | + gathered, none |\n\
-                 |---|---|---:|---:|---:|---:|---:|---:|\n"
+                "Per rank at w = {width}, {w} ranks, MiB:\n\n\
+                 | scheme | parameters | gradients | AdamW state | persistent | + gathered |\n\
+                 |---|---:|---:|---:|---:|---:|\n"
             ));
-            let dash = |x: u64| if x == 0 { "—".to_string() } else { mib(x) };
             for r in rows(width, w) {
                 let b = r.bytes;
+                let gathered = match (b.gathered, b.gathered_no_prefetch) {
+                    (0, 0) => "—".to_string(),
+                    (a, n) if a == n => mib(a),
+                    (a, n) => format!("{} / {}", mib(a), mib(n)),
+                };
                 out.push_str(&format!(
-                    "| {} | {} | {} | {} | {} | {} | {} | {} |\n",
+                    "| {} | {} | {} | {} | {} | {gathered} |\n",
                     r.scheme,
-                    r.here,
                     mib(b.parameters),
                     mib(b.gradients),
                     mib(b.optimizer),
                     mib(b.persistent()),
-                    dash(b.gathered),
-                    dash(b.gathered_no_prefetch)
                 ));
             }
             out.push('\n');
@@ -217,7 +225,7 @@ pub fn markdown(widths: &[u64], world_sizes: &[u64]) -> String {
     for &width in widths {
         for &w in world_sizes {
             out.push_str(&format!(
-                "Collective bytes per step and rank at w = {width}, {w} ranks (KiB; ring algorithms):\n\n\
+                "Collective bytes per step at w = {width}, {w} ranks, KiB (ring algorithms):\n\n\
                  | strategy | payload (the bench's comm KiB/step) | sent by each rank | vs DDP |\n|---|---:|---:|---:|\n"
             ));
             let rows = wire(width, w);

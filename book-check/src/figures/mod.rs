@@ -253,13 +253,14 @@ fn sharding(m: &Matrix) -> Result<String> {
             } else if let (Some((d_rss, d_sps)), Some(rss), Some(sps)) = (ddp, rss, sps) {
                 words.push((width.clone(), strategy.to_string(), d_rss, rss, sps / d_sps));
             }
+            let state = state.map_or("—".into(), fmt_mib);
+            let held = if number(&gathered).is_some_and(|g| g > 0.0) { format!("{state} + {gathered}") } else { state };
+            let vs = if strategy == "ddp" { "1.00×" } else { r[vd].as_str() };
             out.rows.push(vec![
                 strategy_label(strategy).to_string(),
-                state.map_or("—".into(), fmt_mib),
-                gathered,
+                held,
                 rss_cell.to_string(),
-                r[s].clone(),
-                if strategy == "ddp" { "1.00×".into() } else { r[vd].clone() },
+                format!("{} ({vs})", r[s]),
                 comm,
                 t.get(r, COMM_SHARE).unwrap_or("—").to_string(),
             ]);
@@ -272,7 +273,7 @@ fn sharding(m: &Matrix) -> Result<String> {
         text.push_str(&out.markdown());
     }
     text.push_str(
-        "\nModel state is parameters + gradients + AdamW's two moments, as the wrapper counts them; the gathered peak is what a \
+        "\nModel state is parameters + gradients + AdamW's two moments per rank, as the wrapper counts them; + gathered is what a \
          sharded strategy holds on top, for a while, of full parameters; peak RSS is the training phase's high-water mark of \
          each rank (rank 0 / rank 1); the payload counts each collective's full buffer (all-reduce buffer, all-gather output, \
          reduce-scatter input), not the bytes each rank sends.\n",
@@ -284,16 +285,8 @@ fn sharding(m: &Matrix) -> Result<String> {
 }
 
 /// The columns of [`sharding`]'s tables.
-const SHARDING_HEADER: [&str; 8] = [
-    "strategy",
-    "model state per rank, MiB",
-    "+ gathered peak, MiB",
-    "peak RSS per rank, MiB",
-    "samples/s",
-    "vs DDP",
-    "collective payload, KiB/step",
-    "comm share",
-];
+const SHARDING_HEADER: [&str; 6] =
+    ["strategy", "model state + gathered, MiB", "peak RSS per rank, MiB", "samples/s (vs DDP)", "payload, KiB/step", "comm share"];
 
 /// The sentence under [`sharding`]'s tables: what each sharded strategy saves against DDP at
 /// `width`, from `words` = (width, strategy, DDP's peak RSS, its peak RSS, samples/s ratio).

@@ -31,10 +31,11 @@ pub const LEVELS: [Level; 3] = [
     Level { key: "level3", title: "level 3 (Trainer)", file: "level3-trainer/src/lib.rs", anchor: USER_CODE },
 ];
 
-/// The single-process program the tutorial starts from: its loop, which the tutorial says
-/// Accelerate changes in three lines.
+/// The single-process program the tutorial starts from, which the tutorial says Accelerate
+/// changes in three lines: its `user_code` span, from the seed and the data to the end of the
+/// loop, as the levels' spans (the book's listing of the loop alone is `baseline_loop`, inside).
 pub const BASELINE: Level =
-    Level { key: "baseline", title: "the single-process baseline", file: "shared/src/bin/ladder-baseline.rs", anchor: "baseline_loop" };
+    Level { key: "baseline", title: "the single-process baseline", file: "shared/src/bin/ladder-baseline.rs", anchor: USER_CODE };
 
 /// One side of a diff entry.
 #[derive(Debug, Clone, PartialEq, Eq)]

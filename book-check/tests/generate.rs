@@ -24,7 +24,7 @@ fn workspace() -> tempfile::TempDir {
     put(diff::LEVELS[0].file, &span("    let pg = setup()?;\n    train(&pg);\n    cleanup(pg);\n"));
     put(diff::LEVELS[1].file, &span("    let acc = Accelerator::new()?;\n    train(&acc);\n"));
     put(diff::LEVELS[2].file, &span("    trainer.train()?;\n"));
-    put(diff::BASELINE.file, "fn b() {\n    // ANCHOR: baseline_loop\n    train(&net);\n    // ANCHOR_END: baseline_loop\n}\n");
+    put(diff::BASELINE.file, "fn b() {\n    // ANCHOR: user_code\n    train(&net);\n    // ANCHOR_END: user_code\n}\n");
     put(
         "shared/tests/snapshots/data_errors__checksum.snap",
         "---\nsource: shared/tests/data_errors.rs\nexpression: e\n---\nchecksum mismatch\n",

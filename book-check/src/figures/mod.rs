@@ -142,7 +142,7 @@ fn peers(m: &Matrix) -> Result<String> {
         m.col(t, OURS_PEER, "Throughput")?,
     );
     let mut out = Table {
-        header: ["level", "run", "samples/s", "peer", "peer samples/s", "ours / peer", "peak RSS per rank, MiB", "peer's"]
+        header: ["level", "run", "samples/s", "peer", "peer samples/s", "ours / peer", "peak RSS per rank, MiB", "peer's peak RSS, MiB"]
             .map(String::from)
             .to_vec(),
         rows: Vec::new(),
@@ -171,8 +171,17 @@ fn peers(m: &Matrix) -> Result<String> {
     if out.rows.is_empty() {
         return Ok(format!("{}\nNo PyTorch peer ran in this run.\n", caption(&m.run.line)));
     }
+    // One run for every row (the usual case): say it once above the table, not in every row.
+    let mut lead = String::new();
+    if out.rows.iter().all(|r| r[1] == out.rows[0][1]) {
+        lead = format!("Every row: {}.\n\n", out.rows[0][1]);
+        out.header.remove(1);
+        out.rows.iter_mut().for_each(|r| {
+            r.remove(1);
+        });
+    }
     Ok(format!(
-        "{}\n{}\nThe peers are the tutorial's programs as a speed-minded PyTorch user writes them (bench/reference/): PyTorch DDP over \
+        "{}\n{lead}{}\nThe peers are the tutorial's programs as a speed-minded PyTorch user writes them (bench/reference/): PyTorch DDP over \
          gloo under torchrun for level 1, 🤗 Accelerate for level 2, 🤗 Transformers' Trainer for level 3, with the same model, \
          recipe, batch and threads per rank. Peak RSS is the training phase's, the larger of the ranks'.\n",
         caption(&m.run.line),
@@ -187,7 +196,7 @@ fn run_label(t: &Table, r: &[String], keys: &[&str]) -> String {
         if let Some(v) = t.get(r, k) {
             parts.push(match *k {
                 "strategy" => strategy_label(v).to_string(),
-                "ranks" => format!("×{v}"),
+                "ranks" => format!("{v} ranks"),
                 "fc1" => format!("fc1 {v}"),
                 _ => v.to_string(),
             });

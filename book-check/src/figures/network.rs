@@ -48,13 +48,18 @@ pub(super) fn two_hosts(m: &Matrix) -> Result<Option<String>> {
     let algbw = busbw * ranks / (2.0 * (ranks - 1.0)).max(1.0);
     let tcp_ms = bytes as f64 / (algbw * 1e9) * 1e3;
     let ratio = step / (step - comm + tcp_ms);
-    let source = cluster.lines().find(|l| !l.trim().is_empty()).unwrap_or("").trim().trim_end_matches('.');
+    let source = cluster.lines().find(|l| !l.trim().is_empty()).unwrap_or("");
+    // The two-host run's date, from its caption (`…, 2026-11-30 (…`).
+    let date = source
+        .split(|c: char| c == ',' || c == '(' || c.is_whitespace())
+        .find(|w| w.len() == 10 && w.as_bytes()[4] == b'-' && w.as_bytes()[7] == b'-' && w[..4].parse::<u32>().is_ok())
+        .unwrap_or("an earlier date");
     Ok(Some(format!(
         "{}\nToday's level-1 DDP step at the tutorial's width takes {step:.1} ms at {ranks:.0} ranks on one host, {comm:.2} ms of \
          it in the gradient all-reduce (the reference run). The two-host run measured {busbw:.2} GB/s of bus bandwidth over TCP \
          at 4 MiB; at that rate the {} bytes of BasicNet's gradients take about {tcp_ms:.0} ms, so a step across two hosts would \
          take about {:.0} ms and two hosts would reach about **{ratio:.2}×** the samples/s of one (an estimate from the two runs, \
-         not a measurement; the two-host run: {source}).\n",
+         not a measurement; the two-host run is of {date}).\n",
         caption(&m.run.line),
         thousands(bytes),
         step - comm + tcp_ms

@@ -32,8 +32,11 @@ LEVELS ?= 1,2,3
 demo: build
 	$(RELEASE)/bench demo --levels $(LEVELS)
 
-## make test: the whole suite (unit, integration, multi-process under mpirun, snapshots).
+## make test: style first (rustfmt, clippy with warnings as errors — missing docs included), then
+## the whole suite (unit, integration, multi-process under mpirun, snapshots) and the book's checks.
 test: setup
+	$(CARGO) fmt --all --check
+	$(CARGO) clippy --release --workspace --all-targets -- -D warnings
 	$(CARGO) test --release --workspace --no-fail-fast
 	$(CARGO) check --release -p ladder-core --features nccl --all-targets
 	bash scripts/ensure-mdbook.sh

@@ -6,6 +6,7 @@
 #  2. A Python venv holding torch==2.13.0 — the libtorch that tch 0.26 links against — kept in a
 #     per-user cache keyed by the torch version (override with LADDER_VENV), so a fresh clone on the
 #     same machine reuses it. `.venv` in the repository is a symlink to it.
+#  1b. The rustfmt and clippy components, which `make test` runs first.
 #  3. bench/reference needs torchvision (the PyTorch peer scripts); installed beside torch.
 #
 # When nothing is left to do it returns in well under 5 s.
@@ -33,6 +34,12 @@ if [ ${#missing[@]} -gt 0 ]; then
     cat "$aptlog" >&2; log "apt-get failed (log above)"; exit 1
   fi
   rm -f "$aptlog"
+fi
+
+# --- 1b. rustfmt and clippy (`make test` checks style first) ------------------------------------
+if ! cargo fmt --version >/dev/null 2>&1 || ! cargo clippy --version >/dev/null 2>&1; then
+  log "adding the rustfmt and clippy components (rustup)"
+  rustup component add rustfmt clippy >&2 || { log "rustup could not add rustfmt/clippy: install them for this toolchain"; exit 1; }
 fi
 
 # --- 2. Python venv with torch ------------------------------------------------------------------

@@ -42,6 +42,7 @@ test: setup
 	bash scripts/ensure-mdbook.sh
 	$(CARGO) run --release -q -p book-check -- check
 	mdbook build book
+	$(CARGO) run --release -q -p book-check -- rendered
 
 ## make bench: every level × strategy × world size × width × precision next to PyTorch, measured in
 ## the same run, and the all-reduce bandwidth (writes bench/results/bench.md, bench.json, runs/, logs/).
@@ -51,18 +52,19 @@ bench: build
 	$(RELEASE)/bench run $(BENCH_ARGS)
 
 ## make book: the mdBook in book/book/ (open book/book/index.html, or `mdbook serve book`).
-## Installs mdbook once (scripts/ensure-mdbook.sh), regenerates the level diffs and the memory
-## arithmetic from the sources, checks every {{#include}} and anchor, then builds.
+## Installs mdbook once (scripts/ensure-mdbook.sh), regenerates every generated file (listings,
+## diffs, arithmetic, snapshots, the tables and plots of the last book-data run), checks every
+## {{#include}}, anchor, link and named test, builds, then checks the rendered pages.
 book: setup
 	@bash scripts/ensure-mdbook.sh
 	$(CARGO) build --release -p book-check
-	$(RELEASE)/book-check diff
-	$(RELEASE)/book-check memory
+	$(RELEASE)/book-check generate
 	$(RELEASE)/book-check check
 	mdbook build book
+	$(RELEASE)/book-check rendered
 
 ## make book-data: the book's measured tables and plots (book/src/generated/demo.md, bench.md,
-## *.svg, provenance.md) from `bench demo` and a small `bench run` matrix on this machine.
+## provenance.md, then book-check generate) from `bench demo` and a small `bench run` matrix.
 ## Several minutes; run it on an idle machine. BOOK_BENCH_ARGS overrides the matrix.
 book-data: build
 	bash scripts/book-data.sh

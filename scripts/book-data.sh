@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # make book-data: the measured tables and plots of the book, from one reference run on this
 # machine. Runs `bench demo` (the three levels, one epoch each at 2 ranks) and a small `bench run`
-# matrix, then copies their markdown and SVG output into book/src/generated/ with a provenance
+# matrix, then copies their markdown output into book/src/generated/ with a provenance
 # note (machine, commit, date, commands). Several minutes on a 2-core machine; run it when the
 # machine is otherwise idle, since the figures are throughput measurements.
 #
@@ -46,13 +46,6 @@ copy() { # copy SRC DEST: a file the bench was expected to write
 }
 copy "$WORK/demo/demo.md" "$OUT/demo.md"
 copy "$WORK/bench/bench.md" "$OUT/bench.md"
-for svg in throughput.svg memory.svg; do
-    if [[ -f "$WORK/bench/$svg" ]]; then
-        cp "$WORK/bench/$svg" "$OUT/$svg"
-    else # the bench writes no plot without the rows it needs: say so in the book, not a broken image
-        printf '<svg xmlns="http://www.w3.org/2000/svg" width="640" height="80" viewBox="0 0 640 80"><rect width="640" height="80" fill="#f4f4f4" stroke="#999"/><text x="20" y="45" font-family="sans-serif" font-size="16">%s: not written by the last make book-data run</text></svg>\n' "$svg" > "$OUT/$svg"
-    fi
-done
 
 {
     echo "<!-- written by scripts/book-data.sh (make book-data); do not edit -->"
@@ -69,35 +62,11 @@ done
     echo "| demo | \`$demo_cmd\` (exit $demo_status) |"
     echo "| bench | \`$bench_cmd\` (exit $bench_status) |"
 } > "$OUT/provenance.md"
-echo "book-data: wrote $OUT/demo.md, $OUT/bench.md, the plots and $OUT/provenance.md"
+echo "book-data: wrote $OUT/demo.md, $OUT/bench.md and $OUT/provenance.md"
 
-# The README's measured tables are this run's, not typed: the demo table and the bench's
-# throughput and targets sections replace what stands between the README's generated markers.
-python3 - "$OUT" README.md <<'PY'
-import pathlib, re, sys
-out, readme = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2])
-prov = (out / "provenance.md").read_text()
-rows = dict(l.strip("| ").split(" | ", 1) for l in prov.splitlines() if l.startswith("| ") and " | " in l.strip("| "))
-f = lambda k: rows.get(k, "unknown")
-source = (f"Measured by `make book-data` on {f('date (UTC)')}, {f('CPU')}, {f('cores')} cores (commit {f('commit')}); "
-          "figures vary by machine: compare rows of one run only.")
-def section(md, title):
-    m = re.search(rf"^## {title}.*?$(.*?)(?=^## |\Z)", md, re.M | re.S)
-    return m.group(0).strip().replace("## ", "#### ", 1) if m else ""
-bench = (out / "bench.md").read_text()
-blocks = {
-    "demo": source + "\n\n" + re.sub(r"^# .*\n+", "", (out / "demo.md").read_text().strip(), count=1),
-    "bench": "\n\n".join(x for x in [source, section(bench, "Throughput"), section(bench, "Targets")] if x),
-}
-text = readme.read_text()
-for name, body in blocks.items():
-    begin, end = f"<!-- generated:{name}:begin (scripts/book-data.sh) -->", f"<!-- generated:{name}:end -->"
-    if begin in text and end in text:
-        head, rest = text.split(begin, 1)
-        text = head + begin + "\n" + body + "\n" + end + rest.split(end, 1)[1]
-readme.write_text(text)
-print("book-data: README.md's demo and bench tables rewritten from this run")
-PY
+# Every table, plot and the README's `make demo` block are generated from this run by
+# book-check (small tables per question, full tables, plots; each with the run's provenance line).
+"$RELEASE/book-check" generate
 if [[ "$demo_status" != 0 || "$bench_status" != 0 ]]; then
     echo "book-data: a run failed (demo exit $demo_status, bench exit $bench_status); its rows say FAILED" >&2
     exit 1

@@ -45,6 +45,27 @@ pub enum Error {
         /// One message per problem.
         problems: Vec<String>,
     },
+    /// The rendered-page check found problems; each line names the page.
+    #[error("{} problem(s) in the rendered book:\n{}", problems.len(), problems.join("\n"))]
+    Rendered {
+        /// One message per problem.
+        problems: Vec<String>,
+    },
+    /// Generated files differ from what their generators write now.
+    #[error("{} generated file(s) out of date (run `make book`, or `book-check generate`):\n{}", problems.len(), problems.join("\n"))]
+    Stale {
+        /// One message per file.
+        problems: Vec<String>,
+    },
+    /// A generated input (the bench's Markdown, the provenance table) lacks what a generator
+    /// reads from it.
+    #[error("{file}: {problem}")]
+    Input {
+        /// The file read.
+        file: PathBuf,
+        /// What is missing or malformed, and what was expected.
+        problem: String,
+    },
 }
 
 impl Error {

@@ -182,11 +182,23 @@ pub fn check(src: &Path, root: &Path) -> Result<CheckSummary> {
             summary.anchors += usize::from(inc.anchor.is_some());
             if let Err(p) = check_one(&inc) {
                 problems.push(format!("{}: {p}", inc.describe()));
+            } else if inc.path.ends_with(".snap") {
+                let name = Path::new(&inc.path).file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
+                let krate = inc.path.split("/tests/snapshots/").next().filter(|_| inc.path.contains("/tests/snapshots/"));
+                let krate = krate.and_then(|k| k.rsplit('/').next()).unwrap_or("<crate>");
+                problems.push(format!(
+                    "{}: a .snap shows insta's header (`source:`, `expression:`, …) on the page: include `{}/{krate}/{name}.txt` (written without it by `book-check generate`)",
+                    inc.describe(),
+                    crate::snapshots::DIR
+                ));
             }
         }
         for (line, target) in find_links(&text) {
             summary.links += 1;
-            let path = md.parent().unwrap_or(Path::new(".")).join(&target);
+            // A generated snippet is included into a chapter in `src/`, so its links are the
+            // chapter's: relative to `src/`, not to `src/generated/`.
+            let base = if md.starts_with(src.join("generated")) { src } else { md.parent().unwrap_or(Path::new(".")) };
+            let path = base.join(&target);
             if !path.exists() {
                 let hint = if target.contains("generated/") { " (run `make book-data`)" } else { "" };
                 problems.push(format!("{}:{line}: link ({target}): {} does not exist{hint}", md.display(), path.display()));

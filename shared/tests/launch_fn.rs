@@ -45,6 +45,7 @@ fn launch_runs_f_in_every_rank_and_names_a_failed_rank() {
     if std::env::var(CASE_VAR).as_deref() != Ok("fail") {
         // Case 1: two ranks each write their rank into a file.
         let write_dir = dir.clone();
+        // ANCHOR: launch_two_ranks
         launch(2, move || {
             let env = DistEnv::from_env()?;
             assert!(env.under_mpirun(), "ranks run under mpirun");
@@ -52,6 +53,7 @@ fn launch_runs_f_in_every_rank_and_names_a_failed_rank() {
             std::fs::write(&file, format!("{} of {}", env.rank, env.world_size)).map_err(|e| Error::io(&file, e))
         })
         .expect("both ranks succeed");
+        // ANCHOR_END: launch_two_ranks
         let mut names: Vec<String> =
             std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
         names.sort();

@@ -61,6 +61,7 @@ fn run(args: &TrainArgs) -> Result<Report> {
     let device = args.device_kind().resolve(0)?;
     ladder_core::device::set_threads_per_rank(1);
     ladder_core::device::tune_malloc_for_training();
+    // ANCHOR: user_code
     tch::manual_seed(args.seed as i64);
     let mnist = args.load_mnist()?;
     args.check_batch_size(mnist.train.len(), 1)?;
@@ -124,6 +125,7 @@ fn run(args: &TrainArgs) -> Result<Report> {
         }
     }
     // ANCHOR_END: baseline_loop
+    // ANCHOR_END: user_code
 
     if let Some(path) = &args.save_model {
         save_weights(path, &ladder_core::model::Model::named_parameters(&net))

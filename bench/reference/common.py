@@ -84,11 +84,12 @@ def datasets():
     )
 
 
-def evaluate(model, loader):
+def evaluate(model, loader, device="cpu"):
     model.eval()
     loss, correct, n = 0.0, 0, 0
     with torch.no_grad():
         for x, y in loader:
+            x, y = x.to(device), y.to(device)
             out = model(x)
             loss += F.nll_loss(out, y, reduction="sum").item()
             correct += (out.argmax(1) == y).sum().item()
@@ -215,6 +216,14 @@ def gathered_timing_fields(timer):
     else:
         every = [mine]
     return timing_fields(every)
+
+
+def device_fields(device):
+    """The report fields a CUDA run adds: the CUDA caching allocator's peak (torch.cuda
+    .max_memory_allocated, MiB) and the GPU's name; nothing on CPU."""
+    if not str(device).startswith("cuda"):
+        return {}
+    return {"cuda_peak_mib": torch.cuda.max_memory_allocated() / 2**20, "gpu": torch.cuda.get_device_name()}
 
 
 def shutdown():

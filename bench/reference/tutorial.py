@@ -1,6 +1,6 @@
 """The PyTorch MNIST example loop, single process — the peer of `ladder-baseline`.
 
-    .venv/bin/python bench/reference/tutorial.py [--max-steps N] [--threads T]
+    .venv/bin/python bench/reference/tutorial.py [--max-steps N] [--threads T] [--device cpu|cuda]
 
 Prints one JSON line: samples_per_s (timed steps, warm-up excluded), accuracy, eval_samples, wall_s,
 peak RSS (whole process and training phase), step timing (common.StepTimer).
@@ -11,13 +11,14 @@ import time
 import torch
 import torch.nn.functional as F
 
-from common import peer_arguments, BasicNet, StepTimer, datasets, evaluate, gathered_timing_fields
+from common import peer_arguments, BasicNet, StepTimer, datasets, device_fields, evaluate, gathered_timing_fields
 
 
 def main():
     a = peer_arguments(
         ("--epochs", dict(type=int, default=1)),
         ("--threads", dict(type=int, default=None, help="intra-op threads (default: all cores)")),
+        ("--device", dict(default="cpu", help="cpu or cuda (the GPU check)")),
     )
     start = time.perf_counter()
     if a.threads:
@@ -26,7 +27,7 @@ def main():
     train, test = datasets()
     train_loader = torch.utils.data.DataLoader(train, batch_size=a.batch_size, shuffle=True)
     test_loader = torch.utils.data.DataLoader(test, batch_size=1000)
-    model = BasicNet()
+    model = BasicNet().to(a.device)
     opt = torch.optim.AdamW(model.parameters(), lr=a.lr)
     steps, samples, train_s = 0, 0, 0.0
     done = False
@@ -36,6 +37,7 @@ def main():
         t0 = time.perf_counter()
         timer.resume()
         for x, y in train_loader:
+            x, y = x.to(a.device), y.to(a.device)
             timer.lap("data")
             opt.zero_grad()
             loss = F.nll_loss(model(x), y)
@@ -43,6 +45,8 @@ def main():
             loss.backward()
             timer.lap("backward")
             opt.step()
+            if a.device.startswith("cuda"):
+                torch.cuda.synchronize()
             timer.end_step("optimizer", len(y))
             steps += 1
             samples += len(y)
@@ -53,8 +57,8 @@ def main():
         if done:
             break
     timing = gathered_timing_fields(timer)
-    correct, loss_sum, n = evaluate(model, test_loader)
-    print(json.dumps(dict(timing, **{
+    correct, loss_sum, n = evaluate(model, test_loader, a.device)
+    print(json.dumps(dict(timing, **device_fields(a.device), **{
         "impl": "pytorch-tutorial", "world_size": 1, "threads": torch.get_num_threads(),
         "steps": steps, "accuracy": correct / n,
         "eval_samples": n, "test_loss": loss_sum / n, "wall_s": time.perf_counter() - start,

@@ -142,6 +142,43 @@ pub fn render_table(summary: &DemoSummary, markdown: bool) -> String {
     table.to_string()
 }
 
+/// The compute-efficiency table: each level's training FLOPs per sample (BasicNet at width 128,
+/// [`crate::compute::training_flops_per_sample`]), achieved GFLOP/s over all ranks and its share
+/// of the CPU's fp32 peak; then the peak's derivation. Failed rows read FAILED.
+pub fn render_efficiency(summary: &DemoSummary, markdown: bool) -> String {
+    let mut table = Table::new();
+    table.load_preset(if markdown { presets::ASCII_MARKDOWN } else { presets::UTF8_FULL_CONDENSED });
+    table.set_header(["level", "training MFLOP/sample", "train samples/s", "achieved GFLOP/s", "% of fp32 peak"]);
+    let per_sample = crate::compute::training_flops_per_sample(128);
+    let peak = summary.machine.cpu_peak.as_ref();
+    for r in &summary.rows {
+        let level = format!("{} · {}", r.level, r.title);
+        let mflop = format!("{:.2}", per_sample as f64 / 1e6);
+        if r.status == Status::Failed {
+            table.add_row(vec![level, mflop, "FAILED".into(), "—".into(), "—".into()]);
+            continue;
+        }
+        let flops = crate::compute::achieved_flops(128, r.figures.samples_per_s);
+        table.add_row(vec![
+            level,
+            mflop,
+            format!("{:.0}", r.figures.samples_per_s),
+            format!("{:.1}", flops / 1e9),
+            peak.map_or("—".into(), |p| format!("{:.1}%", 100.0 * flops / p.fp32_flops)),
+        ]);
+    }
+    for i in 1..5 {
+        if let Some(c) = table.column_mut(i) {
+            c.set_cell_alignment(CellAlignment::Right);
+        }
+    }
+    let derivation = peak.map_or_else(|| "Peak: not recorded.".to_string(), |p| format!("Peak: {}.", p.derivation));
+    format!(
+        "{table}\n\nTraining FLOPs per sample: 2 per multiply-accumulate of conv1, conv2, fc1 and fc2, forward once and \
+         backward twice (conv1 has no input gradient); activations, pooling, the loss and the optimizer left out (< 1%).\n\n{derivation}\n"
+    )
+}
+
 /// The notes under the table: what each column means, line-count problems and failures.
 pub fn render_notes(summary: &DemoSummary) -> String {
     let mut s = format!(
@@ -165,10 +202,11 @@ pub fn render_notes(summary: &DemoSummary) -> String {
 /// The markdown file `demo.md`: title, machine, table, notes.
 pub fn render_markdown(summary: &DemoSummary) -> String {
     format!(
-        "# ddp-ladder: the three levels side by side\n\n{}\n\n{}\n\n{}",
+        "# ddp-ladder: the three levels side by side\n\n{}\n\n{}\n\n{}\n## Compute efficiency\n\n{}",
         summary.machine.line(),
         render_table(summary, true),
-        render_notes(summary)
+        render_notes(summary),
+        render_efficiency(summary, true)
     )
 }
 
@@ -206,6 +244,7 @@ pub fn run_demo(args: &DemoArgs) -> Result<DemoSummary> {
     }
     let summary = DemoSummary { machine: Machine::describe(), nproc_per_node: args.nproc_per_node, rows };
     println!("\n{}\n{}\n{}", summary.machine.line(), render_table(&summary, false), render_notes(&summary));
+    println!("Compute efficiency\n{}", render_efficiency(&summary, false));
     let json = serde_json::to_string_pretty(&summary).unwrap_or_default();
     write_file(&out_dir.join("demo.json"), &json)?;
     write_file(&out_dir.join("demo.md"), &render_markdown(&summary))?;

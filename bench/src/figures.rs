@@ -47,6 +47,9 @@ pub struct RunFigures {
     pub strategy: String,
     /// Per-rank figures (empty for one process and for the peers).
     pub ranks: Vec<RankFigures>,
+    /// The tuned PyTorch peer's start-up choice (`fused AdamW, channels_last, …`; empty for
+    /// every other run).
+    pub tuned: String,
 }
 
 /// What one rank measured (`ladder_core::metrics::RankFigures`, leniently).

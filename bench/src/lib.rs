@@ -5,11 +5,13 @@
 //! * [`matrix`] — `bench run` (`make bench`): level × strategy × world size × width × precision,
 //!   repeated and interleaved with the PyTorch peers of `bench/reference/`, plus the all-reduce
 //!   bus bandwidth; results in `bench/results/`.
+//! * [`compute`] — training FLOPs per sample and the machine's peak: compute efficiency.
 //! * [`loc`] — the "lines of user training code" between mdBook anchors.
 //!
 //! The bench never links a level: it runs the binaries (`target/release/…`) as a user would and
 //! reads their `--metrics-json` files ([`figures`]).
 
+pub mod compute;
 pub mod demo;
 pub mod error;
 pub mod figures;

@@ -1,5 +1,6 @@
 //! The machine a measurement was taken on; every output carries it.
 
+use crate::compute::{cpu_peak, gpu_peak, CpuFacts, Peak};
 use serde::{Deserialize, Serialize};
 use std::process::Command;
 
@@ -23,6 +24,12 @@ pub struct Machine {
     pub bench_version: String,
     /// The PyTorch version of the peers' venv, when they ran.
     pub torch_version: Option<String>,
+    /// The CPU's peak FLOP/s and how it was derived ([`crate::compute::cpu_peak`]); `None` in
+    /// reports from before it was recorded.
+    pub cpu_peak: Option<Peak>,
+    /// The first GPU's peak from its model name ([`crate::compute::gpu_peak`]); `None` without a
+    /// GPU or for a model the table does not know.
+    pub gpu_peak: Option<Peak>,
 }
 
 impl Machine {
@@ -43,7 +50,10 @@ impl Machine {
             .map(|o| String::from_utf8_lossy(&o.stdout).trim().replace('\n', "; "))
             .filter(|s| !s.is_empty())
             .unwrap_or_else(|| "none".into());
+        let gpu_peak = gpu_peak(gpu.split("; ").next().unwrap_or(""));
         Machine {
+            cpu_peak: Some(cpu_peak(&CpuFacts::of_this_machine())),
+            gpu_peak: if gpu == "none" { None } else { gpu_peak },
             cpu,
             cores: std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
             cpu_bf16,

@@ -8,17 +8,35 @@ fn fixture(name: &str) -> String {
     std::fs::read_to_string(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(name)).unwrap()
 }
 
+/// The peak of the 2-core AMD EPYC (Zen 4) the fixtures were measured on, from its cpuinfo.
+fn zen4_peak() -> Option<bench::compute::Peak> {
+    let facts = bench::compute::CpuFacts::parse(&fixture("cpuinfo/avx512-amd-zen4.txt"), 2, None);
+    Some(bench::compute::cpu_peak(&facts))
+}
+
 #[test]
 fn demo_table_from_fixed_json() {
-    let summary: DemoSummary = serde_json::from_str(&fixture("demo.json")).unwrap();
+    let mut summary: DemoSummary = serde_json::from_str(&fixture("demo.json")).unwrap();
     assert_eq!(summary.failed().len(), 1);
+    summary.machine.cpu_peak = zen4_peak();
+    insta::assert_snapshot!("demo_efficiency", bench::demo::render_efficiency(&summary, false));
     insta::assert_snapshot!("demo_terminal", render_table(&summary, false));
     insta::assert_snapshot!("demo_markdown", demo_markdown(&summary));
 }
 
 #[test]
 fn matrix_tables_from_fixed_json() {
-    let summary: MatrixSummary = serde_json::from_str(&fixture("bench.json")).unwrap();
+    let mut summary: MatrixSummary = serde_json::from_str(&fixture("bench.json")).unwrap();
+    // Reports from before the peak and the tuned peer was recorded read as none.
+    assert!(summary.machine.cpu_peak.is_none() && summary.rows.iter().all(|r| r.tuned_samples_per_s.is_none()));
+    summary.machine.cpu_peak = zen4_peak();
+    // The tuned peer beside the first row with a peer: 3 repeats, ours / tuned per repeat.
+    let row = summary.rows.iter_mut().find(|r| r.case.peer.is_some()).unwrap();
+    row.case.tuned_peer = Some(bench::matrix::Peer::Tuned { world_size: row.case.world_size });
+    row.tuned_samples_per_s = Some(bench::stats::Spread { median: 1176.0, min: 1136.0, max: 1240.0, n: 3 });
+    row.tuned_ratio = Some(bench::stats::Spread { median: 1.16, min: 1.1, max: 1.2, n: 3 });
+    row.tuned_accuracy = Some(0.9712);
+    row.tuned_choice = Some("preloaded tensors, fused AdamW, channels_last".into());
     let e = summary.check().unwrap_err().to_string();
     assert_eq!(e, "1 of 9 runs failed: l3-fsdp-full-shard-w2-4096-bf16");
     insta::assert_snapshot!("bench_terminal", render_terminal(&summary));

@@ -99,7 +99,14 @@ fn demo_reports_level_1_and_a_failing_level_in_one_table() {
     // The markdown table, numbers masked; the line-count cell is masked too (it follows level
     // 1's sources, whose anchors are another crate's).
     let md = std::fs::read_to_string(out_dir.join("demo.md")).unwrap();
-    let table: String = md.lines().filter(|l| l.starts_with('|')).map(|l| format!("{l}\n")).collect();
+    let table: String =
+        md.lines().skip_while(|l| !l.starts_with('|')).take_while(|l| l.starts_with('|')).map(|l| format!("{l}\n")).collect();
+    // Below it, compute efficiency: level 1's achieved GFLOP/s and share of the CPU's peak, level 2 FAILED.
+    let efficiency: Vec<&str> =
+        md.lines().skip_while(|l| !l.starts_with("## Compute efficiency")).filter(|l| l.starts_with("| ")).collect();
+    assert_eq!(efficiency.len(), 3, "{md}");
+    assert!(efficiency[1].starts_with("| 1 · raw DDP") && efficiency[1].contains(" 71.57 |") && efficiency[1].ends_with("% |"), "{md}");
+    assert!(efficiency[2].contains("FAILED") && md.contains("Peak: "), "{md}");
     masked(&[(r"(?m)^(\| \d · [A-Za-z ]+?\s*\|)[^|]*\|", "$1 <lines> |")]).bind(|| insta::assert_snapshot!("demo_table_masked", table));
 }
 
@@ -162,6 +169,8 @@ fn matrix_runs_every_level_next_to_its_peer_and_measures_all_reduce() {
     let dir = tempfile::tempdir().unwrap();
     let out = Command::new(BENCH)
         .args(["run", "--levels", "1,2,3", "--strategies", "single,ddp", "--world-sizes", "1,2", "--widths", "128"])
+        // torch.compile's trial is the tuned peer's slowest (tests/peers.rs runs the full one).
+        .args(["--tuned-trial", "channels_last,bf16"])
         .args(["--precisions", "fp32", "--steps", "4", "--repeats", "1", "--bucket-iters", "5", "--bin-dir"])
         .arg(&rel)
         .arg("--out-dir")
@@ -194,11 +203,19 @@ fn matrix_runs_every_level_next_to_its_peer_and_measures_all_reduce() {
         assert_eq!(r["eval_samples"], 10_000, "{r}");
         assert_eq!(r["samples_per_s"]["n"], 1);
         assert!(r["step"]["step_p50_s"].as_f64().unwrap() > 0.0, "{r}");
+        // Every row has the tuned peer at its world size: the second ratio, what it chose.
+        let ours = r["samples_per_s"]["median"].as_f64().unwrap();
+        let w = r["case"]["world_size"].as_u64().unwrap();
+        assert_eq!(r["case"]["tuned_peer"], serde_json::json!({"peer": "tuned", "world_size": w}), "{r}");
+        let tuned = r["tuned_samples_per_s"]["median"].as_f64().unwrap();
+        assert!((r["tuned_ratio"]["median"].as_f64().unwrap() - ours / tuned).abs() < 1e-9, "{r}");
+        assert!(r["tuned_choice"].as_str().unwrap().starts_with("preloaded tensors, "), "{r}");
+        assert!(r["tuned_accuracy"].as_f64().unwrap() > 0.0, "{r}");
         if r["case"]["peer"].is_null() {
             continue;
         }
         // A row with a twin has it measured in the same run: a ratio and its step figures.
-        let (ours, theirs) = (r["samples_per_s"]["median"].as_f64().unwrap(), r["peer_samples_per_s"]["median"].as_f64().unwrap());
+        let theirs = r["peer_samples_per_s"]["median"].as_f64().unwrap();
         let ratio = r["ratio"]["median"].as_f64().unwrap();
         assert!(ours > 0.0 && theirs > 0.0 && (ratio - ours / theirs).abs() < 1e-9, "{r}");
         assert!(r["peer_accuracy"].as_f64().unwrap() > 0.0);
@@ -221,7 +238,8 @@ fn matrix_runs_every_level_next_to_its_peer_and_measures_all_reduce() {
     for id in &expected[1..] {
         check_report(dir.path(), id, 4, if id.contains("-w2-") { 2 } else { 1 });
     }
-    let mut peers = vec!["pytorch-tutorial-r1", "pytorch-ddp-gloo-w1-r1", "pytorch-ddp-gloo-w2-r1"];
+    let mut peers =
+        vec!["pytorch-tutorial-r1", "pytorch-ddp-gloo-w1-r1", "pytorch-ddp-gloo-w2-r1", "pytorch-tuned-w1-r1", "pytorch-tuned-w2-r1"];
     if hf {
         peers.extend(["hf-accelerate-w1-r1", "hf-accelerate-w2-r1", "hf-trainer-w1-r1", "hf-trainer-w2-r1"]);
     }
@@ -249,10 +267,13 @@ fn matrix_runs_every_level_next_to_its_peer_and_measures_all_reduce() {
         assert!(r["median_ms"].as_f64().unwrap() > 0.0 && r["p95_ms"].as_f64() >= r["median_ms"].as_f64(), "{r}");
     }
     assert!(b["rows"].as_array().unwrap().iter().all(|r| r["buckets"] == 2), "{b}");
-    // The targets: ours / peer and RSS for every row with a peer, level 2 and 3 over level 1.
+    // The targets: ours / peer, ours / tuned peer and RSS for every row with a peer, level 2 and 3 over level 1.
     let targets = summary["targets"].as_array().unwrap();
     let with_peer = rows.iter().filter(|r| r["case"]["peer"].is_object()).count();
-    assert_eq!(targets.len(), 2 * with_peer + 4, "{targets:?}");
+    // Every row has its tuned peer (levels 2 and 3 too, with or without the 🤗 peers): ours / tuned (#25).
+    let with_tuned = rows.iter().filter(|r| r["case"]["tuned_peer"].is_object()).count();
+    assert_eq!(with_tuned, rows.len());
+    assert_eq!(targets.len(), 2 * with_peer + with_tuned + 4, "{targets:?}");
 
     let csv = std::fs::read_to_string(dir.path().join("bench.csv")).unwrap();
     assert_eq!(csv.lines().count(), 1 + 7, "{csv}");
@@ -262,11 +283,18 @@ fn matrix_runs_every_level_next_to_its_peer_and_measures_all_reduce() {
         assert!(std::fs::read_to_string(dir.path().join(svg)).unwrap().starts_with("<svg"), "{svg}");
     }
     let md = std::fs::read_to_string(dir.path().join("bench.md")).unwrap();
+    // Compute efficiency: a line per row, with its FLOP count and a share of the recorded peak;
+    // what the tuned peer chose depends on the machine, so the table stays out of the snapshot.
+    let efficiency: Vec<&str> =
+        md.lines().skip_while(|l| !l.starts_with("## Compute efficiency")).skip(2).take_while(|l| l.starts_with('|')).collect();
+    assert_eq!(efficiency.len(), 2 + rows.len(), "{md}");
+    assert!(efficiency[2..].iter().all(|l| l.contains(" 71.57 |") && l.contains("%) |")), "{efficiency:?}");
+    assert!(summary["machine"]["cpu_peak"]["fp32_flops"].as_f64().unwrap() > 0.0 && md.contains("Peak: "), "{md}");
     // The tables' layout (numbers masked; the peer cells and target rows depend on whether the
     // 🤗 peers ran, so those are left out of the snapshot).
     let tables: String = md
         .lines()
-        .take_while(|l| !l.starts_with("## Targets"))
+        .take_while(|l| !l.starts_with("## Targets") && !l.starts_with("## Compute efficiency"))
         .filter(|l| l.starts_with('|') || l.starts_with("##"))
         .map(|l| format!("{l}\n"))
         .collect();

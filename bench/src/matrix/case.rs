@@ -113,6 +113,14 @@ pub enum Peer {
         /// Processes.
         world_size: usize,
     },
+    /// `bench/reference/tuned.py`: the loop a speed-minded PyTorch user writes (tensors
+    /// preloaded, index batching, fused AdamW, set-to-none gradients, and whichever of
+    /// channels_last / torch.compile / bf16 autocast a start-up trial measures faster); one
+    /// process at W = 1, DDP over gloo under `torchrun --standalone --nproc-per-node W` above.
+    Tuned {
+        /// Processes.
+        world_size: usize,
+    },
 }
 
 impl Peer {
@@ -123,6 +131,7 @@ impl Peer {
             Peer::DdpGloo { world_size } => format!("pytorch-ddp-gloo-w{world_size}"),
             Peer::Accelerate { world_size } => format!("hf-accelerate-w{world_size}"),
             Peer::Trainer { world_size } => format!("hf-trainer-w{world_size}"),
+            Peer::Tuned { world_size } => format!("pytorch-tuned-w{world_size}"),
         }
     }
 
@@ -138,6 +147,7 @@ impl Peer {
             Peer::DdpGloo { .. } => "PyTorch DDP (gloo)",
             Peer::Accelerate { .. } => "🤗 Accelerate",
             Peer::Trainer { .. } => "🤗 Trainer",
+            Peer::Tuned { .. } => "PyTorch tuned",
         }
     }
 }
@@ -162,6 +172,9 @@ pub struct Case {
     pub steps: usize,
     /// The PyTorch twin, if any.
     pub peer: Option<Peer>,
+    /// The tuned PyTorch peer (`bench/reference/tuned.py`) at the same world size, if any.
+    #[serde(default)]
+    pub tuned_peer: Option<Peer>,
 }
 
 /// `L2 fsdp-full-shard ×4 fc1 4096 bf16` / `baseline single ×1 fc1 128 fp32`.
@@ -185,6 +198,7 @@ mod tests {
             precision: Precision::Bf16,
             steps: 3,
             peer: None,
+            tuned_peer: None,
         };
         let json = serde_json::to_value(&case).unwrap();
         assert_eq!((&json["strategy"], &json["precision"]), (&"fsdp-full-shard".into(), &"bf16".into()));

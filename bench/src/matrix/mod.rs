@@ -24,6 +24,7 @@
 //! `render` and `plots` (tables and SVGs).
 
 pub mod case;
+mod efficiency;
 pub mod plan;
 mod plots;
 mod render;
@@ -33,6 +34,7 @@ pub mod summary;
 pub mod targets;
 
 pub use case::{label, Case, Peer, Replication};
+pub use efficiency::{efficiency_notes, render_efficiency};
 pub use plan::{plan, RunArgs};
 pub use plots::write_plots;
 pub use render::{

@@ -44,6 +44,11 @@ pub struct RunArgs {
     /// Trainer peers. Without it those peers run only if the venv has them.
     #[arg(long)]
     pub install_peers: bool,
+    /// What the tuned PyTorch peer (`bench/reference/tuned.py --tune`) may try at start-up and
+    /// keep when a short timed trial measures it faster: some of `channels_last`, `bf16`
+    /// (autocast), `compile` (torch.compile, the slowest to try), comma-separated, or `none`.
+    #[arg(long, default_value = "channels_last,bf16,compile")]
+    pub tuned_trial: String,
     /// Leave the all-reduce bandwidth and DDP bucket measurements out.
     #[arg(long)]
     pub no_allreduce: bool,
@@ -76,7 +81,7 @@ const DEFAULT_STRATEGIES: [Replication; 4] = [
 ///
 /// # Errors
 /// [`Error::InvalidValue`] for an unknown level, an empty list, world size 0, width < 1,
-/// 0 steps or 0 repeats.
+/// 0 steps, 0 repeats or an unknown `--tuned-trial` candidate.
 pub fn plan(args: &RunArgs) -> Result<(Vec<Case>, Vec<String>)> {
     let levels = crate::select_levels(&args.levels)?;
     check(args)?;
@@ -106,6 +111,7 @@ pub fn plan(args: &RunArgs) -> Result<(Vec<Case>, Vec<String>)> {
                         precision,
                         steps: steps_for(width),
                         peer: (!args.no_peers).then_some(Peer::Tutorial),
+                        tuned_peer: (!args.no_peers).then_some(Peer::Tuned { world_size: 1 }),
                     });
                 }
             }
@@ -131,6 +137,8 @@ pub fn plan(args: &RunArgs) -> Result<(Vec<Case>, Vec<String>)> {
                             precision,
                             steps: steps_for(width),
                             peer,
+                            // The strongest PyTorch loop at the same world size, for every level.
+                            tuned_peer: peer.map(|_| Peer::Tuned { world_size }),
                         });
                     }
                 }
@@ -161,6 +169,9 @@ fn check(args: &RunArgs) -> Result<()> {
     if args.steps == 0 || args.wide_steps == 0 {
         return invalid("--steps", format!("{} / --wide-steps {}", args.steps, args.wide_steps), "at least 1 step");
     }
+    if args.tuned_trial.split(',').any(|t| !["channels_last", "bf16", "compile", "none"].contains(&t)) {
+        return invalid("--tuned-trial", args.tuned_trial.clone(), "some of channels_last, bf16, compile (comma-separated), or none");
+    }
     if args.repeats == 0 || args.wide_repeats == 0 {
         return invalid("--repeats", format!("{} / --wide-repeats {}", args.repeats, args.wide_repeats), "at least 1 repeat");
     }
@@ -189,11 +200,13 @@ mod tests {
         // baseline 1 + levels 1, 2 and 3: 3 strategies × 3 world sizes × 2 widths × 2 precisions.
         assert_eq!(cases.len(), 1 + 3 * 36);
         assert_eq!(cases[0].id, "baseline-w1-128-fp32");
-        assert_eq!(cases[0].peer, Some(Peer::Tutorial));
+        assert_eq!((cases[0].peer, cases[0].tuned_peer), (Some(Peer::Tutorial), Some(Peer::Tuned { world_size: 1 })));
         // Peers: ddp at width 128 in fp32, per level and world size.
         let with_peer: Vec<&str> = cases.iter().filter(|c| c.level.is_some() && c.peer.is_some()).map(|c| c.id.as_str()).collect();
         assert_eq!(with_peer.len(), 9);
         assert!(with_peer.contains(&"l3-ddp-w4-128-fp32"));
+        // Every row with a peer has the tuned peer at its world size too.
+        assert!(cases.iter().all(|c| c.tuned_peer == c.peer.map(|_| Peer::Tuned { world_size: c.world_size })));
         assert!(cases.iter().all(|c| c.steps == if c.width == 128 { 300 } else { 20 }));
         assert_eq!(cases.iter().filter(|c| c.level == Some(1) && c.precision == Precision::Bf16).count(), 18);
         assert_eq!(
@@ -207,6 +220,8 @@ mod tests {
         let (cases, _) =
             plan(&args(&["--levels", "2", "--strategies", "ddp", "--world-sizes", "2", "--widths", "128", "--no-peers"])).unwrap();
         assert_eq!(cases.iter().map(|c| c.id.as_str()).collect::<Vec<_>>(), ["l2-ddp-w2-128-fp32", "l2-ddp-w2-128-bf16"]);
-        assert!(cases.iter().all(|c| c.peer.is_none()));
+        assert!(cases.iter().all(|c| c.peer.is_none() && c.tuned_peer.is_none()));
+        let err = plan(&args(&["--tuned-trial", "channels_last,jit"])).unwrap_err().to_string();
+        assert!(err.contains("--tuned-trial") && err.contains("channels_last,jit"), "{err}");
     }
 }

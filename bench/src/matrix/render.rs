@@ -1,6 +1,7 @@
 //! The matrix's tables: throughput (with the ratios), memory per rank, all-reduce bandwidth; for
 //! the terminal (comfy-table UTF-8) and for `bench.md` (markdown).
 
+use super::efficiency::{efficiency_notes, render_efficiency};
 use super::{label, targets, MatrixSummary, Peer, Row, StepFigures};
 use crate::figures::ModelState;
 use crate::stats::Spread;
@@ -64,6 +65,8 @@ pub fn render_throughput(summary: &MatrixSummary, markdown: bool) -> String {
             "peer",
             "peer samples/s",
             "ours / peer",
+            "tuned peer samples/s",
+            "ours / tuned",
             "vs level 1",
             "vs ddp",
             "vs fp32",
@@ -85,6 +88,8 @@ pub fn render_throughput(summary: &MatrixSummary, markdown: bool) -> String {
                     c.peer.map_or("—".into(), peer_short),
                     spread_cell(r.peer_samples_per_s, 0, ""),
                     spread_cell(r.ratio, 2, "×"),
+                    spread_cell(r.tuned_samples_per_s, 0, ""),
+                    spread_cell(r.tuned_ratio, 2, "×"),
                     opt(r.vs_level1, |v| format!("{v:.2}×")),
                     opt(r.vs_ddp, |v| format!("{v:.2}×")),
                     opt(r.vs_fp32, |v| format!("{v:.2}×")),
@@ -107,6 +112,7 @@ fn peer_short(p: Peer) -> String {
         Peer::DdpGloo { .. } => "PyTorch DDP",
         Peer::Accelerate { .. } => "HF Accelerate",
         Peer::Trainer { .. } => "HF Trainer",
+        Peer::Tuned { .. } => "PyTorch tuned",
     }
     .into()
 }
@@ -160,7 +166,7 @@ pub fn render_steps(summary: &MatrixSummary, markdown: bool) -> String {
     t.to_string()
 }
 
-/// The targets of issues #10 and #11, each with its measured value and whether it is met.
+/// The targets of issues #10, #11 and #25, each with its measured value and whether it is met.
 pub fn render_targets(summary: &MatrixSummary, markdown: bool) -> String {
     let mut t = new_table(markdown, &["issue", "target", "cell", "measured", "bound", "met"]);
     for g in targets(&summary.rows) {
@@ -332,6 +338,7 @@ pub fn render_terminal(summary: &MatrixSummary) -> String {
         render_steps(summary, false),
         render_memory(summary, false)
     );
+    s.push_str(&format!("\nCompute efficiency\n{}\n{}\n", render_efficiency(summary, false), efficiency_notes(summary)));
     if summary.allreduce.is_some() {
         s.push_str(&format!("\nAll-reduce (f32, sum)\n{}\n", render_allreduce(summary, false)));
     }
@@ -343,7 +350,7 @@ pub fn render_terminal(summary: &MatrixSummary) -> String {
         ));
     }
     if !targets(&summary.rows).is_empty() {
-        s.push_str(&format!("\nTargets (issues #10, #11)\n{}\n", render_targets(summary, false)));
+        s.push_str(&format!("\nTargets (issues #10, #11, #25)\n{}\n", render_targets(summary, false)));
     }
     s.push_str(&render_notes(summary));
     s
@@ -359,8 +366,12 @@ pub fn render_markdown(summary: &MatrixSummary) -> String {
         render_steps(summary, true),
         render_memory(summary, true)
     );
+    s.push_str(&format!("\n## Compute efficiency\n\n{}\n\n{}\n", render_efficiency(summary, true), efficiency_notes(summary)));
     if !targets(&summary.rows).is_empty() {
-        s.push_str(&format!("\n## Targets (issues #10, #11; measured in this run, met or not)\n\n{}\n", render_targets(summary, true)));
+        s.push_str(&format!(
+            "\n## Targets (issues #10, #11, #25; measured in this run, met or not)\n\n{}\n",
+            render_targets(summary, true)
+        ));
     }
     if let Some(a) = &summary.allreduce {
         s.push_str(&format!(
@@ -428,6 +439,11 @@ pub fn render_csv(summary: &MatrixSummary) -> String {
         "peer_step_p50_s",
         "peer_first_step_s",
         "errors",
+        "tuned_peer",
+        "tuned_samples_per_s_median",
+        "tuned_ratio_median",
+        "tuned_accuracy",
+        "training_flops_per_sample",
     ];
     let f = |v: Option<f64>| v.map_or(String::new(), |x| format!("{x}"));
     let mut out = header.join(",") + "\n";
@@ -479,6 +495,11 @@ pub fn render_csv(summary: &MatrixSummary) -> String {
             f(r.peer_step.map(|s| s.step_p50_s)),
             f(r.peer_step.map(|s| s.first_step_s)),
             r.errors.len().to_string(),
+            c.tuned_peer.map_or(String::new(), |p| p.id()),
+            f(r.tuned_samples_per_s.map(|s| s.median)),
+            f(r.tuned_ratio.map(|s| s.median)),
+            f(r.tuned_accuracy),
+            crate::compute::training_flops_per_sample(c.width).to_string(),
         ];
         out.push_str(&cells.join(","));
         out.push('\n');

@@ -71,6 +71,19 @@ pub struct Row {
     /// Median over repeats of the largest per-rank training RSS growth, MiB.
     #[serde(default)]
     pub train_rss_growth_median: Option<f64>,
+    /// The tuned PyTorch peer's samples/s, per repeat (`bench/reference/tuned.py`).
+    #[serde(default)]
+    pub tuned_samples_per_s: Option<Spread>,
+    /// Ours / the tuned peer, per repeat pair.
+    #[serde(default)]
+    pub tuned_ratio: Option<Spread>,
+    /// The tuned peer's median test accuracy.
+    #[serde(default)]
+    pub tuned_accuracy: Option<f64>,
+    /// What the tuned peer chose at start-up (its last successful repeat's `tuned` field, e.g.
+    /// `fused AdamW, channels_last`).
+    #[serde(default)]
+    pub tuned_choice: Option<String>,
     /// Median over repeats of the largest per-rank whole-process peak RSS, MiB.
     #[serde(default)]
     pub peak_rss_median: Option<f64>,
@@ -146,14 +159,10 @@ pub fn aggregate(cases: &[Case], ours: &Ours, theirs: &Theirs) -> Vec<Row> {
             let peer_ok: Vec<&RunFigures> = peer_runs.iter().filter_map(|r| r.as_ref().ok()).collect();
             let mut errors: Vec<String> = runs.iter().filter_map(|r| r.as_ref().err().cloned()).collect();
             errors.extend(peer_runs.iter().filter_map(|r| r.as_ref().err().map(|e| format!("PyTorch peer: {e}"))));
-            let ratios: Vec<f64> = runs
-                .iter()
-                .zip(peer_runs)
-                .filter_map(|(a, b)| match (a, b) {
-                    (Ok((a, _)), Ok(b)) if b.samples_per_s > 0.0 => Some(a.samples_per_s / b.samples_per_s),
-                    _ => None,
-                })
-                .collect();
+            let tuned_runs = case.tuned_peer.and_then(|p| theirs.get(&p.id())).map(Vec::as_slice).unwrap_or(&[]);
+            let tuned_ok: Vec<&RunFigures> = tuned_runs.iter().filter_map(|r| r.as_ref().ok()).collect();
+            errors.extend(tuned_runs.iter().filter_map(|r| r.as_ref().err().map(|e| format!("tuned PyTorch peer: {e}"))));
+            let ratios = ratios_by_repeat(runs, peer_runs);
             let med = |v: Vec<f64>| Spread::of(&v).map(|s| s.median);
             let last = ok.last().map(|(f, _)| f);
             let per_rank_max = |get: &dyn Fn(&RunFigures) -> Vec<f64>| {
@@ -201,6 +210,10 @@ pub fn aggregate(cases: &[Case], ours: &Ours, theirs: &Theirs) -> Vec<Row> {
                 peak_rss_median: med(ok.iter().filter_map(|(f, _)| max_of(&f.peak_rss_per_rank()).filter(|&m| m > 0.0)).collect()),
                 vs_ddp_rss_growth: None,
                 vs_ddp_peak_rss: None,
+                tuned_samples_per_s: Spread::of(&tuned_ok.iter().map(|f| f.samples_per_s).collect::<Vec<_>>()),
+                tuned_ratio: Spread::of(&ratios_by_repeat(runs, tuned_runs)),
+                tuned_accuracy: med(tuned_ok.iter().map(|f| f.accuracy).collect()),
+                tuned_choice: tuned_ok.last().map(|f| f.tuned.clone()).filter(|t| !t.is_empty()),
             }
         })
         .collect();
@@ -234,6 +247,20 @@ pub fn aggregate(cases: &[Case], ours: &Ours, theirs: &Theirs) -> Vec<Row> {
         }
     }
     rows
+}
+
+/// Ours / theirs within each repeat (same index: run back to back), where both ran.
+fn ratios_by_repeat(
+    ours: &[std::result::Result<(RunFigures, f64), String>],
+    theirs: &[std::result::Result<RunFigures, String>],
+) -> Vec<f64> {
+    ours.iter()
+        .zip(theirs)
+        .filter_map(|(a, b)| match (a, b) {
+            (Ok((a, _)), Ok(b)) if b.samples_per_s > 0.0 => Some(a.samples_per_s / b.samples_per_s),
+            _ => None,
+        })
+        .collect()
 }
 
 #[cfg(test)]

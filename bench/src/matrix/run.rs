@@ -61,7 +61,7 @@ pub fn run_matrix(args: &RunArgs) -> Result<MatrixSummary> {
             }
         })
         .collect();
-    if cases.iter().any(|c| c.peer.is_some()) {
+    if cases.iter().any(|c| c.peer.is_some() || c.tuned_peer.is_some()) {
         require_binary(paths.python.clone())?;
     }
     // 🤗 peers: install accelerate + transformers when asked; without them, those rows run
@@ -99,7 +99,7 @@ pub fn run_matrix(args: &RunArgs) -> Result<MatrixSummary> {
     }
 
     let peers_per_repeat = {
-        let mut p: Vec<Peer> = cases.iter().filter_map(|c| c.peer).collect();
+        let mut p: Vec<Peer> = cases.iter().flat_map(|c| [c.peer, c.tuned_peer]).flatten().collect();
         p.sort();
         p.dedup();
         p.len()
@@ -121,11 +121,11 @@ pub fn run_matrix(args: &RunArgs) -> Result<MatrixSummary> {
                 Err(e) => println!("      FAILED: {}", e.lines().next().unwrap_or("")),
             }
             ours.entry(case.id.clone()).or_default().push(result);
-            if let Some(peer) = case.peer.filter(|p| !peers_done.contains(p)) {
+            for peer in [case.peer, case.tuned_peer].into_iter().flatten().filter(|p| !peers_done.contains(p)).collect::<Vec<_>>() {
                 peers_done.push(peer);
                 k += 1;
                 println!("[{k}/{total}] PyTorch peer {} (repeat {r}/{})", peer.id(), args.repeats);
-                let result = run_peer(peer, case.steps, r, &paths, timeout).map_err(|e| e.to_string());
+                let result = run_peer(peer, case.steps, r, &paths, timeout, &args.tuned_trial).map_err(|e| e.to_string());
                 match &result {
                     Ok(f) => println!("      {:.0} samples/s, accuracy {:.2}%", f.samples_per_s, 100.0 * f.accuracy),
                     Err(e) => println!("      FAILED: {}", e.lines().next().unwrap_or("")),
@@ -278,13 +278,19 @@ fn run_ours(case: &Case, repeat: usize, paths: &Paths, timeout: Duration) -> std
 }
 
 /// Runs a PyTorch peer for `steps` steps per rank and parses its JSON line; keeps the line in
-/// `runs/<peer>-r<repeat>.json`.
-fn run_peer(peer: Peer, steps: usize, repeat: usize, paths: &Paths, timeout: Duration) -> Result<RunFigures> {
+/// `runs/<peer>-r<repeat>.json`. `tune`: the tuned peer's `--tune` (what its trial may try).
+fn run_peer(peer: Peer, steps: usize, repeat: usize, paths: &Paths, timeout: Duration, tune: &str) -> Result<RunFigures> {
     let reference = paths.root.join("bench").join("reference");
     let mut cmd = match peer {
-        Peer::Tutorial => {
+        Peer::Tutorial | Peer::Tuned { world_size: 1 } => {
             let mut c = Command::new(&paths.python);
-            c.arg(reference.join("tutorial.py"));
+            c.arg(reference.join(if peer == Peer::Tutorial { "tutorial.py" } else { "tuned.py" }));
+            c
+        }
+        Peer::Tuned { world_size } => {
+            let mut c = Command::new(&paths.python);
+            c.args(["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", &world_size.to_string()]);
+            c.arg(reference.join("tuned.py"));
             c
         }
         Peer::DdpGloo { world_size } | Peer::Trainer { world_size } => {
@@ -311,6 +317,9 @@ fn run_peer(peer: Peer, steps: usize, repeat: usize, paths: &Paths, timeout: Dur
         }
     };
     cmd.args(["--max-steps", &steps.to_string()]).current_dir(&paths.root);
+    if matches!(peer, Peer::Tuned { .. }) {
+        cmd.args(["--tune", tune]);
+    }
     let id = peer.id();
     let log = paths.out_dir.join("logs").join(format!("{id}-r{repeat}.log"));
     let what = format!("PyTorch {id}");

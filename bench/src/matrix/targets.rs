@@ -1,14 +1,14 @@
-//! The targets of issues #10 and #11, checked against a run's rows.
+//! The targets of issues #10, #11 and #25, checked against a run's rows.
 
 use super::case::{label, Case, Peer};
 use super::rows::Row;
 use ladder_core::parallel::ShardingStrategy;
 use serde::{Deserialize, Serialize};
 
-/// A target of issues #10 and #11, for one cell, with its measured value.
+/// A target of issues #10, #11 and #25, for one cell, with its measured value.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Target {
-    /// The issue that sets it (10 or 11).
+    /// The issue that sets it (10, 11 or 25).
     pub issue: u32,
     /// What is compared: `ours / PyTorch DDP (gloo) samples/s`.
     pub what: String,
@@ -40,7 +40,7 @@ impl Target {
 /// training-phase peak RSS / peer's ≤ 0.5 (#11), FSDP FULL_SHARD / DDP ≥ 0.9 (#11), bf16 / fp32
 /// ≥ 1.5 (#11), at width ≥ 4096 FULL_SHARD's training RSS growth ≤ 0.8× DDP's and
 /// SHARD_GRAD_OP's whole-process peak RSS ≤ DDP's, medians over repeats (#11), level 2 / level 1
-/// ≥ 0.98 and level 3 / level 1 ≥ 0.97 (#10).
+/// ≥ 0.98 and level 3 / level 1 ≥ 0.97 (#10), ours / the tuned PyTorch peer ≥ 1.3 (#25).
 pub fn targets(rows: &[Row]) -> Vec<Target> {
     let mut out = Vec::new();
     for r in rows {
@@ -48,6 +48,9 @@ pub fn targets(rows: &[Row]) -> Vec<Target> {
         let peer = c.peer.map_or("PyTorch", Peer::title);
         if let Some(ratio) = r.ratio {
             out.push(Target::new(11, format!("ours / {peer} samples/s"), c, ratio.median, 1.3, true));
+        }
+        if let Some(ratio) = r.tuned_ratio {
+            out.push(Target::new(25, "ours / PyTorch tuned samples/s".into(), c, ratio.median, 1.3, true));
         }
         let ours_train = r.train_peak_rss_per_rank.iter().copied().reduce(f64::max);
         if let (Some(a), Some(b)) = (ours_train, r.peer_train_peak_rss_mib) {

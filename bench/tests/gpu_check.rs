@@ -1,0 +1,82 @@
+//! `scripts/gpu-check.sh` refuses at once, with one clear line and exit status 2, on a machine
+//! without an NVIDIA GPU — before it bootstraps, builds or writes anything.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+fn script() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().join("scripts/gpu-check.sh")
+}
+
+/// Runs the script with `NVIDIA_SMI` set to `smi` (None: left unset, the machine's own), its
+/// output directory in a temp dir; the output, how long it took, and whether the directory exists.
+fn gpu_check(smi: Option<&Path>) -> (Output, Duration, bool) {
+    let dir = tempfile::tempdir().unwrap();
+    let out_dir = dir.path().join("gpu-check");
+    let mut cmd = Command::new("bash");
+    cmd.arg(script()).env("GPU_CHECK_OUT", &out_dir).env_remove("NVIDIA_SMI");
+    if let Some(smi) = smi {
+        cmd.env("NVIDIA_SMI", smi);
+    }
+    let t = Instant::now();
+    let out = cmd.output().unwrap();
+    (out, t.elapsed(), out_dir.exists())
+}
+
+fn assert_refused(out: &Output, took: Duration, wrote: bool, why: &str) {
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert_eq!(out.status.code(), Some(2), "stdout:\n{stdout}\nstderr:\n{stderr}");
+    assert_eq!(
+        stderr.trim(),
+        format!(
+            "gpu-check: refused: {}. This check needs a machine with an NVIDIA GPU; nothing was built or run.",
+            why.trim_end_matches('.')
+        ),
+    );
+    assert!(stdout.is_empty(), "nothing else is printed: {stdout}");
+    assert!(!wrote, "no output directory is created");
+    assert!(took < Duration::from_secs(10), "refused at once, not after a build: {took:?}");
+}
+
+/// A fake `nvidia-smi` in `dir` that prints `text` and exits with `code`.
+fn fake_smi(dir: &Path, text: &str, code: i32) -> PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let path = dir.join("nvidia-smi");
+    std::fs::write(&path, format!("#!/bin/sh\ncat <<'MSG'\n{text}\nMSG\nexit {code}\n")).unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    path
+}
+
+#[test]
+fn refuses_without_nvidia_smi() {
+    let missing = Path::new("/nonexistent/nvidia-smi");
+    let (out, took, wrote) = gpu_check(Some(missing));
+    assert_refused(&out, took, wrote, "no NVIDIA GPU on this machine (/nonexistent/nvidia-smi not found)");
+}
+
+#[test]
+fn refuses_when_nvidia_smi_fails_or_lists_no_gpu() {
+    let dir = tempfile::tempdir().unwrap();
+    let msg = "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver.";
+    let smi = fake_smi(dir.path(), msg, 9);
+    let (out, took, wrote) = gpu_check(Some(&smi));
+    assert_refused(&out, took, wrote, &format!("{} failed: {msg}", smi.display()));
+    let dir = tempfile::tempdir().unwrap();
+    let smi = fake_smi(dir.path(), "No devices were found", 0);
+    let (out, took, wrote) = gpu_check(Some(&smi));
+    assert_refused(&out, took, wrote, &format!("{} lists no GPU", smi.display()));
+}
+
+#[test]
+fn refuses_on_this_machine_when_it_has_no_gpu() {
+    // The script as a user runs it here: the machine's own nvidia-smi, if any. This project's
+    // CPU machines have none; on a GPU machine this case is the GPU check itself, not a test.
+    let has_smi = Command::new("sh").args(["-c", "command -v nvidia-smi"]).output().unwrap().status.success();
+    if has_smi {
+        eprintln!("nvidia-smi is on PATH: this machine may have a GPU; the refusal is covered by the other tests");
+        return;
+    }
+    let (out, took, wrote) = gpu_check(None);
+    assert_refused(&out, took, wrote, "no NVIDIA GPU on this machine (nvidia-smi not found)");
+}

@@ -52,6 +52,12 @@ pub struct Config {
     /// [default: 25; --strategy ddp only].
     #[arg(long, value_name = "MIB")]
     pub bucket_cap_mb: Option<f64>,
+    /// ZeRO-1: wrap AdamW as PyTorch's ZeroRedundancyOptimizer — each rank keeps and steps the
+    /// optimizer state of its 1/W of the parameters (a flat, contiguous partition), then every
+    /// rank's updated block is broadcast [--strategy ddp only].
+    #[arg(long)]
+    #[serde(default)]
+    pub zero_redundancy_optimizer: bool,
     /// FSDP auto-wrap: a layer with at least this many parameters gets its own FlatParameter;
     /// the rest share the root one (PyTorch's size_based_auto_wrap_policy). 0 wraps every
     /// layer [default: 100000000, i.e. the whole model is one unit; FSDP strategies only].
@@ -77,6 +83,13 @@ pub struct Config {
     #[arg(long, value_parser = ladder_core::cli::spelling_among(&[Precision::No, Precision::Bf16]), default_value_t = Precision::No)]
     #[serde(default)]
     pub mixed_precision: Precision,
+    /// Activation checkpointing (torch.utils.checkpoint, non-reentrant, around each of
+    /// BasicNet's segments): forward keeps each segment's input only, backward recomputes the
+    /// segment, dropout replaying its mask — less activation memory for one more forward per
+    /// step, the same weights. Any strategy.
+    #[arg(long)]
+    #[serde(default)]
+    pub activation_checkpointing: bool,
     /// Print the gradient bucket layout (DDP) or the FlatParameter shard layout (FSDP) at
     /// start-up (rank 0).
     #[arg(long)]
@@ -94,6 +107,7 @@ pub const FLAG_NAMES: &[(&str, &str)] = &[
     ("min_num_params", "--fsdp-min-num-params"),
     ("backward_prefetch", "--fsdp-backward-prefetch"),
     ("forward_prefetch", "--fsdp-forward-prefetch"),
+    ("zero_redundancy_optimizer", "--zero-redundancy-optimizer"),
 ];
 
 impl Config {
@@ -108,6 +122,7 @@ impl Config {
             min_num_params: self.fsdp_min_num_params,
             backward_prefetch: self.fsdp_backward_prefetch,
             forward_prefetch: self.fsdp_forward_prefetch.then_some(true),
+            zero_redundancy_optimizer: self.zero_redundancy_optimizer.then_some(true),
         };
         let strategy = self.strategy.with_options(&given).map_err(|e| match e.named_by(FLAG_NAMES) {
             Error::OptionNotForStrategy { option, belongs_to, .. } => {
@@ -115,7 +130,14 @@ impl Config {
             }
             other => other,
         })?;
-        Ok(WrapConfig { strategy, mixed_precision: self.mixed_precision })
+        let wrap = WrapConfig { strategy, mixed_precision: self.mixed_precision, activation_checkpointing: self.activation_checkpointing };
+        wrap.validate().map_err(|e| match e.named_by(FLAG_NAMES) {
+            Error::OptionNotForStrategy { option, belongs_to, .. } => {
+                Error::OptionNotForStrategy { option, strategy: format!("--mixed-precision {}", self.mixed_precision), belongs_to }
+            }
+            other => other,
+        })?;
+        Ok(wrap)
     }
 }
 

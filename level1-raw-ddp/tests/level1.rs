@@ -192,6 +192,14 @@ fn bad_flags_are_clear_errors() {
             "error: --bucket-cap-mb does not apply to --strategy fsdp-full-shard: it is an option of ddp (gradient buckets are DDP's; FSDP reduces one FlatParameter per unit)",
         ),
         (
+            vec!["--strategy", "fsdp-full-shard", "--zero-redundancy-optimizer"],
+            "error: --zero-redundancy-optimizer does not apply to --strategy fsdp-full-shard: it is an option of ddp (ZeRO-1 shards the optimizer state of replicated parameters; FSDP already shards it)",
+        ),
+        (
+            vec!["--zero-redundancy-optimizer", "--mixed-precision", "bf16"],
+            "error: --zero-redundancy-optimizer does not apply to --mixed-precision bf16: it is an option of ddp in fp32",
+        ),
+        (
             vec!["--device", "cpu", "--batch-size", "60001"],
             "error: invalid value \"60001\" for --batch-size: at most the 60000 training images",
         ),

@@ -59,6 +59,16 @@ pub struct Config {
     /// Default: the launcher's or config file's, else false.
     #[arg(long, value_name = "BOOL", num_args = 0..=1, require_equals = true, default_missing_value = "true", value_parser = crate::config::str_to_bool)]
     pub fsdp_forward_prefetch: Option<bool>,
+    /// Activation checkpointing: keep each layer's input, recompute the rest in backward
+    /// (Accelerate's fsdp_activation_checkpointing; DDP too); alone it means true. Default: the
+    /// launcher's or config file's, else false.
+    #[arg(long, value_name = "BOOL", num_args = 0..=1, require_equals = true, default_missing_value = "true", value_parser = crate::config::str_to_bool)]
+    pub fsdp_activation_checkpointing: Option<bool>,
+    /// DeepSpeed ZeRO stage (Accelerate's deepspeed_config.zero_stage): 1 = DDP with the
+    /// optimizer state sharded (ZeroRedundancyOptimizer), 2 = fsdp-shard-grad-op, 3 =
+    /// fsdp-full-shard, 0 = off. Default: the launcher's or config file's, else none.
+    #[arg(long, value_name = "STAGE", value_parser = clap::value_parser!(u8).range(0..=3))]
+    pub zero_stage: Option<u8>,
     /// DDP gradient bucket cap in MiB (PyTorch's bucket_cap_mb) [default: 25; DDP only].
     #[arg(long, value_name = "MIB")]
     pub bucket_cap_mb: Option<f64>,
@@ -135,6 +145,8 @@ impl Config {
             fsdp_min_num_params: self.fsdp_min_num_params,
             fsdp_backward_prefetch: self.fsdp_backward_prefetch,
             fsdp_forward_prefetch: self.fsdp_forward_prefetch,
+            fsdp_activation_checkpointing: self.fsdp_activation_checkpointing,
+            zero_stage: self.zero_stage.map(usize::from),
             ..AcceleratorConfig::default()
         }
     }
@@ -153,6 +165,7 @@ impl Config {
             min_num_params: self.fsdp_min_num_params,
             backward_prefetch: self.fsdp_backward_prefetch,
             forward_prefetch: self.fsdp_forward_prefetch,
+            ..StrategyOptions::default()
         };
         let strategy = resolved.strategy().with_options(&flags).map_err(|e| match e.named_by(FLAG_NAMES) {
             ladder_core::Error::OptionNotForStrategy { option, belongs_to, .. } => ladder_core::Error::OptionNotForStrategy {

@@ -275,6 +275,8 @@ fn full_config() -> AcceleratorConfig {
         fsdp_min_num_params: Some(0),
         fsdp_backward_prefetch: Some(BackwardPrefetch::BackwardPost),
         fsdp_forward_prefetch: Some(true),
+        fsdp_activation_checkpointing: Some(true),
+        zero_stage: Some(0),
         split_batches: Some(false),
         even_batches: Some(true),
         seed: Some(42),
@@ -404,6 +406,28 @@ fn resolved_prefetch_settings_reach_the_wrap_config() {
     assert_eq!((mp.param_dtype, mp.reduce_dtype), (Dtype::Bf16, Dtype::F32));
 }
 
+/// DeepSpeed's zero_stage runs on the core's strategies (1: DDP with ZeRO-1, 2: SHARD_GRAD_OP,
+/// 3: FULL_SHARD, keeping the FSDP settings' other values), and fsdp_activation_checkpointing
+/// reaches the wrap config under DDP and FSDP alike, from the file and the launcher's variables.
+#[test]
+fn zero_stage_and_activation_checkpointing_reach_the_wrap_config() {
+    let kw = DistributedDataParallelKwargs::default();
+    let wrap = |env: &[(&str, &str)], file: Option<&str>| resolve_with(&AcceleratorConfig::default(), env, file).wrap_config(kw);
+    let w = wrap(&[("ACCELERATE_DEEPSPEED_ZERO_STAGE", "1")], None);
+    assert_eq!(w.strategy, Strategy::Ddp(DistributedDataParallelKwargs { zero_redundancy_optimizer: true, ..kw }));
+    assert!(!w.activation_checkpointing);
+    let w = wrap(&[], Some("zero_stage: 2\nfsdp_min_num_params: 0\nfsdp_activation_checkpointing: true\n"));
+    match w.strategy {
+        Strategy::Fsdp(o) => assert_eq!((o.sharding_strategy, o.min_num_params), (ShardingStrategy::ShardGradOp, 0)),
+        other => panic!("zero_stage 2: expected FSDP, got {other:?}"),
+    }
+    assert!(w.activation_checkpointing);
+    assert_eq!(wrap(&[], Some("zero_stage: 3\n")).strategy.sharding(), Some(ShardingStrategy::FullShard));
+    assert_eq!(wrap(&[("ACCELERATE_DEEPSPEED_ZERO_STAGE", "0")], None).strategy, Strategy::Ddp(kw));
+    let w = wrap(&[("FSDP_ACTIVATION_CHECKPOINTING", "true")], None);
+    assert_eq!((w.strategy, w.activation_checkpointing), (Strategy::Ddp(kw), true));
+}
+
 #[test]
 fn banner_names_every_source() {
     let dir = tempfile::tempdir().unwrap();
@@ -472,6 +496,13 @@ fn error_messages() {
     case("port 0", resolve_err(&none, &[], Some(("c.yaml", "main_process_port: 0\n"))));
     case("port too large", resolve_err(&none, &[], Some(("c.yaml", "main_process_port: 70000\n"))));
     case("FSDP type with use_fsdp false", resolve_err(&none, &[], Some(("c.yaml", "distributed_type: FSDP\nuse_fsdp: false\n"))));
+    case("ZeRO stage 4 in the env", resolve_err(&none, &[("ACCELERATE_DEEPSPEED_ZERO_STAGE", "4")], None));
+    case(
+        "ZeRO stage 2 with use_fsdp",
+        resolve_err(&none, &[("ACCELERATE_DEEPSPEED_ZERO_STAGE", "2")], Some(("c.yaml", "use_fsdp: true\n"))),
+    );
+    case("ZeRO stage 1 with bf16", resolve_err(&none, &[], Some(("c.yaml", "zero_stage: 1\nmixed_precision: bf16\n"))));
+    case("activation checkpointing not a bool", resolve_err(&none, &[("FSDP_ACTIVATION_CHECKPOINTING", "sometimes")], None));
     case("missing file", resolve_err(&none, &[("ACCELERATE_CONFIG_FILE", "/nonexistent/ddp-ladder/c.yaml")], None));
     case("empty ACCELERATE_CONFIG_FILE", resolve_err(&none, &[("ACCELERATE_CONFIG_FILE", "")], None));
     insta::assert_snapshot!(out.join("\n"));

@@ -70,6 +70,18 @@ pub struct Config {
     /// unit's all-gather before the current unit's forward [default: off].
     #[arg(long)]
     pub fsdp_forward_prefetch: bool,
+    /// DeepSpeed JSON config (TrainingArguments.deepspeed), a file or an object inline.
+    /// Honoured: zero_optimization.stage (1: ZeRO-1, DDP with the AdamW state sharded; 2:
+    /// fsdp shard_grad_op; 3: full_shard), zero_optimization.offload_optimizer.device "none",
+    /// and "auto" for the batch size, accumulation, clipping and precision keys; any other key
+    /// is refused by name. Not with --strategy fsdp-*.
+    #[arg(long, value_name = "FILE|JSON", value_parser = args::DeepSpeedConfig::from_arg)]
+    pub deepspeed: Option<args::DeepSpeedConfig>,
+    /// Gradient (activation) checkpointing (TrainingArguments.gradient_checkpointing): keep each
+    /// layer's input, recompute the rest in backward — less activation memory for one more
+    /// forward per step, the same weights. DDP and FSDP alike.
+    #[arg(long)]
+    pub gradient_checkpointing: bool,
     /// Output features of BasicNet's fc1 (the tutorial's 128; 4096 gives ~38M parameters, for
     /// memory comparisons).
     #[arg(long, default_value_t = 128)]
@@ -133,6 +145,8 @@ impl Config {
             "fsdp_min_num_params" => self.fsdp_min_num_params.is_some(),
             "fsdp_backward_prefetch" => self.fsdp_backward_prefetch.is_some(),
             "fsdp_forward_prefetch" => self.fsdp_forward_prefetch,
+            "gradient_checkpointing" => self.gradient_checkpointing,
+            "deepspeed" => self.deepspeed.is_some(),
             "mixed_precision" => self.mixed_precision != Precision::No,
             _ => false,
         }
@@ -224,6 +238,12 @@ impl Config {
         }
         if apply("mixed_precision") {
             a.bf16 = self.mixed_precision == Precision::Bf16;
+        }
+        if apply("gradient_checkpointing") {
+            a.gradient_checkpointing = self.gradient_checkpointing;
+        }
+        if apply("deepspeed") && self.deepspeed.is_some() {
+            a.deepspeed = self.deepspeed;
         }
         Ok(())
     }

@@ -151,7 +151,7 @@ fn ddp_run(pg: &dyn ProcessGroup, kind: Kind, overlap: bool, bucket_cap_mb: f64,
     for (x, y) in &batches {
         let (xr, yr) = (x.to_kind(kind).narrow(0, rank * B, B), y.narrow(0, rank * B, B));
         opt.zero_grad();
-        let logits = if overlap { ddp.forward_segmented(&xr, true) } else { ddp.forward_t(&xr, true) };
+        let logits = if overlap { ddp.forward_segmented(&xr, true).unwrap() } else { ddp.forward_t(&xr, true) };
         ddp.backward(&logits.nll_loss(&yr)).unwrap();
         out.extend(ddp.named_parameters().iter().map(|(_, p)| p.grad().copy()));
         opt.step();

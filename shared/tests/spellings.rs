@@ -4,7 +4,7 @@
 
 use clap::Parser;
 use ladder_core::parallel::{
-    choice, BackwardPrefetch, Choice, DdpOptions, FsdpOptions, Precision, ShardingStrategy, Strategy, StrategyOptions,
+    choice, BackwardPrefetch, Choice, DdpOptions, FsdpOptions, Precision, ShardingStrategy, Strategy, StrategyOptions, WrapConfig,
 };
 
 /// Asserts every `(spelling, value)` of the table parses to its value, in the spelling's own
@@ -211,5 +211,22 @@ fn options_apply_to_their_own_strategy_only() {
             .named_by(&[("backward_prefetch", "--fsdp-backward-prefetch")])
             .to_string(),
     ];
+    insta::assert_snapshot!(errors.join("\n"));
+}
+
+/// ZeRO-1 is DDP's: set on DDP, refused by name on FSDP and with mixed precision.
+#[test]
+fn zero_redundancy_optimizer_is_ddps_and_fp32s() {
+    let zero = StrategyOptions { zero_redundancy_optimizer: Some(true), ..Default::default() };
+    let ddp = Strategy::default().with_options(&zero).unwrap();
+    assert_eq!(ddp, Strategy::Ddp(DdpOptions { zero_redundancy_optimizer: true, ..DdpOptions::default() }));
+    let off = StrategyOptions { zero_redundancy_optimizer: Some(false), ..Default::default() };
+    assert!(Strategy::fsdp(ShardingStrategy::ShardGradOp).with_options(&off).is_ok(), "false is not given");
+    let bf16 = WrapConfig { strategy: ddp, mixed_precision: Precision::Bf16, activation_checkpointing: false };
+    let errors = [
+        Strategy::fsdp(ShardingStrategy::FullShard).with_options(&zero).unwrap_err().to_string(),
+        bf16.validate().unwrap_err().to_string(),
+    ];
+    assert!(WrapConfig { mixed_precision: Precision::No, ..bf16 }.validate().is_ok());
     insta::assert_snapshot!(errors.join("\n"));
 }

@@ -3,7 +3,7 @@
 
 use super::{fp16_cpu_conflict, AcceleratorConfig, DistributedType, Origin, ResolvedConfig, Source, CONFIG_FILE_VAR, SETTINGS};
 use crate::{Error, Result};
-use ladder_core::parallel::{DdpOptions, FsdpOptions, Precision, Strategy, WrapConfig};
+use ladder_core::parallel::{DdpOptions, FsdpOptions, Precision, ShardingStrategy, Strategy, WrapConfig};
 use std::path::PathBuf;
 
 impl AcceleratorConfig {
@@ -100,18 +100,41 @@ impl ResolvedConfig {
         if resolved.mixed_precision == Precision::Fp16 && resolved.cpu {
             return Err(fp16_cpu_conflict(&resolved.describe_source("mixed_precision"), &resolved.describe_source("cpu")));
         }
+        if let Some(stage) = resolved.zero_stage.filter(|&s| s > 0 && resolved.use_fsdp) {
+            return Err(Error::Conflict {
+                first: format!("zero_stage {stage} ({})", resolved.describe_source("zero_stage")),
+                second: format!("use_fsdp true ({})", resolved.describe_source("use_fsdp")),
+                why: "DeepSpeed's ZeRO stages and FSDP exclude each other (stage 2 is FSDP's SHARD_GRAD_OP, 3 its FULL_SHARD); \
+                      remove one of them"
+                    .into(),
+            });
+        }
+        if resolved.zero_stage == Some(1) && resolved.mixed_precision != Precision::No {
+            return Err(Error::Conflict {
+                first: format!("zero_stage 1 ({})", resolved.describe_source("zero_stage")),
+                second: format!("mixed_precision {} ({})", resolved.mixed_precision, resolved.describe_source("mixed_precision")),
+                why: "ZeRO-1 runs on fp32 DDP (mixed precision runs DDP on FSDP's NO_SHARD path); use zero_stage 2 for sharded \
+                      optimizer state in bf16"
+                    .into(),
+            });
+        }
         Ok(resolved)
     }
 
     /// How the model is wrapped: DDP (PyTorch's options), or FSDP with
     /// `fsdp_sharding_strategy`, `fsdp_min_num_params`, `fsdp_backward_prefetch` and
-    /// `fsdp_forward_prefetch` when `use_fsdp`.
+    /// `fsdp_forward_prefetch` when `use_fsdp`; DeepSpeed's `zero_stage` 1 is DDP with ZeRO-1,
+    /// 2 and 3 FSDP `SHARD_GRAD_OP` and `FULL_SHARD` with the FSDP settings' other values.
     pub fn strategy(&self) -> Strategy {
-        if !self.use_fsdp {
-            return Strategy::default();
-        }
+        let sharding_strategy = match self.zero_stage {
+            Some(1) => return Strategy::Ddp(DdpOptions { zero_redundancy_optimizer: true, ..DdpOptions::default() }),
+            Some(2) => ShardingStrategy::ShardGradOp,
+            Some(3) => ShardingStrategy::FullShard,
+            _ if !self.use_fsdp => return Strategy::default(),
+            _ => self.fsdp_sharding_strategy,
+        };
         Strategy::Fsdp(FsdpOptions {
-            sharding_strategy: self.fsdp_sharding_strategy,
+            sharding_strategy,
             min_num_params: self.fsdp_min_num_params,
             backward_prefetch: self.fsdp_backward_prefetch,
             forward_prefetch: self.fsdp_forward_prefetch,
@@ -125,10 +148,12 @@ impl ResolvedConfig {
     /// [`Accelerator::prepare_model`](crate::Accelerator::prepare_model) wraps the model with.
     pub fn wrap_config(&self, ddp: DdpOptions) -> WrapConfig {
         let strategy = match self.strategy() {
-            Strategy::Ddp(_) => Strategy::Ddp(ddp),
+            Strategy::Ddp(o) => {
+                Strategy::Ddp(DdpOptions { zero_redundancy_optimizer: ddp.zero_redundancy_optimizer || o.zero_redundancy_optimizer, ..ddp })
+            }
             fsdp => fsdp,
         };
-        WrapConfig { strategy, mixed_precision: self.mixed_precision }
+        WrapConfig { strategy, mixed_precision: self.mixed_precision, activation_checkpointing: self.fsdp_activation_checkpointing }
     }
 
     /// Where `setting` came from (`Source::Default` for a name that is not a setting).

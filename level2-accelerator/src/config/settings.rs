@@ -98,6 +98,24 @@ settings! {
         fsdp_forward_prefetch: bool => bool = false,
             env "FSDP_FORWARD_PREFETCH", parse parse::bool;
 
+        /// Activation checkpointing: keep each layer's input, recompute the rest in backward [default: false].
+        ///
+        /// Accelerate's FSDP plugin `activation_checkpointing`; here usable under DDP as well.
+        /// Dropout replays its masks: the same weights as without, bit for bit on CPU.
+        #[arg(value_name = "BOOL", num_args = 0..=1, require_equals = true, default_missing_value = "true")]
+        fsdp_activation_checkpointing: bool => bool = false,
+            env "FSDP_ACTIVATION_CHECKPOINTING", parse parse::bool;
+
+        /// DeepSpeed ZeRO stage: 1 shards the optimizer state over DDP, 2 is FSDP shard-grad-op, 3 full-shard [default: none].
+        ///
+        /// Accelerate's `deepspeed_config.zero_stage` (a top-level key here), run on the core's
+        /// strategies: 1 → DDP with ZeroRedundancyOptimizer (ZeRO-1), 2 → FSDP SHARD_GRAD_OP
+        /// (ZeRO-2), 3 → FSDP FULL_SHARD (ZeRO-3); 0 is plain DDP. The only DeepSpeed setting
+        /// honoured; it excludes use_fsdp.
+        #[arg(value_name = "STAGE")]
+        zero_stage: usize => Option<usize> = None,
+            env "ACCELERATE_DEEPSPEED_ZERO_STAGE", parse parse::zero_stage;
+
         /// The loader's batch size is global, split between the processes [default: false].
         ///
         /// The batch size must then be a multiple of the number of processes.

@@ -31,6 +31,12 @@ impl Show for Option<u64> {
     }
 }
 
+impl Show for Option<usize> {
+    fn show(&self) -> String {
+        self.map_or_else(|| "not set".into(), |v| v.to_string())
+    }
+}
+
 /// How a setting's flag reads its value: a choice lists its spellings (clap's possible values);
 /// any other type goes through the setting's own parser (so a flag, a variable and a file value
 /// obey one rule), its message prefixed with `expected`.
@@ -100,6 +106,20 @@ pub mod parse {
     /// What was expected.
     pub fn count(s: &str) -> Result<usize, String> {
         s.trim().parse::<usize>().map_err(|_| "a whole number ≥ 0".into())
+    }
+
+    /// A DeepSpeed ZeRO stage: 0, 1, 2 or 3.
+    ///
+    /// # Errors
+    /// What was expected.
+    pub fn zero_stage(s: &str) -> Result<usize, String> {
+        match s.trim().parse::<usize>() {
+            Ok(n) if n <= 3 => Ok(n),
+            _ => {
+                Err("a DeepSpeed ZeRO stage: 0 (off), 1 (optimizer state sharded over DDP), 2 (FSDP SHARD_GRAD_OP) or 3 (FSDP FULL_SHARD)"
+                    .into())
+            }
+        }
     }
 
     /// A seed: any `u64`.

@@ -11,10 +11,12 @@
 //! `fsdp_config` the `fsdp_config` object; `sources` the argument file and command-line
 //! merging and `training_args.json`; `validate` the checks.
 
+mod deepspeed;
 mod fsdp_config;
 mod sources;
 mod validate;
 
+pub use deepspeed::{DeepSpeedConfig, HONOURED_KEYS as DEEPSPEED_HONOURED_KEYS};
 pub use fsdp_config::FsdpConfig;
 
 use clap::Parser;
@@ -171,6 +173,11 @@ pub struct TrainingArguments {
     /// Train in bfloat16 autocast-style mixed precision (on CUDA).
     #[arg(long)]
     pub bf16: bool,
+    /// Gradient checkpointing: keep each layer's input and recompute the rest in backward (the
+    /// Accelerator's activation checkpointing; DDP and FSDP alike). Less activation memory for
+    /// one more forward per step; the same weights.
+    #[arg(long)]
+    pub gradient_checkpointing: bool,
     /// Drop each epoch's last incomplete batch.
     #[arg(long)]
     pub dataloader_drop_last: bool,
@@ -193,6 +200,14 @@ pub struct TrainingArguments {
     /// default) and `forward_prefetch` (true | false; default false). Used with fsdp.
     #[arg(long, value_name = "JSON|FILE", value_parser = FsdpConfig::from_arg, default_value = "{}", hide_default_value = true)]
     pub fsdp_config: FsdpConfig,
+    /// A DeepSpeed JSON config (a file, or an object inline). Honoured:
+    /// zero_optimization.stage — 1 is ZeRO-1 (DDP with the AdamW state sharded over ranks), 2
+    /// fsdp shard_grad_op, 3 fsdp full_shard, run on the Accelerator's strategies —
+    /// zero_optimization.offload_optimizer.device "none", and "auto" for train_batch_size,
+    /// train_micro_batch_size_per_gpu, gradient_accumulation_steps, gradient_clipping,
+    /// bf16.enabled and fp16.enabled. Any other key is refused by name. Not with fsdp.
+    #[arg(long, value_name = "FILE|JSON", value_parser = DeepSpeedConfig::from_arg)]
+    pub deepspeed: Option<DeepSpeedConfig>,
     /// Train on the CPU even when CUDA is available.
     #[arg(long)]
     pub use_cpu: bool,
@@ -241,12 +256,14 @@ impl Default for TrainingArguments {
             seed: 42,
             data_seed: None,
             bf16: false,
+            gradient_checkpointing: false,
             dataloader_drop_last: false,
             disable_tqdm: false,
             report_to: ReportTo::None,
             fsdp: None,
             fsdp_min_num_params: None,
             fsdp_config: FsdpConfig::default(),
+            deepspeed: None,
             use_cpu: false,
             ddp_timeout: 600,
             allow_non_finite: false,

@@ -34,6 +34,20 @@ impl TrainingArguments {
         self.validate_optimizer()?;
         self.validate_intervals()?;
         self.validate_best_model()?;
+        if let (Some(ds), Some(fsdp)) = (self.deepspeed.filter(|d| d.zero_stage > 0), self.fsdp) {
+            return Err(Error::invalid(
+                "deepspeed",
+                format!("zero_optimization.stage {} together with fsdp {fsdp}", ds.zero_stage),
+                "either deepspeed or fsdp (DeepSpeed's stage 2 is fsdp shard_grad_op, stage 3 full_shard)",
+            ));
+        }
+        if self.deepspeed.is_some_and(|d| d.zero_stage == 1) && self.bf16 {
+            return Err(Error::invalid(
+                "deepspeed",
+                "zero_optimization.stage 1 together with bf16",
+                "fp32 for ZeRO-1 (it runs on DDP, which computes in bf16 on FSDP's NO_SHARD path); stage 2 shards the optimizer state in bf16",
+            ));
+        }
         if self.output_dir.as_os_str().is_empty() {
             return Err(Error::invalid("output_dir", "\"\"", "a directory path"));
         }

@@ -116,6 +116,8 @@ impl Trainer {
             fsdp_min_num_params: args.fsdp_min_num_params,
             fsdp_backward_prefetch: Some(args.fsdp_config.backward_prefetch),
             fsdp_forward_prefetch: Some(args.fsdp_config.forward_prefetch),
+            fsdp_activation_checkpointing: Some(args.gradient_checkpointing),
+            zero_stage: args.deepspeed.map(|d| usize::from(d.zero_stage)),
             seed: Some(args.seed),
             ..AcceleratorConfig::default()
         }

@@ -12,6 +12,7 @@
 // `torch.manual_seed` sets), the same at any number of threads, and the generator advances by
 // one draw per call, not one per element.
 #include <ATen/CPUGeneratorImpl.h>
+#include <ATen/Context.h>
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
@@ -218,5 +219,32 @@ extern "C" int ladder_dropout_noise(at::Tensor *noise, double p, char *err, size
       const scalar_t kept = static_cast<scalar_t>(opmath_t(1) / static_cast<opmath_t>(keep));
       fill<scalar_t>(t.mutable_data_ptr<scalar_t>(), t.numel(), key, threshold, kept);
     });
+  });
+}
+
+// The state of the default generator of a device (`device_type` 0: the CPU; 1: CUDA device
+// `device_index`), as `torch.get_rng_state()` / `torch.cuda.get_rng_state(i)`: a uint8 CPU tensor
+// stored into the tensor handle `out`. Activation checkpointing stashes it before a segment's
+// forward so that the recompute draws the same dropout bits (torch.utils.checkpoint's
+// `preserve_rng_state`). Returns 0, or 1 with a message in `err`.
+extern "C" int ladder_rng_get_state(int device_type, int device_index, at::Tensor *out, char *err, size_t errlen) {
+  return ladder::guarded(err, errlen, [&] {
+    TORCH_CHECK(device_type == 0 || device_type == 1, "device type must be 0 (cpu) or 1 (cuda), got ", device_type);
+    const at::Device device = device_type == 0 ? at::Device(at::kCPU) : at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(device_index));
+    at::Generator gen = at::globalContext().defaultGenerator(device);
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    *out = gen.get_state();
+  });
+}
+
+// Sets the default generator of a device (as `ladder_rng_get_state`) to `state`, a tensor that
+// function returned (`torch.set_rng_state(state)`). Returns 0, or 1 with a message in `err`.
+extern "C" int ladder_rng_set_state(int device_type, int device_index, const at::Tensor *state, char *err, size_t errlen) {
+  return ladder::guarded(err, errlen, [&] {
+    TORCH_CHECK(device_type == 0 || device_type == 1, "device type must be 0 (cpu) or 1 (cuda), got ", device_type);
+    const at::Device device = device_type == 0 ? at::Device(at::kCPU) : at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(device_index));
+    at::Generator gen = at::globalContext().defaultGenerator(device);
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    gen.set_state(*state);
   });
 }

@@ -158,18 +158,29 @@ pub fn clip_grad_norm(grads: &[Tensor], max_norm: f64, sharded_over: Option<&dyn
 
 impl<M: Segmented> DataParallel for DistributedDataParallel<'_, M> {
     fn forward(&mut self, xs: &Tensor, train: bool) -> Result<Tensor> {
-        Ok(if self.options().overlap && train { self.forward_segmented(xs, train) } else { self.forward_t(xs, train) })
+        self.sync_parameters()?;
+        if (self.options().overlap || self.activation_checkpointing()) && train {
+            self.forward_segmented(xs, train)
+        } else {
+            Ok(self.forward_t(xs, train))
+        }
     }
     fn backward(&mut self, loss: &Tensor) -> Result<()> {
         DistributedDataParallel::backward(self, loss)
     }
     fn optimizer_params(&self) -> Vec<(String, Tensor)> {
+        if let Some(zero) = self.zero() {
+            return zero.optimizer_params(self.named_parameters());
+        }
         self.named_parameters().iter().map(|(n, t)| (n.clone(), t.shallow_clone())).collect()
     }
     fn grads_are_sharded(&self) -> bool {
-        false
+        self.zero().is_some()
     }
     fn memory(&self) -> ModelStateBytes {
+        if let Some(zero) = self.zero() {
+            return zero.memory(self.named_parameters());
+        }
         let bytes: u64 = self.named_parameters().iter().map(|(_, t)| (t.numel() * t.kind().elt_size_in_bytes()) as u64).sum();
         ModelStateBytes { parameters: bytes, gradients: bytes, optimizer: 2 * bytes, gathered_peak: 0 }
     }
@@ -177,6 +188,7 @@ impl<M: Segmented> DataParallel for DistributedDataParallel<'_, M> {
         Comm { seconds: self.comm_seconds(), bytes: self.comm_bytes() }
     }
     fn full_state_dict(&self) -> Result<Option<Vec<(String, Tensor)>>> {
+        self.sync_parameters()?;
         Ok((self.pg().rank() == 0).then(|| self.named_parameters().iter().map(|(n, t)| (n.clone(), t.detach().copy())).collect()))
     }
     fn load_full_state_dict(&mut self, state_dict: &[(String, Tensor)]) -> Result<()> {
@@ -190,9 +202,15 @@ impl<M: Segmented> DataParallel for DistributedDataParallel<'_, M> {
         })
     }
     fn optim_state_dict(&self, opt: &AdamW) -> Result<Option<Vec<(String, Tensor)>>> {
+        if let Some(zero) = self.zero() {
+            return zero.optim_state_dict(self.pg(), opt, self.named_parameters());
+        }
         Ok((self.pg().rank() == 0).then(|| opt.state_dict(&self.param_names())))
     }
     fn load_optim_state_dict(&self, opt: &mut AdamW, state_dict: &[(String, Tensor)]) -> Result<()> {
+        if let Some(zero) = self.zero() {
+            return zero.load_optim_state_dict(opt, self.named_parameters(), state_dict);
+        }
         opt.load_state_dict(&self.param_names(), state_dict)
     }
     fn param_names(&self) -> Vec<String> {

@@ -29,6 +29,14 @@
 //!    float rounding).
 //! 4. Inside [`no_sync`](GradSync::no_sync), step 3 is skipped (gradient accumulation).
 //!
+//! With ZeRO-1 ([`DdpOptions::zero_redundancy_optimizer`]) the optimizer state is sharded
+//! over ranks after step 3 (see [`crate::parallel::zero`]).
+//!
+//! With activation checkpointing ([`DistributedDataParallel::with_activation_checkpointing`])
+//! a train forward runs segment by segment keeping only each segment's input, and backward
+//! recomputes each segment before its backward; the buckets are reduced as above (overlapped
+//! or after backward), with the same collectives and gradients.
+//!
 //! Parameter order comes from [`Model::named_parameters`] (definition order), identical on every
 //! rank; never from a `HashMap`.
 
@@ -37,7 +45,8 @@ mod overlap;
 pub use overlap::CommOverlap;
 
 use crate::dist::{Collective, ProcessGroup, ReduceOp};
-use crate::model::Model;
+use crate::model::{Model, Segmented};
+use crate::parallel::zero::ZeroPartition;
 use crate::parallel::{DdpOptions, GradSync};
 use crate::{Error, Result};
 use overlap::SegmentedPass;
@@ -111,6 +120,10 @@ pub struct DistributedDataParallel<'pg, M: Model> {
     /// What [`forward_segmented`](Self::forward_segmented) kept for an overlapped backward.
     pass: RefCell<Option<SegmentedPass>>,
     overlap: CommOverlap,
+    /// Keep only each segment's input in a train forward and recompute in backward.
+    activation_checkpointing: bool,
+    /// ZeRO-1's partition of the optimizer state (with `zero_redundancy_optimizer`).
+    zero: Option<ZeroPartition>,
 }
 
 /// DDP's all-reduce after backward: on by default; `no_sync` accumulates locally.
@@ -160,6 +173,7 @@ impl<'pg, M: Model> DistributedDataParallel<'pg, M> {
             .collect();
         let what = "DDP bucket layout (bucket count, numel per bucket, parameter dtypes)".to_string();
         check_in_sync(pg, &[(what, Tensor::from_slice(&layout).to_device(pg.device()))])?;
+        let zero = if config.zero_redundancy_optimizer { Some(ZeroPartition::new(&params, pg)?) } else { None };
         Ok(Self {
             module,
             params,
@@ -171,7 +185,24 @@ impl<'pg, M: Model> DistributedDataParallel<'pg, M> {
             comm_bytes: 0,
             pass: RefCell::new(None),
             overlap: CommOverlap::default(),
+            activation_checkpointing: false,
+            zero,
         })
+    }
+
+    /// Turns activation checkpointing on or off (`torch.utils.checkpoint` around every segment,
+    /// see [`crate::parallel::checkpointing`]): a train forward in grad mode then runs
+    /// [`forward_segmented`](Self::forward_segmented), keeping each segment's input only, and
+    /// [`backward`](Self::backward) recomputes each segment before its backward. Gradients and
+    /// collectives are those of the plain path (bit-identical on CPU).
+    pub fn with_activation_checkpointing(mut self, on: bool) -> Self {
+        self.activation_checkpointing = on;
+        self
+    }
+
+    /// Whether activation checkpointing is on.
+    pub fn activation_checkpointing(&self) -> bool {
+        self.activation_checkpointing
     }
 
     /// The wrapped model (PyTorch's `ddp.module`).
@@ -200,15 +231,16 @@ impl<'pg, M: Model> DistributedDataParallel<'pg, M> {
     }
 
     /// Seconds this rank's training loop spent inside collectives since construction (gradient
-    /// sync only): for an overlapped backward, the time to start and poll the all-reduces during
+    /// sync, and ZeRO-1's parameter broadcasts): for an overlapped backward, the time to start and poll the all-reduces during
     /// backward and to wait for them after it — not the time they ran alongside backward.
     pub fn comm_seconds(&self) -> f64 {
-        self.comm.as_secs_f64()
+        (self.comm + self.zero.as_ref().map_or(Duration::ZERO, |z| z.comm().0)).as_secs_f64()
     }
 
-    /// Payload bytes of the gradient all-reduces since construction (each bucket's flat buffer).
+    /// Payload bytes of the gradient all-reduces since construction (each bucket's flat buffer),
+    /// and of ZeRO-1's parameter broadcasts.
     pub fn comm_bytes(&self) -> u64 {
-        self.comm_bytes
+        self.comm_bytes + self.zero.as_ref().map_or(0, |z| z.comm().1)
     }
 
     /// How much of the all-reduce time overlapped backward (see [`CommOverlap`]).
@@ -216,28 +248,25 @@ impl<'pg, M: Model> DistributedDataParallel<'pg, M> {
         self.overlap
     }
 
-    /// Runs `loss.backward()` and then, unless inside [`no_sync`](GradSync::no_sync), averages the
-    /// gradients over ranks bucket by bucket. Call it where single-process code calls
-    /// `loss.backward()`: `zero_grad` → `backward` (with sync) → `step`.
-    ///
-    /// After [`forward_segmented`](Self::forward_segmented) the buckets' all-reduces start
-    /// during backward, as soon as each bucket's gradients are final, and `backward` returns
-    /// once all completed; the gradients are bit-identical to the plain path's.
+    /// ZeRO-1's partition, when the optimizer state is sharded
+    /// ([`DdpOptions::zero_redundancy_optimizer`]).
+    pub fn zero(&self) -> Option<&ZeroPartition> {
+        self.zero.as_ref()
+    }
+
+    /// ZeRO-1: sends every rank's updated block of the parameters to all ranks if an optimizer
+    /// step may have changed them since the last time (see [`ZeroPartition::sync_parameters`]);
+    /// nothing without ZeRO-1. Every use of the parameters through the wrapper (forward, state
+    /// dicts, the sync check) calls it first. Collective.
     ///
     /// # Errors
-    /// Collective errors from the gradient all-reduce; [`Error::Torch`] from autograd.
-    // ANCHOR: ddp_backward
-    pub fn backward(&mut self, loss: &Tensor) -> Result<()> {
-        if let Some(pass) = self.pass.get_mut().take() {
-            return self.backward_overlapped(loss, pass);
+    /// Collective errors.
+    pub fn sync_parameters(&self) -> Result<()> {
+        match &self.zero {
+            Some(zero) => zero.sync_parameters(self.pg),
+            None => Ok(()),
         }
-        loss.backward();
-        if self.require_backward_grad_sync {
-            self.sync_gradients()?;
-        }
-        Ok(())
     }
-    // ANCHOR_END: ddp_backward
 
     /// All-reduces (Avg) every bucket's gradients: pack into one flat buffer, one collective,
     /// unpack.
@@ -283,13 +312,47 @@ impl<'pg, M: Model> DistributedDataParallel<'pg, M> {
     /// # Errors
     /// [`Error::CollectiveMismatch`] naming the first parameter that differs across ranks.
     pub fn check_parameters_in_sync(&self) -> Result<()> {
+        self.sync_parameters()?;
         check_in_sync(self.pg, &self.params)
     }
 
-    /// The bucket layout as a table, for `--explain`.
+    /// The bucket layout as a table, for `--explain` (and ZeRO-1's partition).
     pub fn explain(&self) -> String {
-        explain_buckets(&self.buckets, &self.params)
+        let buckets = explain_buckets(&self.buckets, &self.params);
+        match &self.zero {
+            Some(zero) => format!("{buckets}\n{}", zero.explain()),
+            None => buckets,
+        }
     }
+}
+
+impl<M: Segmented> DistributedDataParallel<'_, M> {
+    /// Runs `loss.backward()` and then, unless inside [`no_sync`](GradSync::no_sync), averages the
+    /// gradients over ranks bucket by bucket. Call it where single-process code calls
+    /// `loss.backward()`: `zero_grad` → `backward` (with sync) → `step`.
+    ///
+    /// After [`forward_segmented`](Self::forward_segmented) the buckets' all-reduces start
+    /// during backward, as soon as each bucket's gradients are final, and `backward` returns
+    /// once all completed; the gradients are bit-identical to the plain path's.
+    ///
+    /// # Errors
+    /// Collective errors from the gradient all-reduce; [`Error::Torch`] from autograd.
+    // ANCHOR: ddp_backward
+    pub fn backward(&mut self, loss: &Tensor) -> Result<()> {
+        if let Some(pass) = self.pass.get_mut().take() {
+            self.backward_segmented(loss, pass)?;
+        } else {
+            loss.backward();
+            if self.require_backward_grad_sync {
+                self.sync_gradients()?;
+            }
+        }
+        if let Some(zero) = self.zero.as_ref().filter(|_| self.require_backward_grad_sync) {
+            zero.take_gradients(&self.params)?; // ZeRO-1: this rank's slice to its shard
+        }
+        Ok(())
+    }
+    // ANCHOR_END: ddp_backward
 }
 
 impl<M: Model> DistributedDataParallel<'_, M> {

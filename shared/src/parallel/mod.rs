@@ -20,11 +20,13 @@
 //! The strategies: [`ddp`] (`DistributedDataParallel`), [`fsdp`] (`FullyShardedDataParallel`),
 //! and [`wrapped`], the model every level trains, which delegates to either.
 
+pub mod checkpointing;
 pub mod choice;
 pub mod data_parallel;
 pub mod ddp;
 pub mod fsdp;
 pub mod wrapped;
+pub mod zero;
 
 pub use choice::{Choice, ChoiceError};
 pub use data_parallel::{DataParallel, GradSync};
@@ -232,11 +234,17 @@ pub struct DdpOptions {
     /// Default false: on CPU the collectives share the cores with backward and the blocking
     /// all-reduce after backward measured faster (see [`ddp`]); it pays with NCCL's stream.
     pub overlap: bool,
+    /// ZeRO-1: wrap the optimizer as `ZeroRedundancyOptimizer` (DeepSpeed's ZeRO stage 1) —
+    /// each rank keeps and steps the AdamW state of its 1/W of the parameters (a flat,
+    /// contiguous partition), then the updated blocks are broadcast from their owners (see
+    /// [`zero`]). Default false.
+    pub zero_redundancy_optimizer: bool,
 }
 
 impl DdpOptions {
-    /// PyTorch's defaults: `bucket_cap_mb` 25, no overlap (see [`DdpOptions::overlap`]).
-    pub const DEFAULT: DdpOptions = DdpOptions { bucket_cap_mb: 25.0, overlap: false };
+    /// PyTorch's defaults: `bucket_cap_mb` 25, no overlap (see [`DdpOptions::overlap`]), a plain
+    /// optimizer.
+    pub const DEFAULT: DdpOptions = DdpOptions { bucket_cap_mb: 25.0, overlap: false, zero_redundancy_optimizer: false };
 }
 
 impl Default for DdpOptions {
@@ -399,7 +407,7 @@ impl Strategy {
     ///
     /// # Errors
     /// [`Error::OptionNotForStrategy`] naming the first option that belongs to the other kind
-    /// of strategy (`bucket_cap_mb` with FSDP; `min_num_params`, `backward_prefetch` or
+    /// of strategy (`bucket_cap_mb` or `zero_redundancy_optimizer` with FSDP; `min_num_params`, `backward_prefetch` or
     /// `forward_prefetch` with DDP); [`Error::InvalidValue`] for a `bucket_cap_mb` that is not
     /// a positive, finite number of MiB.
     pub fn with_options(self, given: &StrategyOptions) -> Result<Self> {
@@ -418,6 +426,7 @@ impl Strategy {
                 if let Some((option, _)) = fsdp_only.into_iter().find(|(_, g)| *g) {
                     return Err(misplaced(option, "the FSDP strategies (fsdp-full-shard, fsdp-shard-grad-op, fsdp-no-shard)"));
                 }
+                o.zero_redundancy_optimizer = given.zero_redundancy_optimizer.unwrap_or(o.zero_redundancy_optimizer);
                 if let Some(cap) = given.bucket_cap_mb {
                     if !(cap.is_finite() && cap > 0.0) {
                         return Err(Error::invalid("bucket_cap_mb", cap, "a positive number of MiB"));
@@ -429,6 +438,12 @@ impl Strategy {
             Strategy::Fsdp(mut o) => {
                 if given.bucket_cap_mb.is_some() {
                     return Err(misplaced("bucket_cap_mb", "ddp (gradient buckets are DDP's; FSDP reduces one FlatParameter per unit)"));
+                }
+                if given.zero_redundancy_optimizer == Some(true) {
+                    return Err(misplaced(
+                        "zero_redundancy_optimizer",
+                        "ddp (ZeRO-1 shards the optimizer state of replicated parameters; FSDP already shards it)",
+                    ));
                 }
                 o.min_num_params = given.min_num_params.unwrap_or(o.min_num_params);
                 o.backward_prefetch = given.backward_prefetch.unwrap_or(o.backward_prefetch);
@@ -451,6 +466,8 @@ pub struct StrategyOptions {
     pub backward_prefetch: Option<BackwardPrefetch>,
     /// FSDP's `forward_prefetch`.
     pub forward_prefetch: Option<bool>,
+    /// DDP's ZeRO-1 optimizer ([`DdpOptions::zero_redundancy_optimizer`]).
+    pub zero_redundancy_optimizer: Option<bool>,
 }
 
 /// How to wrap the model: the strategy with its options, and the precision it computes in.
@@ -464,4 +481,34 @@ pub struct WrapConfig {
     /// FSDP's `NO_SHARD` code path, which keeps the fp32 masters and the low-precision compute
     /// copy (full replicas and one all-reduce per step, as DDP).
     pub mixed_precision: Precision,
+    /// Activation checkpointing (PyTorch's non-reentrant `torch.utils.checkpoint` around every
+    /// segment of the model; Accelerate's `fsdp_activation_checkpointing`, Transformers'
+    /// `gradient_checkpointing`), for DDP and every FSDP strategy: forward keeps each segment's
+    /// input only, backward recomputes the segment (dropout replays its mask) before its
+    /// gradient — less activation memory for one more forward per step; the same weights, bit
+    /// for bit on CPU. Default off. See [`checkpointing`].
+    #[serde(default)]
+    pub activation_checkpointing: bool,
+}
+
+impl WrapConfig {
+    /// Checks that the options combine: ZeRO-1 needs fp32 (DDP with mixed precision runs on
+    /// FSDP's `NO_SHARD` path, which has no ZeRO-1). [`WrappedModel::new`] calls it; a level
+    /// calls it before training to name its own flags ([`Error::named_by`]).
+    ///
+    /// # Errors
+    /// [`Error::OptionNotForStrategy`] naming `zero_redundancy_optimizer` and the precision.
+    pub fn validate(&self) -> Result<()> {
+        if let Strategy::Ddp(o) = self.strategy {
+            if o.zero_redundancy_optimizer && self.mixed_precision != Precision::No {
+                return Err(Error::OptionNotForStrategy {
+                    option: "zero_redundancy_optimizer",
+                    strategy: format!("mixed precision {}", self.mixed_precision),
+                    belongs_to: "ddp in fp32 (mixed precision runs DDP on FSDP's NO_SHARD path; \
+                                 for sharded optimizer state in bf16 use fsdp-shard-grad-op, ZeRO-2)",
+                });
+            }
+        }
+        Ok(())
+    }
 }

@@ -69,17 +69,25 @@ impl<'pg> WrappedModel<'pg> {
     /// [`WrapConfig::mixed_precision`]).
     ///
     /// # Errors
-    /// A non-positive `bucket_cap_mb`; FSDP layout errors; collective errors.
+    /// A non-positive `bucket_cap_mb`; [`Error::OptionNotForStrategy`] for ZeRO-1 with mixed
+    /// precision; FSDP layout errors; collective errors.
     pub fn new(vs: nn::VarStore, net: BasicNet, pg: &'pg dyn ProcessGroup, cfg: &WrapConfig) -> Result<Self> {
         let policy = cfg.mixed_precision.policy();
+        cfg.validate()?;
         let fsdp_options = match (cfg.strategy, policy) {
             (Strategy::Fsdp(o), _) => Some(o),
             (Strategy::Ddp(_), Some(_)) => Some(FsdpOptions::with_sharding(ShardingStrategy::NoShard)),
             (Strategy::Ddp(_), None) => None,
         };
         let (inner, vs): (Box<dyn DataParallel + 'pg>, _) = match (cfg.strategy, fsdp_options) {
-            (_, Some(o)) => (Box::new(FullyShardedDataParallel::new(vs, net, pg, o)?.with_mixed_precision(policy)), None),
-            (Strategy::Ddp(o), None) => (Box::new(DistributedDataParallel::new(net, pg, o)?), Some(vs)),
+            (_, Some(o)) => {
+                let fsdp = FullyShardedDataParallel::new(vs, net, pg, o)?.with_mixed_precision(policy);
+                (Box::new(fsdp.with_activation_checkpointing(cfg.activation_checkpointing)), None)
+            }
+            (Strategy::Ddp(o), None) => {
+                let ddp = DistributedDataParallel::new(net, pg, o)?.with_activation_checkpointing(cfg.activation_checkpointing);
+                (Box::new(ddp), Some(vs))
+            }
             (Strategy::Fsdp(_), None) => unreachable!("an FSDP strategy has FSDP options"),
         };
         Ok(Self { inner, pg, _vs: vs, fsdp: fsdp_options.is_some(), fp32_outputs: policy.is_some(), config: *cfg })

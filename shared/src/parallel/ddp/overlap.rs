@@ -6,7 +6,8 @@
 
 use super::DistributedDataParallel;
 use crate::dist::{Collective, ReduceOp, Work};
-use crate::model::{Model, Segmented};
+use crate::model::Segmented;
+use crate::parallel::checkpointing::SavedSegment;
 use crate::parallel::data_parallel::grad_enabled;
 use crate::{Error, Result};
 use serde::{Deserialize, Serialize};
@@ -16,8 +17,12 @@ use tch::{Kind, Tensor};
 /// What a segmented forward keeps for backward.
 pub(super) struct SegmentedPass {
     /// Per segment: its input (a detached leaf that requires grad, except for segment 0) and its
-    /// output with the segment's graph.
-    saved: Vec<(Tensor, Tensor)>,
+    /// output with the segment's graph, or what recomputes it (activation checkpointing).
+    saved: Vec<SavedSegment>,
+    /// Whether the forward ran in train mode (a checkpointed segment is recomputed in it).
+    train: bool,
+    /// Start the buckets' all-reduces during backward (else after it, blocking).
+    overlap: bool,
     /// Per bucket: the lowest segment holding one of its parameters — once backward has run
     /// that segment (segments run in reverse), every gradient of the bucket is final.
     bucket_ready_after: Vec<usize>,
@@ -51,7 +56,7 @@ impl CommOverlap {
     }
 }
 
-impl<M: Model> DistributedDataParallel<'_, M> {
+impl<M: Segmented> DistributedDataParallel<'_, M> {
     /// Gives parameters of bucket `b` that got no gradient (unused in this forward) a zero one,
     /// as [`sync_gradients`](Self::sync_gradients) does, and packs the bucket's gradients into
     /// one flat buffer (packing order, the gradients' dtype).
@@ -86,9 +91,27 @@ impl<M: Model> DistributedDataParallel<'_, M> {
     }
 
     /// Backward over the segments [`forward_segmented`](Self::forward_segmented) kept, in
-    /// reverse, overlapping each bucket's all-reduce with the segments still to run.
-    pub(super) fn backward_overlapped(&mut self, loss: &Tensor, pass: SegmentedPass) -> Result<()> {
-        let SegmentedPass { mut saved, bucket_ready_after, output } = pass;
+    /// reverse: overlapped, each bucket's all-reduce starts as soon as its gradients are final
+    /// and overlaps the segments still to run; not (a checkpointed forward without
+    /// [`DdpOptions::overlap`](crate::parallel::DdpOptions::overlap)), the buckets are reduced
+    /// after the whole backward with the blocking all-reduce, as
+    /// [`backward`](Self::backward)'s plain path does.
+    pub(super) fn backward_segmented(&mut self, loss: &Tensor, pass: SegmentedPass) -> Result<()> {
+        if pass.overlap {
+            return self.backward_overlapped(loss, pass);
+        }
+        self.backward_segments(loss, pass, |_| Ok(()))?;
+        if self.require_backward_grad_sync {
+            self.sync_gradients()?;
+        }
+        Ok(())
+    }
+
+    /// Runs `loss.backward()` to the kept output, then each segment's backward in reverse
+    /// (recomputing a checkpointed segment first), calling `after(i)` once segment `i`'s
+    /// gradients have accumulated into its parameters' `.grad`.
+    fn backward_segments(&self, loss: &Tensor, pass: SegmentedPass, mut after: impl FnMut(usize) -> Result<()>) -> Result<()> {
+        let SegmentedPass { mut saved, train, output, .. } = pass;
         // Stops at `output`, a leaf: its .grad is the gradient flowing into the last segment.
         tch::with_grad(|| loss.f_backward())?;
         let mut g = output.grad();
@@ -99,16 +122,9 @@ impl<M: Model> DistributedDataParallel<'_, M> {
                 "the loss of the last forward: forward_segmented(x) → loss → backward(&loss)",
             ));
         }
-        let sync = self.require_backward_grad_sync;
-        let mut flats: Vec<Tensor> = self.buckets.iter().map(|_| Tensor::new()).collect();
-        let mut slots = flats.iter_mut();
-        let mut works: Vec<(usize, Work<'_>, Instant, Option<Instant>)> = Vec::new();
-        let mut issue = Duration::ZERO;
-        let mut next = 0;
-        let mut bytes = 0u64;
-        let this = &*self;
         for i in (0..saved.len()).rev() {
-            let (x, y) = saved.pop().expect("one saved pair per segment");
+            let mut seg = saved.pop().expect("one saved segment per segment");
+            let y = seg.graph(&self.module, i, train)?;
             if y.requires_grad() {
                 // y.backward(g) hands y's grad_fn exactly g, as the whole-graph backward would,
                 // and accumulates into every leaf it reaches: this segment's parameters' .grad
@@ -117,14 +133,33 @@ impl<M: Model> DistributedDataParallel<'_, M> {
                 crate::autograd::backward_with_grad(&y, &g)?;
             }
             if i > 0 {
-                g = x.grad();
+                g = seg.x.grad();
                 if !g.defined() {
-                    g = x.zeros_like();
+                    g = seg.x.zeros_like();
                 }
             }
-            drop((x, y));
+            drop((seg, y));
+            after(i)?;
+        }
+        Ok(())
+    }
+
+    /// [`backward_segments`](Self::backward_segments), starting each bucket's all-reduce
+    /// (non-blocking) once its lowest segment is done and polling the started ones between
+    /// segments; waits for all of them at the end.
+    fn backward_overlapped(&mut self, loss: &Tensor, pass: SegmentedPass) -> Result<()> {
+        let bucket_ready_after = pass.bucket_ready_after.clone();
+        let sync = self.require_backward_grad_sync;
+        let mut flats: Vec<Tensor> = self.buckets.iter().map(|_| Tensor::new()).collect();
+        let mut slots = flats.iter_mut();
+        let mut works: Vec<(usize, Work<'_>, Instant, Option<Instant>)> = Vec::new();
+        let mut issue = Duration::ZERO;
+        let mut next = 0;
+        let mut bytes = 0u64;
+        let this = &*self;
+        this.backward_segments(loss, pass, |i| {
             if !sync {
-                continue;
+                return Ok(());
             }
             let t0 = Instant::now();
             // Every bucket whose lowest segment has now run is final: start its all-reduce,
@@ -144,7 +179,8 @@ impl<M: Model> DistributedDataParallel<'_, M> {
                 }
             }
             issue += t0.elapsed();
-        }
+            Ok(())
+        })?;
         if !sync {
             return Ok(());
         }
@@ -208,17 +244,24 @@ impl<M: Segmented> DistributedDataParallel<'_, M> {
 impl<M: Segmented> DistributedDataParallel<'_, M> {
     /// The forward pass of [`forward_t`](Self::forward_t) (same output, bit for bit: the
     /// [`Segmented`] contract), run segment by segment so that [`backward`](Self::backward) can
-    /// start each bucket's all-reduce as soon as its gradients are final, overlapping
-    /// communication with the rest of backward (PyTorch's DDP does it from autograd hooks).
+    /// run the segments' backwards one by one: it starts each bucket's all-reduce as soon as its
+    /// gradients are final (without activation checkpointing, or with it and
+    /// [`DdpOptions::overlap`](crate::parallel::DdpOptions::overlap)), overlapping
+    /// communication with the rest of backward (PyTorch's DDP does it from autograd hooks); with
+    /// [activation checkpointing](Self::with_activation_checkpointing) each segment keeps only
+    /// its input and is recomputed in backward (see [`crate::parallel::checkpointing`]).
     ///
-    /// In grad mode each segment's graph is kept and the returned output (BasicNet: `[batch,
-    /// 10]` f32 log-probabilities) is a leaf that requires grad: the loss must go to
+    /// In grad mode each segment's graph (or input) is kept and the returned output (BasicNet:
+    /// `[batch, 10]` f32 log-probabilities) is a leaf that requires grad: the loss must go to
     /// [`backward`](Self::backward) (a bare `loss.backward()` stops at the output). Under
     /// `no_grad` it is plain `forward_t`.
-    pub fn forward_segmented(&self, xs: &Tensor, train: bool) -> Tensor {
+    ///
+    /// # Errors
+    /// A generator state that cannot be stashed (checkpointing on a device without one).
+    pub fn forward_segmented(&self, xs: &Tensor, train: bool) -> Result<Tensor> {
         self.pass.borrow_mut().take();
         if !grad_enabled() {
-            return self.module.forward_t(xs, train);
+            return Ok(self.module.forward_t(xs, train));
         }
         let n = self.module.num_segments();
         let mut seg_of = vec![0; self.params.len()];
@@ -232,12 +275,14 @@ impl<M: Segmented> DistributedDataParallel<'_, M> {
         let mut x = xs.shallow_clone();
         for i in 0..n {
             let x_in = if i > 0 { x.detach().set_requires_grad(true) } else { x };
-            let y = self.module.segment_forward(i, &x_in, train);
-            saved.push((x_in, y.shallow_clone()));
+            let (seg, y) = SavedSegment::forward(&self.module, i, x_in, train, self.activation_checkpointing)?;
+            saved.push(seg);
             x = y;
         }
         let output = x.detach().set_requires_grad(true);
-        *self.pass.borrow_mut() = Some(SegmentedPass { saved, bucket_ready_after, output: output.shallow_clone() });
-        output
+        // Without checkpointing a segmented forward exists to overlap; with it, as the options say.
+        let overlap = self.options.overlap || !self.activation_checkpointing;
+        *self.pass.borrow_mut() = Some(SegmentedPass { saved, train, overlap, bucket_ready_after, output: output.shallow_clone() });
+        Ok(output)
     }
 }

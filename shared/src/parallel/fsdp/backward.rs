@@ -2,7 +2,7 @@
 //! `torch.autograd.grad`, each unit refilled before its last segment and its gradient reduced
 //! (reduce-scatter, or all-reduce for `NoShard`) as soon as it is complete.
 
-use super::{FullyShardedDataParallel, Saved};
+use super::FullyShardedDataParallel;
 use crate::dist::{Collective, ReduceOp};
 use crate::model::Segmented;
 use crate::parallel::BackwardPrefetch;
@@ -40,7 +40,7 @@ impl<M: Segmented> FullyShardedDataParallel<'_, M> {
         let mut saved = std::mem::take(&mut self.saved);
         let sharded = self.config.sharding_strategy.is_sharded();
         for i in (0..saved.len()).rev() {
-            let Saved { x, y } = saved.pop().expect("one Saved per segment");
+            let mut seg = saved.pop().expect("one saved segment per segment");
             let unit = self.seg_unit[i];
             if let Some(u) = unit {
                 // FullShard: refill the storage forward's graph views (no-op when gathered).
@@ -53,6 +53,9 @@ impl<M: Segmented> FullyShardedDataParallel<'_, M> {
                     self.prefetch(v)?;
                 }
             }
+            // The segment's graph: kept by forward, or recomputed now that its unit is gathered.
+            let y = seg.graph(&self.module, i, self.train)?;
+            let x = seg.x;
             let want_x = i > 0 && x.requires_grad();
             let mut inputs: Vec<Tensor> = Vec::new();
             if want_x {

@@ -66,6 +66,7 @@ pub use plan::{explain_units, plan_units, FlatParamUnit};
 use crate::dist::ProcessGroup;
 use crate::memory::ModelStateBytes;
 use crate::model::Segmented;
+use crate::parallel::checkpointing::SavedSegment;
 use crate::parallel::data_parallel::{clip_grad_norm, grad_enabled};
 use crate::parallel::ddp::check_in_sync;
 use crate::parallel::{FsdpOptions, GradSync, MixedPrecision};
@@ -75,14 +76,6 @@ use plan::{flatten_padded, segment_params};
 use std::time::Duration;
 use tch::nn::{self, OptimizerConfig};
 use tch::{Kind, Tensor};
-
-/// What forward keeps for backward, per segment.
-struct Saved {
-    /// The segment's input: a detached leaf (requires grad for segments after the first).
-    x: Tensor,
-    /// The segment's output with its graph (whose saved tensors view the gathered parameters).
-    y: Tensor,
-}
 
 /// A model whose parameters, gradients and optimizer state are sharded over ranks.
 ///
@@ -117,7 +110,11 @@ pub struct FullyShardedDataParallel<'pg, M: Segmented> {
     /// Per unit: the unsharded gradient being accumulated during backward (and across
     /// backwards under `no_sync`).
     full_grads: Vec<Option<Tensor>>,
-    saved: Vec<Saved>,
+    /// Per segment of the last grad-mode forward: its input and graph (or, checkpointed, what
+    /// recomputes the graph; see [`crate::parallel::checkpointing`]).
+    saved: Vec<SavedSegment>,
+    /// Keep only each segment's input in a grad-mode forward and recompute in backward.
+    activation_checkpointing: bool,
     output: Option<Tensor>,
     train: bool,
     pg: &'pg dyn ProcessGroup,
@@ -236,6 +233,7 @@ impl<'pg, M: Segmented> FullyShardedDataParallel<'pg, M> {
             gathered: (0..n_units).map(|_| None).collect(),
             full_grads: (0..n_units).map(|_| None).collect(),
             saved: Vec::new(),
+            activation_checkpointing: false,
             output: None,
             train: false,
             pg,
@@ -290,6 +288,22 @@ impl<'pg, M: Segmented> FullyShardedDataParallel<'pg, M> {
     pub fn with_mixed_precision(mut self, policy: Option<MixedPrecision>) -> Self {
         self.mixed_precision = policy;
         self
+    }
+
+    /// Turns activation checkpointing on or off (Accelerate's `fsdp_activation_checkpointing`:
+    /// `torch.utils.checkpoint` around every segment, see [`crate::parallel::checkpointing`]):
+    /// a grad-mode forward keeps each segment's input only (a `FullShard` unit's gathered
+    /// parameters are freed after forward as without), and backward, once the segment's unit is
+    /// gathered again, recomputes the segment before its gradient. Same collectives, same
+    /// gradients (bit-identical on CPU).
+    pub fn with_activation_checkpointing(mut self, on: bool) -> Self {
+        self.activation_checkpointing = on;
+        self
+    }
+
+    /// Whether activation checkpointing is on.
+    pub fn activation_checkpointing(&self) -> bool {
+        self.activation_checkpointing
     }
 
     /// The unit layout (children in segment order, then the root unit).
@@ -375,10 +389,13 @@ impl<'pg, M: Segmented> FullyShardedDataParallel<'pg, M> {
                 }
             }
             let x_in = if grad && i > 0 { x.detach().set_requires_grad(true) } else { x.detach() };
-            let y = self.module.segment_forward(i, &x_in, train);
-            if grad {
-                self.saved.push(Saved { x: x_in, y: y.shallow_clone() });
-            }
+            let y = if grad {
+                let (seg, y) = SavedSegment::forward(&self.module, i, x_in, train, self.activation_checkpointing)?;
+                self.saved.push(seg);
+                y
+            } else {
+                self.module.segment_forward(i, &x_in, train)
+            };
             if let Some(u) = unit {
                 if self.units[u].segments.last() == Some(&i) && strategy.is_sharded() {
                     if !grad {

@@ -1,0 +1,140 @@
+//! Transformers' `deepspeed` argument: a DeepSpeed JSON config, of which this Trainer honours
+//! the ZeRO stage (run on the core's strategies) and refuses every key it would ignore, by name.
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+/// The DeepSpeed keys honoured, with what each means here (`--help` and errors list them).
+pub const HONOURED_KEYS: &str = "zero_optimization.stage (0 off, 1 ZeRO-1: DDP with the optimizer state sharded, \
+     2 fsdp shard_grad_op, 3 fsdp full_shard), zero_optimization.offload_optimizer.device (\"none\"); \
+     and, with the value \"auto\" (take the TrainingArguments'), train_batch_size, train_micro_batch_size_per_gpu, \
+     gradient_accumulation_steps, gradient_clipping, bf16.enabled, fp16.enabled";
+
+/// Keys accepted only with the value `"auto"`, as Transformers fills them from its arguments.
+const AUTO_KEYS: &[&str] = &[
+    "train_batch_size",
+    "train_micro_batch_size_per_gpu",
+    "gradient_accumulation_steps",
+    "gradient_clipping",
+    "bf16.enabled",
+    "fp16.enabled",
+];
+
+/// What a DeepSpeed config asks of this Trainer (`TrainingArguments.deepspeed`). In an
+/// arguments file: the path of a DeepSpeed JSON file, or the DeepSpeed object itself (written
+/// back as `{"zero_optimization": {"stage": N}}`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DeepSpeedConfig {
+    /// `zero_optimization.stage`: 0..=3 (absent: 0).
+    pub zero_stage: u8,
+}
+
+impl Serialize for DeepSpeedConfig {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        serde_json::json!({ "zero_optimization": { "stage": self.zero_stage } }).serialize(s)
+    }
+}
+
+impl<'de> Deserialize<'de> for DeepSpeedConfig {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        match Value::deserialize(d)? {
+            Value::String(path) => Self::from_arg(&path),
+            v => Self::from_json(&v).map_err(|e| format!("deepspeed: {e}")),
+        }
+        .map_err(serde::de::Error::custom)
+    }
+}
+
+impl DeepSpeedConfig {
+    /// The `--deepspeed` value, as Transformers reads it: the path of a JSON file, or a JSON
+    /// object given inline.
+    ///
+    /// # Errors
+    /// An unreadable file; malformed JSON; a key this Trainer does not honour, named with its
+    /// dotted path; a value out of range.
+    pub fn from_arg(text: &str) -> std::result::Result<Self, String> {
+        let json = if text.trim_start().starts_with('{') {
+            text.to_string()
+        } else {
+            std::fs::read_to_string(text)
+                .map_err(|e| format!("cannot read DeepSpeed config {text}: {e} (expected the path of a JSON file, or a JSON object)"))?
+        };
+        let value: Value = serde_json::from_str(&json).map_err(|e| format!("DeepSpeed config {text}: {e}"))?;
+        Self::from_json(&value).map_err(|e| format!("DeepSpeed config {text}: {e}"))
+    }
+
+    /// Reads a parsed DeepSpeed config.
+    ///
+    /// # Errors
+    /// As [`from_arg`](Self::from_arg).
+    pub fn from_json(value: &Value) -> std::result::Result<Self, String> {
+        let mut leaves = Vec::new();
+        flatten("", value, &mut leaves)?;
+        let mut cfg = DeepSpeedConfig::default();
+        for (key, v) in leaves {
+            match key.as_str() {
+                "zero_optimization.stage" => {
+                    cfg.zero_stage = match v.as_u64() {
+                        Some(s @ 0..=3) => s as u8,
+                        _ => return Err(format!("zero_optimization.stage is {v}, expected 0, 1, 2 or 3")),
+                    }
+                }
+                "zero_optimization.offload_optimizer.device" => match v.as_str() {
+                    Some("none") => {}
+                    _ => {
+                        return Err(format!(
+                            "zero_optimization.offload_optimizer.device {v} is not supported by this Trainer (expected \"none\")"
+                        ))
+                    }
+                },
+                k if AUTO_KEYS.contains(&k) => {
+                    if v.as_str() != Some("auto") {
+                        return Err(format!("{k} is {v}: this Trainer takes it from its TrainingArguments; give \"auto\" or leave it out"));
+                    }
+                }
+                k => return Err(format!("unknown DeepSpeed key {k}: this Trainer honours only {HONOURED_KEYS}")),
+            }
+        }
+        Ok(cfg)
+    }
+}
+
+/// The leaves of a JSON object as `(dotted.key, value)`, in document order.
+fn flatten<'a>(prefix: &str, value: &'a Value, out: &mut Vec<(String, &'a Value)>) -> std::result::Result<(), String> {
+    match value {
+        Value::Object(map) => {
+            for (k, v) in map {
+                let key = if prefix.is_empty() { k.clone() } else { format!("{prefix}.{k}") };
+                flatten(&key, v, out)?;
+            }
+            Ok(())
+        }
+        _ if prefix.is_empty() => Err("expected a JSON object".into()),
+        v => {
+            out.push((prefix.to_string(), v));
+            Ok(())
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_stage_and_auto_values_are_read_and_other_keys_refused_by_name() {
+        let ok = DeepSpeedConfig::from_arg(
+            r#"{"zero_optimization": {"stage": 1, "offload_optimizer": {"device": "none"}}, "train_batch_size": "auto", "bf16": {"enabled": "auto"}}"#,
+        )
+        .unwrap();
+        assert_eq!(ok.zero_stage, 1);
+        let e = DeepSpeedConfig::from_arg(r#"{"zero_optimization": {"stage": 2, "overlap_comm": true}}"#).unwrap_err();
+        assert!(e.contains("unknown DeepSpeed key zero_optimization.overlap_comm"), "{e}");
+        let e = DeepSpeedConfig::from_arg(r#"{"zero_optimization": {"stage": 4}}"#).unwrap_err();
+        assert!(e.contains("zero_optimization.stage is 4"), "{e}");
+        let e = DeepSpeedConfig::from_arg(r#"{"train_batch_size": 64}"#).unwrap_err();
+        assert!(e.contains("train_batch_size is 64"), "{e}");
+        let e = DeepSpeedConfig::from_arg("/nonexistent/ds.json").unwrap_err();
+        assert!(e.contains("cannot read DeepSpeed config /nonexistent/ds.json"), "{e}");
+    }
+}

@@ -333,7 +333,8 @@ impl Trainer {
         run.progress.finish();
         if self.args.load_best_model_at_end {
             if let Some(best) = self.state.best_model_checkpoint.clone() {
-                self.say(&format!("Loading best model from {} (score: {:?}).", best.display(), self.state.best_metric));
+                let score = self.state.best_metric.map_or_else(String::new, |m| format!(" (score: {m})"));
+                self.say(&format!("Loading best model from {}{score}.", best.display()));
                 self.accelerator.load_state(&best)?;
             }
         }

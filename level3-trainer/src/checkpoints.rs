@@ -62,6 +62,23 @@ pub fn sorted_checkpoints(output_dir: &Path, best: Option<&Path>) -> Result<Vec<
     Ok(sorted)
 }
 
+/// The files a Trainer run writes at the top of output_dir (besides `checkpoint-<step>/`):
+/// what [`run_files`] finds and what overwrite_output_dir replaces.
+pub const RUN_FILES: &[&str] =
+    &["training_args.json", "trainer_state.json", "model.safetensors", "loss.svg", "log_history.jsonl", "log_history.csv"];
+
+/// What a previous Trainer run left in `output_dir`: its `checkpoint-<step>/` directories
+/// (sorted by step) and the [`RUN_FILES`] present; other files are not the Trainer's and are
+/// not listed. A missing output_dir holds none.
+///
+/// # Errors
+/// [`Error::Io`] if output_dir exists but cannot be listed.
+pub fn run_files(output_dir: &Path) -> Result<Vec<PathBuf>> {
+    let mut found = sorted_checkpoints(output_dir, None)?;
+    found.extend(RUN_FILES.iter().map(|f| output_dir.join(f)).filter(|p| p.exists()));
+    Ok(found)
+}
+
 /// The newest checkpoint (highest step) in `output_dir`, as Transformers' `get_last_checkpoint`.
 ///
 /// # Errors

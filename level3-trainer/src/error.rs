@@ -52,14 +52,28 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
-    /// `output_dir` already holds checkpoints and neither `overwrite_output_dir` nor a resume
-    /// was asked for.
-    #[error("output_dir {dir} already holds checkpoints ({found}); pass --overwrite-output-dir or --resume-from-checkpoint")]
+    /// `output_dir` already holds a previous run's files and neither `overwrite_output_dir`
+    /// nor a resume was asked for (as Transformers' "Output directory already exists and is
+    /// not empty").
+    #[error(
+        "output_dir {dir} already holds a previous run ({found}); nothing was changed. To replace that run's files, set \
+         overwrite_output_dir (--overwrite-output-dir, or \"overwrite_output_dir\": true in the args file); to continue \
+         it, resume_from_checkpoint (--resume-from-checkpoint); or choose another output_dir"
+    )]
     OutputDirNotEmpty {
         /// The output directory.
         dir: PathBuf,
-        /// The checkpoints found there.
+        /// The previous run's checkpoints and files found there.
         found: String,
+    },
+    /// A launcher setting (`ladder-accelerate launch --use-fsdp`, exported as `ACCELERATE_*`)
+    /// contradicts a TrainingArguments value set explicitly.
+    #[error("{argument} contradicts the launcher's {launcher}; give the setting in one place (drop it from the launcher's flags or config, or from the arguments)")]
+    LauncherConflict {
+        /// The argument, its value and how it was set (`TrainingArguments.fsdp = ddp (--strategy)`).
+        argument: String,
+        /// The launcher's value and its variable.
+        launcher: String,
     },
     /// No checkpoint to resume from.
     #[error("{dir}: no checkpoint-<step> directory to resume from; expected one written by a previous run")]

@@ -26,5 +26,14 @@ fn main() -> ExitCode {
     // Before any tensor exists: huge pages for wide models (see the function).
     ladder_core::device::use_huge_pages_for(4 * ladder_core::model::BasicNet::num_parameters(cfg.width.max(1)) as u64);
     let result = level3_trainer::run(&cfg);
-    ladder_core::metrics::finish(result, |r| r.summary())
+    // Two throughputs, as Transformers defines each: the log's train_samples_per_second is over
+    // the whole train() call (evaluation and checkpoints included); the last line's samples/s
+    // over the training steps alone, as levels 1 and 2 report it.
+    ladder_core::metrics::finish(result, |r| {
+        format!(
+            "{}
+(samples/s: training steps only; train_samples_per_second above: all of train(), evaluation and checkpoints included)",
+            r.summary()
+        )
+    })
 }

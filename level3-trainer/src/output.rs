@@ -220,9 +220,14 @@ impl Progress {
     pub fn new(total: u64, is_main_process: bool, disable_tqdm: bool) -> Self {
         let bar = (is_main_process && !disable_tqdm && std::io::stdout().is_terminal()).then(|| {
             let bar = indicatif::ProgressBar::new(total);
+            let meter = |s: &indicatif::ProgressState, w: &mut dyn std::fmt::Write| {
+                let _ = w.write_str(&tqdm_meter(s.pos(), s.len().unwrap_or(0), s.elapsed().as_secs_f64(), s.per_sec()));
+            };
             bar.set_style(
-                indicatif::ProgressStyle::with_template("{wide_bar} {pos}/{len} [{elapsed_precise}<{eta_precise}, {per_sec}] {msg}")
-                    .expect("a valid template"),
+                indicatif::ProgressStyle::with_template("{percent:>3}%|{wide_bar}| {meter} {msg}")
+                    .expect("a valid template")
+                    .with_key("meter", meter)
+                    .progress_chars("█▉▊▋▌▍▎▏ "),
             );
             bar
         });
@@ -250,12 +255,37 @@ impl Progress {
         }
     }
 
-    /// Removes the bar; later lines are printed plainly.
+    /// Leaves the bar as it ends (as tqdm does); later lines are printed plainly below it.
     pub fn finish(&mut self) {
         if let Some(b) = self.bar.take() {
-            b.finish_and_clear();
+            b.finish();
         }
     }
+}
+
+/// `mm:ss` (or `h:mm:ss`), as tqdm prints times.
+fn tqdm_time(seconds: f64) -> String {
+    let s = seconds.max(0.0).round() as u64;
+    let (h, m, s) = (s / 3600, s / 60 % 60, s % 60);
+    if h > 0 {
+        format!("{h}:{m:02}:{s:02}")
+    } else {
+        format!("{m:02}:{s:02}")
+    }
+}
+
+/// The right half of tqdm's bar, as the Trainer's progress bar reads: `26/60 [00:21<00:28,
+/// 1.21it/s]` — steps done, elapsed < remaining (`?` before the first step), and the rate in
+/// steps per second (`s/it` below one step per second, as tqdm).
+pub fn tqdm_meter(pos: u64, total: u64, elapsed_s: f64, steps_per_s: f64) -> String {
+    let (remaining, rate) = if pos == 0 || !(steps_per_s.is_finite() && steps_per_s > 0.0) {
+        ("?".to_string(), "?it/s".to_string())
+    } else {
+        let remaining = tqdm_time(total.saturating_sub(pos) as f64 / steps_per_s);
+        let rate = if steps_per_s >= 1.0 { format!("{steps_per_s:.2}it/s") } else { format!("{:.2}s/it", 1.0 / steps_per_s) };
+        (remaining, rate)
+    };
+    format!("{pos}/{total} [{}<{remaining}, {rate}]", tqdm_time(elapsed_s))
 }
 
 /// A log entry as one plain line, in Python dict style as Transformers prints logs:
@@ -288,6 +318,14 @@ mod tests {
         assert_eq!(thousands(999), "999");
         assert_eq!(thousands(1000), "1,000");
         assert_eq!(thousands(1_199_882), "1,199,882");
+    }
+
+    #[test]
+    fn the_progress_meter_reads_like_tqdm() {
+        assert_eq!(tqdm_meter(26, 60, 21.4, 1.2099), "26/60 [00:21<00:28, 1.21it/s]");
+        assert_eq!(tqdm_meter(0, 60, 0.2, 0.0), "0/60 [00:00<?, ?it/s]");
+        assert_eq!(tqdm_meter(3, 938, 12.0, 0.25), "3/938 [00:12<1:02:20, 4.00s/it]");
+        assert_eq!(tqdm_meter(60, 60, 49.6, 1.21), "60/60 [00:50<00:00, 1.21it/s]");
     }
 
     #[test]

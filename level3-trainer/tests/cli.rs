@@ -158,7 +158,7 @@ fn recipe_and_transformers_defaults_map_onto_training_arguments() {
     assert_eq!((a.learning_rate, a.weight_decay, a.max_grad_norm, a.lr_scheduler_type), (1e-3, 0.01, 0.0, SchedulerType::Constant));
     assert_eq!((a.per_device_train_batch_size, a.num_train_epochs, a.seed, a.warmup_steps), (64, 1.0, 1, 0));
     assert_eq!((a.eval_strategy, a.logging_steps), (IntervalStrategy::Epoch, 100));
-    assert!(a.use_cpu && a.fsdp.is_none() && a.overwrite_output_dir);
+    assert!(a.use_cpu && a.fsdp.is_none() && !a.overwrite_output_dir); // never implied (issue #27)
     assert_eq!(a.output_dir, Path::new("basic-trainer"));
 
     let t = parse(&["--device", "cpu", "--transformers-defaults"]).training_arguments().unwrap();
@@ -198,9 +198,8 @@ fn args_file_lies_over_the_recipe_and_given_flags_lie_over_it() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("args.toml");
     std::fs::write(&file, "learning_rate = 3e-4\ngradient_accumulation_steps = 4\nper_device_train_batch_size = 16\n").unwrap();
-    let mut cfg = Config::try_parse_from(["level3-trainer", "--args-file", file.to_str().unwrap(), "--batch-size", "32"]).unwrap();
     // As the binary parses: only --args-file and --batch-size were typed.
-    cfg.given = Some(["args_file", "batch_size"].iter().map(|s| s.to_string()).collect());
+    let cfg = Config::try_parse_command_line(["level3-trainer", "--args-file", file.to_str().unwrap(), "--batch-size", "32"]).unwrap();
     let a = cfg.training_arguments().unwrap();
     assert_eq!(a.learning_rate, 3e-4); // the file over the recipe (and the untyped --lr default)
     assert_eq!(a.gradient_accumulation_steps, 4);
@@ -210,10 +209,14 @@ fn args_file_lies_over_the_recipe_and_given_flags_lie_over_it() {
 
     // fsdp_config from the file; a typed prefetch flag replaces that key alone.
     std::fs::write(&file, "fsdp = \"full_shard\"\n[fsdp_config]\nbackward_prefetch = \"backward_pre\"\nforward_prefetch = true\n").unwrap();
-    let mut cfg =
-        Config::try_parse_from(["level3-trainer", "--args-file", file.to_str().unwrap(), "--fsdp-backward-prefetch", "backward-post"])
-            .unwrap();
-    cfg.given = Some(["args_file", "fsdp_backward_prefetch"].iter().map(|s| s.to_string()).collect());
+    let cfg = Config::try_parse_command_line([
+        "level3-trainer",
+        "--args-file",
+        file.to_str().unwrap(),
+        "--fsdp-backward-prefetch",
+        "backward-post",
+    ])
+    .unwrap();
     let a = cfg.training_arguments().unwrap();
     assert_eq!(
         (a.fsdp_config.backward_prefetch, a.fsdp_config.forward_prefetch),

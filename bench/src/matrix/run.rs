@@ -263,6 +263,11 @@ fn run_ours(case: &Case, repeat: usize, paths: &Paths, timeout: Duration) -> std
             if case.precision != Precision::No {
                 c.args(["--mixed-precision", &case.precision.to_string()]);
             }
+            if n == 3 {
+                // The Trainer refuses to replace a previous run unless told: the bench owns this one.
+                c.arg("--output-dir").arg(paths.out_dir.join("trainer-output").join(format!("{}-r{repeat}", case.id)));
+                c.arg("--overwrite-output-dir");
+            }
             c
         }
     };

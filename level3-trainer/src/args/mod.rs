@@ -9,11 +9,13 @@
 //!
 //! Files: this one holds the struct, its defaults and the values derived from it;
 //! `fsdp_config` the `fsdp_config` object; `sources` the argument file and command-line
-//! merging and `training_args.json`; `validate` the checks.
+//! merging and `training_args.json`; `spellings` Transformers' other spellings (snake_case
+//! flags, renamed fields, list forms); `validate` the checks.
 
 mod deepspeed;
 mod fsdp_config;
 mod sources;
+pub mod spellings;
 mod validate;
 
 pub use deepspeed::{DeepSpeedConfig, HONOURED_KEYS as DEEPSPEED_HONOURED_KEYS};
@@ -81,7 +83,9 @@ pub struct TrainingArguments {
     /// Where checkpoints, trainer_state.json, training_args.json, logs and the loss plot go.
     #[arg(long, default_value = "trainer_output", value_name = "DIR")]
     pub output_dir: PathBuf,
-    /// Start afresh even if output_dir already holds checkpoints.
+    /// Replace a previous run in output_dir: its checkpoints, model, state and logs are removed
+    /// when training starts (other files are kept). Without it, or a resume, an output_dir
+    /// holding a previous run is refused (as Transformers' example scripts).
     #[arg(long)]
     pub overwrite_output_dir: bool,
     /// Training samples per process per forward/backward (one micro-batch).
@@ -184,8 +188,10 @@ pub struct TrainingArguments {
     /// No progress bar (plain log lines instead).
     #[arg(long)]
     pub disable_tqdm: bool,
-    /// Where to report the log history besides trainer_state.json.
+    /// Where to report the log history besides trainer_state.json (in an args file also
+    /// Transformers' list form, `["jsonl"]`; `[]` is none).
     #[arg(long, value_enum, value_parser = ladder_core::cli::choice::<ReportTo>(), default_value_t = ReportTo::None)]
+    #[serde(deserialize_with = "spellings::report_to_one_or_list")]
     pub report_to: ReportTo,
     /// Shard the model with FSDP instead of replicating it with DDP.
     #[arg(long, value_parser = ladder_core::cli::spelling::<ShardingStrategy>())]
@@ -213,7 +219,7 @@ pub struct TrainingArguments {
     pub use_cpu: bool,
     /// Seconds a collective may wait for the other processes before the job fails with an
     /// error naming the ones that did not arrive (Transformers' ddp_timeout, passed to
-    /// init_process_group(timeout=...)) [default: 600].
+    /// init_process_group(timeout=...)).
     #[arg(long, default_value_t = 600)]
     pub ddp_timeout: u64,
     /// Keep training when the loss or a gradient is NaN or infinite (default: stop every

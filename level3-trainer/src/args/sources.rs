@@ -2,7 +2,7 @@
 //! (JSON or TOML, keys are the field names) laid over the defaults, command-line flags given
 //! laid over the file; and where they go: `output_dir/training_args.json`.
 
-use super::TrainingArguments;
+use super::{spellings, TrainingArguments};
 use crate::error::{Error, Result};
 use clap::parser::ValueSource;
 use clap::{ArgMatches, CommandFactory, FromArgMatches};
@@ -20,7 +20,10 @@ impl TrainingArguments {
         I: IntoIterator<Item = T>,
         T: Into<std::ffi::OsString> + Clone,
     {
-        let matches = Self::command().try_get_matches_from(args).map_err(|e| Error::CommandLine { message: e.render().to_string() })?;
+        let (words, warnings) = spellings::rewrite_renamed_flags(args);
+        let cmd = spellings::with_snake_case_flags(Self::command());
+        let matches = cmd.try_get_matches_from(words).map_err(|e| Error::CommandLine { message: e.render().to_string() })?;
+        warnings.iter().for_each(|w| spellings::warn(w));
         Self::from_matches(&matches)
     }
 
@@ -33,24 +36,30 @@ impl TrainingArguments {
     pub fn from_matches(matches: &ArgMatches) -> Result<Self> {
         let cli =
             <Self as FromArgMatches>::from_arg_matches(matches).map_err(|e| Error::CommandLine { message: e.render().to_string() })?;
-        let args = match &cli.args_file {
-            None => cli,
-            Some(file) => {
-                let mut merged = serde_json::to_value(Self::from_file(file)?).expect("TrainingArguments serialise");
-                let given = serde_json::to_value(&cli).expect("TrainingArguments serialise");
-                let (merged_map, given_map) = (merged.as_object_mut().expect("an object"), given.as_object().expect("an object"));
-                for (key, value) in given_map {
-                    if matches!(matches.value_source(key), Some(ValueSource::CommandLine)) {
-                        merged_map.insert(key.clone(), value.clone());
-                    }
-                }
-                let mut args: Self = serde_json::from_value(merged).expect("a merge of two valid argument sets");
-                args.args_file = cli.args_file.clone();
-                args
-            }
+        let base = match &cli.args_file {
+            None => Self::default(),
+            Some(file) => Self::from_file(file)?,
         };
+        let args = base.overlay_given(&cli, |key| matches!(matches.value_source(key), Some(ValueSource::CommandLine)));
         args.validate()?;
         Ok(args)
+    }
+
+    /// These arguments with each field for which `given(field)` holds replaced by `flags`'
+    /// value (the flags a user typed over the defaults and the file); `args_file` is `flags'`.
+    /// Not validated.
+    pub fn overlay_given(&self, flags: &Self, given: impl Fn(&str) -> bool) -> Self {
+        let mut merged = serde_json::to_value(self).expect("TrainingArguments serialise");
+        let typed = serde_json::to_value(flags).expect("TrainingArguments serialise");
+        let (merged_map, typed_map) = (merged.as_object_mut().expect("an object"), typed.as_object().expect("an object"));
+        for (key, value) in typed_map {
+            if given(key) {
+                merged_map.insert(key.clone(), value.clone());
+            }
+        }
+        let mut out: Self = serde_json::from_value(merged).expect("a merge of two valid argument sets");
+        out.args_file = flags.args_file.clone();
+        out
     }
 
     /// Reads arguments from a JSON file, or a TOML file when the name ends in `.toml`; missing
@@ -69,16 +78,7 @@ impl TrainingArguments {
     /// [`Error::ArgsFile`] naming the file and the parser's complaint (unknown key, bad value).
     pub fn overlay_file(&self, file: &Path) -> Result<Self> {
         let bad = |problem: String| Error::ArgsFile { file: file.into(), problem };
-        let text = std::fs::read_to_string(file).map_err(|e| bad(e.to_string()))?;
-        let value: serde_json::Value = if file.extension().is_some_and(|e| e == "toml") {
-            let t: toml::Value = toml::from_str(&text).map_err(|e| bad(e.message().to_string()))?;
-            serde_json::to_value(t).map_err(|e| bad(e.to_string()))?
-        } else {
-            serde_json::from_str(&text).map_err(|e| bad(e.to_string()))?
-        };
-        let serde_json::Value::Object(keys) = value else {
-            return Err(bad("expected a table of TrainingArguments fields".into()));
-        };
+        let keys = Self::read_table(file, true)?;
         // Unknown keys and bad values, reported against the file alone.
         serde_json::from_value::<Self>(serde_json::Value::Object(keys.clone())).map_err(|e| bad(e.to_string()))?;
         let mut merged = serde_json::to_value(self).expect("TrainingArguments serialise");
@@ -89,6 +89,43 @@ impl TrainingArguments {
         let mut out: Self = serde_json::from_value(merged).map_err(|e| bad(e.to_string()))?;
         out.args_file = self.args_file.clone();
         Ok(out)
+    }
+
+    /// The fields an arguments file sets (older names given as the new ones).
+    ///
+    /// # Errors
+    /// [`Error::ArgsFile`] naming the file and the parser's complaint.
+    pub fn fields_in_file(file: &Path) -> Result<Vec<String>> {
+        Ok(Self::read_table(file, false)?.keys().cloned().collect())
+    }
+
+    /// The table of an arguments file (JSON, or TOML when the name ends in `.toml`), with
+    /// Transformers' older names renamed (a deprecation warning each, when `warn`).
+    fn read_table(file: &Path, warn: bool) -> Result<serde_json::Map<String, serde_json::Value>> {
+        let bad = |problem: String| Error::ArgsFile { file: file.into(), problem };
+        let text = std::fs::read_to_string(file).map_err(|e| bad(e.to_string()))?;
+        let value: serde_json::Value = if file.extension().is_some_and(|e| e == "toml") {
+            let t: toml::Value = toml::from_str(&text).map_err(|e| bad(e.message().to_string()))?;
+            serde_json::to_value(t).map_err(|e| bad(e.to_string()))?
+        } else {
+            serde_json::from_str(&text).map_err(|e| bad(e.to_string()))?
+        };
+        let serde_json::Value::Object(mut keys) = value else {
+            return Err(bad("expected a table of TrainingArguments fields".into()));
+        };
+        // Transformers' older names, read as the new ones (both given: which one?).
+        for (old, new) in spellings::RENAMED {
+            if let Some(v) = keys.remove(*old) {
+                if keys.contains_key(*new) {
+                    return Err(bad(format!("both `{old}` and `{new}` are given; `{old}` is the older name of `{new}`: keep one")));
+                }
+                if warn {
+                    spellings::warn(&format!("{}: {}", file.display(), spellings::deprecation(old, new)));
+                }
+                keys.insert(new.to_string(), v);
+            }
+        }
+        Ok(keys)
     }
 
     /// Writes the arguments as pretty JSON to `output_dir/training_args.json` (atomically),

@@ -1,5 +1,5 @@
-//! What a run saves and restores: the output directory at the start of training (existing
-//! checkpoints refused or cleared, training_args.json), `checkpoint-<step>/` through the
+//! What a run saves and restores: the output directory at the start of training (a previous
+//! run's files refused, or replaced with overwrite_output_dir; training_args.json), `checkpoint-<step>/` through the
 //! Accelerator's `save_state` with the Trainer's own files, and resuming from one.
 
 use super::loss_sums::LossSums;
@@ -39,29 +39,51 @@ impl Trainer {
         })
     }
 
-    /// Makes output_dir ready for a run: a fresh run refuses the checkpoints it holds (or, with
-    /// overwrite_output_dir, removes them on rank 0); then rank 0 writes training_args.json.
-    /// Collective.
-    pub(super) fn prepare_output_dir(&self, resuming: bool) -> Result<()> {
-        let out_dir = &self.args.output_dir;
-        let existing = checkpoints::sorted_checkpoints(out_dir, None)?;
-        if !resuming && !existing.is_empty() {
-            if !self.args.overwrite_output_dir {
-                let found =
-                    existing.iter().filter_map(|p| p.file_name()).map(|n| n.to_string_lossy().into_owned()).collect::<Vec<_>>().join(", ");
-                return Err(Error::OutputDirNotEmpty { dir: out_dir.clone(), found });
-            }
-            self.accelerator.wait_for_everyone()?;
-            if self.accelerator.is_main_process() {
-                for dir in &existing {
-                    std::fs::remove_dir_all(dir).map_err(|e| Error::io(dir, e))?;
-                }
-            }
+    /// The output-directory policy, checked before anything is written (as Transformers'
+    /// "Output directory already exists and is not empty" check): a fresh run refuses an
+    /// output_dir holding a previous run's files (`checkpoint-<step>/`, model.safetensors,
+    /// trainer_state.json, …: [`checkpoints::run_files`]) unless overwrite_output_dir is set;
+    /// a resume keeps them. Writes nothing.
+    ///
+    /// # Errors
+    /// [`Error::OutputDirNotEmpty`] naming the directory, what it holds and the two ways on.
+    pub(super) fn check_output_dir(&self, resuming: bool) -> Result<()> {
+        if resuming || self.args.overwrite_output_dir {
+            return Ok(());
         }
+        let out_dir = &self.args.output_dir;
+        let existing = checkpoints::run_files(out_dir)?;
+        if existing.is_empty() {
+            return Ok(());
+        }
+        let names: Vec<String> = existing.iter().filter_map(|p| p.file_name()).map(|n| n.to_string_lossy().into_owned()).collect();
+        let found = match names.len() {
+            0..=8 => names.join(", "),
+            n => format!("{}, … ({n} in all)", names[..8].join(", ")),
+        };
+        Err(Error::OutputDirNotEmpty { dir: out_dir.clone(), found })
+    }
+
+    /// Makes output_dir ready once the run is known to start (arguments, output-directory
+    /// policy and resume checked): with overwrite_output_dir and no resume, rank 0 removes the
+    /// previous run's files ([`checkpoints::run_files`]; nothing else in the directory), so
+    /// that no stale checkpoint, log or model is left beside the new run's; then rank 0 writes
+    /// training_args.json. Collective.
+    ///
+    /// # Errors
+    /// [`Error::Io`] naming a file or directory that could not be removed or written.
+    pub(super) fn start_output_dir(&self, resuming: bool) -> Result<()> {
         self.accelerator.wait_for_everyone()?;
         if self.accelerator.is_main_process() {
+            if !resuming && self.args.overwrite_output_dir {
+                for path in checkpoints::run_files(&self.args.output_dir)? {
+                    let removed = if path.is_dir() { std::fs::remove_dir_all(&path) } else { std::fs::remove_file(&path) };
+                    removed.map_err(|e| Error::io(&path, e))?;
+                }
+            }
             self.args.write_json()?;
         }
+        self.accelerator.wait_for_everyone()?;
         Ok(())
     }
 

@@ -39,6 +39,7 @@
 mod checkpointing;
 mod evaluation;
 mod hooks;
+mod launcher;
 mod loss_sums;
 mod training;
 
@@ -53,8 +54,7 @@ use crate::state::{LogEntry, TrainerState};
 use ladder_core::checkpoint as core_ckpt;
 use ladder_core::data::Dataset;
 use ladder_core::model::{BasicNet, BasicNetConfig};
-use ladder_core::parallel::Precision;
-use level2_accelerator::{AcceleratedOptimizer, Accelerator, AcceleratorConfig, PreparedModel};
+use level2_accelerator::{AcceleratedOptimizer, Accelerator, PreparedModel};
 use std::path::PathBuf;
 use tch::{nn, Device};
 
@@ -99,30 +99,6 @@ impl std::fmt::Debug for Trainer {
 }
 
 impl Trainer {
-    /// The Accelerator settings these arguments stand for (Transformers builds its
-    /// `Accelerator` the same way): cpu from use_cpu, bf16 mixed precision, the accumulation
-    /// steps, FSDP, its sharding strategy and auto-wrap threshold, fsdp_config's backward
-    /// prefetch (absent: `NO_PREFETCH`) and forward prefetch, the seed. Launcher variables
-    /// (`ACCELERATE_*`, `FSDP_BACKWARD_PREFETCH`, …) and config files cannot override them: the
-    /// arguments set each explicitly, as Transformers exports `fsdp_config` over the launcher's
-    /// variables (`fsdp_min_num_params` excepted: when not given, theirs applies).
-    pub fn accelerator_config(args: &TrainingArguments) -> AcceleratorConfig {
-        AcceleratorConfig {
-            cpu: Some(args.use_cpu),
-            mixed_precision: Some(if args.bf16 { Precision::Bf16 } else { Precision::No }),
-            gradient_accumulation_steps: Some(args.gradient_accumulation_steps),
-            use_fsdp: Some(args.fsdp.is_some()),
-            fsdp_sharding_strategy: args.fsdp,
-            fsdp_min_num_params: args.fsdp_min_num_params,
-            fsdp_backward_prefetch: Some(args.fsdp_config.backward_prefetch),
-            fsdp_forward_prefetch: Some(args.fsdp_config.forward_prefetch),
-            fsdp_activation_checkpointing: Some(args.gradient_checkpointing),
-            zero_stage: args.deepspeed.map(|d| usize::from(d.zero_stage)),
-            seed: Some(args.seed),
-            ..AcceleratorConfig::default()
-        }
-    }
-
     /// A Trainer for `model` (built in `vs`, on any device), as `Trainer(model, args,
     /// train_dataset, eval_dataset, data_collator)`; `hooks` is the `Trainer` subclass's
     /// overrides. Builds the [`Accelerator`] (the process group from the launcher's
@@ -143,8 +119,13 @@ impl Trainer {
         hooks: impl TrainerHooks + 'static,
     ) -> Result<Self> {
         Self::check_arguments(&args, &hooks)?;
+        let defaults = serde_json::to_value(TrainingArguments::default()).expect("TrainingArguments serialise");
+        let given = serde_json::to_value(&args).expect("TrainingArguments serialise");
+        let non_default = |field: &str| (given.get(field) != defaults.get(field)).then(|| "set, not the default".to_string());
+        Self::check_launcher_settings(&args, non_default, |k| std::env::var(k).ok())?;
         let init = level2_accelerator::InitProcessGroupKwargs { timeout: Some(std::time::Duration::from_secs(args.ddp_timeout)) };
         let accelerator = Accelerator::with_kwargs_handlers(Self::accelerator_config(&args), Default::default(), init)?;
+        let args = Self::effective_arguments(args, accelerator.config());
         accelerator.set_check_finite(!args.allow_non_finite);
         if let Some(train) = &train_dataset {
             ladder_core::recipe::check_batch_size(

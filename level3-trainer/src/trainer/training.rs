@@ -134,14 +134,15 @@ impl Trainer {
     /// calls it. Runs once per Trainer.
     ///
     /// # Errors
-    /// No train dataset; an eval strategy without an eval dataset; a second call; output_dir holding checkpoints without
-    /// overwrite_output_dir or a resume; unreadable checkpoints; callback refusals; data,
+    /// No train dataset; an eval strategy without an eval dataset; a second call; output_dir holding a previous run's
+    /// files without overwrite_output_dir or a resume (nothing is written before these checks and
+    /// the resume's pass); unreadable checkpoints; callback refusals; data,
     /// model and collective errors.
     pub fn train(&mut self, resume_from_checkpoint: Option<ResumeFrom>) -> Result<TrainOutput> {
         let run_start = Instant::now();
         let train_dataset = self.check_can_train()?;
         let resume_dir = self.resume_dir(resume_from_checkpoint.as_ref())?;
-        self.prepare_output_dir(resume_dir.is_some())?;
+        self.check_output_dir(resume_dir.is_some())?;
         let plan = self.plan(train_dataset.len());
         let loader = self.accelerator.prepare_data_loader(
             &train_dataset,
@@ -152,6 +153,8 @@ impl Trainer {
             Some(dir) => Some(self.resume(dir, &plan)?),
             None => None,
         };
+        // Only now, the run known to start, is anything written.
+        self.start_output_dir(resumed.is_some())?;
         let mut run = self.begin(plan, resumed)?;
         let loop_start = Instant::now();
         for epoch in run.start_epoch..run.plan.num_epochs {
@@ -218,7 +221,7 @@ impl Trainer {
         let is_main = self.accelerator.is_main_process();
         let trainable = BasicNet::num_parameters(self.net_config.width) as u64;
         if is_main {
-            println!("{}", output::training_banner(&self.args, &plan, trainable));
+            println!("{}\n{}", output::training_banner(&self.args, &plan, trainable), self.settings_banner());
         }
         let reporter = if is_main { Some(ReportWriter::new(&self.args, resumed.is_some())?) } else { None };
         let control = self.callback_handler.on_train_begin(&self.args, &self.state, TrainerControl::default())?;
@@ -330,7 +333,8 @@ impl Trainer {
         run.progress.finish();
         if self.args.load_best_model_at_end {
             if let Some(best) = self.state.best_model_checkpoint.clone() {
-                self.say(&format!("Loading best model from {} (score: {:?}).", best.display(), self.state.best_metric));
+                let score = self.state.best_metric.map_or_else(String::new, |m| format!(" (score: {m})"));
+                self.say(&format!("Loading best model from {}{score}.", best.display()));
                 self.accelerator.load_state(&best)?;
             }
         }

@@ -1,0 +1,142 @@
+//! The Trainer and the launcher's settings (`ladder-accelerate launch --use-fsdp
+//! --mixed-precision bf16 --gradient-accumulation-steps 2 …`, exported as `ACCELERATE_*` /
+//! `FSDP_*` variables), as 🤗 Transformers' Trainer under `accelerate launch`: a setting the
+//! arguments leave at its default is the launcher's (the Accelerator reads its variables); one
+//! the arguments set and the launcher contradicts is an error naming both; the banner says which
+//! source won. The arguments are then brought in line with what the Accelerator runs.
+
+use super::Trainer;
+use crate::args::TrainingArguments;
+use crate::error::{Error, Result};
+use ladder_core::parallel::{Precision, Strategy};
+use level2_accelerator::config::Source;
+use level2_accelerator::{AcceleratorConfig, ResolvedConfig};
+
+/// The TrainingArguments fields the launcher can also set, each with the Accelerator setting
+/// it stands for.
+pub const LAUNCHER_SETTINGS: &[(&str, &str)] =
+    &[("fsdp", "use_fsdp"), ("bf16", "mixed_precision"), ("gradient_accumulation_steps", "gradient_accumulation_steps"), ("seed", "seed")];
+
+impl Trainer {
+    /// The Accelerator settings these arguments set (Transformers builds its `Accelerator` the
+    /// same way). Set: use_cpu when true; bf16 when true; the accumulation steps when not 1;
+    /// with fsdp, FSDP, its sharding strategy, auto-wrap threshold (when given) and
+    /// fsdp_config's prefetch settings (as Transformers exports `fsdp_config` over the
+    /// launcher's variables); activation checkpointing when gradient_checkpointing is true; the
+    /// ZeRO stage of a `deepspeed` config; the seed. Left to the launcher's variables (and then the
+    /// defaults): everything the arguments leave at its default.
+    pub fn accelerator_config(args: &TrainingArguments) -> AcceleratorConfig {
+        let fsdp = args.fsdp.is_some();
+        AcceleratorConfig {
+            cpu: args.use_cpu.then_some(true),
+            mixed_precision: args.bf16.then_some(Precision::Bf16),
+            gradient_accumulation_steps: (args.gradient_accumulation_steps != 1).then_some(args.gradient_accumulation_steps),
+            use_fsdp: fsdp.then_some(true),
+            fsdp_sharding_strategy: args.fsdp,
+            fsdp_min_num_params: args.fsdp_min_num_params.filter(|_| fsdp),
+            fsdp_backward_prefetch: fsdp.then_some(args.fsdp_config.backward_prefetch),
+            fsdp_forward_prefetch: fsdp.then_some(args.fsdp_config.forward_prefetch),
+            fsdp_activation_checkpointing: args.gradient_checkpointing.then_some(true),
+            zero_stage: args.deepspeed.map(|d| usize::from(d.zero_stage)),
+            seed: Some(args.seed),
+            ..AcceleratorConfig::default()
+        }
+    }
+
+    /// Refuses a launcher setting that contradicts an argument set explicitly: for each of
+    /// fsdp, bf16, gradient_accumulation_steps and seed, `set_by(field)` says how the user set
+    /// it (`--strategy ddp`, `a.json`; `None`: left at its default), and `env` looks up the
+    /// launcher's variables. The seed cannot be taken from the launcher (the model is built
+    /// before the Trainer): any difference is refused. The Trainer calls it with the fields
+    /// whose value differs from the default; the level-3 binary with every field it was given.
+    ///
+    /// # Errors
+    /// [`Error::LauncherConflict`] naming the argument, how it was set, the launcher's
+    /// variable and both values; the Accelerator's errors for a malformed variable.
+    pub fn check_launcher_settings(
+        args: &TrainingArguments,
+        set_by: impl Fn(&str) -> Option<String>,
+        env: impl Fn(&str) -> Option<String>,
+    ) -> Result<()> {
+        let launcher = ResolvedConfig::resolve(&AcceleratorConfig::default(), &env)?;
+        for (field, setting) in LAUNCHER_SETTINGS {
+            if launcher.source(setting) == Source::Default {
+                continue;
+            }
+            let (ours, theirs) = match *field {
+                "fsdp" => (strategy_label(&args.strategy()), strategy_label(&launcher.strategy())),
+                "bf16" => (precision(args.bf16).to_string(), launcher.mixed_precision.to_string()),
+                "gradient_accumulation_steps" => {
+                    (args.gradient_accumulation_steps.to_string(), launcher.gradient_accumulation_steps.to_string())
+                }
+                _ => (args.seed.to_string(), launcher.seed.map_or_else(String::new, |s| s.to_string())),
+            };
+            // FSDP's sharding strategy only counts when both sides say FSDP explicitly.
+            let differs = if *field == "fsdp" {
+                args.fsdp.is_some() != launcher.use_fsdp || (args.fsdp.is_some() && ours != theirs)
+            } else {
+                ours != theirs
+            };
+            let how = match set_by(field) {
+                Some(how) => how,
+                None if *field == "seed" => "its default".into(),
+                None => continue,
+            };
+            if differs {
+                return Err(Error::LauncherConflict {
+                    argument: format!("TrainingArguments.{field} = {ours} ({how})"),
+                    launcher: format!("{} ({})", theirs, launcher.describe_source(setting)),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// The arguments as the Accelerator runs them: the launcher's strategy, mixed precision
+    /// and accumulation where the arguments left them to it, so that planning, the banner and
+    /// training_args.json say what runs.
+    pub(super) fn effective_arguments(mut args: TrainingArguments, resolved: &ResolvedConfig) -> TrainingArguments {
+        args.gradient_accumulation_steps = resolved.gradient_accumulation_steps;
+        args.bf16 = resolved.mixed_precision == Precision::Bf16;
+        if let Strategy::Fsdp(o) = resolved.strategy() {
+            args.fsdp = Some(o.sharding_strategy);
+            args.fsdp_min_num_params = Some(o.min_num_params);
+            args.fsdp_config.backward_prefetch = o.backward_prefetch;
+            args.fsdp_config.forward_prefetch = o.forward_prefetch;
+        }
+        args
+    }
+
+    /// The banner's lines on the settings the launcher can also give: each value and the source
+    /// that won (`TrainingArguments`, the launcher's variable, the config file, the default).
+    pub(super) fn settings_banner(&self) -> String {
+        let resolved = self.accelerator.config();
+        let source = |setting: &str| match resolved.source(setting) {
+            Source::Builder => "TrainingArguments".to_string(),
+            Source::Env => format!("the launcher: {}", resolved.describe_source(setting).trim_start_matches("from ")),
+            _ => resolved.describe_source(setting),
+        };
+        format!(
+            "  Distributed strategy = {} ({})\n  Mixed precision = {} ({})\n  Gradient Accumulation steps from = {}",
+            strategy_label(&resolved.strategy()),
+            source("use_fsdp"),
+            resolved.mixed_precision,
+            source("mixed_precision"),
+            source("gradient_accumulation_steps"),
+        )
+    }
+}
+
+/// `ddp`, `fsdp-full-shard`, … (the core's names).
+fn strategy_label(s: &Strategy) -> String {
+    s.to_string()
+}
+
+/// bf16 as a mixed-precision name.
+fn precision(bf16: bool) -> Precision {
+    if bf16 {
+        Precision::Bf16
+    } else {
+        Precision::No
+    }
+}

@@ -489,7 +489,8 @@ pub fn check_writable(flag: &str, path: &std::path::Path, kind: OutputKind) -> R
     }
     match tempfile::Builder::new().prefix(".ladder-probe-").tempfile_in(dir) {
         Ok(probe) => probe.close().or_else(|e| bad(format!("cannot remove a probe file in {}: {e}", dir.display()))),
-        Err(e) => bad(format!("cannot create a file in {}: {e}", dir.display())),
+        // tempfile's error ends with the probe's random name: keep the system's reason.
+        Err(e) => bad(format!("cannot create a file in {}: {}", dir.display(), e.to_string().split(" at path ").next().unwrap_or(""))),
     }
 }
 

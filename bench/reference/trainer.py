@@ -13,6 +13,7 @@ from a TrainerCallback plus laps in compute_loss (common.StepTimer); rank 0 prin
 """
 import json
 import os
+import shutil
 import tempfile
 import time
 
@@ -67,6 +68,13 @@ def main():
     a = peer_arguments()
     start = time.perf_counter()
     out = tempfile.mkdtemp(prefix="hf-trainer-peer-")
+    try:
+        run(a, start, out)
+    finally:
+        shutil.rmtree(out, ignore_errors=True)  # save_strategy "no": nothing in it is kept
+
+
+def run(a, start, out):
     args = TrainingArguments(
         output_dir=out, per_device_train_batch_size=a.batch_size, per_device_eval_batch_size=1000,
         num_train_epochs=1, max_steps=a.max_steps or -1, learning_rate=a.lr, weight_decay=0.01,

@@ -95,6 +95,9 @@ pub struct DemoSummary {
     pub nproc_per_node: usize,
     /// One row per level, in the order run.
     pub rows: Vec<DemoRow>,
+    /// `--max-steps`, when the runs were capped (their accuracy is then a short run's).
+    #[serde(default)]
+    pub max_steps: Option<usize>,
 }
 
 impl DemoSummary {
@@ -188,6 +191,13 @@ pub fn render_notes(summary: &DemoSummary) -> String {
          high-water mark of each rank.\n",
         summary.nproc_per_node, summary.nproc_per_node
     );
+    if let Some(m) = summary.max_steps {
+        s.push_str(&format!(
+            "\nCapped: every level stopped after --max-steps {m} optimizer steps (a full epoch is 60000 / ({} × 64) \
+             steps), so accuracy and loss are a short run's, not the tutorial's one epoch.\n",
+            summary.nproc_per_node
+        ));
+    }
     for r in &summary.rows {
         if let Some(e) = &r.user_code_error {
             s.push_str(&format!("\nlevel {}: lines not counted: {e}\n", r.level));
@@ -232,17 +242,18 @@ pub fn run_demo(args: &DemoArgs) -> Result<DemoSummary> {
         let row = run_level(args, level, &root, &bin_dir, &launcher, &out_dir, (i + 1, levels.len()));
         match &row.error {
             None => println!(
-                "      done in {:.1} s: accuracy {:.2}% over {} test images, {:.0} samples/s",
+                "      done in {:.1} s: accuracy {:.2}% over {} test images, {:.0} samples/s{}",
                 row.wall_s,
                 100.0 * row.figures.accuracy,
                 row.figures.eval_samples,
-                row.figures.samples_per_s
+                row.figures.samples_per_s,
+                args.max_steps.map(|m| format!(" (capped at --max-steps {m})")).unwrap_or_default()
             ),
             Some(e) => println!("      FAILED after {:.1} s: {}", row.wall_s, e.lines().next().unwrap_or("")),
         }
         rows.push(row);
     }
-    let summary = DemoSummary { machine: Machine::describe(), nproc_per_node: args.nproc_per_node, rows };
+    let summary = DemoSummary { machine: Machine::describe(), nproc_per_node: args.nproc_per_node, rows, max_steps: args.max_steps };
     println!("\n{}\n{}\n{}", summary.machine.line(), render_table(&summary, false), render_notes(&summary));
     println!("Compute efficiency\n{}", render_efficiency(&summary, false));
     let json = serde_json::to_string_pretty(&summary).unwrap_or_default();

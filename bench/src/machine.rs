@@ -67,6 +67,23 @@ impl Machine {
         }
     }
 
+    /// A warning when the load average `load` (one minute) exceeds the `cores` at the `when`
+    /// of a run: other processes then take the cores the ranks and the peers were timed on, so
+    /// samples/s and the ratios between them say as much about that load as about the code
+    /// (ours / peer read 1.08× at load 8 on 2 cores). `None` below it or where unknown.
+    pub fn load_warning(load: Option<f64>, cores: usize, when: &str) -> Option<String> {
+        let load = load.filter(|l| *l > cores as f64)?;
+        Some(format!(
+            "warning: load average {load:.1} on {cores} cores {when}: other processes compete for the cores, so samples/s \
+             and the ratios (ours / peer, bf16 / fp32, …) are not meaningful; rerun on an idle machine"
+        ))
+    }
+
+    /// The one-minute load average (`/proc/loadavg`); `None` where it cannot be read.
+    pub fn load_average() -> Option<f64> {
+        std::fs::read_to_string("/proc/loadavg").ok()?.split_whitespace().next()?.parse().ok()
+    }
+
     /// One line for the top of a table.
     pub fn line(&self) -> String {
         let mut s = format!(
@@ -100,4 +117,19 @@ pub fn utc_now() -> String {
     let m = if mp < 10 { mp + 3 } else { mp - 9 };
     let y = yoe + era * 400 + i64::from(m <= 2);
     format!("{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z", rem / 3600, rem % 3600 / 60, rem % 60)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Machine;
+
+    /// Issue 27: `bench run` warns when the load exceeds the cores (ratios read 1.08× at load 8
+    /// on 2 cores), and not otherwise.
+    #[test]
+    fn a_load_above_the_cores_is_warned_about() {
+        let w = Machine::load_warning(Some(8.0), 2, "at the start of the run").unwrap();
+        assert!(w.starts_with("warning: load average 8.0 on 2 cores at the start of the run: "), "{w}");
+        assert_eq!(Machine::load_warning(Some(1.5), 2, "at the end of the run"), None);
+        assert_eq!(Machine::load_warning(None, 2, "at the end of the run"), None);
+    }
 }

@@ -24,6 +24,16 @@ fn demo_table_from_fixed_json() {
     insta::assert_snapshot!("demo_markdown", demo_markdown(&summary));
 }
 
+/// Issue 27: a demo capped by --max-steps says so under its table.
+#[test]
+fn a_capped_demo_says_so() {
+    let mut summary: DemoSummary = serde_json::from_str(&fixture("demo.json")).unwrap();
+    assert!(!bench::demo::render_notes(&summary).contains("Capped"));
+    summary.max_steps = Some(10);
+    let notes = bench::demo::render_notes(&summary);
+    assert!(notes.contains("\nCapped: every level stopped after --max-steps 10 optimizer steps (a full epoch is 60000 / (2 × 64) steps), so accuracy and loss are a short run's"), "{notes}");
+}
+
 #[test]
 fn matrix_tables_from_fixed_json() {
     let mut summary: MatrixSummary = serde_json::from_str(&fixture("bench.json")).unwrap();

@@ -64,7 +64,8 @@ pub struct Config {
     #[arg(long, value_name = "N")]
     pub fsdp_min_num_params: Option<usize>,
     /// FSDP's backward_prefetch: when FULL_SHARD's backward starts all-gathering the next
-    /// unit [default: backward-pre, PyTorch's; FSDP strategies only].
+    /// unit [default: backward-pre, PyTorch's, where levels 2 and 3 follow Accelerate's
+    /// no-prefetch; FSDP strategies only].
     #[arg(long, value_parser = ladder_core::cli::spelling::<BackwardPrefetch>())]
     pub fsdp_backward_prefetch: Option<BackwardPrefetch>,
     /// FSDP's forward_prefetch: start the next unit's all-gather before the current unit's
@@ -98,6 +99,11 @@ pub struct Config {
     /// Min all-reduce of all parameters).
     #[arg(long)]
     pub check_sync: bool,
+    /// Skip the evaluation after each epoch, for quick checks (Transformers' `eval_strategy
+    /// no`): the test figures are then reported over 0 images.
+    #[arg(long)]
+    #[serde(default)]
+    pub no_eval: bool,
 }
 
 /// Level 1's flag for each option [`Strategy::with_options`] and the core name (the
@@ -279,8 +285,10 @@ fn train_ddp(cfg: &Config, args: &TrainArgs, plan: &Plan, start: Instant) -> Res
             }
         }
         train_loss = loss_sum / n.max(1) as f64;
-        // 7. test(): every image once at any world size.
-        eval = model.evaluate(&test, 1000)?;
+        // 7. test(): every image once at any world size (unless --no-eval).
+        if !cfg.no_eval {
+            eval = model.evaluate(&test, 1000)?;
+        }
         history.push(end_of_epoch(Some(pg), epoch, n, train_loss, &eval)?);
         if stop {
             break;

@@ -312,3 +312,37 @@ fn an_unwritable_metrics_json_is_refused_before_training() {
     assert!(!text.contains("Test set: Average loss"), "refused before training:\n{text}");
     assert!(took < std::time::Duration::from_secs(25), "took {took:?} (the shutdown wait is 30 s)");
 }
+
+/// A --save-model in a directory where no file can be created (read-only) is refused before
+/// training, not after the epoch (issue 27, bug 8): the error names the flag, the path and the
+/// directory, and no training line is printed.
+#[test]
+fn an_unwritable_save_model_is_refused_before_training() {
+    let (_keep, ro) = common::unwritable_dir();
+    let path = ro.join("m.safetensors");
+    let out =
+        Command::new(BIN).args(["--device", "cpu", "--max-steps", "1", "--log-interval", "0", "--save-model"]).arg(&path).output().unwrap();
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(!out.status.success(), "{text}");
+    let want = format!(
+        "error: invalid value \"{}\" for --save-model: a writable file (cannot create a file in {}: ",
+        path.display(),
+        ro.display()
+    );
+    assert!(text.starts_with(&want), "{text}");
+    assert!(!text.contains("Train Epoch") && !text.contains("Test set"), "refused before training:\n{text}");
+}
+
+/// `--no-eval` (issue 27: quick checks cost a full evaluation): nothing is evaluated, the test
+/// line says so and the report counts 0 images.
+#[test]
+fn no_eval_skips_the_evaluation() {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("m.json");
+    let mut cmd = Command::new(BIN);
+    cmd.args(["--device", "cpu", "--max-steps", "1", "--log-interval", "0", "--no-eval", "--metrics-json"]).arg(&json);
+    let text = run_ok(cmd);
+    assert!(text.contains("Epoch 1: mean train loss ") && text.contains("\nTest set: not evaluated\n"), "{text}");
+    let report: Report = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert_eq!((report.eval_samples, report.history[0].eval_samples, report.history[0].steps), (0, 0, 1));
+}

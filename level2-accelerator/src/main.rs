@@ -11,11 +11,10 @@
 //! level 1 at the same seed (see README). The loop is in `train.rs`: no rank, no device, no
 //! sampler, no wrapper — the Accelerator brings them.
 
-use clap::Parser;
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
-    let cfg = level2_accelerator::Config::parse();
+    let cfg = level2_accelerator::Config::parse_command_line();
     // Before any tensor exists: huge pages for wide models (see the function).
     ladder_core::device::use_huge_pages_for(4 * ladder_core::model::BasicNet::num_parameters(cfg.width.max(1)) as u64);
     let result = level2_accelerator::run(&cfg);

@@ -16,6 +16,7 @@ use ladder_core::optim::AdamWConfig;
 use ladder_core::parallel::{BackwardPrefetch, Precision, Strategy, StrategyOptions};
 use ladder_core::recipe::TrainArgs;
 use serde::{Deserialize, Serialize};
+use std::collections::BTreeSet;
 use std::path::PathBuf;
 use std::time::Instant;
 use tch::{nn, Kind};
@@ -51,7 +52,8 @@ pub struct Config {
     pub fsdp_min_num_params: Option<usize>,
     /// FSDP backward prefetch: when FULL_SHARD's backward starts all-gathering the next unit
     /// (Accelerate's fsdp_backward_prefetch; FSDP strategies only). Default: the launcher's or
-    /// config file's, else no-prefetch (Accelerate's).
+    /// config file's, else no-prefetch (Accelerate's, where level 1 follows PyTorch's
+    /// backward-pre).
     #[arg(long, value_parser = ladder_core::cli::spelling::<BackwardPrefetch>(), value_name = "POLICY")]
     pub fsdp_backward_prefetch: Option<BackwardPrefetch>,
     /// FSDP forward prefetch: start the next unit's all-gather before the current unit's
@@ -88,6 +90,18 @@ pub struct Config {
     /// After training, check that every process holds bit-identical parameters.
     #[arg(long)]
     pub check_sync: bool,
+    /// Skip the evaluation after each epoch, for quick checks (Transformers' `eval_strategy
+    /// no`): the test figures are then reported over 0 images.
+    #[arg(long)]
+    #[serde(default)]
+    pub no_eval: bool,
+    /// The flags given on the command line (clap ids), as [`Config::parse_command_line`]
+    /// records them, so that a flag with a default (`--seed`) not typed leaves the launcher's
+    /// or config file's setting alone; `None` (a `Config` built otherwise) counts `--seed` as
+    /// given when it differs from its default.
+    #[arg(skip)]
+    #[serde(skip)]
+    pub given: Option<BTreeSet<String>>,
 }
 
 /// How to launch, and the environment: the rank variables (torchrun's, mpirun's), and every
@@ -113,7 +127,7 @@ fn after_help() -> String {
         "Launch: `target/release/level2-accelerator` (1 process), `target/release/ladder-accelerate launch --num-processes 2 \
          target/release/level2-accelerator`, `target/release/ladder-run --nproc-per-node 2 target/release/level2-accelerator`, or \
          `mpirun -n 2 target/release/level2-accelerator`.\n\n{}\n{vars}\n      the Accelerator's settings as `ladder-accelerate launch` exports them (below \
-         the\n      flags, above the config file)\n  {}\n      the config file [default: the default config, if it exists]",
+         the\n      flags, above the config file)\n  {}\n      a config file to read, below the variables [default: none; as Accelerate's, a program reads\n      no default config: `ladder-accelerate launch` reads it and exports its settings]",
         ladder_core::cli::ENVIRONMENT_HELP,
         CONFIG_FILE_VAR
     )
@@ -128,6 +142,44 @@ const FLAG_NAMES: &[(&str, &str)] = &[
 ];
 
 impl Config {
+    /// Parses the process's command line, remembering which flags were given
+    /// ([`try_parse_command_line_from`](Self::try_parse_command_line_from)). Exits on bad
+    /// flags or `--help`, as clap does.
+    pub fn parse_command_line() -> Self {
+        Self::try_parse_command_line_from(std::env::args_os()).unwrap_or_else(|e| e.exit())
+    }
+
+    /// Parses `args` (the program name first), remembering which flags were given: `--seed`
+    /// then reaches the Accelerator only when typed, so that the launcher's or the config
+    /// file's `seed` is not overridden by the flag's default.
+    ///
+    /// # Errors
+    /// clap's error for bad flags, `--help` and `--version`.
+    pub fn try_parse_command_line_from<I, T>(args: I) -> std::result::Result<Self, clap::Error>
+    where
+        I: IntoIterator<Item = T>,
+        T: Into<std::ffi::OsString> + Clone,
+    {
+        use clap::{CommandFactory, FromArgMatches};
+        let matches = Self::command().try_get_matches_from(args)?;
+        let mut cfg = Self::from_arg_matches(&matches)?;
+        let given = matches
+            .ids()
+            .filter(|id| matches!(matches.value_source(id.as_str()), Some(clap::parser::ValueSource::CommandLine)))
+            .map(|id| id.as_str().to_string())
+            .collect();
+        cfg.given = Some(given);
+        Ok(cfg)
+    }
+
+    /// Whether `--seed` was given (see [`given`](Self::given)).
+    fn seed_given(&self) -> bool {
+        match &self.given {
+            Some(given) => given.contains("seed"),
+            None => self.train.seed != TrainArgs::default().seed,
+        }
+    }
+
     /// The settings this command line gives the Accelerator explicitly (flags not given stay
     /// `None`, so the launcher's environment and the config file still apply).
     pub fn accelerator_config(&self) -> AcceleratorConfig {
@@ -147,6 +199,7 @@ impl Config {
             fsdp_forward_prefetch: self.fsdp_forward_prefetch,
             fsdp_activation_checkpointing: self.fsdp_activation_checkpointing,
             zero_stage: self.zero_stage.map(usize::from),
+            seed: self.seed_given().then_some(self.train.seed),
             ..AcceleratorConfig::default()
         }
     }
@@ -193,10 +246,48 @@ impl Config {
 /// # Errors
 /// Bad flags or settings (named), data errors, collective errors.
 pub fn run(cfg: &Config) -> Result<Report> {
+    run_named(cfg).map_err(name_flags)
+}
+
+/// The flag of this command line that gives an Accelerator setting.
+fn flag_of(setting: &str) -> String {
+    match setting {
+        "cpu" => "--device cpu".into(),
+        "use_fsdp" | "fsdp_sharding_strategy" => "--strategy".into(),
+        s => format!("--{}", s.replace('_', "-")),
+    }
+}
+
+/// Errors about the settings this command line gives name its flags, where the library says
+/// "set by the program" or "builder setting" (the program's builder is these flags).
+fn name_flags(e: crate::Error) -> crate::Error {
+    let by_flag = |s: String| {
+        let Some((head, origin)) = s.rfind('(').map(|i| s.split_at(i)) else { return s.clone() };
+        let setting = match origin.strip_prefix("(builder setting ").and_then(|r| r.strip_suffix(')')) {
+            Some(setting) => setting,
+            None if origin == "(set by the program)" => head.split([' ', '=']).next().unwrap_or(""),
+            None => return s.clone(),
+        };
+        format!("{head}(flag {})", flag_of(setting))
+    };
+    match e {
+        crate::Error::Conflict { first, second, why } => crate::Error::Conflict { first: by_flag(first), second: by_flag(second), why },
+        crate::Error::InvalidSetting { setting, value, origin, expected } if origin.starts_with("builder setting ") => {
+            crate::Error::InvalidSetting { origin: format!("flag {}", flag_of(&setting)), setting, value, expected }
+        }
+        other => other,
+    }
+}
+
+/// [`run`], with the library's words for the program's settings.
+fn run_named(cfg: &Config) -> Result<Report> {
     let start = Instant::now();
     cfg.train.validate()?;
     if cfg.width < 1 {
         return Err(ladder_core::Error::invalid("--width", cfg.width, "at least 1 output feature for fc1").into());
+    }
+    if let Some(dir) = &cfg.save_state {
+        ladder_core::recipe::check_writable("--save-state", dir, ladder_core::recipe::OutputKind::Checkpoint)?;
     }
     cfg.train.check_device()?;
     let (settings, kwargs) = cfg.resolve()?;
@@ -220,7 +311,8 @@ fn train(cfg: &Config, settings: ResolvedConfig, kwargs: DistributedDataParallel
     // ANCHOR: user_code
     let init = InitProcessGroupKwargs { timeout: Some(args.collective_timeout()) };
     let accelerator = Accelerator::with_resolved(settings, kwargs, init)?;
-    accelerator.set_seed(args.seed);
+    // --seed, else the launcher's or the config file's seed, else the recipe's (1).
+    accelerator.set_seed(accelerator.config().seed.unwrap_or(args.seed));
     accelerator.set_check_finite(!args.allow_non_finite);
     let mnist = accelerator.main_process_first(|| args.load_mnist())??;
     args.check_batch_size(mnist.train.len(), accelerator.num_processes())?;
@@ -234,14 +326,15 @@ fn train(cfg: &Config, settings: ResolvedConfig, kwargs: DistributedDataParallel
         .prepare_data_loader(&mnist.train, DataLoaderOptions { batch_size: args.batch_size, shuffle: true, ..Default::default() })?;
     let test_loader = accelerator.prepare_data_loader(&mnist.test, DataLoaderOptions { batch_size: 1000, ..Default::default() })?;
 
-    let mut first_epoch = 1;
+    let (mut first_epoch, mut skipped, mut so_far) = (1, 0, (0.0, 0));
     if let Some(dir) = &cfg.resume_from {
-        first_epoch = accelerator.load_state(dir)?.epoch as usize + 1;
+        (first_epoch, skipped, so_far) = resume(&accelerator, dir)?;
     }
     let (mut samples, mut train_s, mut history, mut eval) = (0usize, 0.0f64, Vec::new(), EvalSums::default());
     for epoch in first_epoch..=args.epochs {
         let t0 = Instant::now();
-        let (mut loss_sum, mut n, mut stop) = (0.0, 0usize, false);
+        // The epoch's micro-batches so far: a resumed epoch counts those before the checkpoint.
+        let ((mut loss_sum, mut n), mut stop) = (std::mem::take(&mut so_far), false);
         for (batch_idx, (images, labels)) in train_loader.iter().enumerate() {
             let loss = accelerator.accumulate(&model, || -> Result<_> {
                 let loss = model.forward_t(&images, true)?.nll_loss(&labels);
@@ -254,15 +347,15 @@ fn train(cfg: &Config, settings: ResolvedConfig, kwargs: DistributedDataParallel
             if args.log_interval > 0 && batch_idx % args.log_interval == 0 {
                 accelerator.print(format!(
                     "Train Epoch: {epoch} [{}/{} ({:.0}%)]\tLoss: {loss:.6}",
-                    batch_idx * args.batch_size,
+                    (skipped + batch_idx) * args.batch_size,
                     train_loader.num_samples(),
-                    100.0 * batch_idx as f64 / train_loader.len() as f64
+                    100.0 * (skipped + batch_idx) as f64 / train_loader.len() as f64
                 ));
             }
             let step = accelerator.global_step();
             if let (Some(dir), Some(every)) = (&cfg.save_state, cfg.save_every) {
                 if accelerator.sync_gradients() && step % every == 0 {
-                    accelerator.save_state(dir)?;
+                    accelerator.save_state_with(dir, epoch_loss_extra(&accelerator, loss_sum, n)?, &[])?;
                 }
             }
             if args.max_steps.is_some_and(|m| step >= m as u64) {
@@ -271,15 +364,18 @@ fn train(cfg: &Config, settings: ResolvedConfig, kwargs: DistributedDataParallel
             }
         }
         train_s += t0.elapsed().as_secs_f64();
+        skipped = 0;
         if let Some(dir) = &cfg.save_state {
-            accelerator.save_state(dir)?;
+            accelerator.save_state_with(dir, epoch_loss_extra(&accelerator, loss_sum, n)?, &[])?;
         }
 
-        eval = evaluate(&accelerator, &model, &test_loader)?;
+        if !cfg.no_eval {
+            eval = evaluate(&accelerator, &model, &test_loader)?;
+        }
         let train_loss = accelerator.reduce(&tch::Tensor::from(loss_sum / n.max(1) as f64), ReduceOp::Avg)?.double_value(&[]);
         let figures = EpochFigures {
             epoch,
-            steps: n,
+            steps: n.div_ceil(accelerator.gradient_accumulation_steps()), // optimizer steps, not micro-batches
             train_loss,
             test_loss: eval.mean_loss(),
             accuracy: eval.accuracy(),
@@ -293,6 +389,37 @@ fn train(cfg: &Config, settings: ResolvedConfig, kwargs: DistributedDataParallel
     }
     // ANCHOR_END: user_code
     Ok(Trained { accelerator, model, history, eval, samples, train_s })
+}
+
+/// The epoch's training loss so far, for a mid-epoch checkpoint's extra fields: the sum of
+/// the micro-batches' losses (averaged over the processes, so one value serves every process
+/// on resume) and their number. Collective.
+fn epoch_loss_extra(accelerator: &Accelerator, loss_sum: f64, n: usize) -> Result<serde_json::Map<String, serde_json::Value>> {
+    let sum = accelerator.reduce(&tch::Tensor::from(loss_sum), ReduceOp::Avg)?.double_value(&[]);
+    let mut extra = serde_json::Map::new();
+    extra.insert("epoch_loss_sum".into(), sum.into());
+    extra.insert("epoch_micro_batches".into(), n.into());
+    Ok(extra)
+}
+
+/// `accelerator.load_state(dir)`, said on the main process; returns the epoch to resume (from
+/// 1), the micro-batches of it already trained, and its loss so far
+/// ([`epoch_loss_extra`]: nothing for a checkpoint taken at an epoch's end).
+fn resume(accelerator: &Accelerator, dir: &std::path::Path) -> Result<(usize, usize, (f64, usize))> {
+    let state = accelerator.load_state(dir)?;
+    accelerator.print(format!(
+        "Resuming from {} at step {} (epoch {}, after micro-batch {} of the epoch)",
+        dir.display(),
+        state.global_step,
+        state.epoch + 1,
+        state.step_in_epoch
+    ));
+    let get = |k: &str| state.extra.get(k).and_then(serde_json::Value::as_f64);
+    let so_far = match (state.step_in_epoch, get("epoch_loss_sum"), get("epoch_micro_batches")) {
+        (1.., Some(sum), Some(n)) => (sum, n as usize),
+        _ => (0.0, 0),
+    };
+    Ok((state.epoch as usize + 1, state.step_in_epoch as usize, so_far))
 }
 
 // ANCHOR: user_code

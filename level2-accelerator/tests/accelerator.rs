@@ -331,7 +331,7 @@ fn kill_and_resume(n: usize) {
     let (whole, resumed, state) = (dir.path().join("whole.st"), dir.path().join("resumed.st"), dir.path().join("state"));
     let mut cmd = level2(n);
     cmd.arg("--save-model").arg(&whole);
-    run_ok(cmd);
+    let whole_text = run_ok(cmd);
 
     let mut cmd = level2(n);
     cmd.arg("--save-state").arg(&state).args(["--save-every", "10"]);
@@ -354,8 +354,32 @@ fn kill_and_resume(n: usize) {
 
     let mut cmd = level2(n);
     cmd.arg("--resume-from").arg(&state).arg("--save-model").arg(&resumed);
-    run_ok(cmd);
+    let text = run_ok(cmd);
     assert_bit_identical(&whole, &resumed);
+    // Issue 27: the resume says so, and the epoch's line counts the whole epoch's steps and
+    // loss, not only the resumed part.
+    assert!(
+        text.contains(&format!("Resuming from {} at step {at} (epoch 1, after micro-batch {at} of the epoch)", state.display())),
+        "{text}"
+    );
+    let epoch_line = |t: &str| t.lines().find(|l| l.contains("Epoch 1: mean train loss")).map(|l| l.trim().to_string());
+    assert_eq!(epoch_line(&text), epoch_line(&whole_text), "{text}");
+}
+
+/// Issue 27: the resumed log goes on at the right sample count (the first resumed line is not
+/// `[0/…]`).
+#[test]
+fn a_resumed_log_goes_on_where_it_stopped() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state").display().to_string();
+    let (ok, text) = run_plain(&["--device", "cpu", "--max-steps", "5", "--log-interval", "0", "--no-eval", "--save-state", &state], &[]);
+    assert!(ok, "{text}");
+    let (ok, text) = run_plain(&["--device", "cpu", "--max-steps", "7", "--log-interval", "1", "--no-eval", "--resume-from", &state], &[]);
+    assert!(ok, "{text}");
+    assert!(text.contains("Resuming from ") && text.contains(" at step 5 (epoch 1, after micro-batch 5 of the epoch)"), "{text}");
+    let first = text.lines().find(|l| l.starts_with("Train Epoch")).unwrap_or_default();
+    assert!(first.starts_with("Train Epoch: 1 [320/60000 (1%)]"), "{text}");
+    assert!(text.contains("Epoch 1: mean train loss ") && text.contains(" over 7 steps"), "{text}");
 }
 
 #[test]
@@ -462,4 +486,88 @@ fn one_processs_error_is_printed_and_ends_the_job_quickly() {
         assert!(text.contains(&format!("rank {victim} of 2")) && text.contains("file not found"), "victim {victim}:\n{text}");
         assert!(took < Duration::from_secs(25), "victim {victim}: took {took:?} (the shutdown wait is 30 s)");
     }
+}
+
+/// Level 2's outputs are probed before the first step (issue 27, bug 8): a --save-state or a
+/// --save-model in a read-only directory is refused, naming the flag and the path, before any
+/// training line (today's main failed only at the first save).
+#[test]
+fn unwritable_outputs_are_refused_before_training() {
+    let (_keep, ro) = common::unwritable_dir();
+    for (flag, path, what) in [
+        ("--save-state", ro.join("state"), "a writable directory"),
+        ("--save-model", ro.join("m.safetensors"), "a writable file"),
+        ("--metrics-json", ro.join("sub/m.json"), "a writable file"),
+    ] {
+        let p = path.display().to_string();
+        let (ok, text) = run_plain(&["--device", "cpu", "--max-steps", "1", "--log-interval", "0", flag, &p], &[]);
+        assert!(!ok, "{flag}: {text}");
+        let want = format!("error: invalid value \"{p}\" for {flag}: {what} (cannot create a file in {}: ", ro.display());
+        assert!(text.starts_with(&want), "{flag}: {text}");
+        assert!(!text.contains("Train Epoch"), "{flag}: refused before training:\n{text}");
+    }
+}
+
+/// The config file's (or the launcher's) `seed` trains when `--seed` is not typed (issue 27,
+/// bug 5; today's main trained seed 1, the flag's default, over it): a run with `seed: 7` in
+/// ACCELERATE_CONFIG_FILE ends with the weights of `--seed 7`, bit for bit. A `--seed` typed
+/// wins over the variable, even at its default value.
+#[test]
+fn the_config_files_seed_trains_unless_seed_is_given() {
+    use level2_accelerator::config::ResolvedConfig;
+    let parse = |args: &[&str]| {
+        level2_accelerator::Config::try_parse_command_line_from(std::iter::once("level2-accelerator").chain(args.iter().copied())).unwrap()
+    };
+    let seven = |k: &str| (k == "ACCELERATE_SEED").then(|| "7".to_string());
+    assert_eq!(parse(&[]).accelerator_config().seed, None, "a flag not given gives nothing");
+    assert_eq!(ResolvedConfig::resolve(&parse(&[]).accelerator_config(), seven).unwrap().seed, Some(7));
+    assert_eq!(ResolvedConfig::resolve(&parse(&["--seed", "1"]).accelerator_config(), seven).unwrap().seed, Some(1));
+
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("c.yaml");
+    std::fs::write(&file, "seed: 7\n").unwrap();
+    let (a, b) = (dir.path().join("file.safetensors"), dir.path().join("flag.safetensors"));
+    let run = |out: &Path, extra: &[&str], envs: &[(&str, &str)]| {
+        let mut args = vec!["--device", "cpu", "--max-steps", "2", "--log-interval", "0"];
+        args.extend(extra);
+        let out = out.display().to_string();
+        args.extend(["--save-model", &out]);
+        let (ok, text) = run_plain(&args, envs);
+        assert!(ok, "{args:?}:\n{text}");
+    };
+    run(&a, &[], &[("ACCELERATE_CONFIG_FILE", &file.display().to_string())]);
+    run(&b, &["--seed", "7"], &[]);
+    assert_bit_identical(&a, &b);
+}
+
+/// Errors about a setting given as a flag name the flag (issue 27: `--mixed-precision fp16` on
+/// a CPU said "(set by the program)").
+#[test]
+fn setting_errors_name_the_flags() {
+    let (ok, text) = run_plain(&["--device", "cpu", "--mixed-precision", "fp16"], &[]);
+    assert!(!ok);
+    assert_eq!(
+        text.trim(),
+        "error: mixed_precision fp16 (flag --mixed-precision) conflicts with cpu true (flag --device cpu): fp16 needs CUDA; use \
+         mixed_precision bf16 on the CPU"
+    );
+    let (ok, text) = run_plain(&["--device", "cpu", "--gradient-accumulation-steps", "0"], &[]);
+    assert!(!ok);
+    assert!(
+        text.starts_with("error: invalid value \"0\" for gradient_accumulation_steps (flag --gradient-accumulation-steps): expected"),
+        "{text}"
+    );
+}
+
+/// `--no-eval` (issue 27: quick checks cost a full evaluation): nothing is evaluated, the test
+/// line says so and the report counts 0 images.
+#[test]
+fn no_eval_skips_the_evaluation() {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("m.json").display().to_string();
+    let (ok, text) = run_plain(&["--device", "cpu", "--max-steps", "1", "--log-interval", "0", "--no-eval", "--metrics-json", &json], &[]);
+    assert!(ok, "{text}");
+    assert!(text.contains("\nTest set: not evaluated\n"), "{text}");
+    let report: ladder_core::metrics::Report = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert_eq!((report.eval_samples, report.history[0].eval_samples), (0, 0));
 }

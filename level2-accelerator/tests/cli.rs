@@ -344,6 +344,8 @@ fn error_messages() {
         ("program not in PATH", vec!["launch", "no-such-program-ddp-ladder"], vec![]),
         ("program not executable", vec!["launch", "NOT_EXEC"], vec![]),
         ("no program", vec!["launch", "--num-processes", "2"], vec![]),
+        ("accelerate's --multi_gpu", vec!["launch", "--multi_gpu", "--num-processes", "2", &script], vec![]),
+        ("a near miss: --num-procs", vec!["launch", "--num-procs", "2", &script], vec![]),
         ("bad bool", vec!["launch", "--cpu=maybe", &script], vec![]),
         ("config without a terminal", vec!["config"], vec![]),
         ("config unsupported extension", vec!["config", "--config-file", "c.ini", "--default"], vec![]),
@@ -378,10 +380,10 @@ fn error_messages() {
 fn config_prompts_on_a_terminal() {
     // `script` (util-linux / bsdutils) gives the command a pseudo-terminal; the keys are queued
     // on it before the first question: ↓ Enter (multi-CPU), 1 machine, FSDP yes, ↓ Enter
-    // (SHARD_GRAD_OP), min_num_params 0, ↓ Enter (BACKWARD_POST), forward prefetch yes,
-    // 2 processes, Enter (mixed precision: no).
+    // (SHARD_GRAD_OP), min_num_params 0, ↑ Enter (BACKWARD_POST: NO_PREFETCH, what --default
+    // writes, is preselected), forward prefetch yes, 2 processes, Enter (mixed precision: no).
     let sb = Sandbox::new();
-    let keys = "\x1b[B\r1\ry\x1b[B\r0\r\x1b[B\ry2\r\r";
+    let keys = "\x1b[B\r1\ry\x1b[B\r0\r\x1b[A\ry2\r\r";
     let mut child = Command::new("script")
         .args(["-qfc", &format!("{BIN} config"), "/dev/null"])
         .env("HOME", sb.dir.path())
@@ -404,7 +406,7 @@ fn config_prompts_on_a_terminal() {
         "What should be your FSDP's backward prefetch policy?: BACKWARD_POST",
         "Do you want to enable FSDP's forward prefetch policy? yes",
         "How many processes in total will you use? (all machines together)",
-        "Do you wish to use mixed precision? (fp16 needs a GPU): no",
+        "Do you wish to use mixed precision? (fp16 needs a GPU",
     ] {
         assert!(screen.contains(question), "{question:?} not on the screen:\n{screen}");
     }

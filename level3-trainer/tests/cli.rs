@@ -241,6 +241,31 @@ fn bad_flags_and_files_are_named() {
     assert!(text.contains("none: no checkpoint-<step> directory to resume from"), "{text}");
 }
 
+/// The Trainer probes output_dir before its first step, and the binary its --save-model and
+/// --metrics-json (issue 27, bug 8): a read-only place is refused naming the argument and the
+/// path, before any training line.
+#[test]
+fn unwritable_outputs_are_refused_before_training() {
+    let (_keep, ro) = common::unwritable_dir();
+    for (flag, name, path, what) in [
+        ("--output-dir", "output_dir", ro.join("out"), "a writable directory"),
+        ("--save-model", "--save-model", ro.join("m.safetensors"), "a writable file"),
+        ("--metrics-json", "--metrics-json", ro.join("m.json"), "a writable file"),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let mut cmd = Command::new(BIN);
+        cmd.args(["--device", "cpu", "--max-steps", "1", "--log-interval", "0"]);
+        if flag != "--output-dir" {
+            cmd.arg("--output-dir").arg(dir.path().join("out"));
+        }
+        let (ok, text) = run_bin(cmd.arg(flag).arg(&path));
+        assert!(!ok, "{flag}: {text}");
+        let want = format!("invalid value \"{}\" for {name}: {what} (cannot create a file in {}: ", path.display(), ro.display());
+        assert!(text.contains(&want), "{flag}: {text}");
+        assert!(!text.contains("'loss':") && !text.contains("train_runtime"), "{flag}: refused before training:\n{text}");
+    }
+}
+
 #[test]
 fn help_snapshot() {
     let (ok, text) = run_bin(Command::new(BIN).arg("--help"));

@@ -18,7 +18,7 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
     let mut tmp = tempfile::Builder::new()
         .prefix(".ladder-")
-        .permissions(std::os::unix::fs::PermissionsExt::from_mode(0o644))
+        .permissions(std::os::unix::fs::PermissionsExt::from_mode(0o666)) // less the umask, as File::create
         .tempfile_in(dir)
         .map_err(|e| Error::io(dir, e))?;
     tmp.write_all(bytes).map_err(|e| Error::io(path, e))?;

@@ -89,7 +89,12 @@ pub fn save(dir: &Path, ckpt: &Checkpoint, extra_files: &[(&str, Vec<u8>)]) -> R
     if dir.exists() && !dir.is_dir() {
         return Err(Error::Checkpoint { dir: dir.into(), problem: "exists and is not a directory".into() });
     }
-    let tmp = tempfile::Builder::new().prefix(".ladder-ckpt-").tempdir_in(&parent).map_err(|e| Error::io(&parent, e))?;
+    // Mode 0777 less the umask, as any directory a program creates (tempfile's own is 0700).
+    let tmp = tempfile::Builder::new()
+        .prefix(".ladder-ckpt-")
+        .permissions(std::os::unix::fs::PermissionsExt::from_mode(0o777))
+        .tempdir_in(&parent)
+        .map_err(|e| Error::io(&parent, e))?;
     let write_tensors = |name: &str, tensors: &[(String, Tensor)]| -> Result<()> {
         let path = tmp.path().join(name);
         let cpu: Vec<(String, Tensor)> =
@@ -217,6 +222,15 @@ mod tests {
         save(&dir, &sample(11), &[]).unwrap();
         assert_eq!(load(&dir).unwrap().state.global_step, 11);
         assert!(!aside(&dir).exists());
+        // Issue 27: the directory and its files get the modes of any other (0777 / 0666 less
+        // the umask), not tempfile's 0700.
+        use std::os::unix::fs::PermissionsExt;
+        let (plain_dir, plain_file) = (root.path().join("plain"), root.path().join("plain.txt"));
+        std::fs::create_dir(&plain_dir).unwrap();
+        std::fs::File::create(&plain_file).unwrap();
+        let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode(&dir), mode(&plain_dir));
+        assert_eq!(mode(&dir.join(STATE_FILE)), mode(&plain_file));
     }
 
     #[test]

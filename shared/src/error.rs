@@ -341,6 +341,17 @@ pub enum Error {
         /// What went wrong (refused, timed out, a mismatched world size).
         problem: String,
     },
+    /// A launcher was given a flag it does not know where PROGRAM belongs (its own flags end
+    /// at the first word it does not know, which it would run as PROGRAM).
+    #[error("unknown flag {flag} for {launcher}: {hint} ({launcher}'s flags go before PROGRAM, PROGRAM's after it)")]
+    UnknownFlag {
+        /// The launcher (`ladder-run`, `ladder-accelerate launch`).
+        launcher: String,
+        /// The flag as given, without its `=VALUE`.
+        flag: String,
+        /// The reference launcher's equivalent here, or the nearest flag.
+        hint: String,
+    },
     /// A launched rank failed.
     #[error("{0}")]
     Launch(

@@ -100,8 +100,12 @@ impl EpochFigures {
         format!("Epoch {}: mean train loss {:.4} over {} steps", self.epoch, self.train_loss, self.steps)
     }
 
-    /// The tutorial's test line: `Test set: Average loss: 0.0503, Accuracy: 9831/10000 (98.31%)`.
+    /// The tutorial's test line: `Test set: Average loss: 0.0503, Accuracy: 9831/10000 (98.31%)`;
+    /// `Test set: not evaluated` when no image was (evaluation skipped).
     pub fn test_line(&self) -> String {
+        if self.eval_samples == 0 {
+            return "Test set: not evaluated".into();
+        }
         format!(
             "Test set: Average loss: {:.4}, Accuracy: {}/{} ({:.2}%)",
             self.test_loss,

@@ -128,8 +128,8 @@ impl TrainArgs {
         if !(self.timeout.is_finite() && self.timeout > 0.0) {
             return Err(Error::invalid("--timeout", self.timeout, "a positive number of seconds (e.g. 600)"));
         }
-        // Files written after training are checked before it, so a typo costs seconds, not an
-        // epoch (nothing is created here).
+        // Files written after training are checked before it (a probe file created and removed
+        // where each will go), so a typo or a read-only directory costs seconds, not an epoch.
         // (The metrics JSON creates missing directories; the weights file does not.)
         for (flag, path, dirs) in
             [("--metrics-json", &self.metrics_json, MissingDirs::Created), ("--save-model", &self.save_model, MissingDirs::Refused)]
@@ -376,14 +376,21 @@ pub fn seed_batch(seed: u64, rank: usize, batch_index: u64) {
 pub const WEIGHTS_FILE: &str = "weights file";
 
 /// Writes `weights` (name → tensor) to `path` as safetensors, atomically (a temporary file in
-/// the same directory, renamed into place).
+/// the same directory, renamed into place), with the mode of any file a program creates (0666
+/// less the umask).
 ///
 /// # Errors
 /// [`Error::InvalidValue`] naming [`WEIGHTS_FILE`] and the path when it cannot be written.
 pub fn save_weights(path: &std::path::Path, weights: &[(String, Tensor)]) -> Result<()> {
     let bad = |e: String| Error::invalid(WEIGHTS_FILE, path.display(), format!("a writable file ({e})"));
     let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(std::path::Path::new("."));
-    let tmp = tempfile::Builder::new().prefix(".ladder-").suffix(".safetensors").tempfile_in(dir).map_err(|e| bad(e.to_string()))?;
+    // Mode 0666 less the umask, as every file the project writes (tempfile's own is 0600).
+    let tmp = tempfile::Builder::new()
+        .prefix(".ladder-")
+        .suffix(".safetensors")
+        .permissions(std::os::unix::fs::PermissionsExt::from_mode(0o666))
+        .tempfile_in(dir)
+        .map_err(|e| bad(e.to_string()))?;
     let cpu: Vec<(String, Tensor)> = weights.iter().map(|(k, t)| (k.clone(), t.detach().to_device(tch::Device::Cpu))).collect();
     Tensor::write_safetensors(&cpu, tmp.path()).map_err(|e| bad(e.to_string()))?;
     tmp.persist(path).map_err(|e| bad(e.error.to_string()))?;
@@ -416,33 +423,82 @@ pub enum MissingDirs {
     Refused,
 }
 
-/// Checks that `path` can be written as a file later: it is not a directory, and its parent is
-/// a directory — or, when the writer creates missing directories ([`MissingDirs::Created`]),
-/// its nearest existing ancestor is.
+/// What a run writes at a path the user gave it (see [`check_writable`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OutputKind {
+    /// A file, written whole into its directory (a temporary file renamed into place):
+    /// `--save-model`, `--metrics-json`.
+    File(MissingDirs),
+    /// A directory written whole, as a checkpoint: built beside it in its parent and renamed
+    /// into place ([`crate::checkpoint::save`]); missing parents are created. Level 2's
+    /// `--save-state`.
+    Checkpoint,
+    /// A directory the run writes files into, created with its missing parents: level 3's
+    /// `output_dir`.
+    Dir,
+}
+
+/// Checks that `path` can be written as a file later (see [`check_writable`] with
+/// [`OutputKind::File`]).
 ///
 /// # Errors
 /// [`Error::InvalidValue`] naming `flag`, the path and what is wrong.
 pub fn check_output_file(flag: &str, path: &std::path::Path, dirs: MissingDirs) -> Result<()> {
-    let bad = |why: String| Err(Error::invalid(flag, path.display(), format!("a writable file ({why})")));
-    if path.is_dir() {
-        return bad("Is a directory".into());
-    }
-    let mut dir = path.parent();
-    while let Some(d) = dir.filter(|d| !d.as_os_str().is_empty()) {
-        if d.exists() {
-            return if d.is_dir() { Ok(()) } else { bad(format!("{} is not a directory", d.display())) };
+    check_writable(flag, path, OutputKind::File(dirs))
+}
+
+/// The one writability check every level runs before its first step, for every path the run
+/// will write (`--save-model`, `--metrics-json`, level 2's `--save-state`, level 3's
+/// `output_dir`), so that a typo or a read-only directory costs seconds, not an epoch: `path`
+/// has the right kind (a file path is not a directory; a directory path is not a file), the
+/// directory the writer will create its file in exists — or, where the writer creates missing
+/// directories, its nearest existing ancestor is a directory — and a probe file can be created
+/// (and is removed) there. Nothing is left behind: missing directories are not created here
+/// (the writer creates them later, as it does without this check); the probe goes to the
+/// nearest existing ancestor instead, where their creation needs write permission.
+///
+/// # Errors
+/// [`Error::InvalidValue`] naming `flag`, the path and what is wrong (`Is a directory`, a
+/// missing directory, a parent that is a file, or the directory where no file can be created
+/// and the system's reason).
+pub fn check_writable(flag: &str, path: &std::path::Path, kind: OutputKind) -> Result<()> {
+    let what = if matches!(kind, OutputKind::File(_)) { "a writable file" } else { "a writable directory" };
+    let bad = |why: String| Err(Error::invalid(flag, path.display(), format!("{what} ({why})")));
+    match kind {
+        OutputKind::File(_) if path.is_dir() => return bad("Is a directory".into()),
+        OutputKind::Checkpoint | OutputKind::Dir if path.exists() && !path.is_dir() => {
+            return bad("it exists and is not a directory".into())
         }
-        if dirs == MissingDirs::Refused {
-            return bad(format!("its directory {} does not exist", d.display()));
-        }
-        dir = d.parent();
+        _ => {}
     }
-    Ok(()) // relative to the working directory, which exists
+    // The directory the writer creates its file (or its checkpoint's temporary directory) in.
+    let target = match kind {
+        OutputKind::Dir => Some(path),
+        OutputKind::File(_) | OutputKind::Checkpoint => path.parent(),
+    };
+    let here = std::path::Path::new(".");
+    let mut dir = target.filter(|d| !d.as_os_str().is_empty()).unwrap_or(here);
+    while !dir.exists() {
+        if kind == OutputKind::File(MissingDirs::Refused) {
+            return bad(format!("its directory {} does not exist", dir.display()));
+        }
+        // relative to the working directory, which exists
+        dir = dir.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(here);
+    }
+    if !dir.is_dir() {
+        return bad(format!("{} is not a directory", dir.display()));
+    }
+    match tempfile::Builder::new().prefix(".ladder-probe-").tempfile_in(dir) {
+        Ok(probe) => probe.close().or_else(|e| bad(format!("cannot remove a probe file in {}: {e}", dir.display()))),
+        // tempfile's error ends with the probe's random name: keep the system's reason.
+        Err(e) => bad(format!("cannot create a file in {}: {}", dir.display(), e.to_string().split(" at path ").next().unwrap_or(""))),
+    }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::{check_output_file, MissingDirs};
+    use super::{check_output_file, check_writable, MissingDirs, OutputKind, TrainArgs};
+    use std::path::Path;
 
     #[test]
     fn output_files_are_checked_before_training() {
@@ -459,5 +515,86 @@ mod tests {
         assert!(msg(std::path::Path::new("/dev/null/m.json"), MissingDirs::Created)
             .unwrap_err()
             .ends_with("(/dev/null is not a directory)"));
+    }
+
+    /// A directory where no file can be created: read-only, or sysfs where permissions do not
+    /// stop this process (root). The temp dir holding the read-only one comes along.
+    fn unwritable_dir() -> (Option<tempfile::TempDir>, std::path::PathBuf) {
+        use std::os::unix::fs::PermissionsExt;
+        let tmp = tempfile::tempdir().unwrap();
+        let ro = tmp.path().join("read-only");
+        std::fs::create_dir(&ro).unwrap();
+        std::fs::set_permissions(&ro, std::fs::Permissions::from_mode(0o555)).unwrap();
+        if std::fs::File::create(ro.join("probe")).is_err() {
+            return (Some(tmp), ro);
+        }
+        (None, "/sys".into())
+    }
+
+    /// Issue 27: the weights file gets the mode every other file gets (0666 less the umask, as
+    /// `File::create`), not tempfile's 0600.
+    #[test]
+    fn weights_files_get_the_usual_mode() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let (weights, plain) = (dir.path().join("m.safetensors"), dir.path().join("plain"));
+        super::save_weights(&weights, &[("w".to_string(), tch::Tensor::from_slice(&[1f32, 2.0]))]).unwrap();
+        std::fs::File::create(&plain).unwrap();
+        let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode(&weights), mode(&plain));
+        assert_ne!(mode(&weights), 0o600, "umask 0177 is not what tests run under");
+    }
+
+    /// Every path a run writes is probed before training: a read-only directory is refused
+    /// with the flag, the path and the system's reason, missing directories included (the
+    /// probe goes to the nearest existing one), and nothing is left behind.
+    #[test]
+    fn unwritable_outputs_are_refused_before_training() {
+        let (_keep, ro) = unwritable_dir();
+        let err = |flag: &str, p: &Path, kind: OutputKind| check_writable(flag, p, kind).unwrap_err().to_string();
+        let cannot = format!("cannot create a file in {}: ", ro.display());
+        for (kind, what) in [
+            (OutputKind::File(MissingDirs::Refused), "a writable file"),
+            (OutputKind::File(MissingDirs::Created), "a writable file"),
+            (OutputKind::Checkpoint, "a writable directory"),
+        ] {
+            let e = err("--x", &ro.join("out"), kind);
+            assert!(e.starts_with(&format!("invalid value \"{}\" for --x: {what} ({cannot}", ro.join("out").display())), "{e}");
+        }
+        let e = err("output_dir", &ro.join("a/b"), OutputKind::Dir);
+        assert!(
+            e.starts_with(&format!("invalid value \"{}\" for output_dir: a writable directory ({cannot}", ro.join("a/b").display())),
+            "{e}"
+        );
+        let e = err("--x", &ro.join("a/m.json"), OutputKind::File(MissingDirs::Created));
+        assert!(e.contains(&cannot), "missing directories under a read-only one: {e}");
+
+        // TrainArgs::validate, what every level calls before its first step, names the flag.
+        let args = TrainArgs { save_model: Some(ro.join("m.safetensors")), ..TrainArgs::default() };
+        let e = args.validate().unwrap_err().to_string();
+        assert!(
+            e.starts_with(&format!("invalid value \"{}\" for --save-model: a writable file ({cannot}", ro.join("m.safetensors").display())),
+            "{e}"
+        );
+        let args = TrainArgs { metrics_json: Some(ro.join("m.json")), ..TrainArgs::default() };
+        assert!(args.validate().unwrap_err().to_string().contains("for --metrics-json: a writable file (cannot create a file in"));
+
+        // Writable places pass, and keep nothing: no probe, no directory created.
+        let dir = tempfile::tempdir().unwrap();
+        for (p, kind) in [
+            (dir.path().join("m.safetensors"), OutputKind::File(MissingDirs::Refused)),
+            (dir.path().join("a/b/m.json"), OutputKind::File(MissingDirs::Created)),
+            (dir.path().join("state"), OutputKind::Checkpoint),
+            (dir.path().join("out/run"), OutputKind::Dir),
+            (dir.path().to_path_buf(), OutputKind::Dir),
+            (dir.path().to_path_buf(), OutputKind::Checkpoint),
+        ] {
+            assert!(check_writable("--x", &p, kind).is_ok(), "{p:?} {kind:?}");
+        }
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0, "the check leaves nothing behind");
+        let file = dir.path().join("f");
+        std::fs::write(&file, b"").unwrap();
+        assert!(err("--save-state", &file, OutputKind::Checkpoint).ends_with("a writable directory (it exists and is not a directory)"));
+        assert!(err("output_dir", &file.join("x"), OutputKind::Dir).ends_with(&format!("({} is not a directory)", file.display())));
     }
 }

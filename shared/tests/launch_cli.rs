@@ -296,6 +296,28 @@ fn program_not_found_is_named() {
     assert!(out.stderr.contains("./no/such/dir/train does not exist; expected a path to an executable file"), "{}", out.stderr);
 }
 
+/// Issue 27: `--nproc-per-node auto` (torchrun's) counts the CUDA devices, else the cores; a
+/// program named without a path that is not in PATH but here is named as such.
+#[test]
+fn nproc_auto_and_a_program_here() {
+    let parse = |n: &str| LaunchConfig::try_parse_from(["ladder-run", "--nproc-per-node", n, "p"]).map(|c| c.nproc_per_node);
+    let gpus = if ladder_core::device::cuda_available() { tch::Cuda::device_count() as usize } else { 0 };
+    assert_eq!(parse("auto").unwrap(), if gpus > 0 { gpus } else { ladder_core::device::cores() });
+    assert_eq!(parse("cpu").unwrap(), ladder_core::device::cores());
+    assert_eq!(parse("gpu").is_ok(), gpus > 0);
+    assert_eq!(parse("3").unwrap(), 3);
+
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("t.py"), "print(1)\n").unwrap();
+    let out = Command::new(BIN).args(["--nproc-per-node", "2", "t.py"]).current_dir(dir.path()).output().unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stderr).trim(),
+        "ladder-run: error: invalid value \"t.py\" for PROGRAM: not found in PATH; ./t.py exists here but is not executable \
+         (chmod +x t.py), and a name without '/' is looked up in PATH only"
+    );
+}
+
 #[test]
 fn help_snapshot() {
     let out = ladder_run(&["--help"], Duration::from_secs(20));
@@ -335,6 +357,7 @@ fn configuration_errors_snapshot() {
         &["ladder-run", "--master-port", "0", "p"],
         &["ladder-run", "--backend", "gloo", "p"],
         &["ladder-run", "--nproc-per-node", "2"],
+        &["ladder-run", "--nproc-per-node", "many", "p"],
     ] {
         let e = LaunchConfig::try_parse_from(argv).unwrap_err();
         let text = e.render().to_string();
@@ -353,6 +376,11 @@ fn configuration_errors_snapshot() {
         ("nccl with a hostfile", LaunchConfig { backend: LaunchBackend::Nccl, hostfile: Some("/etc/hostname".into()), ..base.clone() }),
         ("nccl over nodes without master addr", LaunchConfig { backend: LaunchBackend::Nccl, nnodes: 2, ..base.clone() }),
         ("no program", LaunchConfig { command: vec![], ..base.clone() }),
+        // Issue 27: a flag ladder-run does not know lands where PROGRAM belongs.
+        ("torchrun's --standalone", LaunchConfig { command: vec!["--standalone".into(), "p".into()], ..base.clone() }),
+        ("torchrun's --rdzv_endpoint=VALUE", LaunchConfig { command: vec!["--rdzv_endpoint=n0:29400".into(), "p".into()], ..base.clone() }),
+        ("a near miss", LaunchConfig { command: vec!["--nproc-per-nod".into(), "2".into(), "p".into()], ..base.clone() }),
+        ("no flag of ladder-run", LaunchConfig { command: vec!["--frobnicate".into(), "p".into()], ..base.clone() }),
     ];
     for (what, cfg) in cases {
         let e = run(&cfg).expect_err(what);

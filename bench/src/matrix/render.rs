@@ -313,7 +313,8 @@ steps are warm-up, reported as time to first step; loading and evaluation exclud
 each repeat (ours and the peer's run back to back), median and range over repeats; peers: bench/reference/tutorial.py \
 (single), ddp_gloo.py under torchrun (level 1), accelerate_loop.py under accelerate launch (level 2) and trainer.py \
 (HF Trainer) under torchrun (level 3), same model, AdamW recipe, per-rank batch 64 and threads per rank. comm share: \
-max over ranks of the time in collectives / training time.";
+max over ranks of the time in collectives / training time. Ratio directions: ours / peer, vs level 1, vs ddp and vs fp32 \
+divide samples/s, so above 1× the cell is faster than what it is compared with.";
 
 const EXPLAIN_STEPS: &str = "Step figures of each run's slowest rank, medians over repeats: a step runs from the end \
 of the previous one to the end of its optimizer step (the clock read after its collectives; on CUDA after a device \
@@ -331,7 +332,7 @@ included.";
 /// What the terminal shows.
 pub fn render_terminal(summary: &MatrixSummary) -> String {
     let mut s = format!(
-        "{}\n\nThroughput (repeats: {})\n{}\n\nSteps (ms)\n{}\n\nMemory\n{}\n",
+        "{}\n\nThroughput (repeats: {}; the ratios divide samples/s: above 1× is faster)\n{}\n\nSteps (ms)\n{}\n\nMemory\n{}\n",
         summary.machine.line(),
         summary.repeats,
         render_throughput(summary, false),
@@ -340,17 +341,20 @@ pub fn render_terminal(summary: &MatrixSummary) -> String {
     );
     s.push_str(&format!("\nCompute efficiency\n{}\n{}\n", render_efficiency(summary, false), efficiency_notes(summary)));
     if summary.allreduce.is_some() {
-        s.push_str(&format!("\nAll-reduce (f32, sum)\n{}\n", render_allreduce(summary, false)));
+        s.push_str(&format!(
+            "\nAll-reduce (f32, sum; the ratios divide bus bandwidths: above 1× is faster)\n{}\n",
+            render_allreduce(summary, false)
+        ));
     }
     if let Some(b) = &summary.buckets {
         s.push_str(&format!(
-            "\nDDP gradient all-reduce of BasicNet vs bucket_cap_mb ({} ranks; time of one sync)\n{}\n",
+            "\nDDP gradient all-reduce of BasicNet vs bucket_cap_mb ({} ranks; time of one sync; vs one flat all-reduce divides times: above 1× is slower)\n{}\n",
             b.world_size,
             render_buckets(summary, false)
         ));
     }
     if !targets(&summary.rows).is_empty() {
-        s.push_str(&format!("\nTargets (issues #10, #11, #25)\n{}\n", render_targets(summary, false)));
+        s.push_str(&format!("\nTargets (measured in this run, met or not)\n{}\n", render_targets(summary, false)));
     }
     s.push_str(&render_notes(summary));
     s
@@ -368,10 +372,7 @@ pub fn render_markdown(summary: &MatrixSummary) -> String {
     );
     s.push_str(&format!("\n## Compute efficiency\n\n{}\n\n{}\n", render_efficiency(summary, true), efficiency_notes(summary)));
     if !targets(&summary.rows).is_empty() {
-        s.push_str(&format!(
-            "\n## Targets (issues #10, #11, #25; measured in this run, met or not)\n\n{}\n",
-            render_targets(summary, true)
-        ));
+        s.push_str(&format!("\n## Targets (measured in this run, met or not)\n\n{}\n", render_targets(summary, true)));
     }
     if let Some(a) = &summary.allreduce {
         s.push_str(&format!(

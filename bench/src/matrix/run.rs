@@ -27,6 +27,11 @@ struct Paths {
 /// writing results. A run's own failure is recorded in its row (see [`MatrixSummary::check`]).
 pub fn run_matrix(args: &RunArgs) -> Result<MatrixSummary> {
     let (cases, mut skipped) = plan(args)?;
+    let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+    let load_at_start = Machine::load_warning(Machine::load_average(), cores, "at the start of the run");
+    if let Some(w) = &load_at_start {
+        eprintln!("{w}");
+    }
     let root = args.launch.root();
     let paths = Paths {
         out_dir: args.out_dir.clone().unwrap_or_else(|| root.join("bench").join("results")),
@@ -163,6 +168,10 @@ pub fn run_matrix(args: &RunArgs) -> Result<MatrixSummary> {
     let summary =
         MatrixSummary { machine, repeats: args.repeats, rows, skipped, allreduce, allreduce_error, targets, buckets, buckets_error };
     println!("\n{}", render_terminal(&summary));
+    // After the tables, where it is read: the load at the start, and at the end.
+    for w in load_at_start.into_iter().chain(Machine::load_warning(Machine::load_average(), cores, "at the end of the run")) {
+        eprintln!("{w}");
+    }
     write_file(&paths.out_dir.join("bench.json"), &serde_json::to_string_pretty(&summary).unwrap_or_default())?;
     write_file(&paths.out_dir.join("bench.md"), &render_markdown(&summary))?;
     write_file(&paths.out_dir.join("bench.csv"), &super::render_csv(&summary))?;

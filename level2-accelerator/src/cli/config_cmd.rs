@@ -13,7 +13,7 @@ use std::path::PathBuf;
 /// `ladder-accelerate config` flags.
 #[derive(Debug, clap::Args)]
 #[command(
-    after_help = "Without flags, on a terminal, asks the questions `accelerate config` asks. With setting flags, writes exactly\nthose settings (no questions); with --default, completes them with the defaults for this machine.\nThe file is YAML, or TOML / JSON when --config-file ends in .toml / .json."
+    after_help = "Without flags, on a terminal, asks the questions `accelerate config` asks. With setting flags, writes exactly those settings (no questions); with --default, completes them with the defaults for this machine. The file is YAML, or TOML / JSON when --config-file ends in .toml / .json."
 )]
 pub struct ConfigArgs {
     /// Where to write the config [default: ~/.config/ddp-ladder/accelerate/default_config.yaml, or under $XDG_CONFIG_HOME].
@@ -59,18 +59,22 @@ pub fn run(args: &ConfigArgs) -> CmdResult {
     Ok(0)
 }
 
-/// What the defaults depend on: the GPUs libtorch sees.
+/// What the defaults and the questions depend on: the GPUs libtorch sees, the CPU's bf16 units.
 #[derive(Debug, Clone, Copy)]
 pub struct Machine {
     /// CUDA devices usable by libtorch (0 when CUDA is not available).
     pub gpus: usize,
+    /// The CPU is known to lack bf16 units (neither AVX512-BF16 nor AMX): bf16 runs emulated
+    /// there, several times slower than fp32, and the mixed-precision question says so.
+    pub cpu_lacks_bf16: bool,
 }
 
 impl Machine {
-    /// Asks libtorch (loads the CUDA backend if there is one).
+    /// Asks libtorch (loads the CUDA backend if there is one) and `/proc/cpuinfo`.
     pub fn detect() -> Machine {
         let gpus = if ladder_core::device::cuda_available() { tch::Cuda::device_count().max(0) as usize } else { 0 };
-        Machine { gpus }
+        let cpu_lacks_bf16 = ladder_core::device::cpu_bf16_units().is_some_and(|u| u.is_empty());
+        Machine { gpus, cpu_lacks_bf16 }
     }
 }
 
@@ -199,8 +203,16 @@ pub fn ask(p: &mut dyn Prompter, machine: &Machine) -> Result<AcceleratorConfig>
     });
     let precisions: &[Precision] = if cpu { &[Precision::No, Precision::Bf16] } else { &[Precision::No, Precision::Fp16, Precision::Bf16] };
     let names: Vec<&str> = precisions.iter().map(|m| ladder_core::parallel::Choice::name(*m)).collect();
-    let prompt = if cpu { "Do you wish to use mixed precision? (fp16 needs a GPU)" } else { "Do you wish to use mixed precision?" };
-    let i = p.select(prompt, &names, 0)?;
+    let prompt = match (cpu, machine.cpu_lacks_bf16) {
+        (true, true) => format!(
+            "Do you wish to use mixed precision? (fp16 needs a GPU; bf16 runs {} slower than fp32 on this CPU: it has no \
+             AVX512-BF16 or AMX units)",
+            ladder_core::device::BF16_EMULATED_SLOWDOWN
+        ),
+        (true, false) => "Do you wish to use mixed precision? (fp16 needs a GPU)".into(),
+        (false, _) => "Do you wish to use mixed precision?".into(),
+    };
+    let i = p.select(&prompt, &names, 0)?;
     cfg.mixed_precision = Some(precisions[i]);
     Ok(cfg)
 }
@@ -251,11 +263,11 @@ fn ask_fsdp(p: &mut dyn Prompter, cfg: &mut AcceleratorConfig) -> Result<()> {
         &check_count(0),
     )?;
     cfg.fsdp_min_num_params = n.trim().parse().ok();
-    // Accelerate offers BACKWARD_PRE first (its questionnaire's default); the
-    // plugin's default when nothing is given is NO_PREFETCH.
+    // Accelerate's order; the answer preselected is the plugin's default when nothing is given,
+    // NO_PREFETCH, which --default writes too (PyTorch's own default is BACKWARD_PRE).
     let prefetches = [BackwardPrefetch::BackwardPre, BackwardPrefetch::BackwardPost, BackwardPrefetch::NoPrefetch];
     let names: Vec<&str> = prefetches.iter().map(|p| ladder_core::parallel::Choice::name(*p)).collect();
-    let i = p.select("What should be your FSDP's backward prefetch policy?", &names, 0)?;
+    let i = p.select("What should be your FSDP's backward prefetch policy?", &names, 2)?;
     cfg.fsdp_backward_prefetch = Some(prefetches[i]);
     cfg.fsdp_forward_prefetch = Some(p.confirm("Do you want to enable FSDP's forward prefetch policy?", false)?);
     Ok(())
@@ -301,7 +313,7 @@ mod tests {
     #[test]
     fn single_process_on_the_cpu() {
         let mut s = Script::new(&["No distributed training", "yes", "bf16"]);
-        let cfg = ask(&mut s, &Machine { gpus: 0 }).unwrap();
+        let cfg = ask(&mut s, &Machine { gpus: 0, cpu_lacks_bf16: false }).unwrap();
         assert_eq!(s.asked.len(), 3);
         let want = AcceleratorConfig {
             distributed_type: Some(DistributedType::No),
@@ -313,10 +325,22 @@ mod tests {
         assert_eq!(cfg, want);
     }
 
+    /// On a CPU without bf16 units the mixed-precision question says what bf16 costs there
+    /// (issue 27, bug 7); elsewhere it does not.
+    #[test]
+    fn the_precision_question_warns_where_bf16_is_emulated() {
+        for (lacks, warned) in [(true, true), (false, false)] {
+            let mut s = Script::new(&["No distributed training", "yes", "bf16"]);
+            ask(&mut s, &Machine { gpus: 0, cpu_lacks_bf16: lacks }).unwrap();
+            let q = s.asked.last().unwrap();
+            assert_eq!(q.contains("bf16 runs 5-10x slower than fp32 on this CPU: it has no AVX512-BF16 or AMX units"), warned, "{q}");
+        }
+    }
+
     #[test]
     fn multi_cpu_fsdp_two_processes() {
         let mut s = Script::new(&["multi-CPU (mpi)", "1", "yes", "SHARD_GRAD_OP", "0", "BACKWARD_POST", "yes", "2", "no"]);
-        let cfg = ask(&mut s, &Machine { gpus: 0 }).unwrap();
+        let cfg = ask(&mut s, &Machine { gpus: 0, cpu_lacks_bf16: false }).unwrap();
         assert_eq!(
             cfg,
             AcceleratorConfig {
@@ -342,7 +366,7 @@ mod tests {
     #[test]
     fn multi_node_gpu_asks_rank_address_and_port_and_checks_the_process_count() {
         let mut s = Script::new(&["multi-GPU (nccl)", "2", "1", "10.1.2.3", "", "no", "", "fp16"]);
-        let cfg = ask(&mut s, &Machine { gpus: 4 }).unwrap();
+        let cfg = ask(&mut s, &Machine { gpus: 4, cpu_lacks_bf16: false }).unwrap();
         assert_eq!(cfg.num_machines, Some(2));
         assert_eq!(cfg.machine_rank, Some(1));
         assert_eq!(cfg.main_process_ip.as_deref(), Some("10.1.2.3"));
@@ -353,20 +377,26 @@ mod tests {
         cfg.validate(&Origin::Flags).unwrap();
         // 3 processes on 2 machines is refused; rank 2 of 2 machines too.
         let mut s = Script::new(&["multi-GPU (nccl)", "2", "0", "h", "29500", "no", "3"]);
-        assert!(ask(&mut s, &Machine { gpus: 4 }).unwrap_err().to_string().contains("expected a multiple of the 2 machine(s)"));
+        assert!(ask(&mut s, &Machine { gpus: 4, cpu_lacks_bf16: false })
+            .unwrap_err()
+            .to_string()
+            .contains("expected a multiple of the 2 machine(s)"));
         let mut s = Script::new(&["multi-GPU (nccl)", "2", "2"]);
-        assert!(ask(&mut s, &Machine { gpus: 4 }).unwrap_err().to_string().contains("expected a machine index in 0..2"));
+        assert!(ask(&mut s, &Machine { gpus: 4, cpu_lacks_bf16: false })
+            .unwrap_err()
+            .to_string()
+            .contains("expected a machine index in 0..2"));
     }
 
     #[test]
     fn defaults_follow_the_machine_and_keep_every_flag() {
         let none = AcceleratorConfig::default();
-        let cpu = with_defaults(&none, &Machine { gpus: 0 });
+        let cpu = with_defaults(&none, &Machine { gpus: 0, cpu_lacks_bf16: false });
         assert_eq!((cpu.distributed_type, cpu.num_processes, cpu.cpu), (Some(DistributedType::No), Some(1), Some(true)));
-        let gpu = with_defaults(&none, &Machine { gpus: 4 });
+        let gpu = with_defaults(&none, &Machine { gpus: 4, cpu_lacks_bf16: false });
         assert_eq!((gpu.distributed_type, gpu.num_processes, gpu.cpu), (Some(DistributedType::MultiGpu), Some(4), Some(false)));
         let flags = AcceleratorConfig { num_processes: Some(2), use_fsdp: Some(true), seed: Some(1), ..Default::default() };
-        let f = with_defaults(&flags, &Machine { gpus: 0 });
+        let f = with_defaults(&flags, &Machine { gpus: 0, cpu_lacks_bf16: false });
         assert_eq!(f.distributed_type, Some(DistributedType::Fsdp));
         assert_eq!((f.fsdp_sharding_strategy, f.fsdp_min_num_params), (Some(ShardingStrategy::FullShard), Some(100_000_000)));
         assert_eq!((f.fsdp_backward_prefetch, f.fsdp_forward_prefetch), (Some(BackwardPrefetch::NoPrefetch), Some(false)));
@@ -374,9 +404,13 @@ mod tests {
         assert_eq!((cpu.fsdp_backward_prefetch, cpu.fsdp_forward_prefetch), (None, None));
         let given =
             AcceleratorConfig { use_fsdp: Some(true), fsdp_backward_prefetch: Some(BackwardPrefetch::BackwardPre), ..Default::default() };
-        assert_eq!(with_defaults(&given, &Machine { gpus: 0 }).fsdp_backward_prefetch, Some(BackwardPrefetch::BackwardPre));
+        assert_eq!(
+            with_defaults(&given, &Machine { gpus: 0, cpu_lacks_bf16: false }).fsdp_backward_prefetch,
+            Some(BackwardPrefetch::BackwardPre)
+        );
         assert_eq!((f.num_processes, f.seed), (Some(2), Some(1)));
-        let two_cpu = with_defaults(&AcceleratorConfig { num_processes: Some(2), ..Default::default() }, &Machine { gpus: 0 });
+        let two_cpu =
+            with_defaults(&AcceleratorConfig { num_processes: Some(2), ..Default::default() }, &Machine { gpus: 0, cpu_lacks_bf16: false });
         assert_eq!(two_cpu.distributed_type, Some(DistributedType::MultiCpu));
     }
 }

@@ -120,12 +120,13 @@ fn cpuinfo(key: &str) -> Option<String> {
 
 /// Whether the CPU has bf16 instructions (`avx512_bf16`, `amx_bf16`), as a line.
 fn bf16_support() -> String {
-    let flags = cpuinfo("flags").unwrap_or_default();
-    let have: Vec<&str> = ["avx512_bf16", "amx_bf16"].into_iter().filter(|f| flags.split_whitespace().any(|x| x == *f)).collect();
-    if have.is_empty() {
-        "no (neither avx512_bf16 nor amx_bf16; bf16 runs emulated, slower than fp32)".into()
-    } else {
-        format!("yes ({})", have.join(", "))
+    match ladder_core::device::cpu_bf16_units() {
+        Some(have) if have.is_empty() => format!(
+            "no (neither avx512_bf16 nor amx_bf16; bf16 runs emulated, {} slower than fp32)",
+            ladder_core::device::BF16_EMULATED_SLOWDOWN
+        ),
+        Some(have) => format!("yes ({})", have.join(", ")),
+        None => "unknown (no x86 flags in /proc/cpuinfo)".into(),
     }
 }
 

@@ -17,7 +17,7 @@ use std::path::PathBuf;
 #[derive(Debug, clap::Args)]
 #[command(
     override_usage = "ladder-accelerate launch [OPTIONS] PROGRAM [ARGS]...",
-    after_help = "Precedence: flags > the config file (--config-file, else $ACCELERATE_CONFIG_FILE, else the default config\nif it exists) > variables already set in the environment > defaults. The settings are exported as\nAccelerate's variables (ACCELERATE_MIXED_PRECISION, ACCELERATE_USE_FSDP, FSDP_SHARDING_STRATEGY, ...).\n\nExamples:\n  ladder-accelerate launch --num-processes 2 target/release/level2-accelerator --epochs 1\n  ladder-accelerate launch --num-processes 2 --mixed-precision bf16 --use-fsdp --fsdp-sharding-strategy full-shard PROGRAM\n  ladder-accelerate launch --num-processes 8 --num-machines 2 --machine-rank 1 --main-process-ip 10.0.0.1 \\\n      --backend nccl PROGRAM    (run on every machine)"
+    after_help = "Precedence: flags > the config file (--config-file, else $ACCELERATE_CONFIG_FILE, else the default config if it exists) > variables already set in the environment > defaults. The settings are exported as Accelerate's variables (ACCELERATE_MIXED_PRECISION, ACCELERATE_USE_FSDP, FSDP_SHARDING_STRATEGY, ...).\n\nExamples:\n  ladder-accelerate launch --num-processes 2 target/release/level2-accelerator --epochs 1\n  ladder-accelerate launch --num-processes 2 --mixed-precision bf16 --use-fsdp \\\n      --fsdp-sharding-strategy full-shard PROGRAM\n  ladder-accelerate launch --num-processes 8 --num-machines 2 --machine-rank 1 \\\n      --main-process-ip 10.0.0.1 --backend nccl PROGRAM    (on every machine)"
 )]
 pub struct LaunchArgs {
     /// The config file to read [default: $ACCELERATE_CONFIG_FILE, else the default config if it exists].
@@ -108,10 +108,29 @@ fn check_machines(backend: LaunchBackend, cfg: &AcceleratorConfig, hostfile: Opt
     Ok(())
 }
 
-/// Checks, before anything is printed or started, that PROGRAM names an executable file: a
-/// path, or a name found in `PATH` (the core launcher checks it again).
+/// `accelerate launch`'s flags that this launcher does not take, and what does their job here.
+const ACCELERATE_HINTS: &[ladder_core::launch::FlagHint] = &[
+    ("--multi-gpu", "implied: --num-processes N starts N processes (add --backend nccl for one process per GPU)"),
+    (
+        "--num-cpu-threads-per-process",
+        "each process already uses the machine's cores / its processes as intra-op threads (set OMP_NUM_THREADS to choose)",
+    ),
+    ("--main-training-function", "not needed: PROGRAM is an executable, run as it is"),
+    ("--gpu-ids", "not a flag here: choose the devices with CUDA_VISIBLE_DEVICES"),
+    ("--module", "ladder-accelerate launch runs an executable, not a Python module: give its path"),
+    ("-m", "ladder-accelerate launch runs an executable, not a Python module: give its path"),
+    ("--no-python", "not needed: PROGRAM always runs as an executable"),
+];
+
+/// Checks, before anything is printed or started, that PROGRAM is no flag this command does not
+/// know (with `accelerate launch`'s equivalent, or the nearest flag) and names an executable
+/// file: a path, or a name found in `PATH` (the core launcher checks it again).
 fn check_program(program: &str) -> Result<()> {
+    use clap::Args;
     use std::os::unix::fs::PermissionsExt;
+    let known: Vec<String> =
+        LaunchArgs::augment_args(clap::Command::new("launch")).get_arguments().filter_map(|a| a.get_long()).map(String::from).collect();
+    ladder_core::launch::check_not_a_flag("ladder-accelerate launch", program, &known, ACCELERATE_HINTS)?;
     let executable =
         |p: &std::path::Path| std::fs::metadata(p).map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0).unwrap_or(false);
     let found = if program.contains('/') {
@@ -131,11 +150,15 @@ fn check_program(program: &str) -> Result<()> {
     } else {
         "is not in PATH"
     };
+    let why = match ladder_core::launch::not_in_path_but_here(program) {
+        Some(here) => format!("{program} {why}; {here}"),
+        None => format!("{program} {why}"),
+    };
     Err(Error::InvalidSetting {
         setting: "PROGRAM".into(),
         value: program.into(),
         origin: "the program every rank runs".into(),
-        expected: format!("a path to an executable file, or the name of one in PATH ({program} {why})"),
+        expected: format!("a path to an executable file, or the name of one in PATH ({why})"),
     })
 }
 

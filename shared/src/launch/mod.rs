@@ -32,9 +32,12 @@
 //! `PR_SET_PDEATHSIG`). SIGINT / SIGTERM / SIGHUP to the launcher are forwarded the same way. Every child
 //! gets `PR_SET_PDEATHSIG`, so a launcher killed outright takes its job with it.
 
+mod program;
 mod summary;
 mod supervise;
 mod worker;
+
+pub use program::{check_not_a_flag, not_in_path_but_here, FlagHint, TORCHRUN_HINTS};
 
 use crate::dist::env::{DistEnv, DEFAULT_MASTER_ADDR, VARS};
 use crate::{sys, Error, Result};
@@ -78,9 +81,11 @@ pub enum LaunchBackend {
     after_help = "Examples:\n  ladder-run --nproc-per-node 2 target/release/level1-raw-ddp --epochs 1\n  ladder-run --nproc-per-node 4 --backend nccl target/release/level1-raw-ddp --device cuda\n  ladder-run --nproc-per-node 2 --nnodes 2 --hostfile hosts.txt PROGRAM    (mpi, run once)\n  ladder-run --nproc-per-node 4 --nnodes 2 --node-rank R --master-addr node0 --backend nccl PROGRAM    (on every node)\n\nEvery rank gets RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK (its node's index), MASTER_ADDR and MASTER_PORT; over mpirun, PATH and LD_LIBRARY_PATH are forwarded to the other nodes. If a rank fails, the others are stopped and ladder-run exits 1 with a summary naming the rank, its host and, when ranks were left waiting, where each was last seen (step, collective). Closing ladder-run's stdout (| head) stops the job (exit 141). Ranks see LADDER_PROGRESS_DIR (their progress records); the collective timeout is the program's (--timeout, LADDER_COLLECTIVE_TIMEOUT_S, default 600 s).\n\nEnvironment:\n  PATH\n      where PROGRAM and mpirun are looked up\n  OMPI_MCA_*\n      Open MPI's settings, read by mpirun (e.g. OMPI_MCA_plm_rsh_agent,\n      OMPI_MCA_btl_tcp_if_include)"
 )]
 pub struct LaunchConfig {
-    /// Number of ranks to start on each node.
+    /// Number of ranks to start on each node: a number, or as torchrun's `auto` (the CUDA
+    /// devices if there are any, else the CPU cores), `gpu` (the CUDA devices) or `cpu` (the
+    /// CPU cores).
     #[arg(long = "nproc-per-node", alias = "nproc_per_node", value_name = "N", default_value_t = 1,
-          value_parser = at_least_one)]
+          value_parser = nproc_per_node)]
     pub nproc_per_node: usize,
     /// Number of nodes in the job.
     #[arg(long, value_name = "M", default_value_t = 1, value_parser = at_least_one)]
@@ -152,6 +157,21 @@ fn at_least_one(s: &str) -> std::result::Result<usize, String> {
     }
 }
 
+/// clap parser for `--nproc-per-node`: a count of at least 1, or torchrun's `auto`, `gpu`,
+/// `cpu` (see [`LaunchConfig::nproc_per_node`]).
+fn nproc_per_node(s: &str) -> std::result::Result<usize, String> {
+    let gpus = || if crate::device::cuda_available() { tch::Cuda::device_count().max(0) as usize } else { 0 };
+    match s.to_ascii_lowercase().as_str() {
+        "auto" => Ok(Some(gpus()).filter(|n| *n > 0).unwrap_or_else(crate::device::cores)),
+        "cpu" => Ok(crate::device::cores()),
+        "gpu" => match gpus() {
+            0 => Err("gpu: no CUDA device is available here (use a number, cpu or auto)".into()),
+            n => Ok(n),
+        },
+        _ => at_least_one(s).map_err(|_| format!("expected a whole number of at least 1, or auto, gpu, cpu (as torchrun), got {s:?}")),
+    }
+}
+
 /// The marker that starts a rank worker's machine-readable failure line on stderr.
 const FAILURE_MARKER: &str = "@@ladder-run-failure@@ ";
 /// The marker of a rank worker's last line on stderr, `@@ladder-run-exit@@ RANK`: the rank's
@@ -164,7 +184,7 @@ const ROLE_VAR: &str = "LADDER_LAUNCH_ROLE";
 pub const LADDER_RUN_BIN_VAR: &str = "LADDER_RUN_BIN";
 /// How many of PROGRAM's last stderr lines a failure report keeps, and their length cap.
 const KEEP_LINES: usize = 10;
-const KEEP_CHARS: usize = 240;
+const KEEP_CHARS: usize = 400;
 /// How long a rank gets between SIGTERM and SIGKILL.
 const TERM_GRACE: Duration = Duration::from_secs(2);
 /// How long mpirun gets to tear its job down after a failure before the launcher steps in.
@@ -346,6 +366,13 @@ fn validate(cfg: &LaunchConfig) -> Result<()> {
     if cfg.program().is_empty() {
         return Err(Error::invalid("PROGRAM", "", "expected the program every rank runs (the command is empty)"));
     }
+    let known: Vec<String> = <LaunchConfig as clap::CommandFactory>::command()
+        .get_arguments()
+        .filter(|a| !a.is_hide_set())
+        .filter_map(|a| a.get_long())
+        .map(String::from)
+        .collect();
+    check_not_a_flag("ladder-run", cfg.program(), &known, TORCHRUN_HINTS)?;
     if cfg.nproc_per_node == 0 {
         return Err(Error::invalid("--nproc-per-node", 0, "at least 1"));
     }
@@ -484,11 +511,11 @@ fn find_program(program: &str) -> Result<PathBuf> {
     }
     let path = std::env::var_os("PATH").unwrap_or_default();
     which::which_in(program, Some(&path), ".").map_err(|_| {
-        Error::invalid(
-            "PROGRAM",
-            program,
-            format!("not found; expected a program in PATH ({}) or a path to an executable file", path.to_string_lossy()),
-        )
+        let why = match not_in_path_but_here(program) {
+            Some(here) => format!("not found in PATH; {here}"),
+            None => format!("not found; expected a program in PATH ({}) or a path to an executable file", path.to_string_lossy()),
+        };
+        Error::invalid("PROGRAM", program, why)
     })
 }
 

@@ -140,11 +140,7 @@ pub(super) fn prefix_lines(
             if let Some(keep) = &keep {
                 let text = String::from_utf8_lossy(&line);
                 let text = text.trim_end_matches(['\n', '\r']);
-                let text: String = if text.chars().count() > KEEP_CHARS {
-                    text.chars().take(KEEP_CHARS).chain("…".chars()).collect()
-                } else {
-                    text.to_string()
-                };
+                let text = shorten(text);
                 if let Ok(mut k) = keep.lock() {
                     if k.len() == KEEP_LINES {
                         k.pop_front();
@@ -168,10 +164,35 @@ pub(super) fn prefix_lines(
     })
 }
 
+/// A kept stderr line of at most [`KEEP_CHARS`] characters: a longer one keeps its first third
+/// and its end — where an error says what to do — around a `…`.
+fn shorten(text: &str) -> String {
+    let n = text.chars().count();
+    if n <= KEEP_CHARS {
+        return text.to_string();
+    }
+    let head = KEEP_CHARS / 3;
+    let tail = KEEP_CHARS - head - 1;
+    text.chars().take(head).chain("…".chars()).chain(text.chars().skip(n - tail)).collect()
+}
+
 /// Writes the rank worker's exit marker (see [`EXIT_MARKER`]); the rank comes from mpirun's or
 /// torchrun's variables (nothing is written without them).
 pub(super) fn report_exit() {
     if let Some(rank) = ["OMPI_COMM_WORLD_RANK", "RANK"].iter().find_map(|v| std::env::var(v).ok()?.parse::<usize>().ok()) {
         let _ = std::io::stderr().lock().write_all(format!("{EXIT_MARKER}{rank}\n").as_bytes());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// Issue 27: a long root-cause line keeps its end, where the fix is.
+    #[test]
+    fn long_stderr_lines_keep_their_start_and_their_end() {
+        let line = format!("error: {}; run `ladder-run --backend nccl`", "x".repeat(1000));
+        let kept = super::shorten(&line);
+        assert_eq!(kept.chars().count(), super::KEEP_CHARS);
+        assert!(kept.starts_with("error: xxx") && kept.ends_with("xxx; run `ladder-run --backend nccl`") && kept.contains('…'), "{kept}");
+        assert_eq!(super::shorten("short"), "short");
     }
 }

@@ -66,7 +66,9 @@ impl<'pg> WrappedModel<'pg> {
     /// Wraps `net` (built in `vs`, on the group's device) as `cfg` says. Collective: every rank
     /// calls it. DDP broadcasts rank 0's weights; FSDP broadcasts them and keeps this rank's
     /// shards. DDP with mixed precision runs on FSDP's `NO_SHARD` path (see
-    /// [`WrapConfig::mixed_precision`]).
+    /// [`WrapConfig::mixed_precision`]). bf16 on a CPU without bf16 units prints, on rank 0
+    /// and once per process, that it runs several times slower than fp32 there
+    /// ([`warn_bf16_on_cpu`](crate::device::warn_bf16_on_cpu)).
     ///
     /// # Errors
     /// A non-positive `bucket_cap_mb`; [`Error::OptionNotForStrategy`] for ZeRO-1 with mixed
@@ -74,6 +76,9 @@ impl<'pg> WrappedModel<'pg> {
     pub fn new(vs: nn::VarStore, net: BasicNet, pg: &'pg dyn ProcessGroup, cfg: &WrapConfig) -> Result<Self> {
         let policy = cfg.mixed_precision.policy();
         cfg.validate()?;
+        if cfg.mixed_precision == crate::parallel::Precision::Bf16 && pg.device() == tch::Device::Cpu && pg.rank() == 0 {
+            crate::device::warn_bf16_on_cpu(); // once, at start-up, where bf16 is emulated
+        }
         let fsdp_options = match (cfg.strategy, policy) {
             (Strategy::Fsdp(o), _) => Some(o),
             (Strategy::Ddp(_), Some(_)) => Some(FsdpOptions::with_sharding(ShardingStrategy::NoShard)),

@@ -94,3 +94,19 @@ pub fn mpirun_failing(n: usize, body: &str, envs: &[(&str, &str)]) -> (String, s
     assert!(!status.success(), "mpirun -n {n} {body} was expected to fail:\n{text}");
     (text, start.elapsed())
 }
+
+/// A directory in which no file can be created, for the writability checks: a fresh
+/// directory made read-only (the temp dir that holds it, to keep it alive, comes along), or
+/// — where permissions do not stop this process (root) — sysfs, which takes no new files.
+pub fn unwritable_dir() -> (Option<tempfile::TempDir>, std::path::PathBuf) {
+    use std::os::unix::fs::PermissionsExt;
+    let tmp = tempfile::tempdir().expect("temp dir");
+    let ro = tmp.path().join("read-only");
+    std::fs::create_dir(&ro).unwrap();
+    std::fs::set_permissions(&ro, std::fs::Permissions::from_mode(0o555)).unwrap();
+    if std::fs::File::create(ro.join("probe")).is_err() {
+        return (Some(tmp), ro);
+    }
+    assert!(std::fs::File::create("/sys/ladder-probe").is_err(), "sysfs takes no new files");
+    (None, "/sys".into())
+}

@@ -34,6 +34,15 @@ pub struct LaunchArgs {
     /// Do not prefix output lines with `[rank{r}]: `.
     #[arg(long = "no-prefix", alias = "no_prefix")]
     pub no_prefix: bool,
+    /// When a process fails, stop them all and restart the group up to N times (Accelerate's
+    /// --max_restarts, torchrun's); a restarted level 2 or 3 program resumes from its last
+    /// checkpoint (--save-state's directory, output_dir/checkpoint-*).
+    #[arg(long = "max-restarts", alias = "max_restarts", value_name = "N", default_value_t = 0)]
+    pub max_restarts: usize,
+    /// Seconds between two looks at the processes' state (Accelerate's --monitor_interval).
+    #[arg(long = "monitor-interval", alias = "monitor_interval", value_name = "SECONDS",
+          default_value_t = ladder_core::launch::DEFAULT_MONITOR_INTERVAL_S)]
+    pub monitor_interval: f64,
     #[command(flatten)]
     pub settings: AcceleratorConfig,
     /// PROGRAM and its ARGS: what every rank runs; everything after PROGRAM goes to it.
@@ -240,6 +249,8 @@ pub fn run(args: &LaunchArgs) -> CmdResult {
         backend,
         hostfile: args.hostfile.clone(),
         no_prefix: args.no_prefix,
+        max_restarts: args.max_restarts,
+        monitor_interval: args.monitor_interval,
         rank_worker: false,
         command,
     };

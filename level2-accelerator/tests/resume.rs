@@ -229,3 +229,95 @@ fn refusals_are_named() {
     common::mpirun(3, "refusal_body", &[("RESUME_DIR", root.path().to_str().unwrap())]);
     insta::assert_snapshot!(std::fs::read_to_string(root.path().join("refusals.txt")).unwrap());
 }
+
+const BIN: &str = env!("CARGO_BIN_EXE_level2-accelerator");
+const LAUNCH: &str = env!("CARGO_BIN_EXE_ladder-accelerate");
+
+/// The pid of rank `rank` of a running level-2 job whose command line holds `tag`.
+fn rank_pid(tag: &Path, rank: usize) -> Option<u32> {
+    let want_env = format!("RANK={rank}");
+    for entry in std::fs::read_dir("/proc").ok()?.flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else { continue };
+        let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else { continue };
+        let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
+        if args.first() != Some(&BIN.as_bytes()) || !args.iter().any(|a| *a == tag.as_os_str().as_encoded_bytes()) {
+            continue;
+        }
+        let Ok(environ) = std::fs::read(entry.path().join("environ")) else { continue };
+        if environ.split(|b| *b == 0).any(|v| v == want_env.as_bytes()) {
+            return Some(pid);
+        }
+    }
+    None
+}
+
+fn global_step(state_dir: &Path) -> Option<u64> {
+    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(state_dir.join(ladder_core::checkpoint::STATE_FILE)).ok()?).ok()?;
+    v["global_step"].as_u64()
+}
+
+fn launch(w: usize, max_restarts: usize, bin_args: &[&std::ffi::OsStr]) -> std::process::Command {
+    let mut cmd = std::process::Command::new(LAUNCH);
+    cmd.args(["launch", "--num-processes", &w.to_string(), "--cpu", "--max-restarts", &max_restarts.to_string(), BIN])
+        .args(["--device", "cpu", "--log-interval", "0", "--max-steps", "40"])
+        .args(bin_args)
+        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+        .env("OMP_NUM_THREADS", "1");
+    cmd
+}
+
+/// `ladder-accelerate launch --max-restarts 2`: rank 1 SIGKILLed after the checkpoint at step
+/// 10; the group is restarted, resumes from --save-state's directory by itself, and ends with
+/// the weights of a run that never stopped.
+fn killed_rank_is_restarted(w: usize) {
+    let dir = tempfile::tempdir().unwrap();
+    let (whole, restarted, state) = (dir.path().join("whole.st"), dir.path().join("restarted.st"), dir.path().join("state"));
+    let out = launch(w, 0, &["--save-model".as_ref(), whole.as_os_str()]).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+
+    let mut cmd = launch(
+        w,
+        2,
+        &[
+            "--save-state".as_ref(),
+            state.as_os_str(),
+            "--save-every".as_ref(),
+            "10".as_ref(),
+            "--save-model".as_ref(),
+            restarted.as_os_str(),
+        ],
+    );
+    let child = cmd.stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped()).spawn().unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(180);
+    let pid = loop {
+        if global_step(&state).is_some_and(|s| (10..40).contains(&s)) {
+            if let Some(pid) = rank_pid(&state, 1) {
+                break pid;
+            }
+        }
+        assert!(std::time::Instant::now() < deadline, "no checkpoint within 180 s");
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    };
+    let killed = std::process::Command::new("kill").args(["-KILL", &pid.to_string()]).status().unwrap();
+    assert!(killed.success());
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "the restarted job failed ({}):\n{stderr}", out.status);
+    assert!(stderr.contains("attempt 1 of 3 failed"), "{stderr}");
+    let (a, b) = (read_tensors(&whole), read_tensors(&restarted));
+    assert_eq!(a.len(), 8, "BasicNet's 8 parameters");
+    for ((k, ta), (_, tb)) in a.iter().zip(&b) {
+        assert!(ta.equal(tb), "{k}: the restarted run's weights differ from the uninterrupted run's (W={w})");
+    }
+}
+
+#[test]
+fn killed_rank_is_restarted_and_resumes_bit_identically_world_2() {
+    killed_rank_is_restarted(2);
+}
+
+#[test]
+fn killed_rank_is_restarted_and_resumes_bit_identically_world_3() {
+    killed_rank_is_restarted(3);
+}

@@ -286,6 +286,8 @@ pub fn run(cfg: &Config) -> Result<Report> {
     let start = Instant::now();
     let args = cfg.training_arguments()?;
     let mnist = cfg.train.load_mnist()?;
+    // A checkpoint on SIGTERM, armed before the process group exists (see ladder_core::preempt).
+    ladder_core::preempt::watch()?;
 
     // ANCHOR: user_code
     set_seed(args.seed);

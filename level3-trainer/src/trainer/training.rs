@@ -351,8 +351,25 @@ impl Trainer {
         run.progress.set_position(run.global_step as u64);
         run.control = self.callback_handler.on_step_end(&self.args, &self.state, run.control);
         self.timed_log_evaluate_save(run)?;
+        self.save_if_preempted(run)?;
         self.accelerator.restart_step_clock(); // evaluation and saving are no step's time
         Ok(())
+    }
+
+    /// A checkpoint on SIGTERM (once `ladder_core::preempt::watch` was called on every rank):
+    /// the ranks agree after every optimization step (one all-reduce of one number); when any
+    /// was signalled, every rank has finished this step, `checkpoint-<step>` is written (unless
+    /// this step's save wrote it) and training stops with [`Error::Preempted`]. Collective.
+    fn save_if_preempted(&mut self, run: &mut TrainingRun) -> Result<()> {
+        if !self.accelerator.preemption_requested()? {
+            return Ok(());
+        }
+        let dir = crate::checkpoints::checkpoint_dir(&self.args.output_dir, self.state.global_step);
+        if !ladder_core::checkpoint::is_complete(&dir) {
+            self.save_checkpoint(&run.sums, false)?;
+        }
+        ladder_core::preempt::mark_saved();
+        Err(Error::Preempted { checkpoint: dir, step: self.state.global_step })
     }
 
     /// The end of training: the best model back (load_best_model_at_end), the summary log

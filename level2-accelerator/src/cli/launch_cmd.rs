@@ -41,13 +41,21 @@ pub struct LaunchArgs {
     pub max_restarts: usize,
     /// Seconds between two looks at the processes' state (Accelerate's --monitor_interval).
     #[arg(long = "monitor-interval", alias = "monitor_interval", value_name = "SECONDS",
-          default_value_t = ladder_core::launch::DEFAULT_MONITOR_INTERVAL_S)]
+          default_value_t = ladder_core::launch::DEFAULT_MONITOR_INTERVAL_S, value_parser = positive_seconds)]
     pub monitor_interval: f64,
     #[command(flatten)]
     pub settings: AcceleratorConfig,
     /// PROGRAM and its ARGS: what every rank runs; everything after PROGRAM goes to it.
     #[arg(value_name = "PROGRAM", required = true, num_args = 1.., trailing_var_arg = true, allow_hyphen_values = true)]
     pub command: Vec<String>,
+}
+
+/// clap parser for --monitor-interval: a finite number of seconds > 0 (at most a day).
+fn positive_seconds(s: &str) -> std::result::Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if v.is_finite() && v > 0.0 && v <= 86_400.0 => Ok(v),
+        _ => Err(format!("expected a number of seconds > 0 (e.g. 0.1), got {s:?}")),
+    }
 }
 
 /// Where a launch setting came from, in the launcher's words.

@@ -240,7 +240,7 @@ fn rank_pid(tag: &Path, rank: usize) -> Option<u32> {
         let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else { continue };
         let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else { continue };
         let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
-        if args.first() != Some(&BIN.as_bytes()) || !args.iter().any(|a| *a == tag.as_os_str().as_encoded_bytes()) {
+        if args.first() != Some(&BIN.as_bytes()) || !args.contains(&tag.as_os_str().as_encoded_bytes()) {
             continue;
         }
         let Ok(environ) = std::fs::read(entry.path().join("environ")) else { continue };

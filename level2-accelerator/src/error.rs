@@ -87,6 +87,15 @@ pub enum Error {
     },
 
     // ---- the Accelerator ----------------------------------------------------------------------
+    /// The run stopped on SIGTERM after writing its state (see `ladder_core::preempt`): not a
+    /// failure; the binary exits 143.
+    #[error("preempted (SIGTERM): every process finished step {step} and the state was saved to {dir}; resume with --resume-from {dir}")]
+    Preempted {
+        /// The state directory written.
+        dir: std::path::PathBuf,
+        /// The optimizer steps it holds.
+        step: u64,
+    },
     /// An Accelerator method called out of order (e.g. `backward` before `prepare_model`, a
     /// second model).
     #[error("{op}: {problem}")]

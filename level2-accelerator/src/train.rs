@@ -77,11 +77,15 @@ pub struct Config {
     /// Output features of BasicNet's fc1 (128; 4096 for memory comparisons).
     #[arg(long, default_value_t = 128)]
     pub width: i64,
-    /// Resume from a directory written by --save-state (model, optimizer, data position).
+    /// Resume from a directory written by --save-state (model, optimizer, data position), at
+    /// any number of processes (at another, the rest of the interrupted epoch is split between
+    /// them). A run restarted by its launcher (TORCHELASTIC_RESTART_COUNT > 0, ladder-run
+    /// --max-restarts) resumes from --save-state's directory by itself when it holds one.
     #[arg(long, value_name = "DIR")]
     pub resume_from: Option<PathBuf>,
     /// Save the state (accelerator.save_state) into this directory after every epoch and at
-    /// --max-steps.
+    /// --max-steps; and on SIGTERM (a preemption): every process finishes its step, the state
+    /// is saved, and the program exits 143.
     #[arg(long, value_name = "DIR")]
     pub save_state: Option<PathBuf>,
     /// Save the state every N optimizer steps too (with --save-state).
@@ -178,6 +182,16 @@ impl Config {
             Some(given) => given.contains("seed"),
             None => self.train.seed != TrainArgs::default().seed,
         }
+    }
+
+    /// The checkpoint to resume from: --resume-from, or in a run restarted by its launcher
+    /// (`TORCHELASTIC_RESTART_COUNT` > 0) --save-state's directory when it holds a complete
+    /// checkpoint.
+    pub fn resume_dir(&self) -> Option<PathBuf> {
+        self.resume_from.clone().or_else(|| {
+            let dir = self.save_state.as_ref()?;
+            (ladder_core::launch::restart_count() > 0 && ladder_core::checkpoint::is_complete(dir)).then(|| dir.clone())
+        })
     }
 
     /// The settings this command line gives the Accelerator explicitly (flags not given stay
@@ -290,6 +304,10 @@ fn run_named(cfg: &Config) -> Result<Report> {
         ladder_core::recipe::check_writable("--save-state", dir, ladder_core::recipe::OutputKind::Checkpoint)?;
     }
     cfg.train.check_device()?;
+    if cfg.save_state.is_some() {
+        // A checkpoint on SIGTERM, before the process group exists (see ladder_core::preempt).
+        ladder_core::preempt::watch()?;
+    }
     let (settings, kwargs) = cfg.resolve()?;
     let trained = train(cfg, settings, kwargs)?;
     finish(cfg, trained, start)
@@ -327,8 +345,8 @@ fn train(cfg: &Config, settings: ResolvedConfig, kwargs: DistributedDataParallel
     let test_loader = accelerator.prepare_data_loader(&mnist.test, DataLoaderOptions { batch_size: 1000, ..Default::default() })?;
 
     let (mut first_epoch, mut skipped, mut so_far) = (1, 0, (0.0, 0));
-    if let Some(dir) = &cfg.resume_from {
-        (first_epoch, skipped, so_far) = resume(&accelerator, dir)?;
+    if let Some(dir) = cfg.resume_dir() {
+        (first_epoch, skipped, so_far) = resume(&accelerator, &dir)?;
     }
     let (mut samples, mut train_s, mut history, mut eval) = (0usize, 0.0f64, Vec::new(), EvalSums::default());
     for epoch in first_epoch..=args.epochs {
@@ -356,6 +374,14 @@ fn train(cfg: &Config, settings: ResolvedConfig, kwargs: DistributedDataParallel
             if let (Some(dir), Some(every)) = (&cfg.save_state, cfg.save_every) {
                 if accelerator.sync_gradients() && step % every == 0 {
                     accelerator.save_state_with(dir, epoch_loss_extra(&accelerator, loss_sum, n)?, &[])?;
+                }
+            }
+            if let Some(dir) = &cfg.save_state {
+                // SIGTERM (a preemption): every process ends this step, one state is saved.
+                if accelerator.sync_gradients() && accelerator.preemption_requested()? {
+                    accelerator.save_state(dir)?;
+                    ladder_core::preempt::mark_saved();
+                    return Err(crate::Error::Preempted { dir: dir.clone(), step });
                 }
             }
             if args.max_steps.is_some_and(|m| step >= m as u64) {

@@ -75,6 +75,15 @@ pub enum Error {
         /// The launcher's value and its variable.
         launcher: String,
     },
+    /// The run stopped on SIGTERM after writing its checkpoint (see `ladder_core::preempt`):
+    /// not a failure; the binary exits 143.
+    #[error("preempted (SIGTERM): every rank finished step {step} and {checkpoint} was written; resume with --resume-from-checkpoint")]
+    Preempted {
+        /// The checkpoint written.
+        checkpoint: PathBuf,
+        /// The global step it holds.
+        step: u64,
+    },
     /// No checkpoint to resume from.
     #[error("{dir}: no checkpoint-<step> directory to resume from; expected one written by a previous run")]
     NoCheckpoint {

@@ -98,6 +98,8 @@ fn run_named(cfg: &Config) -> Result<Report> {
     Trainer::check_launcher_settings(&args, |field| cfg.set_by(field), |k| std::env::var(k).ok())?;
     let train_args = cfg.train_args();
     let mnist = train_args.load_mnist()?;
+    // A checkpoint on SIGTERM, armed before the process group exists (see ladder_core::preempt).
+    ladder_core::preempt::watch()?;
 
     // ANCHOR: user_code
     set_seed(args.seed);

@@ -58,6 +58,9 @@ fn body_train() {
         let rank = std::env::var("OMPI_COMM_WORLD_RANK").unwrap_or_else(|_| "0".into());
         std::fs::write(Path::new(&dir).join(format!("rank{rank}.pid")), std::process::id().to_string()).unwrap();
     }
+    if std::env::var_os("L3_WATCH").is_some() {
+        ladder_core::preempt::watch().unwrap();
+    }
     let mnist = Mnist::load(&workspace_data_dir()).unwrap();
     set_seed(args.seed);
     let vs = nn::VarStore::new(Device::Cpu);
@@ -78,7 +81,14 @@ fn body_train() {
         trainer.add_callback(Slow(ms.parse().unwrap()));
     }
     let resume = std::env::var_os("L3_RESUME").map(|_| ResumeFrom::Last);
-    let out = trainer.train(resume).unwrap();
+    let out = match trainer.train(resume) {
+        // Under L3_WATCH: stopped on SIGTERM after its checkpoint, as the binary exits.
+        Err(e @ level3_trainer::Error::Preempted { .. }) => {
+            println!("{e}");
+            std::process::exit(ladder_core::preempt::PREEMPTED_EXIT_CODE)
+        }
+        r => r.unwrap(),
+    };
     trainer.save_model().unwrap();
     if std::env::var_os("L3_CHECK_PREDICT").is_some() {
         // predict() over the eval subset: every example once, in dataset order, at any world
@@ -234,6 +244,89 @@ fn sigkill_then_resume_is_bit_identical_at_world_2() {
     kill_after_checkpoint(&mut cmd, &killed, 4, Some(&pids));
     train_ranks(2, &killed, &args, &[("L3_RESUME", "1")]);
     assert_bit_identical("resumed vs uninterrupted (2 ranks)", &full.join("model.safetensors"), &killed.join("model.safetensors"));
+}
+
+/// A run restarted by its launcher (`ladder-run --max-restarts`: TORCHELASTIC_RESTART_COUNT
+/// = 1, no resume argument) resumes from the newest checkpoint in output_dir by itself.
+#[test]
+fn restarted_run_resumes_by_itself() {
+    let dir = tempfile::tempdir().unwrap();
+    let (full, killed, pids) = (dir.path().join("full"), dir.path().join("killed"), dir.path().join("pids"));
+    std::fs::create_dir_all(&pids).unwrap();
+    let args = TrainingArguments { max_steps: 12, per_device_train_batch_size: 16, ..base_args() };
+    train_ranks(2, &full, &args, &[]);
+    let json = serde_json::to_string(&args).unwrap();
+    let mut cmd = Command::new("mpirun");
+    cmd.args(["-n", "2", "--oversubscribe", "--bind-to", "none"])
+        .arg(std::env::current_exe().unwrap())
+        .args(["--ignored", "--exact", "body_train", "--test-threads", "1"])
+        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+        .env("OMP_NUM_THREADS", "1")
+        .env("L3_OUT", &killed)
+        .env("L3_ARGS", &json)
+        .env("L3_PIDS", &pids)
+        .env("L3_SLEEP_MS", "150");
+    kill_after_checkpoint(&mut cmd, &killed, 4, Some(&pids));
+    let text = train_ranks(2, &killed, &args, &[("TORCHELASTIC_RESTART_COUNT", "1"), ("TORCHELASTIC_MAX_RESTARTS", "2")]);
+    assert!(text.contains("Resuming from"), "{text}");
+    assert_bit_identical("restarted vs uninterrupted (2 ranks)", &full.join("model.safetensors"), &killed.join("model.safetensors"));
+}
+
+/// SIGTERM to every rank (as Slurm's scancel sends it; twice, the second during the save):
+/// each finishes its step, one checkpoint is written, the job ends with 143 within 10 s, and
+/// resuming from it ends bit-identical to a run that never stopped.
+#[test]
+fn sigterm_writes_a_checkpoint_and_resume_is_bit_identical() {
+    let dir = tempfile::tempdir().unwrap();
+    let (full, stopped, pids) = (dir.path().join("full"), dir.path().join("stopped"), dir.path().join("pids"));
+    std::fs::create_dir_all(&pids).unwrap();
+    let args = TrainingArguments { max_steps: 12, per_device_train_batch_size: 16, ..base_args() };
+    train_ranks(2, &full, &args, &[]);
+    let json = serde_json::to_string(&args).unwrap();
+    let mut cmd = Command::new("mpirun");
+    cmd.args(["-n", "2", "--oversubscribe", "--bind-to", "none"])
+        .arg(std::env::current_exe().unwrap())
+        .args(["--ignored", "--exact", "body_train", "--test-threads", "1", "--nocapture"])
+        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+        .env("OMP_NUM_THREADS", "1")
+        .env("L3_OUT", &stopped)
+        .env("L3_ARGS", &json)
+        .env("L3_PIDS", &pids)
+        .env("L3_WATCH", "1")
+        .env("L3_SLEEP_MS", "150");
+    let child = cmd.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+    let start = Instant::now();
+    while !stopped.join("checkpoint-4").exists() {
+        assert!(start.elapsed() < Duration::from_secs(120), "no checkpoint-4 after 120 s");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let signalled = Instant::now();
+    for _ in 0..2 {
+        for r in 0..2 {
+            let pid = std::fs::read_to_string(pids.join(format!("rank{r}.pid"))).unwrap();
+            assert!(Command::new("kill").args(["-TERM", pid.trim()]).status().unwrap().success());
+        }
+        std::thread::sleep(Duration::from_millis(30));
+    }
+    let out = child.wait_with_output().unwrap();
+    let took = signalled.elapsed();
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(took < Duration::from_secs(10), "checkpoint and exit took {took:?}:\n{text}");
+    assert!(!out.status.success(), "{text}");
+    assert!(text.contains("preempted (SIGTERM): every rank finished step "), "{text}");
+    assert!(!stopped.join("model.safetensors").exists(), "the stopped run finished:\n{text}");
+    let last = level3_trainer::checkpoints::last_checkpoint(&stopped).unwrap().unwrap();
+    let step = level3_trainer::checkpoints::checkpoint_step(&last).unwrap();
+    assert!((4..12).contains(&step), "the preemption checkpoint is at step {step}:\n{text}");
+    eprintln!("SIGTERM → checkpoint-{step} written and job ended in {took:?}");
+    train_ranks(2, &stopped, &args, &[("L3_RESUME", "1")]);
+    assert_bit_identical(
+        "preempted and resumed vs uninterrupted (2 ranks)",
+        &full.join("model.safetensors"),
+        &stopped.join("model.safetensors"),
+    );
 }
 
 /// Loss accounting: B = 16 with accumulation 4 (and W = 2 × B = 32) computes the same updates

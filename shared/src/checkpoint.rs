@@ -7,7 +7,7 @@
 //! |---|---|
 //! | `model.safetensors` | the unwrapped model's weights (`conv1.weight`, …: no wrapper prefix; FSDP gathers them) |
 //! | `optimizer.safetensors` | AdamW's state with the same keys (`conv1.weight.exp_avg`, `.exp_avg_sq`, `.step`) |
-//! | `training_state.json` | [`TrainingState`]: global step, epoch, position in the epoch, seed, world size |
+//! | `training_state.json` | [`TrainingState`]: global step, epoch, position in the epoch (batches per rank and samples over all ranks), seed, world size |
 //! | anything else | files the caller adds (the Trainer's `trainer_state.json`, a scheduler's state) |
 //!
 //! One rank (rank 0) writes it, first into a hidden temporary directory next to the target, each
@@ -19,6 +19,10 @@
 //! Dropout and shuffling resume bit-identically without saving any generator state: the
 //! shuffle is a function of (seed, epoch) and every batch's dropout masks of (seed, rank, batch
 //! index) (see [`crate::recipe::seed_batch`]), so the position in [`TrainingState`] is enough.
+//!
+//! Model and optimizer state are full and keyed by the plain model's names whatever the
+//! strategy (DDP, every FSDP sharding), so a checkpoint loads at any world size; the data
+//! order of the interrupted epoch then follows [`crate::data::DistributedSampler`]'s rule.
 
 use crate::{Error, Result};
 use serde::{Deserialize, Serialize};
@@ -42,15 +46,42 @@ pub struct TrainingState {
     pub batches_seen: u64,
     /// The epoch in progress (0-based): the next batch comes from this epoch.
     pub epoch: u64,
-    /// Batches of `epoch` already consumed on each rank: resuming skips them.
+    /// Batches of `epoch` already consumed on each rank, counted from `epoch_start`: resuming
+    /// at the same world size skips them.
     pub step_in_epoch: u64,
+    /// Samples of `epoch`'s list consumed so far, over all ranks (a prefix of it, padding not
+    /// counted; see [`crate::data::DistributedSampler`]): where a resume at another world size
+    /// picks up. 0 in checkpoints from before it was recorded.
+    #[serde(default)]
+    pub samples_consumed: u64,
+    /// Where the share of `epoch` being run began ([`crate::data::DistributedSampler::set_start`]):
+    /// 0 unless this epoch was itself resumed at another world size.
+    #[serde(default)]
+    pub epoch_start: u64,
     /// The run's seed (weights, shuffle, dropout).
     pub seed: u64,
-    /// Number of ranks that trained; resuming at another world size changes the data order.
+    /// Number of ranks that trained. Resuming at another world size continues `epoch` from
+    /// `samples_consumed` (see [`TrainingState::resume_position`]).
     pub world_size: usize,
     /// Anything else the caller keeps (numbers stay numbers: f64 stays f64).
     #[serde(default, skip_serializing_if = "serde_json::Map::is_empty")]
     pub extra: serde_json::Map<String, serde_json::Value>,
+}
+
+impl TrainingState {
+    /// Where a run of `world_size` ranks resumes [`epoch`](Self::epoch): the sampler's start
+    /// ([`crate::data::DistributedSampler::set_start`]) and the batches of that share to skip.
+    /// At the world size that wrote the state: the share it was running and the batches it ran,
+    /// so the order (padding included) is the uninterrupted run's, bit for bit. At another:
+    /// the samples consumed, nothing to skip — the rest of the epoch is split between the new
+    /// ranks, each unseen sample once.
+    pub fn resume_position(&self, world_size: usize) -> (u64, u64) {
+        if world_size == self.world_size {
+            (self.epoch_start, self.step_in_epoch)
+        } else {
+            (self.samples_consumed, 0)
+        }
+    }
 }
 
 /// The contents of a checkpoint.
@@ -133,6 +164,13 @@ pub fn save(dir: &Path, ckpt: &Checkpoint, extra_files: &[(&str, Vec<u8>)]) -> R
 }
 // ANCHOR_END: checkpoint_save
 
+/// Whether `dir` holds a complete checkpoint (or the previous one, moved aside by a save that
+/// a kill interrupted): what [`load`] can read. A directory a kill left half-written never
+/// counts: [`save`] renames only complete ones into place.
+pub fn is_complete(dir: &Path) -> bool {
+    [dir.to_path_buf(), aside(dir)].iter().any(|d| [MODEL_FILE, OPTIMIZER_FILE, STATE_FILE].iter().all(|f| d.join(f).is_file()))
+}
+
 /// Reads the checkpoint in `dir` (or, if a kill interrupted a save between its two renames,
 /// the previous one moved aside next to it).
 ///
@@ -167,6 +205,27 @@ pub fn load(dir: &Path) -> Result<Checkpoint> {
     Ok(Checkpoint { model, optimizer, state })
 }
 
+/// Checks that a checkpoint read from `dir` can resume training: past step 0 its optimizer
+/// state must hold AdamW's moments (a checkpoint without them would restart AdamW from
+/// zero moments: not the run that was saved).
+///
+/// # Errors
+/// [`Error::Checkpoint`] naming the directory, the step and the missing state.
+pub fn check_resumable(dir: &Path, ckpt: &Checkpoint) -> Result<()> {
+    let has_moments = ckpt.optimizer.iter().any(|(k, _)| k.ends_with(".exp_avg"));
+    if ckpt.state.global_step > 0 && !has_moments {
+        return Err(Error::Checkpoint {
+            dir: dir.into(),
+            problem: format!(
+                "{OPTIMIZER_FILE} holds no AdamW state, but the checkpoint is at step {}: resuming needs the optimizer's moments \
+                 (save with save_state, which writes them)",
+                ckpt.state.global_step
+            ),
+        });
+    }
+    Ok(())
+}
+
 /// Reads one extra file of a checkpoint (see [`save`]).
 ///
 /// # Errors
@@ -189,6 +248,7 @@ mod tests {
                 batches_seen: step,
                 epoch: 1,
                 step_in_epoch: 7,
+                samples_consumed: 7 * 64 * 2,
                 seed: 3,
                 world_size: 2,
                 ..Default::default()
@@ -218,6 +278,7 @@ mod tests {
         // A kill between the two renames: only the moved-aside previous checkpoint exists.
         std::fs::rename(&dir, aside(&dir)).unwrap();
         assert_eq!(load(&dir).unwrap().state.global_step, 9);
+        assert!(is_complete(&dir));
         // The next save repairs it.
         save(&dir, &sample(11), &[]).unwrap();
         assert_eq!(load(&dir).unwrap().state.global_step, 11);
@@ -234,6 +295,18 @@ mod tests {
     }
 
     #[test]
+    fn resume_position_keeps_the_order_at_the_same_world_size() {
+        let s = TrainingState { step_in_epoch: 7, samples_consumed: 896, epoch_start: 0, world_size: 2, ..Default::default() };
+        assert_eq!(s.resume_position(2), (0, 7));
+        assert_eq!(s.resume_position(3), (896, 0));
+        // Old checkpoints (no samples_consumed) still load.
+        let old: TrainingState =
+            serde_json::from_str(r#"{"global_step": 1, "batches_seen": 1, "epoch": 0, "step_in_epoch": 1, "seed": 1, "world_size": 1}"#)
+                .unwrap();
+        assert_eq!((old.samples_consumed, old.epoch_start), (0, 0));
+    }
+
+    #[test]
     fn errors_name_the_directory_and_file() {
         let root = tempfile::tempdir().unwrap();
         let err = load(&root.path().join("nope")).unwrap_err().to_string();
@@ -243,6 +316,12 @@ mod tests {
         std::fs::remove_file(dir.join(OPTIMIZER_FILE)).unwrap();
         let err = load(&dir).unwrap_err().to_string();
         assert!(err.ends_with("missing optimizer.safetensors"), "{err}");
+        let mut empty = sample(3);
+        empty.optimizer.clear();
+        let err = check_resumable(&dir, &empty).unwrap_err().to_string();
+        assert!(err.contains("holds no AdamW state, but the checkpoint is at step 3"), "{err}");
+        empty.state.global_step = 0;
+        check_resumable(&dir, &empty).unwrap();
         std::fs::write(dir.join("file"), b"x").unwrap();
         let err = save(&dir.join("file"), &sample(1), &[]).unwrap_err().to_string();
         assert!(err.contains("exists and is not a directory"), "{err}");

@@ -249,6 +249,24 @@ pub enum Error {
         /// Ranks in the group.
         world_size: usize,
     },
+    /// The rest of an interrupted epoch cannot be split so that every rank runs as many batches
+    /// (see `DistributedSampler::num_batches`): its last global batch would leave a rank
+    /// without a sample.
+    #[error(
+        "the epoch's {remaining} unseen samples cannot be split between {world_size} ranks in batches of {batch_size}: the last \
+         global batch would hold {last_batch} samples, fewer than one per rank; resume at another world size (or the one that \
+         wrote the checkpoint)"
+    )]
+    UnevenResume {
+        /// Samples of the epoch not yet trained on, over all ranks.
+        remaining: usize,
+        /// Ranks resuming.
+        world_size: usize,
+        /// Samples per batch and rank.
+        batch_size: usize,
+        /// Samples the last global batch would hold.
+        last_batch: usize,
+    },
     /// A call into MPI or NCCL returned an error code.
     #[error("{backend} {call} failed on rank {rank} with code {code}: {message}")]
     Backend {

@@ -21,6 +21,7 @@ pub mod metrics;
 pub mod model;
 pub mod optim;
 pub mod parallel;
+pub mod preempt;
 pub mod recipe;
 pub(crate) mod sys;
 pub mod timing;

@@ -299,7 +299,9 @@ impl Report {
 
 /// The end of every training binary's `main`: on success, rank 0 (or a single process) prints
 /// `line(&report)`; on failure, the error goes to stderr as `error: …`, named by rank when
-/// several ranks run (`error on rank 1 of 2: …`). Returns the process's exit code.
+/// several ranks run (`error on rank 1 of 2: …`). Returns the process's exit code: 0, 1, or
+/// [`crate::preempt::PREEMPTED_EXIT_CODE`] (143) for a run stopped by SIGTERM after writing
+/// its checkpoint (its message printed by rank 0 alone).
 pub fn finish<E: std::fmt::Display>(result: std::result::Result<Report, E>, line: impl Fn(&Report) -> String) -> std::process::ExitCode {
     let env = crate::dist::DistEnv::from_env().ok();
     match result {
@@ -310,6 +312,7 @@ pub fn finish<E: std::fmt::Display>(result: std::result::Result<Report, E>, line
             std::process::ExitCode::SUCCESS
         }
         Err(e) => {
+            let rank0 = env.as_ref().is_none_or(|e| e.rank == 0);
             let text = match env.filter(|e| e.world_size > 1) {
                 Some(env) => format!("error on rank {} of {}: {e}\n", env.rank, env.world_size),
                 None => format!("error: {e}\n"),
@@ -317,6 +320,13 @@ pub fn finish<E: std::fmt::Display>(result: std::result::Result<Report, E>, line
             // One write: ranks printing at the same moment (an error every rank returns) must
             // not interleave their lines in the launcher's output.
             use std::io::Write;
+            if crate::preempt::saved() {
+                // Stopped on SIGTERM with its checkpoint written: not a failure; said once.
+                if rank0 {
+                    let _ = std::io::stderr().lock().write_all(format!("{e}\n").as_bytes());
+                }
+                return std::process::ExitCode::from(crate::preempt::PREEMPTED_EXIT_CODE as u8);
+            }
             let _ = std::io::stderr().lock().write_all(text.as_bytes());
             std::process::ExitCode::FAILURE
         }

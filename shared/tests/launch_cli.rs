@@ -281,6 +281,55 @@ fn sigterm_to_the_launcher_reaches_every_nccl_rank() {
     signal_drill("nccl");
 }
 
+/// `--max-restarts 2`: rank 1 fails in the first two attempts; every rank of each attempt
+/// sees its restart count, the job then succeeds. With every attempt failing, the summary
+/// lists each attempt and the launcher exits 1.
+fn restart_drill(backend: &str) {
+    let script = r#"echo "count $TORCHELASTIC_RESTART_COUNT of $TORCHELASTIC_MAX_RESTARTS"; if [ "$RANK" = 1 ] && [ "$TORCHELASTIC_RESTART_COUNT" -lt 2 ]; then sleep 0.3; echo "fail $TORCHELASTIC_RESTART_COUNT" >&2; exit 3; fi"#;
+    let out =
+        ladder_run(&["--backend", backend, "--nproc-per-node", "2", "--max-restarts", "2", "sh", "-c", script], Duration::from_secs(60));
+    assert_eq!(out.code, Some(0), "{out:#?}");
+    for attempt in 0..3 {
+        assert!(out.stdout.contains(&format!("[rank1]: count {attempt} of 2")), "attempt {attempt}: {out:#?}");
+    }
+    assert!(out.stdout.contains("[rank0]: count 2 of 2"), "{out:#?}");
+    assert!(
+        out.stderr.contains("ladder-run: attempt 1 of 3 failed; every rank stopped; restarting all 2 ranks (2 restarts left)"),
+        "{}",
+        out.stderr
+    );
+    assert!(
+        out.stderr.contains("ladder-run: attempt 2 of 3 failed; every rank stopped; restarting all 2 ranks (1 restart left)"),
+        "{}",
+        out.stderr
+    );
+    assert!(out.stderr.contains("[rank1]: fail 1"), "{}", out.stderr);
+
+    let script = r#"if [ "$RANK" = 1 ]; then sleep 0.3; exit 3; fi; sleep 5"#;
+    let out =
+        ladder_run(&["--backend", backend, "--nproc-per-node", "2", "--max-restarts", "1", "sh", "-c", script], Duration::from_secs(60));
+    assert_eq!(out.code, Some(1), "{out:#?}");
+    assert!(out.elapsed < Duration::from_secs(20), "took {:?}", out.elapsed);
+    assert!(
+        out.stderr.contains("Every attempt failed (--max-restarts 1):\n  attempt 1 of 2: rank 1 (local_rank 1, host "),
+        "{}",
+        out.stderr
+    );
+    assert!(out.stderr.contains("\n  attempt 2 of 2: rank 1 (local_rank 1, host "), "{}", out.stderr);
+}
+
+#[test]
+fn max_restarts_restarts_every_mpi_rank() {
+    let _g = serial();
+    restart_drill("mpi");
+}
+
+#[test]
+fn max_restarts_restarts_every_nccl_rank() {
+    let _g = serial();
+    restart_drill("nccl");
+}
+
 #[test]
 fn program_not_found_is_named() {
     let out = ladder_run(&["--nproc-per-node", "2", "no-such-program-7f3a"], Duration::from_secs(20));

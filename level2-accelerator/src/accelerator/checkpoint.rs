@@ -60,29 +60,50 @@ impl Accelerator {
 
     /// `load_state(dir)`: restores the model, the optimizer, the loss scale, the step counters,
     /// and the training loaders' position (their next epoch resumes where the checkpoint was
-    /// taken, skipping the batches already seen). Every process reads the directory (a shared
-    /// filesystem across nodes). Returns the training state.
+    /// taken). Every process reads the directory (a shared filesystem across nodes). Returns
+    /// the training state.
+    ///
+    /// Any world size: the model and optimizer state are full (DDP or any FSDP strategy wrote
+    /// them, any strategy loads them, bit for bit). At the world size that wrote the
+    /// checkpoint the loaders skip the batches already run, so the run continues exactly as if
+    /// it had not stopped; at another, the samples of the interrupted epoch not yet consumed
+    /// (counted over all processes) are split between the new processes, each trained on once
+    /// (`DistributedSampler`'s rule); later epochs are ordinary epochs at the new size.
     ///
     /// # Errors
-    /// A missing or corrupt checkpoint (named); missing or unexpected keys; a checkpoint
-    /// written at another world size (the data order would differ).
+    /// A missing or corrupt checkpoint (named); weights or optimizer state that do not fit the
+    /// model (another width: the keys and shapes named); a checkpoint past step 0 without
+    /// optimizer state; a rest of the epoch the new world size cannot split evenly.
     pub fn load_state(&self, dir: &Path) -> Result<TrainingState> {
         let model = self.shared.model("load_state")?;
         let opt = self.shared.optimizer("load_state")?;
         let ckpt = checkpoint::load(dir)?;
+        checkpoint::check_resumable(dir, &ckpt)?;
         let world_size = self.num_processes();
-        if ckpt.state.world_size != world_size {
+        let in_dir = |e: ladder_core::Error| match e {
+            ladder_core::Error::StateDict(problem) => {
+                ladder_core::Error::Checkpoint { dir: dir.into(), problem: format!("does not fit this model: {problem}") }
+            }
+            ladder_core::Error::UnevenResume { .. } => ladder_core::Error::Checkpoint {
+                dir: dir.into(),
+                problem: format!("written by {} processes, resumed by {world_size}: {e}", ckpt.state.world_size),
+            },
+            other => other,
+        };
+        if ckpt.state.world_size != world_size && ckpt.state.step_in_epoch > 0 && ckpt.state.samples_consumed == 0 {
             return Err(ladder_core::Error::Checkpoint {
                 dir: dir.into(),
                 problem: format!(
-                    "written by {} processes, loaded by {world_size}: resuming at another world size would change the data order",
-                    ckpt.state.world_size
+                    "written by {} processes before samples_consumed was recorded: it resumes at {} processes only",
+                    ckpt.state.world_size, ckpt.state.world_size
                 ),
             }
             .into());
         }
-        model.borrow_mut().load_full_state_dict(&ckpt.model)?;
-        model.borrow().load_optimizer_state_dict(&mut opt.borrow_mut(), &ckpt.optimizer)?;
+        // Nothing changes before every check passed.
+        self.shared.state.borrow().gradient.check_restore(&ckpt.state, world_size).map_err(in_dir)?;
+        model.borrow_mut().load_full_state_dict(&ckpt.model).map_err(in_dir)?;
+        model.borrow().load_optimizer_state_dict(&mut opt.borrow_mut(), &ckpt.optimizer).map_err(in_dir)?;
         let scaler = match ckpt.state.extra.get("grad_scaler") {
             Some(v) => Some(
                 serde_json::from_value::<GradScaler>(v.clone())
@@ -92,7 +113,7 @@ impl Accelerator {
         };
         self.set_seed(ckpt.state.seed);
         let mut state = self.shared.state.borrow_mut();
-        state.gradient.restore(&ckpt.state);
+        state.gradient.restore(&ckpt.state, world_size);
         if scaler.is_some() {
             state.guard.scaler = scaler;
         }

@@ -130,4 +130,15 @@ impl Accelerator {
     pub fn wait_for_everyone(&self) -> Result<()> {
         Ok(self.shared.pg.barrier()?)
     }
+
+    /// Whether any process received SIGTERM (once `ladder_core::preempt::watch` was called in
+    /// every process): all get the same answer at the same call, so call it at the same point
+    /// of every step — then save the state and stop. One all-reduce of one number; `false`
+    /// and no collective without `watch`.
+    ///
+    /// # Errors
+    /// Collective errors.
+    pub fn preemption_requested(&self) -> Result<bool> {
+        Ok(ladder_core::preempt::agree(self.shared.pg)?)
+    }
 }

@@ -62,7 +62,7 @@ impl Accelerator {
         };
         let seed = shared.state.borrow().gradient.seed;
         let sampler = DistributedSampler::new(dataset.len(), w, rank, DistributedSamplerOptions { shuffle, seed, drop_last: false })?;
-        let id = shared.state.borrow_mut().gradient.add_loader(shuffle);
+        let id = shared.state.borrow_mut().gradient.add_loader(shuffle, sampler.clone(), per_process, drop_last);
         let data = if dataset.device() == shared.device { dataset.shallow_clone() } else { dataset.to_device(shared.device) };
         if shuffle {
             // Every process must run as many training batches (one tiny collective).
@@ -73,7 +73,6 @@ impl Accelerator {
             batch_size: per_process,
             sampler,
             training: shuffle,
-            drop_last,
             id,
             shared: shared.clone(),
             _d: std::marker::PhantomData,
@@ -102,7 +101,6 @@ pub struct AcceleratedDataLoader<'d> {
     batch_size: usize,
     sampler: DistributedSampler,
     training: bool,
-    drop_last: bool,
     /// Its position's slot in the run's state.
     id: usize,
     shared: Rc<Shared>,
@@ -110,13 +108,28 @@ pub struct AcceleratedDataLoader<'d> {
 }
 
 impl AcceleratedDataLoader<'_> {
-    /// Batches per epoch on each process.
+    /// Batches per epoch on each process: of the epoch in progress, or else of the next one
+    /// (the rest of an epoch resumed at another world size has fewer; see `load_state`).
     pub fn len(&self) -> usize {
-        if self.drop_last {
-            self.sampler.len() / self.batch_size
-        } else {
-            self.sampler.len().div_ceil(self.batch_size)
-        }
+        // load_state refused a start that cannot be split evenly; 0 batches on every process
+        // otherwise (the same count everywhere: no process waits for another).
+        self.shared.state.borrow().gradient.loader(self.id).num_batches(self.epoch_start()).unwrap_or(0)
+    }
+
+    /// Samples of this process in the epoch in progress, or else the next one (padding
+    /// included): [`num_samples`](Self::num_samples), but for the rest of an epoch resumed at
+    /// another world size, where the processes' shares differ by one sample at most.
+    pub fn epoch_num_samples(&self) -> usize {
+        let mut sampler = self.sampler.clone();
+        sampler.set_start(self.epoch_start());
+        sampler.len()
+    }
+
+    /// Where the share of the epoch in progress (or else the next) begins.
+    fn epoch_start(&self) -> usize {
+        let state = self.shared.state.borrow();
+        let l = state.gradient.loader(self.id);
+        l.in_progress.map_or(l.start, |(_, start, _)| start)
     }
 
     /// True when an epoch has no batch.
@@ -146,13 +159,16 @@ impl AcceleratedDataLoader<'_> {
     }
 
     /// One epoch: the shuffle of the epoch (seeded by (seed, epoch)), this process's share,
-    /// in batches. The next call runs the next epoch.
+    /// in batches. The next call runs the next epoch. After `load_state`, the first epoch is
+    /// the rest of the interrupted one (`DistributedSampler`'s rule at another world size).
     pub fn iter(&self) -> impl Iterator<Item = (Tensor, Tensor)> + '_ {
-        let (epoch, skip) = self.shared.state.borrow_mut().gradient.start_epoch(self.id);
+        let (epoch, start, skip) = self.shared.state.borrow_mut().gradient.start_epoch(self.id);
+        let n_batches = self.shared.state.borrow().gradient.loader(self.id).num_batches(start).unwrap_or(0);
         let mut sampler = self.sampler.clone();
         sampler.set_epoch(epoch);
+        sampler.set_start(start);
         let indices: Vec<i64> = sampler.indices().into_iter().map(|i| i as i64).collect();
-        let (bs, n_batches) = (self.batch_size, self.len());
+        let bs = self.batch_size;
         if self.training {
             self.shared.resume_clock(true);
         }

@@ -7,6 +7,7 @@
 use super::optimizer::StepGuard;
 use crate::{Error, Result};
 use ladder_core::checkpoint::TrainingState;
+use ladder_core::data::{DistributedSampler, Sampler};
 use ladder_core::dist::ProcessGroup;
 use ladder_core::optim::AdamW;
 use ladder_core::parallel::WrappedModel;
@@ -62,16 +63,49 @@ impl Window {
 }
 
 /// One loader's place in its epochs.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone)]
 pub(crate) struct LoaderPosition {
     /// A training (shuffled) loader: its position is saved and it seeds dropout.
     pub training: bool,
+    /// Its sampler (any epoch, whole): what the samples consumed are counted with.
+    sampler: DistributedSampler,
+    /// Samples per batch on this process.
+    batch_size: usize,
+    /// The loader drops each epoch's last, incomplete batch.
+    drop_last: bool,
     /// The epoch the next `iter()` runs.
     pub next_epoch: u64,
-    /// Batches the next `iter()` skips (resume).
+    /// Where the next `iter()`'s share of the epoch begins (the sampler's start: resume at
+    /// another world size).
+    pub start: usize,
+    /// Batches the next `iter()` skips (resume at the same world size).
     pub skip: usize,
-    /// The epoch in progress and the batches of it handed out, while one is.
-    pub in_progress: Option<(u64, usize)>,
+    /// The epoch in progress, its share's start and the batches of it handed out, while one is.
+    pub in_progress: Option<(u64, usize, usize)>,
+}
+
+impl LoaderPosition {
+    /// The sampler for `epoch` from `start`.
+    pub fn sampler(&self, epoch: u64, start: usize) -> DistributedSampler {
+        let mut s = self.sampler.clone();
+        s.set_epoch(epoch);
+        s.set_start(start);
+        s
+    }
+
+    /// Batches of the share of an epoch from `start`, the same on every process.
+    ///
+    /// # Errors
+    /// The rest of an epoch that cannot be split evenly (see `DistributedSampler::num_batches`).
+    pub fn num_batches(&self, start: usize) -> ladder_core::Result<usize> {
+        self.sampler(0, start).num_batches(self.batch_size, self.drop_last)
+    }
+
+    /// `(epoch, start, batches run)`: the epoch in progress or, between epochs, the next one
+    /// with the position it will resume from.
+    fn position(&self) -> (u64, usize, usize) {
+        self.in_progress.unwrap_or((self.next_epoch, self.start, self.skip))
+    }
 }
 
 /// Accelerate's `GradientState`, with the run's counters: the accumulation window,
@@ -135,21 +169,27 @@ impl GradientState {
         self.sync_gradients()
     }
 
-    /// A new loader; returns its id.
-    pub fn add_loader(&mut self, training: bool) -> usize {
-        self.loaders.push(LoaderPosition { training, ..LoaderPosition::default() });
+    /// A new loader over `sampler` with `batch_size` samples per batch; returns its id.
+    pub fn add_loader(&mut self, training: bool, sampler: DistributedSampler, batch_size: usize, drop_last: bool) -> usize {
+        self.loaders.push(LoaderPosition { training, sampler, batch_size, drop_last, next_epoch: 0, start: 0, skip: 0, in_progress: None });
         self.loaders.len() - 1
     }
 
-    /// Loader `id` starts an epoch: returns the epoch and the batches to skip.
-    pub fn start_epoch(&mut self, id: usize) -> (u64, usize) {
+    /// Loader `id`'s position.
+    pub fn loader(&self, id: usize) -> &LoaderPosition {
+        &self.loaders[id]
+    }
+
+    /// Loader `id` starts an epoch: returns the epoch, its share's start and the batches to
+    /// skip.
+    pub fn start_epoch(&mut self, id: usize) -> (u64, usize, usize) {
         let l = &mut self.loaders[id];
-        let (epoch, skip) = (l.next_epoch, std::mem::take(&mut l.skip));
+        let (epoch, start, skip) = (l.next_epoch, std::mem::take(&mut l.start), std::mem::take(&mut l.skip));
         l.next_epoch += 1;
         if l.training {
-            l.in_progress = Some((epoch, skip));
+            l.in_progress = Some((epoch, start, skip));
         }
-        (epoch, skip)
+        (epoch, start, skip)
     }
 
     /// Loader `id` hands out the batch at `pos` of `epoch`. A training loader's batch is the
@@ -160,7 +200,8 @@ impl GradientState {
         if !l.training {
             return None;
         }
-        l.in_progress = (pos.index + 1 < pos.num_batches).then_some((epoch, pos.index + 1));
+        let start = l.in_progress.map_or(0, |(_, start, _)| start);
+        l.in_progress = (pos.index + 1 < pos.num_batches).then_some((epoch, start, pos.index + 1));
         self.batches_seen += 1;
         Some(self.batches_seen - 1)
     }
@@ -175,20 +216,23 @@ impl GradientState {
         self.loaders[id].skip = num_batches;
     }
 
-    /// Where training stands: steps, batches, the first training loader's epoch and position.
+    /// Where training stands: steps, batches, the first training loader's epoch and position
+    /// (batches run on each process, and samples consumed over all of them).
     pub fn training_state(&self, world_size: usize) -> TrainingState {
-        let (epoch, step_in_epoch) = match self.loaders.iter().find(|l| l.training) {
-            Some(l) => match l.in_progress {
-                Some((e, consumed)) => (e, consumed as u64),
-                None => (l.next_epoch, 0),
-            },
-            None => (0, 0),
+        let (epoch, start, batches, consumed) = match self.loaders.iter().find(|l| l.training) {
+            Some(l) => {
+                let (epoch, start, batches) = l.position();
+                (epoch, start, batches, l.sampler(epoch, start).consumed_after(batches, l.batch_size))
+            }
+            None => (0, 0, 0, 0),
         };
         TrainingState {
             global_step: self.global_step,
             batches_seen: self.batches_seen,
             epoch,
-            step_in_epoch,
+            step_in_epoch: batches as u64,
+            samples_consumed: consumed as u64,
+            epoch_start: start as u64,
             seed: self.seed,
             world_size,
             extra: serde_json::Map::new(),
@@ -196,16 +240,34 @@ impl GradientState {
     }
 
     /// Restores the counters and the training loaders' positions of a checkpoint: their next
-    /// epoch resumes where it was taken, skipping the batches already seen.
-    pub fn restore(&mut self, s: &TrainingState) {
+    /// epoch resumes where it was taken — at the same world size skipping the batches already
+    /// run, at another splitting the samples not yet consumed between the processes
+    /// ([`TrainingState::resume_position`]).
+    ///
+    /// Call [`check_restore`](Self::check_restore) first.
+    pub fn restore(&mut self, s: &TrainingState, world_size: usize) {
+        let (start, skip) = s.resume_position(world_size);
         self.global_step = s.global_step;
         self.batches_seen = s.batches_seen;
         self.seed = s.seed;
         for l in self.loaders.iter_mut().filter(|l| l.training) {
             l.next_epoch = s.epoch;
-            l.skip = s.step_in_epoch as usize;
+            l.start = start as usize;
+            l.skip = skip as usize;
             l.in_progress = None;
         }
+    }
+
+    /// Checks that [`restore`](Self::restore) can resume `s` at `world_size`.
+    ///
+    /// # Errors
+    /// A rest of the epoch that `world_size` processes cannot split evenly.
+    pub fn check_restore(&self, s: &TrainingState, world_size: usize) -> ladder_core::Result<()> {
+        let (start, _) = s.resume_position(world_size);
+        for l in self.loaders.iter().filter(|l| l.training) {
+            l.num_batches(start as usize)?;
+        }
+        Ok(())
     }
 }
 

@@ -34,11 +34,28 @@ pub struct LaunchArgs {
     /// Do not prefix output lines with `[rank{r}]: `.
     #[arg(long = "no-prefix", alias = "no_prefix")]
     pub no_prefix: bool,
+    /// When a process fails, stop them all and restart the group up to N times (Accelerate's
+    /// --max_restarts, torchrun's); a restarted level 2 or 3 program resumes from its last
+    /// checkpoint (--save-state's directory, output_dir/checkpoint-*).
+    #[arg(long = "max-restarts", alias = "max_restarts", value_name = "N", default_value_t = 0)]
+    pub max_restarts: usize,
+    /// Seconds between two looks at the processes' state (Accelerate's --monitor_interval).
+    #[arg(long = "monitor-interval", alias = "monitor_interval", value_name = "SECONDS",
+          default_value_t = ladder_core::launch::DEFAULT_MONITOR_INTERVAL_S, value_parser = positive_seconds)]
+    pub monitor_interval: f64,
     #[command(flatten)]
     pub settings: AcceleratorConfig,
     /// PROGRAM and its ARGS: what every rank runs; everything after PROGRAM goes to it.
     #[arg(value_name = "PROGRAM", required = true, num_args = 1.., trailing_var_arg = true, allow_hyphen_values = true)]
     pub command: Vec<String>,
+}
+
+/// clap parser for --monitor-interval: a finite number of seconds > 0 (at most a day).
+fn positive_seconds(s: &str) -> std::result::Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if v.is_finite() && v > 0.0 && v <= 86_400.0 => Ok(v),
+        _ => Err(format!("expected a number of seconds > 0 (e.g. 0.1), got {s:?}")),
+    }
 }
 
 /// Where a launch setting came from, in the launcher's words.
@@ -263,6 +280,8 @@ pub fn run(args: &LaunchArgs) -> CmdResult {
         backend,
         hostfile: args.hostfile.clone(),
         no_prefix: args.no_prefix,
+        max_restarts: args.max_restarts,
+        monitor_interval: args.monitor_interval,
         rank_worker: false,
         command,
     };

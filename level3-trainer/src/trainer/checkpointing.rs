@@ -15,8 +15,11 @@ use std::path::{Path, PathBuf};
 pub(super) struct Resumed {
     /// The epoch the checkpoint was written in.
     pub(super) epoch: usize,
-    /// Micro-batches of that epoch already trained.
+    /// Micro-batches of that epoch to skip: those already trained at the same world size; 0
+    /// at another (the rest of the epoch is split between the new ranks).
     pub(super) step_in_epoch: usize,
+    /// The checkpoint was written at another world size.
+    pub(super) world_size_changed: bool,
     /// Optimization steps done.
     pub(super) global_step: u64,
     /// The loss sums at the checkpoint (rank 0 carries the sums over ranks).
@@ -24,13 +27,16 @@ pub(super) struct Resumed {
 }
 
 impl Trainer {
-    /// The checkpoint directory `resume_from_checkpoint` names, if any.
+    /// The checkpoint directory `resume_from_checkpoint` names, if any. Without one, a run
+    /// restarted by its launcher (`TORCHELASTIC_RESTART_COUNT` > 0: `ladder-run
+    /// --max-restarts`) resumes from the newest checkpoint in output_dir, if there is one.
     ///
     /// # Errors
     /// [`Error::NoCheckpoint`] for [`ResumeFrom::Last`] in an output_dir without one.
     pub(super) fn resume_dir(&self, resume_from_checkpoint: Option<&ResumeFrom>) -> Result<Option<PathBuf>> {
         let out_dir = &self.args.output_dir;
         Ok(match resume_from_checkpoint {
+            None if ladder_core::launch::restart_count() > 0 => checkpoints::last_checkpoint(out_dir)?,
             None => None,
             Some(ResumeFrom::Dir(d)) => Some(d.clone()),
             Some(ResumeFrom::Last) => {
@@ -106,16 +112,31 @@ impl Trainer {
                 problem: format!("global_step {} but training_state.json says {}", self.state.global_step, position.global_step),
             });
         }
-        self.say(&format!(
-            "Resuming from {} at step {} (epoch {}, batch {} of the epoch)",
-            dir.display(),
-            position.global_step,
-            position.epoch,
-            position.step_in_epoch
-        ));
+        let world_size = self.accelerator.num_processes();
+        let (_, skip) = position.resume_position(world_size);
+        if position.world_size == world_size {
+            self.say(&format!(
+                "Resuming from {} at step {} (epoch {}, batch {} of the epoch)",
+                dir.display(),
+                position.global_step,
+                position.epoch,
+                position.step_in_epoch
+            ));
+        } else {
+            self.say(&format!(
+                "Resuming from {} at step {} (epoch {}, {} samples of the epoch trained) at {world_size} processes instead of {}: \
+                 the rest of the epoch is split between them",
+                dir.display(),
+                position.global_step,
+                position.epoch,
+                position.samples_consumed,
+                position.world_size
+            ));
+        }
         Ok(Resumed {
             epoch: position.epoch as usize,
-            step_in_epoch: position.step_in_epoch as usize,
+            step_in_epoch: skip as usize,
+            world_size_changed: position.world_size != world_size,
             global_step: position.global_step,
             sums: LossSums::from_extra(&position.extra, rank),
         })

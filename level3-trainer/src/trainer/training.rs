@@ -62,6 +62,8 @@ pub(super) struct TrainingRun {
     start_epoch: usize,
     /// Micro-batches of the current epoch already trained before this session (resume).
     skip: usize,
+    /// The current epoch's micro-batches and this rank's samples.
+    shape: EpochShape,
     /// The global step training starts from.
     start_step: u64,
     /// Optimization steps done.
@@ -99,6 +101,17 @@ struct Update {
     loss: f64,
 }
 
+/// An epoch's micro-batches (the same on every rank) and this rank's samples: the plan's
+/// `batches_per_epoch` and `samples_per_rank`, but for the rest of an epoch resumed at another
+/// world size (`DistributedSampler`'s rule: fewer batches, shares differing by one sample).
+#[derive(Debug, Clone, Copy, Default)]
+struct EpochShape {
+    /// Micro-batches per rank.
+    batches: usize,
+    /// This rank's samples.
+    samples: usize,
+}
+
 /// The accumulation window micro-batch `b` (0-based within its epoch) belongs to.
 #[derive(Debug, Clone, Copy)]
 struct Window {
@@ -111,19 +124,31 @@ struct Window {
 }
 
 impl Window {
-    fn of(b: usize, plan: &TrainingPlan, accumulation: usize, batch_size: usize) -> Self {
+    fn of(b: usize, epoch: EpochShape, accumulation: usize, batch_size: usize) -> Self {
         let batch_len = |b: usize| -> usize {
-            if b + 1 < plan.batches_per_epoch {
+            if b + 1 < epoch.batches {
                 batch_size
             } else {
-                plan.samples_per_rank - b * batch_size
+                epoch.samples.saturating_sub(b * batch_size).min(batch_size)
             }
         };
         let k = b / accumulation;
         let start = k * accumulation;
-        let len = plan.batches_in_update(k, accumulation);
+        let len = accumulation.min(epoch.batches.saturating_sub(start));
         Self { start, len, samples: (start..start + len).map(batch_len).sum() }
     }
+}
+
+/// The plan of a run resumed at another world size than the checkpoint's: by epochs
+/// (`max_steps` ≤ 0), the steps left are the rest of the interrupted epoch (`rest_batches`
+/// micro-batches per rank, now) and the planned epochs after it at the new size; `max_steps`
+/// > 0 stays as it is. (The learning-rate schedule follows the new total from here on.)
+fn replan(mut plan: TrainingPlan, from: &Resumed, rest_batches: usize, accumulation: usize, max_steps: i64) -> TrainingPlan {
+    if max_steps <= 0 {
+        let later = plan.max_steps.saturating_sub((from.epoch + 1) * plan.updates_per_epoch);
+        plan.max_steps = from.global_step as usize + rest_batches.div_ceil(accumulation.max(1)) + later;
+    }
+    plan
 }
 
 impl Trainer {
@@ -150,10 +175,15 @@ impl Trainer {
             DataLoaderOptions { batch_size: self.args.per_device_train_batch_size, shuffle: true, ..Default::default() },
         )?;
         debug_assert_eq!(loader.len(), plan.batches_per_epoch);
-        let resumed = match &resume_dir {
-            Some(dir) => Some(self.resume(dir, &plan)?),
-            None => None,
-        };
+        let (mut plan, mut resumed) = (plan, None);
+        if let Some(dir) = &resume_dir {
+            let from = self.resume(dir, &plan)?;
+            if from.world_size_changed {
+                plan = replan(plan, &from, loader.len(), self.args.gradient_accumulation_steps, self.args.max_steps);
+                self.state.max_steps = plan.max_steps as u64;
+            }
+            resumed = Some(from);
+        }
         // Only now, the run known to start, is anything written.
         self.start_output_dir(resumed.is_some())?;
         let mut run = self.begin(plan, resumed)?;
@@ -163,6 +193,7 @@ impl Trainer {
                 break;
             }
             loader.set_epoch(epoch as u64);
+            run.shape = EpochShape { batches: loader.len(), samples: loader.epoch_num_samples() };
             self.train_epoch(&mut run, loader.iter())?;
             if run.control.should_training_stop {
                 break;
@@ -236,6 +267,7 @@ impl Trainer {
             schedule,
             start_epoch: from.epoch,
             skip: from.step_in_epoch,
+            shape: EpochShape::default(),
             start_step: from.global_step,
             global_step,
             stop: global_step >= plan.max_steps,
@@ -279,7 +311,7 @@ impl Trainer {
     /// size; at the window's end, clipping, the scheduled learning rate and the optimizer
     /// step. Returns the update when this micro-batch ended its window.
     fn training_step(&mut self, run: &mut TrainingRun, b: usize, inputs: &Batch) -> Result<Option<Update>> {
-        let window = Window::of(b, &run.plan, self.args.gradient_accumulation_steps, self.args.per_device_train_batch_size);
+        let window = Window::of(b, run.shape, self.args.gradient_accumulation_steps, self.args.per_device_train_batch_size);
         if b == window.start {
             run.window_loss = 0.0;
         }
@@ -323,8 +355,25 @@ impl Trainer {
         run.progress.set_position(run.global_step as u64);
         run.control = self.callback_handler.on_step_end(&self.args, &self.state, run.control);
         self.timed_log_evaluate_save(run)?;
+        self.save_if_preempted(run)?;
         self.accelerator.restart_step_clock(); // evaluation and saving are no step's time
         Ok(())
+    }
+
+    /// A checkpoint on SIGTERM (once `ladder_core::preempt::watch` was called on every rank):
+    /// the ranks agree after every optimization step (one all-reduce of one number); when any
+    /// was signalled, every rank has finished this step, `checkpoint-<step>` is written (unless
+    /// this step's save wrote it) and training stops with [`Error::Preempted`]. Collective.
+    fn save_if_preempted(&mut self, run: &mut TrainingRun) -> Result<()> {
+        if !self.accelerator.preemption_requested()? {
+            return Ok(());
+        }
+        let dir = crate::checkpoints::checkpoint_dir(&self.args.output_dir, self.state.global_step);
+        if !ladder_core::checkpoint::is_complete(&dir) {
+            self.save_checkpoint(&run.sums, false)?;
+        }
+        ladder_core::preempt::mark_saved();
+        Err(Error::Preempted { checkpoint: dir, step: self.state.global_step })
     }
 
     /// The end of training: the best model back (load_best_model_at_end), the summary log

@@ -110,6 +110,18 @@ impl Default for DistributedSamplerOptions {
 /// Rank `r` takes `indices[r..total_size]` with step `W`, so every rank gets `num_samples =
 /// total_size / W` indices and the ranks' shares are disjoint (but for the padding). All ranks
 /// must use the same `seed` and call [`Sampler::set_epoch`] with the same epoch.
+///
+/// # Resuming an epoch at any world size
+/// After `k` batches of `B` on each of `W` ranks, the samples consumed are exactly the first
+/// `min(k·B·W, len)` entries of the epoch's list (`len = min(N, total_size)`, its samples
+/// without the padding): batch `b` of rank `r` holds positions `(b·B + j)·W + r`. So the
+/// position of an epoch is one number, `consumed`, counted over all ranks and independent of
+/// `W` (as torchdata's `StatefulDistributedSampler` counts `yielded`). [`set_start`](Self::set_start)
+/// resumes an epoch there at any world size `W'`: rank `r` takes positions `start + r`,
+/// `start + r + W'`, … below `len` — the unseen samples, each exactly once, none twice, and no
+/// padding (the ranks' shares differ by at most one sample). At the world size that wrote the
+/// position, resuming instead skips the batches already run (the same order and padding as an
+/// uninterrupted epoch, bit for bit); the levels choose between the two.
 #[derive(Debug, Clone)]
 pub struct DistributedSampler {
     dataset_len: usize,
@@ -120,6 +132,8 @@ pub struct DistributedSampler {
     drop_last: bool,
     epoch: u64,
     num_samples: usize,
+    /// Samples of the epoch's list consumed before this share begins (0: the whole epoch).
+    start: usize,
 }
 
 impl DistributedSampler {
@@ -144,7 +158,7 @@ impl DistributedSampler {
         } else {
             dataset_len.div_ceil(num_replicas)
         };
-        Ok(DistributedSampler { dataset_len, num_replicas, rank, shuffle, seed, drop_last, epoch: 0, num_samples })
+        Ok(DistributedSampler { dataset_len, num_replicas, rank, shuffle, seed, drop_last, epoch: 0, num_samples, start: 0 })
     }
 
     /// Indices per rank and epoch.
@@ -166,6 +180,61 @@ impl DistributedSampler {
     pub fn drop_last(&self) -> bool {
         self.drop_last
     }
+
+    /// The distinct samples of an epoch's list: `min(N, total_size)` (the list without its
+    /// padding; `total_size` with `drop_last`).
+    pub fn epoch_len(&self) -> usize {
+        self.dataset_len.min(self.total_size())
+    }
+
+    /// Samples of the epoch's list consumed after `batches` batches of `batch_size` on every
+    /// rank, counted over all ranks from [`start`](Self::start): `min(start + batches ·
+    /// batch_size · W, epoch_len)` (see the type's docs). What a checkpoint records.
+    pub fn consumed_after(&self, batches: usize, batch_size: usize) -> usize {
+        self.start.saturating_add(batches.saturating_mul(batch_size).saturating_mul(self.num_replicas)).min(self.epoch_len())
+    }
+
+    /// Resumes the epoch after its first `start` samples (counted over all ranks, as
+    /// [`consumed_after`](Self::consumed_after) gives them): [`Sampler::indices`] then yields
+    /// this rank's share of the rest, unpadded (see the type's docs). `0`, the default, is the
+    /// whole epoch, padded as PyTorch pads it. Kept across [`Sampler::set_epoch`]; the caller
+    /// sets it back to 0 for the next epoch. A `start` beyond [`epoch_len`](Self::epoch_len)
+    /// leaves nothing to yield.
+    pub fn set_start(&mut self, start: usize) {
+        self.start = start;
+    }
+
+    /// Where this share of the epoch begins (see [`set_start`](Self::set_start)).
+    pub fn start(&self) -> usize {
+        self.start
+    }
+
+    /// The batches of at most `batch_size` every rank runs from [`start`](Self::start) (a
+    /// trailing incomplete batch dropped with `drop_last_batch`, as `DataLoader(drop_last=…)`):
+    /// `ceil(num_samples / batch_size)` for a whole epoch. Resumed at another world size, the
+    /// ranks' shares of the rest differ by one sample at most, so they run the same number of
+    /// batches as long as the last global batch holds at least one sample per rank.
+    ///
+    /// # Errors
+    /// [`Error::UnevenResume`] when the rest of the epoch cannot be split that way (the last
+    /// global batch would leave some rank without a sample): resume at another world size.
+    pub fn num_batches(&self, batch_size: usize, drop_last_batch: bool) -> Result<usize> {
+        let b = batch_size.max(1);
+        if self.start == 0 {
+            return Ok(if drop_last_batch { self.num_samples / b } else { self.num_samples.div_ceil(b) });
+        }
+        let w = self.num_replicas;
+        let remaining = self.epoch_len().saturating_sub(self.start);
+        let (most, least) = (remaining.div_ceil(w), remaining / w);
+        if drop_last_batch {
+            return Ok(least / b);
+        }
+        let n = most.div_ceil(b);
+        if least.div_ceil(b) != n {
+            return Err(Error::UnevenResume { remaining, world_size: w, batch_size: b, last_batch: remaining - (n - 1) * b * w });
+        }
+        Ok(n)
+    }
 }
 
 impl Sampler for DistributedSampler {
@@ -175,11 +244,19 @@ impl Sampler for DistributedSampler {
             return Vec::new();
         }
         let base: Vec<usize> = if self.shuffle { permutation(n, self.seed, self.epoch) } else { (0..n).collect() };
+        if self.start > 0 {
+            // The rest of the epoch, unpadded: positions start + r, start + r + W, … below len.
+            return (self.start + self.rank..self.epoch_len()).step_by(self.num_replicas).map(|i| base[i]).collect();
+        }
         // Position i of the padded (or cut) list is base[i % n]: padding repeats from the start.
         (self.rank..self.total_size()).step_by(self.num_replicas).map(|i| base[i % n]).collect()
     }
     fn len(&self) -> usize {
-        self.num_samples
+        if self.start == 0 {
+            return self.num_samples;
+        }
+        let first = self.start + self.rank;
+        self.epoch_len().saturating_sub(first).div_ceil(self.num_replicas)
     }
     fn set_epoch(&mut self, epoch: u64) {
         self.epoch = epoch;
@@ -239,6 +316,75 @@ mod tests {
             DistributedSampler::new(2, 5, 4, DistributedSamplerOptions { shuffle: false, drop_last: true, ..Default::default() }).unwrap();
         assert_eq!((s.num_samples(), s.total_size(), s.indices()), (0, 0, vec![]));
         assert!(DistributedSampler::new(0, 2, 1, DistributedSamplerOptions::default()).unwrap().indices().is_empty());
+    }
+
+    /// The rule: whatever the world sizes, the consumed prefix and the resumed shares cover the
+    /// epoch's distinct samples exactly once, and every rank runs as many batches.
+    #[test]
+    fn resuming_at_another_world_size_trains_each_unseen_sample_once() {
+        let options = DistributedSamplerOptions { seed: 7, ..Default::default() };
+        for (n, b) in [(52usize, 4usize), (60, 5), (61, 3)] {
+            let whole: Vec<usize> = permutation(n, 7, 2);
+            for w in 1..=4 {
+                for k in 0..3 {
+                    let writer = DistributedSampler::new(n, w, 0, options).unwrap();
+                    let consumed = writer.consumed_after(k, b);
+                    // What the W ranks ran: batches 0..k of each share.
+                    let mut seen: Vec<usize> = (0..w)
+                        .flat_map(|r| {
+                            let mut s = DistributedSampler::new(n, w, r, options).unwrap();
+                            s.set_epoch(2);
+                            s.indices().into_iter().take(k * b).collect::<Vec<_>>()
+                        })
+                        .collect();
+                    seen.sort_unstable();
+                    let mut prefix = whole[..consumed].to_vec();
+                    prefix.sort_unstable();
+                    assert_eq!(seen, prefix, "n {n} b {b} w {w} k {k}: the consumed samples are the list's prefix");
+                    if consumed == 0 {
+                        continue; // Nothing consumed: an ordinary (padded) epoch at any size.
+                    }
+                    for w2 in 1..=4 {
+                        let shares: Vec<DistributedSampler> = (0..w2)
+                            .map(|r| {
+                                let mut s = DistributedSampler::new(n, w2, r, options).unwrap();
+                                s.set_epoch(2);
+                                s.set_start(consumed);
+                                s
+                            })
+                            .collect();
+                        let mut rest: Vec<usize> = shares.iter().flat_map(|s| s.indices()).collect();
+                        assert!(shares.iter().all(|s| s.len() == s.indices().len()));
+                        rest.extend(&prefix);
+                        rest.sort_unstable();
+                        assert_eq!(rest, (0..n).collect::<Vec<_>>(), "n {n} w {w}->{w2} k {k}: each sample exactly once");
+                        match shares[0].num_batches(b, false) {
+                            Ok(nb) => {
+                                for s in &shares {
+                                    assert_eq!(s.len().div_ceil(b), nb, "n {n} w {w}->{w2} k {k}: lockstep");
+                                    assert!(nb == 0 || s.len() > (nb - 1) * b, "n {n} w {w}->{w2} k {k}: no empty last batch");
+                                }
+                            }
+                            Err(e) => assert!(matches!(e, Error::UnevenResume { .. }) && k > 0),
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn an_uneven_rest_is_refused_by_name() {
+        // 52 samples, 24 consumed at W=2 (3 batches of 4): 28 left. At W=3, batches of 4: the
+        // last global batch holds 28 - 2·12 = 4 ≥ 3 samples; with 26 left (26 consumed) it
+        // would hold 2.
+        let mut s = DistributedSampler::new(52, 3, 2, DistributedSamplerOptions::default()).unwrap();
+        s.set_start(24);
+        assert_eq!((s.num_batches(4, false).unwrap(), s.len()), (3, 9));
+        s.set_start(26);
+        let err = s.num_batches(4, false).unwrap_err().to_string();
+        assert!(err.contains("26 unseen samples") && err.contains("3 ranks"), "{err}");
+        assert_eq!(s.num_batches(4, true).unwrap(), 2);
     }
 
     #[test]

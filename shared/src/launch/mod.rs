@@ -31,8 +31,18 @@
 //! 2.5 s after a failure, it gets the same treatment, which its ranks notice through
 //! `PR_SET_PDEATHSIG`). SIGINT / SIGTERM / SIGHUP to the launcher are forwarded the same way. Every child
 //! gets `PR_SET_PDEATHSIG`, so a launcher killed outright takes its job with it.
+//!
+//! # Restarts
+//!
+//! With `--max-restarts N` (torchrun's), a failed attempt — every rank stopped as above — is
+//! followed by a fresh start of the whole group, up to N times; each attempt's ranks see
+//! `TORCHELASTIC_RESTART_COUNT` (0 for the first) and `TORCHELASTIC_MAX_RESTARTS`, and the
+//! levels resume from their last checkpoint when the count is > 0 ([`restart_count`]). Each
+//! failed attempt's summary is printed; the last one lists every attempt. An interrupted
+//! launcher (SIGINT, SIGTERM, SIGHUP) is not restarted. `--max-restarts 0` fails fast.
 
 mod program;
+mod restart;
 mod summary;
 mod supervise;
 mod worker;
@@ -109,6 +119,15 @@ pub struct LaunchConfig {
     /// Do not prefix output lines with `[rank{r}]: `.
     #[arg(long = "no-prefix", alias = "no_prefix")]
     pub no_prefix: bool,
+    /// When a rank fails, stop every rank and restart the whole group, up to this many times
+    /// (torchrun's --max-restarts); each attempt's ranks see TORCHELASTIC_RESTART_COUNT (0, 1,
+    /// …) and TORCHELASTIC_MAX_RESTARTS. 0 fails fast.
+    #[arg(long = "max-restarts", alias = "max_restarts", value_name = "N", default_value_t = 0)]
+    pub max_restarts: usize,
+    /// Seconds between two looks at the ranks' state (torchrun's --monitor-interval).
+    #[arg(long = "monitor-interval", alias = "monitor_interval", value_name = "SECONDS", default_value_t = DEFAULT_MONITOR_INTERVAL_S,
+          value_parser = positive_seconds)]
+    pub monitor_interval: f64,
     /// Internal: run as the per-rank worker (started by mpirun or by ladder-run itself).
     #[arg(long = "rank-worker", hide = true)]
     pub rank_worker: bool,
@@ -143,9 +162,32 @@ impl Default for LaunchConfig {
             backend: LaunchBackend::Mpi,
             hostfile: None,
             no_prefix: false,
+            max_restarts: 0,
+            monitor_interval: DEFAULT_MONITOR_INTERVAL_S,
             rank_worker: false,
             command: Vec::new(),
         }
+    }
+}
+
+/// torchrun's default `--monitor-interval`, in seconds.
+pub const DEFAULT_MONITOR_INTERVAL_S: f64 = 0.1;
+/// The restart count of the current attempt, set for every rank (torchelastic's variable).
+pub const RESTART_COUNT_VAR: &str = "TORCHELASTIC_RESTART_COUNT";
+/// The `--max-restarts` of the job, set for every rank (torchelastic's variable).
+pub const MAX_RESTARTS_VAR: &str = "TORCHELASTIC_MAX_RESTARTS";
+
+/// The restart count this process runs under: `TORCHELASTIC_RESTART_COUNT`, 0 when unset or
+/// not a number. A program resumes from its last checkpoint when it is > 0.
+pub fn restart_count() -> u64 {
+    std::env::var(RESTART_COUNT_VAR).ok().and_then(|v| v.trim().parse().ok()).unwrap_or(0)
+}
+
+/// clap parser for an interval in seconds: a finite number > 0 (at most a day).
+fn positive_seconds(s: &str) -> std::result::Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if v.is_finite() && v > 0.0 && v <= 86_400.0 => Ok(v),
+        _ => Err(format!("expected a number of seconds > 0 (e.g. 0.1), got {s:?}")),
     }
 }
 
@@ -189,6 +231,8 @@ const KEEP_CHARS: usize = 400;
 const TERM_GRACE: Duration = Duration::from_secs(2);
 /// How long mpirun gets to tear its job down after a failure before the launcher steps in.
 const MPIRUN_GRACE: Duration = Duration::from_millis(2500);
+/// How often [`launch`] looks at its ranks.
+const LAUNCH_MONITOR_INTERVAL: Duration = Duration::from_millis(20);
 /// torchrun's default MASTER_PORT.
 const DEFAULT_MASTER_PORT: u16 = 29500;
 
@@ -207,7 +251,8 @@ struct FailureRecord {
     last_stderr: Vec<String>,
 }
 
-/// Runs `ladder-run` as configured and returns its exit code: 0 when every rank succeeded,
+/// Runs `ladder-run` as configured (restarting the whole group after a failure up to
+/// `max_restarts` times) and returns its exit code: 0 when every rank succeeded,
 /// `128 + signal` when the launcher was interrupted (SIGINT, SIGTERM, SIGHUP) and stopped the
 /// job. In worker mode (`--rank-worker`) runs one rank and returns its code.
 ///
@@ -229,46 +274,7 @@ pub fn run(cfg: &LaunchConfig) -> Result<i32> {
     }
     validate(cfg)?;
     find_program(cfg.program())?;
-    let master_addr = cfg.master_addr.clone().unwrap_or_else(|| DEFAULT_MASTER_ADDR.to_string());
-    let master_port = match cfg.master_port {
-        Some(p) => p,
-        None if cfg.nnodes == 1 => free_port()?,
-        None => DEFAULT_MASTER_PORT,
-    };
-    let mut worker_args: Vec<OsString> = vec!["--rank-worker".into()];
-    if cfg.no_prefix {
-        worker_args.push("--no-prefix".into());
-    }
-    worker_args.push("--".into());
-    worker_args.extend(cfg.command.iter().map(OsString::from));
-    let progress_dir = new_progress_dir();
-    let mut env = vec![("MASTER_ADDR".into(), master_addr.clone()), ("MASTER_PORT".into(), master_port.to_string())];
-    if let Some(d) = &progress_dir {
-        env.push((crate::dist::progress::PROGRESS_DIR_VAR.into(), d.display().to_string()));
-    }
-    let job = Job {
-        label: program_label(cfg.program()),
-        worker_exe: ladder_run_exe()?,
-        worker_args,
-        env,
-        nproc_per_node: cfg.nproc_per_node,
-        nnodes: cfg.nnodes,
-        node_rank: cfg.node_rank,
-        hostfile: cfg.hostfile.clone(),
-        hosts: match (&cfg.hostfile, cfg.backend) {
-            (Some(h), LaunchBackend::Mpi) => check_hostfile(h, cfg.nnodes, cfg.nproc_per_node)?.into_iter().map(|e| e.host).collect(),
-            _ => Vec::new(),
-        },
-        progress_dir,
-    };
-    let outcome = match cfg.backend {
-        LaunchBackend::Mpi => job.run_mpirun(),
-        LaunchBackend::Nccl => job.run_direct(),
-    };
-    if let Some(d) = &job.progress_dir {
-        let _ = std::fs::remove_dir_all(d);
-    }
-    outcome?.into_code(&job.label)
+    restart::run_with_restarts(cfg)
 }
 
 /// A fresh per-job progress directory under /dev/shm (else the temporary directory), or
@@ -350,6 +356,7 @@ pub fn launch<F: FnOnce() -> Result<()>>(num_processes: usize, f: F) -> Result<(
                 hostfile: None,
                 hosts: Vec::new(),
                 progress_dir: None,
+                monitor_interval: LAUNCH_MONITOR_INTERVAL,
             };
             match job.run_mpirun()?.into_code(&job.label)? {
                 0 => Ok(()),

@@ -19,6 +19,8 @@ pub(super) struct Job {
     pub(super) hosts: Vec<String>,
     /// The per-job progress directory (`LADDER_PROGRESS_DIR`), read to name a stuck rank.
     pub(super) progress_dir: Option<PathBuf>,
+    /// How long the supervision loop sleeps between two looks (`--monitor-interval`).
+    pub(super) monitor_interval: Duration,
 }
 
 /// What a rank worker's hidden stderr lines tell the top launcher.
@@ -298,7 +300,7 @@ impl Job {
                     kill_sent = true;
                 }
             }
-            std::thread::sleep(Duration::from_millis(20));
+            std::thread::sleep(self.monitor_interval);
         }
         // The relays end at EOF; a grandchild that kept a pipe open must not hold us up.
         join_all(relays, Duration::from_secs(2));

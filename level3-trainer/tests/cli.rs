@@ -248,7 +248,7 @@ fn bad_flags_and_files_are_named() {
 fn unwritable_outputs_are_refused_before_training() {
     let (_keep, ro) = common::unwritable_dir();
     for (flag, name, path, what) in [
-        ("--output-dir", "output_dir", ro.join("out"), "a writable directory"),
+        ("--output-dir", "--output-dir", ro.join("out"), "a writable directory"),
         ("--save-model", "--save-model", ro.join("m.safetensors"), "a writable file"),
         ("--metrics-json", "--metrics-json", ro.join("m.json"), "a writable file"),
     ] {

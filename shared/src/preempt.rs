@@ -86,8 +86,22 @@ pub fn agree(pg: &dyn ProcessGroup) -> Result<bool> {
 mod tests {
     use super::*;
 
+    /// Run in a child process (this test binary again): the signal dispositions are the
+    /// process's, and other tests of this binary install and restore SIGTERM handlers
+    /// (`sys::install_termination_handlers`), after which a SIGTERM raised here would end them all.
     #[test]
     fn sigterm_is_noted_not_obeyed() {
+        const NAME: &str = "preempt::tests::sigterm_is_noted_not_obeyed";
+        if std::env::var_os("LADDER_PREEMPT_CHILD").is_none() {
+            let out = std::process::Command::new(std::env::current_exe().unwrap())
+                .args(["--exact", NAME, "--nocapture", "--test-threads", "1"])
+                .env("LADDER_PREEMPT_CHILD", "1")
+                .output()
+                .unwrap();
+            let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+            assert!(out.status.success() && text.contains("SIGTERM noted"), "the child ({}): {text}", out.status);
+            return;
+        }
         assert!(!requested());
         watch().unwrap();
         watch().unwrap();
@@ -95,5 +109,6 @@ mod tests {
         nix::sys::signal::raise(nix::sys::signal::Signal::SIGTERM).unwrap();
         assert!(requested(), "SIGTERM was not noted");
         assert_eq!(PREEMPTED_EXIT_CODE, 143);
+        println!("SIGTERM noted");
     }
 }

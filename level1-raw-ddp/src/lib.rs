@@ -223,8 +223,7 @@ fn train_ddp(cfg: &Config, args: &TrainArgs, plan: &Plan, start: Instant) -> Res
     // ANCHOR: user_code
     // 1. setup(): the process group. Every rank runs this same code.
     let pg = setup(plan.backend, args.collective_timeout())?;
-    let (rank, world_size) = (pg.rank(), pg.world_size());
-    let env = DistEnv::from_env()?;
+    let (rank, world_size, env) = (pg.rank(), pg.world_size(), DistEnv::from_env()?);
     let device = plan.device_kind.resolve(env.local_rank)?;
 
     // 2. The model, the same seed everywhere (DDP also broadcasts rank 0's weights).
@@ -286,9 +285,7 @@ fn train_ddp(cfg: &Config, args: &TrainArgs, plan: &Plan, start: Instant) -> Res
         }
         train_loss = loss_sum / n.max(1) as f64;
         // 7. test(): every image once at any world size (unless --no-eval).
-        if !cfg.no_eval {
-            eval = model.evaluate(&test, 1000)?;
-        }
+        eval = if cfg.no_eval { EvalSums::default() } else { model.evaluate(&test, 1000)? };
         history.push(end_of_epoch(Some(pg), epoch, n, train_loss, &eval)?);
         if stop {
             break;

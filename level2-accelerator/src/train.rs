@@ -371,19 +371,7 @@ fn train(cfg: &Config, settings: ResolvedConfig, kwargs: DistributedDataParallel
                 ));
             }
             let step = accelerator.global_step();
-            if let (Some(dir), Some(every)) = (&cfg.save_state, cfg.save_every) {
-                if accelerator.sync_gradients() && step % every == 0 {
-                    accelerator.save_state_with(dir, epoch_loss_extra(&accelerator, loss_sum, n)?, &[])?;
-                }
-            }
-            if let Some(dir) = &cfg.save_state {
-                // SIGTERM (a preemption): every process ends this step, one state is saved.
-                if accelerator.sync_gradients() && accelerator.preemption_requested()? {
-                    accelerator.save_state(dir)?;
-                    ladder_core::preempt::mark_saved();
-                    return Err(crate::Error::Preempted { dir: dir.clone(), step });
-                }
-            }
+            save_state_if_due(&accelerator, cfg, step, (loss_sum, n))?;
             if args.max_steps.is_some_and(|m| step >= m as u64) {
                 stop = true;
                 break;
@@ -415,6 +403,25 @@ fn train(cfg: &Config, settings: ResolvedConfig, kwargs: DistributedDataParallel
     }
     // ANCHOR_END: user_code
     Ok(Trained { accelerator, model, history, eval, samples, train_s })
+}
+
+/// With `--save-state`, after each micro-batch: the state every `--save-every` optimizer steps,
+/// and on SIGTERM (a preemption: every process ends this step, one state is saved) the state
+/// and [`crate::Error::Preempted`]. `epoch_loss` is the epoch's (loss sum, micro-batches) so far.
+/// Collective: [`Accelerator::preemption_requested`] agrees across processes.
+fn save_state_if_due(accelerator: &Accelerator, cfg: &Config, step: u64, epoch_loss: (f64, usize)) -> Result<()> {
+    let Some(dir) = &cfg.save_state else { return Ok(()) };
+    if let Some(every) = cfg.save_every {
+        if accelerator.sync_gradients() && step % every == 0 {
+            accelerator.save_state_with(dir, epoch_loss_extra(accelerator, epoch_loss.0, epoch_loss.1)?, &[])?;
+        }
+    }
+    if accelerator.sync_gradients() && accelerator.preemption_requested()? {
+        accelerator.save_state(dir)?;
+        ladder_core::preempt::mark_saved();
+        return Err(crate::Error::Preempted { dir: dir.clone(), step });
+    }
+    Ok(())
 }
 
 /// The epoch's training loss so far, for a mid-epoch checkpoint's extra fields: the sum of

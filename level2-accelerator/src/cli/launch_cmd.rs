@@ -209,10 +209,7 @@ fn rank_command(backend: LaunchBackend, hostfile: bool, exported: &[(&str, Strin
 pub fn run(args: &LaunchArgs) -> CmdResult {
     let flags = args.settings.clone();
     flags.validate(&Origin::Flags)?;
-    let file_path = match &args.config_file {
-        Some(p) => Some(p.clone()),
-        None => implicit_config_file(),
-    };
+    let file_path = args.config_file.clone().or_else(implicit_config_file);
     let file = match &file_path {
         Some(p) => AcceleratorConfig::load(p)?,
         None => AcceleratorConfig::default(),

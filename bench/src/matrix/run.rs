@@ -27,11 +27,6 @@ struct Paths {
 /// writing results. A run's own failure is recorded in its row (see [`MatrixSummary::check`]).
 pub fn run_matrix(args: &RunArgs) -> Result<MatrixSummary> {
     let (cases, mut skipped) = plan(args)?;
-    let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
-    let load_at_start = Machine::load_warning(Machine::load_average(), cores, "at the start of the run");
-    if let Some(w) = &load_at_start {
-        eprintln!("{w}");
-    }
     let root = args.launch.root();
     let paths = Paths {
         out_dir: args.out_dir.clone().unwrap_or_else(|| root.join("bench").join("results")),
@@ -91,6 +86,13 @@ pub fn run_matrix(args: &RunArgs) -> Result<MatrixSummary> {
     if !args.no_allreduce {
         require_binary(allreduce_binary(&paths.bin_dir))?;
         require_binary(paths.bin_dir.join("examples").join("ddp_buckets"))?;
+    }
+    // The load is read once every flag and file has been checked, so an error is the first
+    // (and only) thing a user with a mistyped flag or an unbuilt binary sees.
+    let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+    let load_at_start = Machine::load_warning(Machine::load_average(), cores, "at the start of the run");
+    if let Some(w) = &load_at_start {
+        eprintln!("{w}");
     }
     for sub in ["runs", "logs"] {
         let dir = paths.out_dir.join(sub);

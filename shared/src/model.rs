@@ -202,7 +202,14 @@ impl Segmented for BasicNet {
             2 => dropout(xs, 0.25, drop).flatten(1, -1),
             3 => xs.apply(&self.fc1).relu(),
             4 => dropout(xs, 0.5, drop),
-            5 => xs.apply(&self.fc2).log_softmax(-1, tch::Kind::Float),
+            // log_softmax in f32 at least, as autocast runs it (bf16 / f16 logits are upcast);
+            // f64 logits stay f64, as F.log_softmax keeps them (a cast to f32 here would make
+            // every f64 equivalence test agree only to f32's 1e-7).
+            5 => {
+                let logits = xs.apply(&self.fc2);
+                let kind = if logits.kind() == tch::Kind::Double { tch::Kind::Double } else { tch::Kind::Float };
+                logits.log_softmax(-1, kind)
+            }
             _ => panic!("BasicNet has 6 segments, segment {i} asked for"),
         }
     }

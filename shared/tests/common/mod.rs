@@ -26,11 +26,16 @@ pub fn global_batches(w: i64, b: i64, steps: usize) -> Vec<(Tensor, Tensor)> {
 
 /// `a` and `b` have one shape and are allclose (rtol = atol = 1e-5), compared in f64.
 pub fn assert_close(what: &str, a: &Tensor, b: &Tensor) {
+    assert_close_within(what, a, b, 1e-5);
+}
+
+/// `a` and `b` have one shape and are allclose with rtol = atol = `tol`, compared in f64.
+pub fn assert_close_within(what: &str, a: &Tensor, b: &Tensor, tol: f64) {
     assert_eq!(a.size(), b.size(), "{what}: shapes");
     let (a, b) = (a.to_kind(Kind::Double), b.to_kind(Kind::Double));
     let diff = (&a - &b).abs().max().double_value(&[]);
     let scale = b.abs().max().double_value(&[]);
-    assert!(a.allclose(&b, 1e-5, 1e-5, false), "{what}: max |diff| {diff} (max |ref| {scale})");
+    assert!(a.allclose(&b, tol, tol, false), "{what}: max |diff| {diff} (max |ref| {scale}, tolerance {tol})");
 }
 
 /// Runs the ignored test `body` of the current test binary as `n` MPI ranks and returns
@@ -43,6 +48,13 @@ pub fn mpirun(n: usize, body: &str, envs: &[(&str, &str)]) -> String {
     }
     assert_eq!(per_rank.len(), n, "expected output of {n} ranks:\n{text}");
     text
+}
+
+/// [`mpirun`] with a fresh temporary directory for the ranks to share, its path in the
+/// environment variable `dir_var`; the directory is removed when the run has passed.
+pub fn mpirun_with_dir(n: usize, body: &str, dir_var: &str) -> String {
+    let dir = tempfile::tempdir().expect("temp dir");
+    mpirun(n, body, &[(dir_var, dir.path().to_str().expect("UTF-8 temp dir"))])
 }
 
 /// `mpirun -n n <this test binary> --ignored --exact body` (as root if need be), each rank's

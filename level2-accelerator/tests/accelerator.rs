@@ -20,15 +20,6 @@ use tch::{nn, Device, Kind, Tensor};
 const BIN: &str = env!("CARGO_BIN_EXE_level2-accelerator");
 const LAUNCH: &str = env!("CARGO_BIN_EXE_ladder-accelerate");
 
-/// `n` synthetic samples, the same on every rank; image i carries i in its first pixel.
-fn indexed_dataset(n: i64) -> Dataset {
-    tch::manual_seed(99);
-    let images = Tensor::randn([n, 1, 28, 28], (Kind::Float, Device::Cpu));
-    images.select(1, 0).select(1, 0).select(1, 0).copy_(&Tensor::arange(n, (Kind::Float, Device::Cpu)));
-    let labels = Tensor::randint(10, [n], (Kind::Int64, Device::Cpu));
-    Dataset::from_tensors(images, labels).unwrap()
-}
-
 fn config(k: usize, fsdp: bool) -> AcceleratorConfig {
     AcceleratorConfig {
         gradient_accumulation_steps: Some(k),
@@ -79,7 +70,7 @@ fn accumulation_body() {
     let pg = dist::leak(dist::init_process_group(Backend::Mpi).unwrap());
     let w = pg.world_size() as i64;
     // 5 micro-batches of 8 per rank: one window of 4, then a short window of 1.
-    let data = indexed_dataset(40 * w);
+    let data = Dataset::indexed(40 * w);
     for fsdp in [false, true] {
         let accumulated = gradients_per_step(pg, &data, 8, 4, fsdp);
         let large = gradients_per_step(pg, &data, 32, 1, fsdp);
@@ -104,7 +95,7 @@ fn accumulation_equals_one_large_batch() {
 fn gather_body() {
     let pg = dist::leak(dist::init_process_group(Backend::Mpi).unwrap());
     let n = 10_000;
-    let data = indexed_dataset(n);
+    let data = Dataset::indexed(n);
     let w = pg.world_size() as i64;
     for (b, shuffle, drop_last) in [(1000, false, false), (333, false, false), (64, true, false), (7, false, false), (64, false, true)] {
         let acc = Accelerator::with_group(config(1, false), DistributedDataParallelKwargs::default(), pg).unwrap();
@@ -147,7 +138,7 @@ fn overflow_body() {
     let net = BasicNet::new(&vs.root(), BasicNetConfig::default());
     let model = acc.prepare_model(vs, net).unwrap();
     let mut opt = acc.prepare_optimizer(&model, AdamWConfig::default()).unwrap();
-    let data = indexed_dataset(16 * pg.world_size() as i64);
+    let data = Dataset::indexed(16 * pg.world_size() as i64);
     let loader = acc.prepare_data_loader(&data, DataLoaderOptions { batch_size: 8, shuffle: true, ..Default::default() }).unwrap();
     let before = acc.get_state_dict().unwrap();
     // Rank 0 alone overflows (its scaled loss is inf); every rank must skip the step.
@@ -194,7 +185,7 @@ fn split_batches_body() {
     let pg = dist::leak(dist::init_process_group(Backend::Mpi).unwrap());
     let cfg = AcceleratorConfig { split_batches: Some(true), ..config(1, false) };
     let acc = Accelerator::with_group(cfg, DistributedDataParallelKwargs::default(), pg).unwrap();
-    let data = indexed_dataset(30);
+    let data = Dataset::indexed(30);
     let err =
         acc.prepare_data_loader(&data, DataLoaderOptions { batch_size: 64, shuffle: true, ..Default::default() }).unwrap_err().to_string();
     assert_eq!(

@@ -14,7 +14,7 @@ use ladder_core::optim::AdamWConfig;
 use level2_accelerator::config::{AcceleratorConfig, ShardingStrategy};
 use level2_accelerator::{Accelerator, DataLoaderOptions, DistributedDataParallelKwargs};
 use std::path::{Path, PathBuf};
-use tch::{nn, Device, Kind, Tensor};
+use tch::{nn, Device, Tensor};
 
 /// Samples in the synthetic dataset; batches of [`BATCH`] per rank; [`SAVED_AFTER`] batches
 /// run before the save.
@@ -22,15 +22,6 @@ const SAMPLES: i64 = 52;
 const BATCH: usize = 4;
 const SAVED_AFTER: usize = 3;
 const STRATEGIES: [&str; 4] = ["ddp", "full_shard", "shard_grad_op", "no_shard"];
-
-/// `n` samples, the same on every rank; image i carries i in its first pixel.
-fn indexed_dataset(n: i64) -> Dataset {
-    tch::manual_seed(99);
-    let images = Tensor::randn([n, 1, 28, 28], (Kind::Float, Device::Cpu));
-    images.select(1, 0).select(1, 0).select(1, 0).copy_(&Tensor::arange(n, (Kind::Float, Device::Cpu)));
-    let labels = Tensor::randint(10, [n], (Kind::Int64, Device::Cpu));
-    Dataset::from_tensors(images, labels).unwrap()
-}
 
 fn config(strategy: &str) -> AcceleratorConfig {
     let sharding = match strategy {
@@ -63,7 +54,7 @@ fn train(
     let net = BasicNet::new(&vs.root(), BasicNetConfig { width, ..Default::default() });
     let model = acc.prepare_model(vs, net)?;
     let mut opt = acc.prepare_optimizer(&model, AdamWConfig::default())?;
-    let data = indexed_dataset(SAMPLES);
+    let data = Dataset::indexed(SAMPLES);
     let loader = acc.prepare_data_loader(&data, DataLoaderOptions { batch_size: BATCH, shuffle: true, ..Default::default() })?;
     if let Some(dir) = resume {
         acc.load_state(dir)?;

@@ -14,7 +14,7 @@ use level3_trainer::state::TrainerState;
 use level3_trainer::{set_seed, Batch, ResumeFrom, Trainer, TrainerHooks, TrainingArguments};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
-use tch::{nn, Device, Kind, Tensor};
+use tch::{nn, Device, Tensor};
 
 /// Samples of the synthetic dataset, per-device batch, steps before the checkpoint.
 const SAMPLES: i64 = 52;
@@ -30,14 +30,6 @@ impl TrainerHooks for Counting {
         let out = model.forward(&inputs.x)?;
         Ok((out.nll_loss(&inputs.labels), out))
     }
-}
-
-fn indexed_dataset(n: i64) -> Dataset {
-    tch::manual_seed(99);
-    let images = Tensor::randn([n, 1, 28, 28], (Kind::Float, Device::Cpu));
-    images.select(1, 0).select(1, 0).select(1, 0).copy_(&Tensor::arange(n, (Kind::Float, Device::Cpu)));
-    let labels = Tensor::randint(10, [n], (Kind::Int64, Device::Cpu));
-    Dataset::from_tensors(images, labels).unwrap()
 }
 
 /// The rank body: `L3R_PHASE` save (3 steps, checkpoint-3) or load (the rest of the epoch from
@@ -66,7 +58,7 @@ fn resume_body() {
     let net = BasicNet::new(&vs.root(), BasicNetConfig::default());
     let seen = Arc::new(Mutex::new(Vec::new()));
     let mut trainer =
-        Trainer::new(vs, net, args, Some(indexed_dataset(SAMPLES)), None, level3_trainer::DefaultDataCollator, Counting(seen.clone()))
+        Trainer::new(vs, net, args, Some(Dataset::indexed(SAMPLES)), None, level3_trainer::DefaultDataCollator, Counting(seen.clone()))
             .unwrap();
     let resume = (phase == "load").then(|| ResumeFrom::Dir(out.join(format!("checkpoint-{SAVED_AT}"))));
     trainer.train(resume).unwrap();

@@ -173,6 +173,23 @@ fn state(out: &Path) -> TrainerState {
     TrainerState::load(&out.join("trainer_state.json")).unwrap()
 }
 
+/// The body as 2 MPI ranks under `mpirun`, each writing its pid into `pids` and sleeping
+/// 150 ms per step (so a test can signal it between checkpoints), not yet spawned.
+fn slow_two_ranks(out: &Path, args: &TrainingArguments, pids: &Path) -> Command {
+    let mut cmd = Command::new("mpirun");
+    cmd.args(["-n", "2", "--oversubscribe", "--bind-to", "none"])
+        .arg(std::env::current_exe().unwrap())
+        .args(["--ignored", "--exact", "body_train", "--test-threads", "1"])
+        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+        .env("OMP_NUM_THREADS", "1")
+        .env("L3_OUT", out)
+        .env("L3_ARGS", serde_json::to_string(args).unwrap())
+        .env("L3_PIDS", pids)
+        .env("L3_SLEEP_MS", "150");
+    cmd
+}
+
 /// Spawns the body, SIGKILLs it (`Child::kill`) as soon as `checkpoint-<kill_after>` exists,
 /// and checks it died from the kill.
 fn kill_after_checkpoint(cmd: &mut Command, out: &Path, kill_after: u64, pids: Option<&Path>) {
@@ -229,19 +246,7 @@ fn sigkill_then_resume_is_bit_identical_at_world_2() {
     train_ranks(2, &full, &args, &[]);
     assert_eq!(state(&full).global_step, 12);
 
-    let json = serde_json::to_string(&args).unwrap();
-    let mut cmd = Command::new("mpirun");
-    cmd.args(["-n", "2", "--oversubscribe", "--bind-to", "none"])
-        .arg(std::env::current_exe().unwrap())
-        .args(["--ignored", "--exact", "body_train", "--test-threads", "1"])
-        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
-        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
-        .env("OMP_NUM_THREADS", "1")
-        .env("L3_OUT", &killed)
-        .env("L3_ARGS", &json)
-        .env("L3_PIDS", &pids)
-        .env("L3_SLEEP_MS", "150");
-    kill_after_checkpoint(&mut cmd, &killed, 4, Some(&pids));
+    kill_after_checkpoint(&mut slow_two_ranks(&killed, &args, &pids), &killed, 4, Some(&pids));
     train_ranks(2, &killed, &args, &[("L3_RESUME", "1")]);
     assert_bit_identical("resumed vs uninterrupted (2 ranks)", &full.join("model.safetensors"), &killed.join("model.safetensors"));
 }
@@ -255,19 +260,7 @@ fn restarted_run_resumes_by_itself() {
     std::fs::create_dir_all(&pids).unwrap();
     let args = TrainingArguments { max_steps: 12, per_device_train_batch_size: 16, ..base_args() };
     train_ranks(2, &full, &args, &[]);
-    let json = serde_json::to_string(&args).unwrap();
-    let mut cmd = Command::new("mpirun");
-    cmd.args(["-n", "2", "--oversubscribe", "--bind-to", "none"])
-        .arg(std::env::current_exe().unwrap())
-        .args(["--ignored", "--exact", "body_train", "--test-threads", "1"])
-        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
-        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
-        .env("OMP_NUM_THREADS", "1")
-        .env("L3_OUT", &killed)
-        .env("L3_ARGS", &json)
-        .env("L3_PIDS", &pids)
-        .env("L3_SLEEP_MS", "150");
-    kill_after_checkpoint(&mut cmd, &killed, 4, Some(&pids));
+    kill_after_checkpoint(&mut slow_two_ranks(&killed, &args, &pids), &killed, 4, Some(&pids));
     let text = train_ranks(2, &killed, &args, &[("TORCHELASTIC_RESTART_COUNT", "1"), ("TORCHELASTIC_MAX_RESTARTS", "2")]);
     assert!(text.contains("Resuming from"), "{text}");
     assert_bit_identical("restarted vs uninterrupted (2 ranks)", &full.join("model.safetensors"), &killed.join("model.safetensors"));
@@ -283,20 +276,8 @@ fn sigterm_writes_a_checkpoint_and_resume_is_bit_identical() {
     std::fs::create_dir_all(&pids).unwrap();
     let args = TrainingArguments { max_steps: 12, per_device_train_batch_size: 16, ..base_args() };
     train_ranks(2, &full, &args, &[]);
-    let json = serde_json::to_string(&args).unwrap();
-    let mut cmd = Command::new("mpirun");
-    cmd.args(["-n", "2", "--oversubscribe", "--bind-to", "none"])
-        .arg(std::env::current_exe().unwrap())
-        .args(["--ignored", "--exact", "body_train", "--test-threads", "1", "--nocapture"])
-        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
-        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
-        .env("OMP_NUM_THREADS", "1")
-        .env("L3_OUT", &stopped)
-        .env("L3_ARGS", &json)
-        .env("L3_PIDS", &pids)
-        .env("L3_WATCH", "1")
-        .env("L3_SLEEP_MS", "150");
-    let child = cmd.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+    let mut cmd = slow_two_ranks(&stopped, &args, &pids);
+    let child = cmd.args(["--nocapture"]).env("L3_WATCH", "1").stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
     let start = Instant::now();
     while !stopped.join("checkpoint-4").exists() {
         assert!(start.elapsed() < Duration::from_secs(120), "no checkpoint-4 after 120 s");

@@ -25,20 +25,17 @@ const TEST_DIR_VAR: &str = "LADDER_TEST_CKPT_DIR";
 
 #[test]
 fn checkpointing_is_bit_identical_at_world_size_1() {
-    let dir = tempfile::tempdir().unwrap();
-    common::mpirun(1, "rank_checkpointing", &[(TEST_DIR_VAR, dir.path().to_str().unwrap())]);
+    common::mpirun_with_dir(1, "rank_checkpointing", TEST_DIR_VAR);
 }
 
 #[test]
 fn checkpointing_is_bit_identical_at_world_size_2() {
-    let dir = tempfile::tempdir().unwrap();
-    common::mpirun(2, "rank_checkpointing", &[(TEST_DIR_VAR, dir.path().to_str().unwrap())]);
+    common::mpirun_with_dir(2, "rank_checkpointing", TEST_DIR_VAR);
 }
 
 #[test]
 fn checkpointing_is_bit_identical_at_world_size_3() {
-    let dir = tempfile::tempdir().unwrap();
-    common::mpirun(3, "rank_checkpointing", &[(TEST_DIR_VAR, dir.path().to_str().unwrap())]);
+    common::mpirun_with_dir(3, "rank_checkpointing", TEST_DIR_VAR);
 }
 
 /// Every strategy, fp32; DDP and one FSDP strategy in bf16.

@@ -46,14 +46,12 @@ fn fsdp_matches_ddp_and_single_process_at_world_size_3() {
 
 #[test]
 fn clipping_and_state_dicts_at_world_size_2() {
-    let dir = tempfile::tempdir().unwrap();
-    common::mpirun(2, "rank_clip_and_state_dicts", &[("FSDP_TEST_DIR", dir.path().to_str().unwrap())]);
+    common::mpirun_with_dir(2, "rank_clip_and_state_dicts", "FSDP_TEST_DIR");
 }
 
 #[test]
 fn clipping_and_state_dicts_at_world_size_3() {
-    let dir = tempfile::tempdir().unwrap();
-    common::mpirun(3, "rank_clip_and_state_dicts", &[("FSDP_TEST_DIR", dir.path().to_str().unwrap())]);
+    common::mpirun_with_dir(3, "rank_clip_and_state_dicts", "FSDP_TEST_DIR");
 }
 
 #[test]

@@ -21,14 +21,12 @@ const TEST_DIR_VAR: &str = "LADDER_TEST_ZERO_DIR";
 
 #[test]
 fn zero1_matches_ddp_bit_for_bit_at_world_size_2() {
-    let dir = tempfile::tempdir().unwrap();
-    common::mpirun(2, "rank_zero1", &[(TEST_DIR_VAR, dir.path().to_str().unwrap())]);
+    common::mpirun_with_dir(2, "rank_zero1", TEST_DIR_VAR);
 }
 
 #[test]
 fn zero1_matches_ddp_bit_for_bit_at_world_size_3() {
-    let dir = tempfile::tempdir().unwrap();
-    common::mpirun(3, "rank_zero1", &[(TEST_DIR_VAR, dir.path().to_str().unwrap())]);
+    common::mpirun_with_dir(3, "rank_zero1", TEST_DIR_VAR);
 }
 
 fn wrap(zero_redundancy_optimizer: bool) -> WrapConfig {

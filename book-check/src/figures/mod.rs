@@ -9,7 +9,7 @@
 //! naming it.
 
 use crate::error::{Error, Result};
-use crate::memory;
+use crate::memory::{self, thousands};
 use crate::tables::{number, numbers, Table};
 use std::path::{Path, PathBuf};
 
@@ -323,18 +323,6 @@ fn in_words(width: &str, words: &[(String, String, f64, f64, f64)]) -> String {
 
 fn round_to(x: f64, step: f64) -> String {
     thousands(((x / step).round() * step).max(0.0) as u64)
-}
-
-fn thousands(n: u64) -> String {
-    let s = n.to_string();
-    let mut out = String::new();
-    for (i, c) in s.chars().enumerate() {
-        if i > 0 && (s.len() - i) % 3 == 0 {
-            out.push(',');
-        }
-        out.push(c);
-    }
-    out
 }
 
 /// What bf16 buys: bf16 / fp32 samples/s per level, strategy and width.

@@ -51,3 +51,21 @@ fn peak_flops_from_fixture_cpu_flag_sets() {
     assert_eq!((boosted.mhz, boosted.clock_source.as_str()), (3500.0, "cpufreq cpuinfo_max_freq"));
     insta::assert_snapshot!("peak_derivations", lines.join("\n"));
 }
+
+/// The measured clock is a clock: 0.8–7 GHz on any x86-64 server (a chain the compiler had
+/// folded or vectorised would read tens of GHz), and it replaces the nominal rate in the
+/// derivation, which still names the nominal one.
+#[test]
+fn the_clock_is_measured_where_cpufreq_is_absent() {
+    let Some(mhz) = bench::compute::measure_clock_mhz(1) else { return };
+    assert!((800.0..7000.0).contains(&mhz), "measured clock {mhz} MHz");
+    let facts = CpuFacts::parse(&cpuinfo("avx512-amd-zen4.txt"), 2, None).with_measured_clock(3700.0);
+    let peak = cpu_peak(&facts);
+    assert!((peak.fp32_flops - 2.0 * 3.7e9 * 32.0).abs() < 1.0, "{peak:?}");
+    assert!(
+        peak.derivation
+            .contains("× 3.700 GHz (measured with all 2 logical CPUs busy: dependent 64-bit multiply-adds, 4 cycles each; nominal "),
+        "{}",
+        peak.derivation
+    );
+}

@@ -65,21 +65,27 @@ pub(super) struct Prefixer {
     /// Whether part of the current line was written already (its tag included): the rest
     /// follows without a tag.
     open: bool,
+    /// Whether redraws are under way: a `\r` was read, and no read since ended a plain line.
+    /// A write can reach this reader in two reads (the bar drawn after a line above it): the
+    /// unfinished rest is passed through all the same.
+    in_place: bool,
 }
 
 impl Prefixer {
     /// A prefixer writing `tag` before every line (and after every `\r`).
     pub(super) fn new(tag: &str) -> Self {
-        Self { tag: tag.as_bytes().to_vec(), pending: Vec::new(), open: false }
+        Self { tag: tag.as_bytes().to_vec(), pending: Vec::new(), open: false, in_place: false }
     }
 
     /// Takes `chunk`, as read from the stream, and returns what to write: every line it
-    /// completes, with its tag; and when `chunk` holds a `\r` (a redraw in place) or part of
-    /// the line was written already, the unfinished rest too. `on_line` sees each complete
+    /// completes, with its tag; and while redraws are under way (`chunk`, or one read before it
+    /// with no plain line since, holds a `\r`) or part of the line was written already, the
+    /// unfinished rest too. `on_line` sees each complete
     /// line (ending in `\n`, without the tag) first and returns false to drop it (the
     /// launcher's own marker lines).
     pub(super) fn feed(&mut self, chunk: &[u8], on_line: &mut dyn FnMut(&[u8]) -> bool) -> Vec<u8> {
-        let in_place = chunk.contains(&b'\r');
+        let redraw = chunk.contains(&b'\r');
+        self.in_place = redraw || (self.in_place && !chunk.ends_with(b"\n"));
         self.pending.extend_from_slice(chunk);
         let mut out = Vec::new();
         let mut start = 0;
@@ -98,7 +104,7 @@ impl Prefixer {
             start = end + 1;
         }
         self.pending.drain(..start);
-        if !self.pending.is_empty() && (in_place || self.open) {
+        if !self.pending.is_empty() && (self.in_place || self.open) {
             if !self.open {
                 out.extend_from_slice(&self.tag);
             }
@@ -186,9 +192,15 @@ mod tests {
         // A line printed above the bar (bar.println), then the bar again after the newline.
         assert_eq!(feed("\x1b[2K\r{'loss': 0.3}\n 30%|███ | 3/10"), "\x1b[2K\r[rank0]: {'loss': 0.3}\n[rank0]:  30%|███ | 3/10");
         // The rest of an open line follows without a tag; the bar's end closes it.
+        // A redraw read in two pieces: the bar after the line above it comes through at once.
+        assert_eq!(feed("\x1b[2K\r{'loss': 0.2}\n"), "\x1b[2K\r[rank0]: {'loss': 0.2}\n");
+        assert_eq!(feed(" 40%|███▉| 4/10"), "[rank0]:  40%|███▉| 4/10");
         assert_eq!(feed(" done"), " done");
         assert_eq!(feed("\n"), "\n");
+        // A plain line ends the redraws: a line is written whole again.
         assert_eq!(feed("after\n"), "[rank0]: after\n");
+        assert_eq!(feed("half"), "");
+        assert_eq!(feed(" line\n"), "[rank0]: half line\n");
     }
 
     #[test]

@@ -303,11 +303,16 @@ fn mpirun_cmd(n: usize) -> Command {
 }
 
 fn level2(n: usize) -> Command {
+    level2_steps(n, 40)
+}
+
+/// `level2-accelerator` on `n` processes (under mpirun when `n` > 1) for `steps` steps.
+fn level2_steps(n: usize, steps: u64) -> Command {
     let mut cmd = if n == 1 { Command::new(BIN) } else { mpirun_cmd(n) };
     if n > 1 {
         cmd.arg(BIN);
     }
-    cmd.args(["--device", "cpu", "--log-interval", "0", "--max-steps", "40"]);
+    cmd.args(["--device", "cpu", "--log-interval", "0", "--max-steps", &steps.to_string()]);
     cmd
 }
 
@@ -377,29 +382,28 @@ fn a_resumed_log_goes_on_where_it_stopped() {
 }
 
 /// SIGTERM to each rank (as Slurm's scancel sends it; twice, the second during the save) once
-/// a checkpoint at step ≥ 10 is on disk: every process finishes its step, the state is saved,
+/// a checkpoint at step ≥ 4 is on disk: every process finishes its step, the state is saved,
 /// the job exits 143, and resuming from it ends bit-identical to a run that never stopped.
 #[test]
 fn sigterm_then_resume_is_bit_identical_world_2() {
     let dir = tempfile::tempdir().unwrap();
     let (whole, resumed, state) = (dir.path().join("whole.st"), dir.path().join("resumed.st"), dir.path().join("state"));
-    let mut cmd = level2(2);
+    let mut cmd = level2_steps(2, 16);
     cmd.arg("--no-eval").arg("--save-model").arg(&whole);
     run_ok(cmd);
 
-    let mut cmd = level2(2);
-    cmd.arg("--no-eval").arg("--save-state").arg(&state).args(["--save-every", "10"]);
-    let checkpoint = || common::checkpoint_step(&state).is_some_and(|s| s >= 10);
-    let (status, text, took) =
-        common::sigterm_when(&mut cmd, "a checkpoint at step 10", checkpoint, |_| common::pids_of(BIN, &state, None));
+    let mut cmd = level2_steps(2, 16);
+    cmd.arg("--no-eval").arg("--save-state").arg(&state).args(["--save-every", "4"]);
+    let checkpoint = || common::checkpoint_step(&state).is_some_and(|s| s >= 4);
+    let (status, text, took) = common::sigterm_when(&mut cmd, "a checkpoint at step 4", checkpoint, |_| common::pids_of(BIN, &state, None));
     let at = common::checkpoint_step(&state).unwrap();
-    assert!((10..40).contains(&at), "stopped at step {at}, not mid-run:\n{text}");
+    assert!((4..16).contains(&at), "stopped at step {at}, not mid-run:\n{text}");
     assert_eq!(status.code(), Some(ladder_core::preempt::PREEMPTED_EXIT_CODE), "{text}");
     let said = format!("preempted (SIGTERM): every process finished step {at} and the state was saved to {}", state.display());
     assert!(text.contains(&said), "{text}");
     eprintln!("SIGTERM to both ranks: state at step {at} saved and the job ended in {took:?}");
 
-    let mut cmd = level2(2);
+    let mut cmd = level2_steps(2, 16);
     cmd.arg("--no-eval").arg("--resume-from").arg(&state).arg("--save-model").arg(&resumed);
     run_ok(cmd);
     assert_bit_identical(&whole, &resumed);

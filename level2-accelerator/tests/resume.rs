@@ -234,9 +234,14 @@ const BIN: &str = env!("CARGO_BIN_EXE_level2-accelerator");
 const LAUNCH: &str = env!("CARGO_BIN_EXE_ladder-accelerate");
 
 fn launch(w: usize, max_restarts: usize, bin_args: &[&std::ffi::OsStr]) -> std::process::Command {
+    launch_steps(w, max_restarts, 40, bin_args)
+}
+
+/// `ladder-accelerate launch` of level 2 on `w` processes for `steps` steps.
+fn launch_steps(w: usize, max_restarts: usize, steps: u64, bin_args: &[&std::ffi::OsStr]) -> std::process::Command {
     let mut cmd = std::process::Command::new(LAUNCH);
     cmd.args(["launch", "--num-processes", &w.to_string(), "--cpu", "--max-restarts", &max_restarts.to_string(), BIN])
-        .args(["--device", "cpu", "--log-interval", "0", "--max-steps", "40"])
+        .args(["--device", "cpu", "--log-interval", "0", "--max-steps", &steps.to_string()])
         .args(bin_args)
         .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
         .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
@@ -300,7 +305,7 @@ fn killed_rank_is_restarted_and_resumes_bit_identically_world_3() {
 }
 
 /// SIGTERM to `ladder-accelerate launch --max-restarts 2` (the signal a scheduler sends to
-/// torchrun's agent) once a checkpoint at step ≥ 10 is on disk: the launcher forwards it to both
+/// torchrun's agent) once a checkpoint at step ≥ 4 is on disk: the launcher forwards it to both
 /// ranks, which finish their step, save the state and exit 143; the launcher exits 143 without
 /// restarting them, and resuming from the state ends bit-identical to a run that never stopped.
 #[test]
@@ -309,22 +314,22 @@ fn sigterm_to_the_launcher_saves_the_state_and_is_not_restarted() {
     let (whole, stopped, resumed, state) =
         (dir.path().join("whole.st"), dir.path().join("stopped.st"), dir.path().join("resumed.st"), dir.path().join("state"));
     let no_eval: &std::ffi::OsStr = "--no-eval".as_ref();
-    let out = launch(2, 0, &[no_eval, "--save-model".as_ref(), whole.as_os_str()]).output().unwrap();
+    let out = launch_steps(2, 0, 16, &[no_eval, "--save-model".as_ref(), whole.as_os_str()]).output().unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
 
-    let save = ["--save-state".as_ref(), state.as_os_str(), "--save-every".as_ref(), "10".as_ref()];
-    let mut cmd = launch(2, 2, &[&[no_eval, "--save-model".as_ref(), stopped.as_os_str()], &save[..]].concat());
-    let checkpoint = || common::checkpoint_step(&state).is_some_and(|s| s >= 10);
-    let (status, text, took) = common::sigterm_when(&mut cmd, "a checkpoint at step 10", checkpoint, |launcher| vec![launcher.id()]);
+    let save = ["--save-state".as_ref(), state.as_os_str(), "--save-every".as_ref(), "4".as_ref()];
+    let mut cmd = launch_steps(2, 2, 16, &[&[no_eval, "--save-model".as_ref(), stopped.as_os_str()], &save[..]].concat());
+    let checkpoint = || common::checkpoint_step(&state).is_some_and(|s| s >= 4);
+    let (status, text, took) = common::sigterm_when(&mut cmd, "a checkpoint at step 4", checkpoint, |launcher| vec![launcher.id()]);
     let at = common::checkpoint_step(&state).unwrap();
-    assert!((10..40).contains(&at) && !stopped.exists(), "stopped at step {at}, not mid-run:\n{text}");
+    assert!((4..16).contains(&at) && !stopped.exists(), "stopped at step {at}, not mid-run:\n{text}");
     assert_eq!(status.code(), Some(ladder_core::preempt::PREEMPTED_EXIT_CODE), "{text}");
     assert!(text.contains("ladder-run: received SIGTERM; forwarded it to all 2 ranks, which exited with 143; exiting with 143"), "{text}");
     assert!(text.contains(&format!("[rank0]: preempted (SIGTERM): every process finished step {at} and the state was saved")), "{text}");
     assert!(!text.contains("restarting"), "a signalled launcher restarted its ranks:\n{text}");
     eprintln!("SIGTERM to the launcher: state at step {at} saved and the job ended in {took:?}");
 
-    let out = launch(2, 0, &[no_eval, "--resume-from".as_ref(), state.as_os_str(), "--save-model".as_ref(), resumed.as_os_str()])
+    let out = launch_steps(2, 0, 16, &[no_eval, "--resume-from".as_ref(), state.as_os_str(), "--save-model".as_ref(), resumed.as_os_str()])
         .output()
         .unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));

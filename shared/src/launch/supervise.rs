@@ -486,3 +486,29 @@ pub(super) fn join_all(handles: Vec<JoinHandle<()>>, patience: Duration) {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The launcher's code after a signal: the ranks' when they agree, else 128 + the signal,
+    /// each rank's end named; 141 whatever the ranks did when stdout was closed.
+    #[test]
+    fn an_interrupted_launcher_exits_with_the_ranks_code_when_they_agree() {
+        let t = Duration::from_secs(30);
+        let (code, text) = interrupted_code(sys::SIGTERM, 2, &[(1, Some(143)), (0, Some(143))], t);
+        assert_eq!((code, text.as_str()), (143, "received SIGTERM; forwarded it to all 2 ranks, which exited with 143; exiting with 143"));
+        let (code, text) = interrupted_code(sys::SIGTERM, 3, &[(0, Some(143)), (1, Some(-9))], t);
+        assert_eq!(code, 143);
+        assert_eq!(
+            text,
+            "received SIGTERM; forwarded it to all 3 ranks: rank 0 exited with 143, rank 1 was killed by SIGKILL (after the 30 s \
+             shutdown timeout), rank 2 reported no exit code; exiting with 143 (128 + SIGTERM)"
+        );
+        let (code, text) = interrupted_code(sys::SIGINT, 1, &[(0, Some(-2))], t);
+        assert_eq!((code, text.as_str()), (130, "received SIGINT; forwarded it to the rank, which was ended by SIGINT; exiting with 130"));
+        let (code, text) = interrupted_code(libc::SIGPIPE, 2, &[(0, Some(-15)), (1, Some(-15))], t);
+        assert_eq!(code, 141);
+        assert!(text.ends_with("which were ended by SIGTERM; exiting with 141 (128 + SIGPIPE)"), "{text}");
+    }
+}

@@ -1,7 +1,7 @@
 //! The Accelerator as a user runs it: accumulation equals one large batch (DDP and FSDP, a short
 //! last window), gather_for_metrics is exact at W = 2 and 3, level 2 trains the same weights as
-//! level 1 bit for bit, a SIGKILLed run resumes bit-identically, and `ladder-accelerate launch`
-//! starts agreeing ranks.
+//! level 1 bit for bit, a SIGKILLed run resumes bit-identically, so does one stopped by SIGTERM
+//! after saving its state, and `ladder-accelerate launch` starts agreeing ranks.
 
 #[path = "../../shared/tests/common/mod.rs"]
 mod common;
@@ -294,11 +294,16 @@ fn mpirun_cmd(n: usize) -> Command {
 }
 
 fn level2(n: usize) -> Command {
+    level2_steps(n, 40)
+}
+
+/// `level2-accelerator` on `n` processes (under mpirun when `n` > 1) for `steps` steps.
+fn level2_steps(n: usize, steps: u64) -> Command {
     let mut cmd = if n == 1 { Command::new(BIN) } else { mpirun_cmd(n) };
     if n > 1 {
         cmd.arg(BIN);
     }
-    cmd.args(["--device", "cpu", "--log-interval", "0", "--max-steps", "40"]);
+    cmd.args(["--device", "cpu", "--log-interval", "0", "--max-steps", &steps.to_string()]);
     cmd
 }
 
@@ -307,12 +312,6 @@ fn run_ok(mut cmd: Command) -> String {
     let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     assert!(out.status.success(), "{cmd:?} failed ({}):\n{text}", out.status);
     text
-}
-
-fn global_step(state_dir: &Path) -> Option<u64> {
-    let text = std::fs::read_to_string(state_dir.join("training_state.json")).ok()?;
-    let v: serde_json::Value = serde_json::from_str(&text).ok()?;
-    v["global_step"].as_u64()
 }
 
 /// SIGKILL (the whole process group: mpirun and its ranks) once a checkpoint at step ≥ 10 is
@@ -330,7 +329,7 @@ fn kill_and_resume(n: usize) {
     let mut child = cmd.stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap();
     let deadline = Instant::now() + Duration::from_secs(120);
     loop {
-        if global_step(&state).is_some_and(|s| (10..40).contains(&s)) {
+        if common::checkpoint_step(&state).is_some_and(|s| (10..40).contains(&s)) {
             break;
         }
         assert!(child.try_wait().unwrap().is_none(), "the run ended before a checkpoint could be killed");
@@ -340,7 +339,7 @@ fn kill_and_resume(n: usize) {
     let killed = Command::new("kill").args(["-KILL", "--", &format!("-{}", child.id())]).status().unwrap();
     assert!(killed.success());
     let _ = child.wait();
-    let at = global_step(&state).unwrap();
+    let at = common::checkpoint_step(&state).unwrap();
     assert!(at < 40, "killed at step {at}, before the end");
 
     let mut cmd = level2(n);
@@ -371,6 +370,34 @@ fn a_resumed_log_goes_on_where_it_stopped() {
     let first = text.lines().find(|l| l.starts_with("Train Epoch")).unwrap_or_default();
     assert!(first.starts_with("Train Epoch: 1 [320/60000 (1%)]"), "{text}");
     assert!(text.contains("Epoch 1: mean train loss ") && text.contains(" over 7 steps"), "{text}");
+}
+
+/// SIGTERM to each rank (as Slurm's scancel sends it; twice, the second during the save) once
+/// a checkpoint at step ≥ 4 is on disk: every process finishes its step, the state is saved,
+/// the job exits 143, and resuming from it ends bit-identical to a run that never stopped.
+#[test]
+fn sigterm_then_resume_is_bit_identical_world_2() {
+    let dir = tempfile::tempdir().unwrap();
+    let (whole, resumed, state) = (dir.path().join("whole.st"), dir.path().join("resumed.st"), dir.path().join("state"));
+    let mut cmd = level2_steps(2, 16);
+    cmd.arg("--no-eval").arg("--save-model").arg(&whole);
+    run_ok(cmd);
+
+    let mut cmd = level2_steps(2, 16);
+    cmd.arg("--no-eval").arg("--save-state").arg(&state).args(["--save-every", "4"]);
+    let checkpoint = || common::checkpoint_step(&state).is_some_and(|s| s >= 4);
+    let (status, text, took) = common::sigterm_when(&mut cmd, "a checkpoint at step 4", checkpoint, |_| common::pids_of(BIN, &state, None));
+    let at = common::checkpoint_step(&state).unwrap();
+    assert!((4..16).contains(&at), "stopped at step {at}, not mid-run:\n{text}");
+    assert_eq!(status.code(), Some(ladder_core::preempt::PREEMPTED_EXIT_CODE), "{text}");
+    let said = format!("preempted (SIGTERM): every process finished step {at} and the state was saved to {}", state.display());
+    assert!(text.contains(&said), "{text}");
+    eprintln!("SIGTERM to both ranks: state at step {at} saved and the job ended in {took:?}");
+
+    let mut cmd = level2_steps(2, 16);
+    cmd.arg("--no-eval").arg("--resume-from").arg(&state).arg("--save-model").arg(&resumed);
+    run_ok(cmd);
+    assert_bit_identical(&whole, &resumed);
 }
 
 #[test]

@@ -224,33 +224,15 @@ fn refusals_are_named() {
 const BIN: &str = env!("CARGO_BIN_EXE_level2-accelerator");
 const LAUNCH: &str = env!("CARGO_BIN_EXE_ladder-accelerate");
 
-/// The pid of rank `rank` of a running level-2 job whose command line holds `tag`.
-fn rank_pid(tag: &Path, rank: usize) -> Option<u32> {
-    let want_env = format!("RANK={rank}");
-    for entry in std::fs::read_dir("/proc").ok()?.flatten() {
-        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else { continue };
-        let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else { continue };
-        let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
-        if args.first() != Some(&BIN.as_bytes()) || !args.contains(&tag.as_os_str().as_encoded_bytes()) {
-            continue;
-        }
-        let Ok(environ) = std::fs::read(entry.path().join("environ")) else { continue };
-        if environ.split(|b| *b == 0).any(|v| v == want_env.as_bytes()) {
-            return Some(pid);
-        }
-    }
-    None
-}
-
-fn global_step(state_dir: &Path) -> Option<u64> {
-    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(state_dir.join(ladder_core::checkpoint::STATE_FILE)).ok()?).ok()?;
-    v["global_step"].as_u64()
-}
-
 fn launch(w: usize, max_restarts: usize, bin_args: &[&std::ffi::OsStr]) -> std::process::Command {
+    launch_steps(w, max_restarts, 40, bin_args)
+}
+
+/// `ladder-accelerate launch` of level 2 on `w` processes for `steps` steps.
+fn launch_steps(w: usize, max_restarts: usize, steps: u64, bin_args: &[&std::ffi::OsStr]) -> std::process::Command {
     let mut cmd = std::process::Command::new(LAUNCH);
     cmd.args(["launch", "--num-processes", &w.to_string(), "--cpu", "--max-restarts", &max_restarts.to_string(), BIN])
-        .args(["--device", "cpu", "--log-interval", "0", "--max-steps", "40"])
+        .args(["--device", "cpu", "--log-interval", "0", "--max-steps", &steps.to_string()])
         .args(bin_args)
         .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
         .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
@@ -282,8 +264,8 @@ fn killed_rank_is_restarted(w: usize) {
     let child = cmd.stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped()).spawn().unwrap();
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(180);
     let pid = loop {
-        if global_step(&state).is_some_and(|s| (10..40).contains(&s)) {
-            if let Some(pid) = rank_pid(&state, 1) {
+        if common::checkpoint_step(&state).is_some_and(|s| (10..40).contains(&s)) {
+            if let Some(&pid) = common::pids_of(BIN, &state, Some(1)).first() {
                 break pid;
             }
         }
@@ -311,4 +293,36 @@ fn killed_rank_is_restarted_and_resumes_bit_identically_world_2() {
 #[test]
 fn killed_rank_is_restarted_and_resumes_bit_identically_world_3() {
     killed_rank_is_restarted(3);
+}
+
+/// SIGTERM to `ladder-accelerate launch --max-restarts 2` (the signal a scheduler sends to
+/// torchrun's agent) once a checkpoint at step ≥ 4 is on disk: the launcher forwards it to both
+/// ranks, which finish their step, save the state and exit 143; the launcher exits 143 without
+/// restarting them, and resuming from the state ends bit-identical to a run that never stopped.
+#[test]
+fn sigterm_to_the_launcher_saves_the_state_and_is_not_restarted() {
+    let dir = tempfile::tempdir().unwrap();
+    let (whole, stopped, resumed, state) =
+        (dir.path().join("whole.st"), dir.path().join("stopped.st"), dir.path().join("resumed.st"), dir.path().join("state"));
+    let no_eval: &std::ffi::OsStr = "--no-eval".as_ref();
+    let out = launch_steps(2, 0, 16, &[no_eval, "--save-model".as_ref(), whole.as_os_str()]).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+
+    let save = ["--save-state".as_ref(), state.as_os_str(), "--save-every".as_ref(), "4".as_ref()];
+    let mut cmd = launch_steps(2, 2, 16, &[&[no_eval, "--save-model".as_ref(), stopped.as_os_str()], &save[..]].concat());
+    let checkpoint = || common::checkpoint_step(&state).is_some_and(|s| s >= 4);
+    let (status, text, took) = common::sigterm_when(&mut cmd, "a checkpoint at step 4", checkpoint, |launcher| vec![launcher.id()]);
+    let at = common::checkpoint_step(&state).unwrap();
+    assert!((4..16).contains(&at) && !stopped.exists(), "stopped at step {at}, not mid-run:\n{text}");
+    assert_eq!(status.code(), Some(ladder_core::preempt::PREEMPTED_EXIT_CODE), "{text}");
+    assert!(text.contains("ladder-run: received SIGTERM; forwarded it to all 2 ranks, which exited with 143; exiting with 143"), "{text}");
+    assert!(text.contains(&format!("[rank0]: preempted (SIGTERM): every process finished step {at} and the state was saved")), "{text}");
+    assert!(!text.contains("restarting"), "a signalled launcher restarted its ranks:\n{text}");
+    eprintln!("SIGTERM to the launcher: state at step {at} saved and the job ended in {took:?}");
+
+    let out = launch_steps(2, 0, 16, &[no_eval, "--resume-from".as_ref(), state.as_os_str(), "--save-model".as_ref(), resumed.as_os_str()])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    common::assert_bit_identical("preempted through the launcher and resumed vs uninterrupted", &whole, &resumed);
 }

@@ -1,6 +1,7 @@
 //! What a run shows and writes, as Transformers' Trainer: the `***** Running training *****`
 //! banner, the `Epoch | Training Loss | Validation Loss | Accuracy` table, progress (an
-//! indicatif bar on a terminal, plain log lines otherwise), the report_to writers
+//! indicatif bar on a terminal — the launcher's too, see [`bar_target`] — plain log lines
+//! otherwise), the report_to writers
 //! (`log_history.jsonl` / `log_history.csv`) and the loss-curve plot (`loss.svg`).
 
 use crate::args::{ReportTo, TrainingArguments};
@@ -207,19 +208,115 @@ pub fn plot_loss_curve(path: &Path, train: &[(u64, f64)], eval: &[(u64, f64)]) -
     Ok(())
 }
 
-/// Training progress: an indicatif bar when this is the main process, stdout is a terminal and
-/// disable_tqdm is off; plain log lines (on the main process) otherwise; nothing elsewhere.
+/// Where the progress bar is drawn (see [`bar_target`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BarTarget {
+    /// No bar: plain log lines on the main process, nothing elsewhere.
+    None,
+    /// This process's own terminal (indicatif's default target, stderr, as tqdm's).
+    Terminal,
+    /// A launcher's terminal, this many columns wide after the launcher's `[rank0]: `,
+    /// reached through its line prefixer (stdout is a pipe): the bar is redrawn with carriage
+    /// returns on stdout.
+    Launcher(u16),
+}
+
+/// Where the Trainer's bar goes: nowhere off the main process or with `disable_tqdm`; on this
+/// terminal when stdout is one; else on the launcher's terminal when `ladder-run` or
+/// `ladder-accelerate launch` says its stdout is one (`launcher_columns`, from
+/// `LADDER_TTY_COLUMNS`: [`ladder_core::launch::tty_columns`]); else nowhere.
+pub fn bar_target(is_main_process: bool, disable_tqdm: bool, stdout_is_terminal: bool, launcher_columns: Option<u16>) -> BarTarget {
+    match (is_main_process && !disable_tqdm, stdout_is_terminal, launcher_columns) {
+        (false, _, _) => BarTarget::None,
+        (true, true, _) => BarTarget::Terminal,
+        (true, false, Some(columns)) => BarTarget::Launcher(columns),
+        (true, false, None) => BarTarget::None,
+    }
+}
+
+/// A terminal behind a launcher's line prefixer, for indicatif: the bar is redrawn in place
+/// with `\r` (the prefixer writes its tag again after each), a line is erased with `ESC[2K`
+/// before the `\r` (never after, which would erase the tag), and each draw is one write to
+/// stdout starting with `\r`, which the prefixer passes through at once.
+#[derive(Debug)]
+struct PrefixedTerminal {
+    columns: u16,
+    pending: std::sync::Mutex<Vec<u8>>,
+}
+
+impl PrefixedTerminal {
+    fn push(&self, bytes: &[u8]) -> std::io::Result<()> {
+        self.pending.lock().map_err(|_| std::io::Error::other("poisoned"))?.extend_from_slice(bytes);
+        Ok(())
+    }
+
+    fn push_move(&self, n: usize, code: char) -> std::io::Result<()> {
+        if n == 0 {
+            return Ok(());
+        }
+        self.push(format!("\x1b[{n}{code}").as_bytes())
+    }
+}
+
+impl indicatif::TermLike for PrefixedTerminal {
+    fn width(&self) -> u16 {
+        self.columns
+    }
+    fn move_cursor_up(&self, n: usize) -> std::io::Result<()> {
+        self.push_move(n, 'A')
+    }
+    fn move_cursor_down(&self, n: usize) -> std::io::Result<()> {
+        self.push_move(n, 'B')
+    }
+    fn move_cursor_right(&self, n: usize) -> std::io::Result<()> {
+        self.push_move(n, 'C')
+    }
+    fn move_cursor_left(&self, n: usize) -> std::io::Result<()> {
+        self.push_move(n, 'D')
+    }
+    fn write_line(&self, s: &str) -> std::io::Result<()> {
+        self.push(format!("{s}\n").as_bytes())
+    }
+    fn write_str(&self, s: &str) -> std::io::Result<()> {
+        self.push(s.as_bytes())
+    }
+    fn clear_line(&self) -> std::io::Result<()> {
+        self.push(b"\x1b[2K\r")
+    }
+    fn flush(&self) -> std::io::Result<()> {
+        let mut pending = self.pending.lock().map_err(|_| std::io::Error::other("poisoned"))?;
+        let mut out = std::io::stdout().lock();
+        out.write_all(b"\r")?;
+        out.write_all(&pending)?;
+        pending.clear();
+        out.flush()
+    }
+}
+
+/// Training progress: an indicatif bar where [`bar_target`] says; plain log lines (on the main
+/// process) otherwise; nothing elsewhere.
 #[derive(Debug)]
 pub struct Progress {
     bar: Option<indicatif::ProgressBar>,
     main: bool,
+    /// The bar is on a launcher's terminal: its line is ended with a newline when it finishes.
+    through_launcher: bool,
 }
 
 impl Progress {
     /// Progress over `total` optimization steps.
     pub fn new(total: u64, is_main_process: bool, disable_tqdm: bool) -> Self {
-        let bar = (is_main_process && !disable_tqdm && std::io::stdout().is_terminal()).then(|| {
-            let bar = indicatif::ProgressBar::new(total);
+        let target = bar_target(is_main_process, disable_tqdm, std::io::stdout().is_terminal(), ladder_core::launch::tty_columns());
+        let draw_target = match target {
+            BarTarget::None => None,
+            BarTarget::Terminal => Some(indicatif::ProgressDrawTarget::stderr()),
+            BarTarget::Launcher(columns) => {
+                let term = PrefixedTerminal { columns, pending: std::sync::Mutex::new(Vec::new()) };
+                Some(indicatif::ProgressDrawTarget::term_like(Box::new(term)))
+            }
+        };
+        let bar = draw_target.map(|t| {
+            let bar = indicatif::ProgressBar::with_draw_target(Some(total), t);
             let meter = |s: &indicatif::ProgressState, w: &mut dyn std::fmt::Write| {
                 let _ = w.write_str(&tqdm_meter(s.pos(), s.len().unwrap_or(0), s.elapsed().as_secs_f64(), s.per_sec()));
             };
@@ -231,7 +328,7 @@ impl Progress {
             );
             bar
         });
-        Self { bar, main: is_main_process }
+        Self { bar, main: is_main_process, through_launcher: matches!(target, BarTarget::Launcher(_)) }
     }
 
     /// Whether a bar is drawn (else plain lines).
@@ -259,6 +356,11 @@ impl Progress {
     pub fn finish(&mut self) {
         if let Some(b) = self.bar.take() {
             b.finish();
+            if self.through_launcher {
+                // The bar's line is still open in the launcher's prefixer: end it.
+                let mut out = std::io::stdout().lock();
+                let _ = out.write_all(b"\n").and_then(|_| out.flush());
+            }
         }
     }
 }
@@ -326,6 +428,36 @@ mod tests {
         assert_eq!(tqdm_meter(0, 60, 0.2, 0.0), "0/60 [00:00<?, ?it/s]");
         assert_eq!(tqdm_meter(3, 938, 12.0, 0.25), "3/938 [00:12<1:02:20, 4.00s/it]");
         assert_eq!(tqdm_meter(60, 60, 49.6, 1.21), "60/60 [00:50<00:00, 1.21it/s]");
+    }
+
+    /// The bar follows the launcher's terminal contract: drawn on the main process only, on its
+    /// own terminal first, else on the launcher's when LADDER_TTY_COLUMNS says there is one.
+    #[test]
+    fn the_bar_is_drawn_where_a_terminal_is() {
+        assert_eq!(bar_target(true, false, true, None), BarTarget::Terminal);
+        assert_eq!(bar_target(true, false, true, Some(100)), BarTarget::Terminal);
+        assert_eq!(bar_target(true, false, false, Some(100)), BarTarget::Launcher(100));
+        assert_eq!(bar_target(true, false, false, None), BarTarget::None);
+        assert_eq!(bar_target(false, false, false, Some(100)), BarTarget::None);
+        assert_eq!(bar_target(false, false, true, None), BarTarget::None);
+        assert_eq!(bar_target(true, true, false, Some(100)), BarTarget::None);
+        assert_eq!(bar_target(true, true, true, None), BarTarget::None);
+    }
+
+    /// What indicatif writes through [`PrefixedTerminal`]: `\r`-led redraws, no cursor moves up
+    /// for one bar, the erase before the `\r`.
+    #[test]
+    fn the_launcher_terminal_redraws_with_carriage_returns() {
+        use indicatif::TermLike;
+        let t = PrefixedTerminal { columns: 40, pending: std::sync::Mutex::new(Vec::new()) };
+        t.move_cursor_up(0).unwrap();
+        t.clear_line().unwrap();
+        t.write_line("{'loss': 0.3}").unwrap();
+        t.write_str(" 50%|██  | 1/2").unwrap();
+        assert_eq!(t.width(), 40);
+        assert_eq!(t.pending.lock().unwrap().as_slice(), "\x1b[2K\r{'loss': 0.3}\n 50%|██  | 1/2".as_bytes());
+        t.move_cursor_up(2).unwrap();
+        assert!(t.pending.lock().unwrap().ends_with(b"\x1b[2A"));
     }
 
     #[test]

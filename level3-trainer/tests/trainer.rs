@@ -151,24 +151,6 @@ fn train_ranks(n: usize, out: &Path, args: &TrainingArguments, envs: &[(&str, &s
     common::mpirun(n, "body_train", &all)
 }
 
-fn read_safetensors(path: &Path) -> Vec<(String, Tensor)> {
-    let mut v = Tensor::read_safetensors(path).unwrap();
-    v.sort_by(|a, b| a.0.cmp(&b.0));
-    v
-}
-
-fn assert_bit_identical(what: &str, a: &Path, b: &Path) {
-    let (ta, tb) = (read_safetensors(a), read_safetensors(b));
-    assert_eq!(
-        ta.iter().map(|(k, _)| k.clone()).collect::<Vec<_>>(),
-        tb.iter().map(|(k, _)| k.clone()).collect::<Vec<_>>(),
-        "{what}: keys"
-    );
-    for ((k, x), (_, y)) in ta.iter().zip(&tb) {
-        assert!(x.equal(y), "{what}: {k} differs (max |diff| {})", (x - y).abs().max().double_value(&[]));
-    }
-}
-
 fn state(out: &Path) -> TrainerState {
     TrainerState::load(&out.join("trainer_state.json")).unwrap()
 }
@@ -226,7 +208,7 @@ fn sigkill_then_resume_is_bit_identical_at_world_1() {
     kill_after_checkpoint(&mut body_command(&killed, &args, &[("L3_SLEEP_MS", "100")]), &killed, 8, None);
     let text = train_once(&killed, &args, &[("L3_RESUME", "1")]);
     assert!(text.contains("Resuming from"), "{text}");
-    assert_bit_identical("resumed vs uninterrupted", &full.join("model.safetensors"), &killed.join("model.safetensors"));
+    common::assert_bit_identical("resumed vs uninterrupted", &full.join("model.safetensors"), &killed.join("model.safetensors"));
     // The log history after the resume point is the uninterrupted one too (same losses).
     let (a, b) = (state(&full), state(&killed));
     let losses = |s: &TrainerState| s.loss_curve();
@@ -248,7 +230,7 @@ fn sigkill_then_resume_is_bit_identical_at_world_2() {
 
     kill_after_checkpoint(&mut slow_two_ranks(&killed, &args, &pids), &killed, 4, Some(&pids));
     train_ranks(2, &killed, &args, &[("L3_RESUME", "1")]);
-    assert_bit_identical("resumed vs uninterrupted (2 ranks)", &full.join("model.safetensors"), &killed.join("model.safetensors"));
+    common::assert_bit_identical("resumed vs uninterrupted (2 ranks)", &full.join("model.safetensors"), &killed.join("model.safetensors"));
 }
 
 /// A run restarted by its launcher (`ladder-run --max-restarts`: TORCHELASTIC_RESTART_COUNT
@@ -263,7 +245,11 @@ fn restarted_run_resumes_by_itself() {
     kill_after_checkpoint(&mut slow_two_ranks(&killed, &args, &pids), &killed, 4, Some(&pids));
     let text = train_ranks(2, &killed, &args, &[("TORCHELASTIC_RESTART_COUNT", "1"), ("TORCHELASTIC_MAX_RESTARTS", "2")]);
     assert!(text.contains("Resuming from"), "{text}");
-    assert_bit_identical("restarted vs uninterrupted (2 ranks)", &full.join("model.safetensors"), &killed.join("model.safetensors"));
+    common::assert_bit_identical(
+        "restarted vs uninterrupted (2 ranks)",
+        &full.join("model.safetensors"),
+        &killed.join("model.safetensors"),
+    );
 }
 
 /// SIGTERM to every rank (as Slurm's scancel sends it; twice, the second during the save):
@@ -277,25 +263,13 @@ fn sigterm_writes_a_checkpoint_and_resume_is_bit_identical() {
     let args = TrainingArguments { max_steps: 12, per_device_train_batch_size: 16, ..base_args() };
     train_ranks(2, &full, &args, &[]);
     let mut cmd = slow_two_ranks(&stopped, &args, &pids);
-    let child = cmd.args(["--nocapture"]).env("L3_WATCH", "1").stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
-    let start = Instant::now();
-    while !stopped.join("checkpoint-4").exists() {
-        assert!(start.elapsed() < Duration::from_secs(120), "no checkpoint-4 after 120 s");
-        std::thread::sleep(Duration::from_millis(5));
-    }
-    let signalled = Instant::now();
-    for _ in 0..2 {
-        for r in 0..2 {
-            let pid = std::fs::read_to_string(pids.join(format!("rank{r}.pid"))).unwrap();
-            assert!(Command::new("kill").args(["-TERM", pid.trim()]).status().unwrap().success());
-        }
-        std::thread::sleep(Duration::from_millis(30));
-    }
-    let out = child.wait_with_output().unwrap();
-    let took = signalled.elapsed();
-    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    cmd.args(["--nocapture"]).env("L3_WATCH", "1");
+    let ranks = |_: &std::process::Child| -> Vec<u32> {
+        (0..2).map(|r| std::fs::read_to_string(pids.join(format!("rank{r}.pid"))).unwrap().trim().parse().unwrap()).collect()
+    };
+    let (status, text, took) = common::sigterm_when(&mut cmd, "checkpoint-4", || stopped.join("checkpoint-4").exists(), ranks);
     assert!(took < Duration::from_secs(10), "checkpoint and exit took {took:?}:\n{text}");
-    assert!(!out.status.success(), "{text}");
+    assert_eq!(status.code(), Some(ladder_core::preempt::PREEMPTED_EXIT_CODE), "{text}");
     assert!(text.contains("preempted (SIGTERM): every rank finished step "), "{text}");
     assert!(!stopped.join("model.safetensors").exists(), "the stopped run finished:\n{text}");
     let last = level3_trainer::checkpoints::last_checkpoint(&stopped).unwrap().unwrap();
@@ -303,7 +277,7 @@ fn sigterm_writes_a_checkpoint_and_resume_is_bit_identical() {
     assert!((4..12).contains(&step), "the preemption checkpoint is at step {step}:\n{text}");
     eprintln!("SIGTERM → checkpoint-{step} written and job ended in {took:?}");
     train_ranks(2, &stopped, &args, &[("L3_RESUME", "1")]);
-    assert_bit_identical(
+    common::assert_bit_identical(
         "preempted and resumed vs uninterrupted (2 ranks)",
         &full.join("model.safetensors"),
         &stopped.join("model.safetensors"),
@@ -339,7 +313,8 @@ fn accumulation_and_world_size_equal_the_large_batch() {
         for ((step, a), (_, b)) in la.iter().zip(&lb) {
             assert!((a - b).abs() < 1e-5, "{name}: step {step} loss {b} vs {a}");
         }
-        let (wa, wb) = (read_safetensors(&big.join("model.safetensors")), read_safetensors(&other.join("model.safetensors")));
+        let (wa, wb) =
+            (common::read_safetensors(&big.join("model.safetensors")), common::read_safetensors(&other.join("model.safetensors")));
         for ((k, x), (_, y)) in wa.iter().zip(&wb) {
             let diff = (x - y).abs().max().double_value(&[]);
             assert!(diff < 1e-4, "{name}: {k} max |diff| {diff}");
@@ -385,7 +360,11 @@ fn rotation_keeps_the_early_best_and_load_best_model_at_end_restores_it() {
         left.sort();
         // Limit 1 keeps the best and the newest (as Transformers); limit 2 the same two.
         assert_eq!(left, ["checkpoint-16", "checkpoint-4"], "limit {limit}");
-        assert_bit_identical("best checkpoint vs final model", &out.join("checkpoint-4/model.safetensors"), &out.join("model.safetensors"));
+        common::assert_bit_identical(
+            "best checkpoint vs final model",
+            &out.join("checkpoint-4/model.safetensors"),
+            &out.join("model.safetensors"),
+        );
     }
 }
 

@@ -10,7 +10,7 @@ use std::os::unix::process::CommandExt;
 use std::process::Command;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
-pub(crate) use libc::{SIGHUP, SIGINT, SIGKILL, SIGTERM};
+pub(crate) use libc::{SIGALRM, SIGHUP, SIGINT, SIGKILL, SIGTERM, SIGUSR1, SIGUSR2};
 
 /// Arranges for the child that `cmd` spawns to (a) lead a new process group when `new_group`
 /// (so the whole tree it starts can be signalled with [`kill_group`]) and (b) receive
@@ -51,7 +51,7 @@ pub(crate) fn set_own_death_signal(signal: i32) -> bool {
 }
 
 /// Makes this process the leader of its own process group (no-op when it already is, as
-/// mpirun's ranks are), so that [`kill_own_group`] reaches its whole tree and nothing else.
+/// mpirun's ranks are), so that a signal to its group reaches it and nothing else.
 pub(crate) fn become_group_leader() {
     if unistd::getpgrp() != unistd::getpid() {
         let _ = unistd::setpgid(Pid::from_raw(0), Pid::from_raw(0));
@@ -66,13 +66,6 @@ pub(crate) fn kill_group(pgid: u32, signal: i32) -> bool {
     }
     let (Ok(pgid), Ok(s)) = (i32::try_from(pgid), Signal::try_from(signal)) else { return false };
     signal::killpg(Pid::from_raw(pgid), s).is_ok()
-}
-
-/// Sends `signal` to every process of this process's own group (this process included).
-pub(crate) fn kill_own_group(signal: i32) {
-    if let Ok(s) = Signal::try_from(signal) {
-        let _ = signal::kill(Pid::from_raw(0), s); // pid 0: the caller's process group
-    }
 }
 
 /// Whether this process runs as root (mpirun then needs `OMPI_ALLOW_RUN_AS_ROOT`).
@@ -131,6 +124,16 @@ pub(crate) fn restore_handlers(saved: SavedHandlers) {
     for (i, id, was_default) in saved.0 {
         signal_hook::low_level::unregister(id);
         DEFAULT_ARMED[i].store(was_default, Ordering::SeqCst);
+    }
+}
+
+/// From now on, `carrier` arriving is recorded as `stands_for` (see [`received_signal`]): how
+/// a rank worker under mpirun learns which signal its launcher received, mpirun forwarding
+/// SIGUSR1, SIGUSR2 and SIGALRM as they are but answering SIGTERM, SIGINT and SIGHUP itself.
+/// Call it after [`install_termination_handlers`], which forgets what was recorded.
+pub(crate) fn record_carrier(carrier: i32, stands_for: i32) {
+    if let Ok(value) = usize::try_from(stands_for) {
+        let _ = signal_hook::flag::register_usize(carrier, &RECEIVED, value);
     }
 }
 

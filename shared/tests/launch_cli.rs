@@ -234,39 +234,168 @@ fn rank_raising_mid_run_is_reported_with_its_traceback() {
     assert_no_leftovers(&m);
 }
 
-/// SIGTERM to the launcher reaches every rank; it exits 128 + 15 and leaves nothing behind.
-fn signal_drill(backend: &str) {
-    let m = marker();
-    let script = format!("echo ready; sleep {m}");
-    let mut child = Command::new(BIN)
-        .args(["--backend", backend, "--nproc-per-node", "2", "sh", "-c", &script])
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+/// Starts ladder-run with `args`, waits for `ready` lines ending in `]: ready` on its stdout,
+/// sends it `signal` (`TERM`, `INT`) and waits (at most 30 s) for it to end: its output, and
+/// the time from the signal to its end in `elapsed`.
+fn interrupt(args: &[&str], ready: usize, signal: &str) -> Output {
+    let mut child =
+        Command::new(BIN).args(args).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("start ladder-run");
     let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-    for _ in 0..2 {
+    let mut stdout = String::new();
+    for _ in 0..ready {
         let l = lines.next().expect("a rank's ready line").unwrap();
         assert!(l.ends_with("]: ready"), "{l}");
+        stdout.push_str(&l);
+        stdout.push('\n');
     }
     let start = Instant::now();
-    // SAFETY-free: signal the launcher through the kill command.
-    let st = Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap();
+    // Signalled through the kill command.
+    let st = Command::new("kill").args([&format!("-{signal}"), &child.id().to_string()]).status().unwrap();
     assert!(st.success());
+    let rest = std::thread::spawn(move || lines.map_while(|l| l.ok()).map(|l| l + "\n").collect::<String>());
     let status = loop {
         if let Some(st) = child.try_wait().unwrap() {
             break st;
         }
-        assert!(start.elapsed() < Duration::from_secs(10), "ladder-run did not stop after SIGTERM");
+        if start.elapsed() > Duration::from_secs(30) {
+            let _ = child.kill();
+            panic!("ladder-run did not stop within 30 s of SIG{signal}");
+        }
         std::thread::sleep(Duration::from_millis(20));
     };
-    assert_eq!(status.code(), Some(128 + 15));
-    assert!(start.elapsed() < Duration::from_secs(8), "took {:?}", start.elapsed());
-    let mut err = String::new();
-    child.stderr.take().unwrap().read_to_string(&mut err).unwrap();
-    assert!(err.contains("ladder-run: received SIGTERM; stopped all 2 ranks"), "{err}");
+    let elapsed = start.elapsed();
+    let mut stderr = String::new();
+    child.stderr.take().unwrap().read_to_string(&mut stderr).unwrap();
+    stdout.push_str(&rest.join().unwrap());
+    Output { code: status.code(), stdout, stderr, elapsed }
+}
+
+/// SIGTERM to the launcher reaches every rank, which dies of it; ladder-run exits 128 + 15 and
+/// leaves nothing behind.
+fn signal_drill(backend: &str) {
+    let m = marker();
+    let script = format!("echo ready; sleep {m}");
+    let out = interrupt(&["--backend", backend, "--nproc-per-node", "2", "sh", "-c", &script], 2, "TERM");
+    assert_eq!(out.code, Some(128 + 15), "{out:#?}");
+    assert!(out.elapsed < Duration::from_secs(8), "took {:?}", out.elapsed);
+    assert!(
+        out.stderr.contains("ladder-run: received SIGTERM; forwarded it to all 2 ranks, which were ended by SIGTERM; exiting with 143\n"),
+        "{}",
+        out.stderr
+    );
     assert_no_leftovers(&m);
+}
+
+/// A rank program that, on SIGTERM, takes 1.5 s to write its checkpoint then exits 143 (as the
+/// levels do), and on SIGINT exits 130.
+fn preempted_script(m: &str) -> String {
+    format!(
+        r#"trap 'sleep 1.5; echo "saved by $RANK after restart $TORCHELASTIC_RESTART_COUNT"; kill $! 2>/dev/null; exit 143' TERM
+trap 'echo "SIGINT reached $RANK"; kill $! 2>/dev/null; exit 130' INT
+echo ready; sleep {m} & wait"#
+    )
+}
+
+/// As torchrun: SIGTERM to the launcher is forwarded to every rank, which gets the shutdown
+/// timeout to save — longer than mpirun's own one second before SIGKILL — and the launcher exits
+/// with the ranks' code, 143, without restarting them under --max-restarts. SIGINT is forwarded
+/// as SIGINT.
+fn preemption_drill(backend: &str) {
+    let m = marker();
+    let script = preempted_script(&m);
+    let args = ["--backend", backend, "--nproc-per-node", "2", "--max-restarts", "2", "sh", "-c", &script];
+    let out = interrupt(&args, 2, "TERM");
+    assert_eq!(out.code, Some(143), "{out:#?}");
+    for r in 0..2 {
+        assert!(out.stdout.contains(&format!("[rank{r}]: saved by {r} after restart 0\n")), "{out:#?}");
+    }
+    assert_eq!(out.stdout.matches("]: ready").count(), 2, "the ranks were restarted: {out:#?}");
+    assert!(!out.stderr.contains("restarting"), "{}", out.stderr);
+    assert!(out.stderr.contains("ladder-run: forwarding SIGTERM to the 2 ranks; they get 30 s to exit before SIGKILL"), "{}", out.stderr);
+    assert!(
+        out.stderr.contains("ladder-run: received SIGTERM; forwarded it to all 2 ranks, which exited with 143; exiting with 143\n"),
+        "{}",
+        out.stderr
+    );
+    assert_no_leftovers(&m);
+
+    let m = marker();
+    let script = preempted_script(&m);
+    let out = interrupt(&["--backend", backend, "--nproc-per-node", "2", "sh", "-c", &script], 2, "INT");
+    assert_eq!(out.code, Some(130), "{out:#?}");
+    for r in 0..2 {
+        assert!(out.stdout.contains(&format!("[rank{r}]: SIGINT reached {r}\n")), "{out:#?}");
+    }
+    assert!(
+        out.stderr.contains("ladder-run: received SIGINT; forwarded it to all 2 ranks, which exited with 130; exiting with 130"),
+        "{}",
+        out.stderr
+    );
+    assert_no_leftovers(&m);
+}
+
+/// Ranks that ignore SIGTERM are killed once --shutdown-timeout has passed; the launcher exits
+/// with their code, 128 + SIGKILL.
+fn shutdown_timeout_drill(backend: &str) {
+    let m = marker();
+    let script = format!("trap '' TERM; echo ready; sleep {m}");
+    let out = interrupt(&["--backend", backend, "--nproc-per-node", "2", "--shutdown-timeout", "1", "sh", "-c", &script], 2, "TERM");
+    assert_eq!(out.code, Some(128 + 9), "{out:#?}");
+    assert!(
+        out.stderr.contains(
+            "ladder-run: received SIGTERM; forwarded it to all 2 ranks, which were killed by SIGKILL (after the 1 s shutdown timeout); exiting with 137"
+        ),
+        "{}",
+        out.stderr
+    );
+    assert!(out.elapsed >= Duration::from_secs(1), "killed before the timeout: {:?}", out.elapsed);
+    assert_no_leftovers(&m);
+}
+
+#[test]
+fn sigterm_is_forwarded_for_a_checkpoint_and_not_restarted_mpi() {
+    let _g = serial();
+    preemption_drill("mpi");
+}
+
+#[test]
+fn sigterm_is_forwarded_for_a_checkpoint_and_not_restarted_nccl() {
+    let _g = serial();
+    preemption_drill("nccl");
+}
+
+#[test]
+fn ranks_outliving_the_shutdown_timeout_are_killed_mpi() {
+    let _g = serial();
+    shutdown_timeout_drill("mpi");
+}
+
+#[test]
+fn ranks_outliving_the_shutdown_timeout_are_killed_nccl() {
+    let _g = serial();
+    shutdown_timeout_drill("nccl");
+}
+
+/// Issue 27: under a terminal (a pseudo-terminal from script(1), 100 columns), the ranks learn
+/// its width less their `[rankN]: ` prefix (LADDER_TTY_COLUMNS), and a carriage-return redraw
+/// reaches the terminal as it is written, the prefix after each `\r`; without a terminal the
+/// variable is not set.
+#[test]
+fn a_terminal_launcher_passes_its_width_and_redraws_through() {
+    let _g = serial();
+    let program = r#"echo "cols=$LADDER_TTY_COLUMNS"; if [ "$RANK" = 0 ]; then printf '\r 50%%'; sleep 0.3; printf '\r100%%\n'; fi"#;
+    let inner = format!("stty cols 100 rows 30; {BIN} --nproc-per-node 2 sh -c '{}'", program.replace('\'', r"'\''"));
+    let out = Command::new("script").args(["-qec", &inner, "/dev/null"]).stdin(Stdio::null()).output().expect("script(1), from util-linux");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    for r in 0..2 {
+        assert!(text.contains(&format!("[rank{r}]: cols=91\r\n")), "{text:?}");
+    }
+    assert!(text.contains("\r[rank0]:  50%") && text.contains("\r[rank0]: 100%\r\n"), "{text:?}");
+
+    let out = ladder_run(&["--nproc-per-node", "2", "sh", "-c", program], Duration::from_secs(30));
+    assert_eq!(out.code, Some(0), "{out:#?}");
+    assert!(out.stdout.contains("[rank0]: cols=\n") && out.stdout.contains("[rank1]: cols=\n"), "{out:#?}");
 }
 
 #[test]
@@ -389,6 +518,10 @@ fn command_line_parsing() {
         LaunchConfig::try_parse_from(["ladder-run", "--node_rank", "1", "--nnodes", "2", "--master_addr", "n0", "--backend", "nccl", "p"])
             .unwrap();
     assert_eq!((cfg.node_rank, cfg.nnodes, cfg.master_addr.as_deref(), cfg.backend), (1, 2, Some("n0"), LaunchBackend::Nccl));
+    // torchrun's --shutdown-timeout, default 30 s.
+    assert_eq!(cfg.shutdown_timeout, 30.0);
+    let cfg = LaunchConfig::try_parse_from(["ladder-run", "--shutdown_timeout", "2.5", "p"]).unwrap();
+    assert_eq!(cfg.shutdown_timeout, 2.5);
     // As a config file: missing fields take the defaults.
     let cfg: LaunchConfig = serde_json::from_str(r#"{"nproc_per_node": 2, "backend": "nccl", "command": ["true", "-x"]}"#).unwrap();
     assert_eq!((cfg.nproc_per_node, cfg.nnodes, cfg.backend, cfg.no_prefix), (2, 1, LaunchBackend::Nccl, false));
@@ -407,6 +540,7 @@ fn configuration_errors_snapshot() {
         &["ladder-run", "--backend", "gloo", "p"],
         &["ladder-run", "--nproc-per-node", "2"],
         &["ladder-run", "--nproc-per-node", "many", "p"],
+        &["ladder-run", "--shutdown-timeout", "soon", "p"],
     ] {
         let e = LaunchConfig::try_parse_from(argv).unwrap_err();
         let text = e.render().to_string();
@@ -474,7 +608,7 @@ fn closed_stdout_ends_the_job() {
     let mut err = String::new();
     child.stderr.take().unwrap().read_to_string(&mut err).unwrap();
     assert_eq!(status.code(), Some(141), "{err}");
-    assert!(err.contains("ladder-run: its standard output was closed (SIGPIPE); stopped all 2 ranks"), "{err}");
+    assert!(err.contains("ladder-run: its standard output was closed (SIGPIPE); forwarded SIGTERM to all 2 ranks"), "{err}");
     assert!(start.elapsed() < Duration::from_secs(10), "took {:?}", start.elapsed());
     assert_no_leftovers(&m);
 }

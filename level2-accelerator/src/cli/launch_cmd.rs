@@ -237,6 +237,7 @@ pub fn run(args: &LaunchArgs) -> CmdResult {
     let program = args.command.first().map(String::as_str).unwrap_or("");
     check_program(program)?;
     let command = rank_command(backend, args.hostfile.is_some(), &exported, &args.command)?;
+    let shutdown_timeout = ladder_core::launch::shutdown_timeout_from_env()?; // torch's variable: Accelerate has no flag
     let mut banner = format!(
         "ladder-accelerate launch: {num_processes} rank{} ({} per machine × {num_machines} machine{}, machine rank {}, backend {}) running {program}\n",
         if num_processes == 1 { "" } else { "s" },
@@ -279,6 +280,7 @@ pub fn run(args: &LaunchArgs) -> CmdResult {
         no_prefix: args.no_prefix,
         max_restarts: args.max_restarts,
         monitor_interval: args.monitor_interval,
+        shutdown_timeout,
         rank_worker: false,
         command,
     };

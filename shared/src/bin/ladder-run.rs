@@ -6,7 +6,9 @@
 //! ```
 //!
 //! Exit code: 0 when every rank succeeded; 1 (with torchrun's error summary on stderr) when a
-//! rank failed or the launch could not start; 128 + signal when interrupted.
+//! rank failed or the launch could not start; when interrupted (SIGTERM, SIGINT, SIGHUP, which
+//! are forwarded to every rank), the ranks' exit code if they agree (143 after a checkpoint on
+//! SIGTERM), else 128 + signal.
 
 use clap::Parser;
 use ladder_core::launch::{run, LaunchConfig};

@@ -29,8 +29,21 @@
 //! (SIGTERM, then SIGKILL to each rank's process group); in `nccl` mode the launcher sends
 //! SIGTERM to every rank's process group and SIGKILL 2 s later (and if mpirun is still busy
 //! 2.5 s after a failure, it gets the same treatment, which its ranks notice through
-//! `PR_SET_PDEATHSIG`). SIGINT / SIGTERM / SIGHUP to the launcher are forwarded the same way. Every child
-//! gets `PR_SET_PDEATHSIG`, so a launcher killed outright takes its job with it.
+//! `PR_SET_PDEATHSIG`). Every child gets `PR_SET_PDEATHSIG`, so a launcher killed outright
+//! takes its job with it.
+//!
+//! SIGTERM, SIGINT or SIGHUP to the launcher is forwarded to every rank as torchrun forwards
+//! it (its `--signals-to-handle` default, less SIGQUIT): each PROGRAM receives the same
+//! signal, and gets `--shutdown-timeout` seconds (torchrun's flag and its
+//! `TORCH_ELASTIC_SHUTDOWN_TIMEOUT`, default 30) to exit — time for a level 2 or 3 program to
+//! finish its step and write its checkpoint (see [`crate::preempt`]) — before SIGKILL. mpirun
+//! answers these signals itself (SIGTERM to its ranks, SIGKILL one second later), so under
+//! mpirun the launcher sends a stand-in that mpirun forwards as it is (SIGUSR1 for SIGTERM,
+//! SIGUSR2 for SIGINT, SIGALRM for SIGHUP) and each rank worker delivers the signal it stands
+//! for. The launcher then exits with the code the ranks exited with when they all agree (143
+//! when every rank wrote its checkpoint and exited 143, as the levels do), else 128 + the
+//! signal; unlike torchrun, which raises `SignalException` and exits 1. An interrupted
+//! launcher is never restarted, as torchrun's is not.
 //!
 //! # Restarts
 //!
@@ -40,21 +53,31 @@
 //! levels resume from their last checkpoint when the count is > 0 ([`restart_count`]). Each
 //! failed attempt's summary is printed; the last one lists every attempt. An interrupted
 //! launcher (SIGINT, SIGTERM, SIGHUP) is not restarted. `--max-restarts 0` fails fast.
+//!
+//! # Output
+//!
+//! Every line a rank writes is prefixed and written whole; a progress bar's carriage-return
+//! redraws pass through as they come, and when the launcher's stdout is a terminal the ranks
+//! learn its width through [`TTY_COLUMNS_VAR`] (see `terminal.rs`).
 
+mod hostfile;
 mod program;
 mod restart;
 mod summary;
 mod supervise;
+mod terminal;
 mod worker;
 
+pub use hostfile::{check_hostfile, HostfileEntry};
 pub use program::{check_not_a_flag, not_in_path_but_here, FlagHint, TORCHRUN_HINTS};
+pub use terminal::{tty_columns, TTY_COLUMNS_VAR};
 
 use crate::dist::env::{DistEnv, DEFAULT_MASTER_ADDR, VARS};
 use crate::{sys, Error, Result};
 use serde::{Deserialize, Serialize};
 use std::collections::VecDeque;
 use std::ffi::{OsStr, OsString};
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::mpsc::{channel, Sender};
@@ -88,7 +111,7 @@ pub enum LaunchBackend {
     version,
     override_usage = "ladder-run [OPTIONS] PROGRAM [ARGS]...",
     about = "Start PROGRAM as several ranks with the torchrun environment (RANK, WORLD_SIZE, ...), as torchrun does",
-    after_help = "Examples:\n  ladder-run --nproc-per-node 2 target/release/level1-raw-ddp --epochs 1\n  ladder-run --nproc-per-node 4 --backend nccl target/release/level1-raw-ddp --device cuda\n  ladder-run --nproc-per-node 2 --nnodes 2 --hostfile hosts.txt PROGRAM    (mpi, run once)\n  ladder-run --nproc-per-node 4 --nnodes 2 --node-rank R --master-addr node0 --backend nccl PROGRAM    (on every node)\n\nEvery rank gets RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK (its node's index), MASTER_ADDR and MASTER_PORT; over mpirun, PATH and LD_LIBRARY_PATH are forwarded to the other nodes. If a rank fails, the others are stopped and ladder-run exits 1 with a summary naming the rank, its host and, when ranks were left waiting, where each was last seen (step, collective). Closing ladder-run's stdout (| head) stops the job (exit 141). Ranks see LADDER_PROGRESS_DIR (their progress records); the collective timeout is the program's (--timeout, LADDER_COLLECTIVE_TIMEOUT_S, default 600 s).\n\nEnvironment:\n  PATH\n      where PROGRAM and mpirun are looked up\n  OMPI_MCA_*\n      Open MPI's settings, read by mpirun (e.g. OMPI_MCA_plm_rsh_agent,\n      OMPI_MCA_btl_tcp_if_include)"
+    after_help = "Examples:\n  ladder-run --nproc-per-node 2 target/release/level1-raw-ddp --epochs 1\n  ladder-run --nproc-per-node 4 --backend nccl target/release/level1-raw-ddp --device cuda\n  ladder-run --nproc-per-node 2 --nnodes 2 --hostfile hosts.txt PROGRAM    (mpi, run once)\n  ladder-run --nproc-per-node 4 --nnodes 2 --node-rank R --master-addr node0 --backend nccl PROGRAM    (on every node)\n\nEvery rank gets RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK (its node's index), MASTER_ADDR and MASTER_PORT; over mpirun, PATH and LD_LIBRARY_PATH are forwarded to the other nodes. If a rank fails, the others are stopped and ladder-run exits 1 with a summary naming the rank, its host and, when ranks were left waiting, where each was last seen (step, collective). SIGTERM, SIGINT and SIGHUP are forwarded to every rank, which get --shutdown-timeout seconds to exit (time for a checkpoint) before SIGKILL; ladder-run then exits with the ranks' code when they agree (143 after a checkpoint), else 128 + the signal, and is not restarted. Closing ladder-run's stdout (| head) stops the job (exit 141). Ranks see LADDER_PROGRESS_DIR (their progress records), and LADDER_TTY_COLUMNS when ladder-run's stdout is a terminal (its width less the [rankN]: prefix: rank 0 of level 3 draws its progress bar there); the collective timeout is the program's (--timeout, LADDER_COLLECTIVE_TIMEOUT_S, default 600 s).\n\nEnvironment:\n  PATH\n      where PROGRAM and mpirun are looked up\n  OMPI_MCA_*\n      Open MPI's settings, read by mpirun (e.g. OMPI_MCA_plm_rsh_agent,\n      OMPI_MCA_btl_tcp_if_include)"
 )]
 pub struct LaunchConfig {
     /// Number of ranks to start on each node: a number, or as torchrun's `auto` (the CUDA
@@ -128,6 +151,11 @@ pub struct LaunchConfig {
     #[arg(long = "monitor-interval", alias = "monitor_interval", value_name = "SECONDS", default_value_t = DEFAULT_MONITOR_INTERVAL_S,
           value_parser = positive_seconds)]
     pub monitor_interval: f64,
+    /// Seconds the ranks get to exit after ladder-run forwards SIGTERM, SIGINT or SIGHUP to
+    /// them (time to write a checkpoint), before SIGKILL (torchrun's --shutdown-timeout).
+    #[arg(long = "shutdown-timeout", alias = "shutdown_timeout", value_name = "SECONDS", env = SHUTDOWN_TIMEOUT_VAR,
+          default_value_t = DEFAULT_SHUTDOWN_TIMEOUT_S, value_parser = shutdown_seconds)]
+    pub shutdown_timeout: f64,
     /// Internal: run as the per-rank worker (started by mpirun or by ladder-run itself).
     #[arg(long = "rank-worker", hide = true)]
     pub rank_worker: bool,
@@ -150,8 +178,8 @@ impl LaunchConfig {
 }
 
 impl Default for LaunchConfig {
-    /// torchrun's defaults: one rank on one node, node rank 0, backend mpi, prefixed output;
-    /// `command` empty (must be set).
+    /// torchrun's defaults: one rank on one node, node rank 0, backend mpi, prefixed output,
+    /// no restarts, a 30 s shutdown timeout; `command` empty (must be set).
     fn default() -> Self {
         LaunchConfig {
             nproc_per_node: 1,
@@ -164,6 +192,7 @@ impl Default for LaunchConfig {
             no_prefix: false,
             max_restarts: 0,
             monitor_interval: DEFAULT_MONITOR_INTERVAL_S,
+            shutdown_timeout: DEFAULT_SHUTDOWN_TIMEOUT_S,
             rank_worker: false,
             command: Vec::new(),
         }
@@ -172,6 +201,10 @@ impl Default for LaunchConfig {
 
 /// torchrun's default `--monitor-interval`, in seconds.
 pub const DEFAULT_MONITOR_INTERVAL_S: f64 = 0.1;
+/// torchrun's default `--shutdown-timeout`, in seconds.
+pub const DEFAULT_SHUTDOWN_TIMEOUT_S: f64 = 30.0;
+/// The variable `--shutdown-timeout` defaults to, as torchrun's.
+pub const SHUTDOWN_TIMEOUT_VAR: &str = "TORCH_ELASTIC_SHUTDOWN_TIMEOUT";
 /// The restart count of the current attempt, set for every rank (torchelastic's variable).
 pub const RESTART_COUNT_VAR: &str = "TORCHELASTIC_RESTART_COUNT";
 /// The `--max-restarts` of the job, set for every rank (torchelastic's variable).
@@ -188,6 +221,26 @@ fn positive_seconds(s: &str) -> std::result::Result<f64, String> {
     match s.parse::<f64>() {
         Ok(v) if v.is_finite() && v > 0.0 && v <= 86_400.0 => Ok(v),
         _ => Err(format!("expected a number of seconds > 0 (e.g. 0.1), got {s:?}")),
+    }
+}
+
+/// clap parser for `--shutdown-timeout`: a finite number of seconds ≥ 0 (at most a day).
+fn shutdown_seconds(s: &str) -> std::result::Result<f64, String> {
+    match s.trim().parse::<f64>() {
+        Ok(v) if v.is_finite() && (0.0..=86_400.0).contains(&v) => Ok(v),
+        _ => Err(format!("expected a number of seconds ≥ 0 (e.g. 30), got {s:?}")),
+    }
+}
+
+/// The shutdown timeout a launcher without the flag uses (`ladder-accelerate launch`, as
+/// Accelerate's launcher on torch's): [`SHUTDOWN_TIMEOUT_VAR`] when set, else 30 s.
+///
+/// # Errors
+/// [`Error::InvalidValue`] naming the variable when it is not a number of seconds ≥ 0.
+pub fn shutdown_timeout_from_env() -> Result<f64> {
+    match std::env::var(SHUTDOWN_TIMEOUT_VAR) {
+        Ok(v) => shutdown_seconds(&v).map_err(|_| Error::invalid(SHUTDOWN_TIMEOUT_VAR, v, "a number of seconds ≥ 0 (e.g. 30)")),
+        Err(_) => Ok(DEFAULT_SHUTDOWN_TIMEOUT_S),
     }
 }
 
@@ -227,7 +280,10 @@ pub const LADDER_RUN_BIN_VAR: &str = "LADDER_RUN_BIN";
 /// How many of PROGRAM's last stderr lines a failure report keeps, and their length cap.
 const KEEP_LINES: usize = 10;
 const KEEP_CHARS: usize = 400;
-/// How long a rank gets between SIGTERM and SIGKILL.
+/// The signals a launcher forwards, each with the stand-in mpirun forwards for it (see the
+/// module docs): (signal, carrier).
+const CARRIERS: [(i32, i32); 3] = [(sys::SIGTERM, sys::SIGUSR1), (sys::SIGINT, sys::SIGUSR2), (sys::SIGHUP, sys::SIGALRM)];
+/// How long a rank gets between SIGTERM and SIGKILL when another rank failed.
 const TERM_GRACE: Duration = Duration::from_secs(2);
 /// How long mpirun gets to tear its job down after a failure before the launcher steps in.
 const MPIRUN_GRACE: Duration = Duration::from_millis(2500);
@@ -252,9 +308,11 @@ struct FailureRecord {
 }
 
 /// Runs `ladder-run` as configured (restarting the whole group after a failure up to
-/// `max_restarts` times) and returns its exit code: 0 when every rank succeeded,
-/// `128 + signal` when the launcher was interrupted (SIGINT, SIGTERM, SIGHUP) and stopped the
-/// job. In worker mode (`--rank-worker`) runs one rank and returns its code.
+/// `max_restarts` times) and returns its exit code: 0 when every rank succeeded; when the
+/// launcher was interrupted (SIGINT, SIGTERM, SIGHUP, forwarded to every rank; never
+/// restarted), the code the ranks exited with if they agree (143 after a checkpoint on
+/// SIGTERM), else `128 + signal`. In worker mode (`--rank-worker`) runs one rank and returns
+/// its code (0 when it was stopped on request).
 ///
 /// The rank workers are the `ladder-run` binary: the current executable when it is
 /// `ladder-run`, else `$LADDER_RUN_BIN`, else a `ladder-run` next to the current executable
@@ -268,9 +326,9 @@ struct FailureRecord {
 pub fn run(cfg: &LaunchConfig) -> Result<i32> {
     if cfg.rank_worker {
         let args: Vec<OsString> = cfg.args().iter().map(OsString::from).collect();
-        let code = worker(OsStr::new(cfg.program()), &args, &[], !cfg.no_prefix);
-        report_exit();
-        return Ok(code);
+        let ended = worker(OsStr::new(cfg.program()), &args, &[], !cfg.no_prefix, Duration::from_secs_f64(cfg.shutdown_timeout));
+        report_exit(ended.program);
+        return Ok(ended.code);
     }
     validate(cfg)?;
     find_program(cfg.program())?;
@@ -330,7 +388,8 @@ pub fn launch<F: FnOnce() -> Result<()>>(num_processes: usize, f: F) -> Result<(
         Ok("worker") => {
             let exe = std::env::current_exe().map_err(|e| Error::Launch(format!("launch: cannot find the current executable: {e}")))?;
             let args: Vec<OsString> = std::env::args_os().skip(1).collect();
-            std::process::exit(worker(exe.as_os_str(), &args, &[(ROLE_VAR, "rank".to_string())], true))
+            let shutdown = Duration::from_secs_f64(DEFAULT_SHUTDOWN_TIMEOUT_S);
+            std::process::exit(worker(exe.as_os_str(), &args, &[(ROLE_VAR, "rank".to_string())], true, shutdown).code)
         }
         Ok(other) => Err(Error::invalid(ROLE_VAR, other, "\"worker\" or \"rank\" (set by launch itself), or unset")),
         Err(_) => {
@@ -341,15 +400,17 @@ pub fn launch<F: FnOnce() -> Result<()>>(num_processes: usize, f: F) -> Result<(
                 return f();
             }
             let exe = std::env::current_exe().map_err(|e| Error::Launch(format!("launch: cannot find the current executable: {e}")))?;
+            let mut env = vec![
+                (ROLE_VAR.into(), "worker".into()),
+                ("MASTER_ADDR".into(), DEFAULT_MASTER_ADDR.into()),
+                ("MASTER_PORT".into(), free_port()?.to_string()),
+            ];
+            env.extend(terminal::launcher_columns().map(|c| (TTY_COLUMNS_VAR.to_string(), c.to_string())));
             let job = Job {
                 label: program_label(&exe.to_string_lossy()),
                 worker_exe: exe,
                 worker_args: std::env::args_os().skip(1).collect(),
-                env: vec![
-                    (ROLE_VAR.into(), "worker".into()),
-                    ("MASTER_ADDR".into(), DEFAULT_MASTER_ADDR.into()),
-                    ("MASTER_PORT".into(), free_port()?.to_string()),
-                ],
+                env,
                 nproc_per_node: num_processes,
                 nnodes: 1,
                 node_rank: 0,
@@ -357,6 +418,7 @@ pub fn launch<F: FnOnce() -> Result<()>>(num_processes: usize, f: F) -> Result<(
                 hosts: Vec::new(),
                 progress_dir: None,
                 monitor_interval: LAUNCH_MONITOR_INTERVAL,
+                shutdown_timeout: Duration::from_secs_f64(DEFAULT_SHUTDOWN_TIMEOUT_S),
             };
             match job.run_mpirun()?.into_code(&job.label)? {
                 0 => Ok(()),
@@ -430,79 +492,6 @@ fn validate(cfg: &LaunchConfig) -> Result<()> {
         }
     }
     Ok(())
-}
-
-/// One node of an Open MPI hostfile: `host [slots=N] [max_slots=N]`, `#` comments.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct HostfileEntry {
-    /// The host name or address, as written.
-    pub host: String,
-    /// `slots=N`, when given (Open MPI then defaults to the host's core count).
-    pub slots: Option<usize>,
-    /// The line it is on (1-based).
-    pub line: usize,
-}
-
-/// Reads an Open MPI hostfile and checks it against the job, as mpirun would place it
-/// (`--map-by ppr:NPROC:node`: `nproc_per_node` ranks on each of the first `nnodes` hosts).
-///
-/// # Errors
-/// [`Error::InvalidValue`] for `--hostfile`, naming the file, line and host: unreadable, a
-/// line that is not `host [slots=N] [max_slots=N]`, fewer hosts than `--nnodes`, a host
-/// listed twice, a host with fewer slots than `--nproc-per-node`, or a host name that does
-/// not resolve to an address.
-pub fn check_hostfile(path: &Path, nnodes: usize, nproc_per_node: usize) -> Result<Vec<HostfileEntry>> {
-    let shown = path.display().to_string();
-    let bad = |what: String| Error::invalid("--hostfile", &shown, what);
-    let text = std::fs::read_to_string(path).map_err(|e| bad(format!("a readable Open MPI hostfile ({e})")))?;
-    let mut hosts: Vec<HostfileEntry> = Vec::new();
-    for (i, raw) in text.lines().enumerate() {
-        let line = raw.split('#').next().unwrap_or("").trim();
-        let mut words = line.split_whitespace();
-        let Some(host) = words.next() else { continue };
-        let mut slots = None;
-        for w in words {
-            let count = |v: &str| v.parse::<usize>().ok().filter(|n| *n >= 1);
-            match w.split_once('=') {
-                Some(("slots", v)) => {
-                    slots = Some(count(v).ok_or_else(|| bad(format!("line {}: `{w}`: slots must be a whole number of at least 1", i + 1)))?)
-                }
-                Some(("max_slots" | "max-slots", v)) if count(v).is_some() => {}
-                _ => return Err(bad(format!("line {}: `{line}`: expected `host [slots=N] [max_slots=N]`", i + 1))),
-            }
-        }
-        if let Some(prev) = hosts.iter().find(|h| h.host == host) {
-            return Err(bad(format!("line {}: host {host} is listed twice (also line {}); expected one line per node", i + 1, prev.line)));
-        }
-        hosts.push(HostfileEntry { host: host.to_string(), slots, line: i + 1 });
-    }
-    if hosts.len() < nnodes {
-        return Err(bad(format!(
-            "{nnodes} hosts (--nnodes {nnodes}), one per line as `host slots=N`; it lists {}{}",
-            hosts.len(),
-            if hosts.is_empty() {
-                String::new()
-            } else {
-                format!(": {}", hosts.iter().map(|h| h.host.as_str()).collect::<Vec<_>>().join(", "))
-            }
-        )));
-    }
-    hosts.truncate(nnodes);
-    for h in &hosts {
-        if let Some(slots) = h.slots.filter(|s| *s < nproc_per_node) {
-            return Err(bad(format!(
-                "at least {nproc_per_node} slots on every host (--nproc-per-node {nproc_per_node}); line {}: host {} has slots={slots}: raise slots= or lower --nproc-per-node",
-                h.line, h.host
-            )));
-        }
-        if std::net::ToSocketAddrs::to_socket_addrs(&(h.host.as_str(), 0)).map(|mut a| a.next().is_none()).unwrap_or(true) {
-            return Err(bad(format!(
-                "host names that resolve to an address; line {}: host {} does not resolve (check /etc/hosts or DNS on this node)",
-                h.line, h.host
-            )));
-        }
-    }
-    Ok(hosts)
 }
 
 /// Checks that `program` names an executable file: a path, or a name found in `PATH` (through

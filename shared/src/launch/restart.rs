@@ -49,6 +49,7 @@ fn run_attempt(cfg: &LaunchConfig, restart: usize) -> Result<i32> {
     if cfg.no_prefix {
         worker_args.push("--no-prefix".into());
     }
+    worker_args.extend(["--shutdown-timeout".into(), cfg.shutdown_timeout.to_string().into()]);
     worker_args.push("--".into());
     worker_args.extend(cfg.command.iter().map(OsString::from));
     let progress_dir = new_progress_dir();
@@ -61,6 +62,7 @@ fn run_attempt(cfg: &LaunchConfig, restart: usize) -> Result<i32> {
     if let Some(d) = &progress_dir {
         env.push((crate::dist::progress::PROGRESS_DIR_VAR.into(), d.display().to_string()));
     }
+    env.extend(terminal::launcher_columns().map(|c| (TTY_COLUMNS_VAR.to_string(), c.to_string())));
     let job = Job {
         label: program_label(cfg.program()),
         worker_exe: ladder_run_exe()?,
@@ -76,6 +78,7 @@ fn run_attempt(cfg: &LaunchConfig, restart: usize) -> Result<i32> {
         },
         progress_dir,
         monitor_interval: Duration::from_secs_f64(cfg.monitor_interval),
+        shutdown_timeout: Duration::from_secs_f64(cfg.shutdown_timeout),
     };
     let outcome = match cfg.backend {
         LaunchBackend::Mpi => job.run_mpirun(),

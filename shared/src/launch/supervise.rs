@@ -21,13 +21,17 @@ pub(super) struct Job {
     pub(super) progress_dir: Option<PathBuf>,
     /// How long the supervision loop sleeps between two looks (`--monitor-interval`).
     pub(super) monitor_interval: Duration,
+    /// How long the ranks get to exit after a signal to the launcher (`--shutdown-timeout`).
+    pub(super) shutdown_timeout: Duration,
 }
 
 /// What a rank worker's hidden stderr lines tell the top launcher.
 #[derive(Debug)]
 pub(super) enum Note {
     Failed(FailureRecord),
-    Exited(usize),
+    /// A rank's exit marker: its rank, and PROGRAM's exit code (torchrun's convention) when
+    /// PROGRAM ran.
+    Exited(usize, Option<i32>),
 }
 
 /// A process the launcher waits for: mpirun, or one rank worker.
@@ -52,6 +56,10 @@ pub(super) struct Outcome {
     pub(super) failures: Vec<FailureRecord>,
     /// The signal that interrupted the launcher.
     pub(super) interrupted: Option<i32>,
+    /// Each rank's exit marker, in the order they arrived (see [`Note::Exited`]).
+    pub(super) exits: Vec<(usize, Option<i32>)>,
+    /// The job's `--shutdown-timeout`, for the interruption message.
+    pub(super) shutdown_timeout: Duration,
     /// mpirun's exit status (mpi mode).
     pub(super) mpirun_status: Option<ExitStatus>,
     pub(super) ranks: usize,
@@ -69,6 +77,11 @@ impl Outcome {
                 format!("host {host} (rank{} {})", if ranks.len() == 1 { "" } else { "s" }, ranks.join(", "))
             })
             .collect::<Vec<_>>();
+        if let (Some(sig), false) = (self.interrupted, self.failures.is_empty()) {
+            // Interrupted after a failure: said, but never restarted (as torchrun).
+            let _ = writeln!(std::io::stderr(), "{}", summary(label, &self.failures, &self.stuck));
+            return Ok(self.interrupted_code(sig));
+        }
         if let Some(first) = self.failures.first() {
             let mut summary = summary(label, &self.failures, &self.stuck);
             if !silent.is_empty() {
@@ -80,13 +93,7 @@ impl Outcome {
             return Err(Error::RankFailed { rank: first.rank, exitcode: first.exitcode, summary });
         }
         if let Some(sig) = self.interrupted {
-            let why = if sig == libc::SIGPIPE {
-                "its standard output was closed (SIGPIPE)".to_string()
-            } else {
-                format!("received {}", sys::signal_name(sig))
-            };
-            let _ = writeln!(std::io::stderr(), "ladder-run: {why}; stopped all {} ranks", self.ranks);
-            return Ok(128 + sig);
+            return Ok(self.interrupted_code(sig));
         }
         if let Some(st) = self.mpirun_status {
             if !st.success() {
@@ -109,6 +116,53 @@ impl Outcome {
         }
         Ok(0)
     }
+}
+
+impl Outcome {
+    /// The launcher's exit code after `signal` stopped the job, said on stderr: the code every
+    /// rank exited with when they agree (143 when each wrote its checkpoint on SIGTERM and
+    /// exited 143), else `128 + signal`; `128 + SIGPIPE` when its stdout was closed.
+    fn interrupted_code(&self, signal: i32) -> i32 {
+        let (code, text) = interrupted_code(signal, self.ranks, &self.exits, self.shutdown_timeout);
+        let _ = writeln!(std::io::stderr(), "ladder-run: {text}");
+        code
+    }
+}
+
+/// See [`Outcome::interrupted_code`]: the code and what to say. `exits` holds each rank's
+/// PROGRAM exit code (torchrun's convention: minus the signal), `None` when unknown.
+pub(super) fn interrupted_code(signal: i32, ranks: usize, exits: &[(usize, Option<i32>)], shutdown_timeout: Duration) -> (i32, String) {
+    let forwarded = if signal == libc::SIGPIPE { sys::SIGTERM } else { signal };
+    let why = if signal == libc::SIGPIPE {
+        format!("its standard output was closed (SIGPIPE); forwarded {}", sys::signal_name(forwarded))
+    } else {
+        format!("received {}; forwarded it", sys::signal_name(signal))
+    };
+    let code_of = |r: usize| exits.iter().find(|(rank, _)| *rank == r).and_then(|(_, c)| *c);
+    let codes: Vec<Option<i32>> = (0..ranks).map(code_of).collect();
+    let shell = |c: i32| if c < 0 { 128 - c } else { c };
+    let agreed = codes.first().copied().flatten().filter(|c| codes.iter().all(|x| *x == Some(*c)));
+    let code = match agreed {
+        Some(c) if signal != libc::SIGPIPE => shell(c),
+        _ => 128 + signal,
+    };
+    let how = |c: Option<i32>| match c {
+        Some(c) if c == -sys::SIGKILL => format!("was killed by SIGKILL (after the {} s shutdown timeout)", shutdown_timeout.as_secs_f64()),
+        Some(c) if c < 0 => format!("was ended by {}", sys::signal_name(-c)),
+        Some(c) => format!("exited with {c}"),
+        None => "reported no exit code".to_string(),
+    };
+    let ranks_word = if ranks == 1 { "the rank".to_string() } else { format!("all {ranks} ranks") };
+    let what = match agreed {
+        Some(c) if ranks > 1 => format!("{ranks_word}, which {}", how(Some(c)).replacen("was ", "were ", 1)),
+        Some(c) => format!("{ranks_word}, which {}", how(Some(c))),
+        None => {
+            let each: Vec<String> = codes.iter().enumerate().map(|(r, c)| format!("rank {r} {}", how(*c))).collect();
+            format!("{ranks_word}: {}", each.join(", "))
+        }
+    };
+    let said = if agreed.is_some_and(|c| shell(c) == code) { String::new() } else { format!(" (128 + {})", sys::signal_name(signal)) };
+    (code, format!("{why} to {what}; exiting with {code}{said}"))
 }
 
 pub(super) fn describe_status(st: ExitStatus) -> String {
@@ -217,7 +271,7 @@ impl Job {
             for note in rx.try_iter() {
                 match note {
                     Note::Failed(f) => failures.push(f),
-                    Note::Exited(rank) => exited.push(rank),
+                    Note::Exited(rank, code) => exited.push((rank, code)),
                 }
             }
         };
@@ -254,20 +308,12 @@ impl Job {
                 break;
             }
             let now = Instant::now();
-            if interrupted.is_none() {
-                if let Some(sig) = sys::received_signal() {
-                    interrupted = Some(sig);
-                    if term_sent.is_none() {
-                        stop(&members, sys::SIGTERM);
-                        term_sent = Some(now);
-                    }
-                }
-            }
-            if interrupted.is_none() && stdout_closed.load(std::sync::atomic::Ordering::Relaxed) {
-                // `ladder-run … | head`: the reader is gone; end the job as SIGPIPE ends a program.
-                interrupted = Some(libc::SIGPIPE);
+            // `ladder-run … | head`: the reader is gone; end the job as SIGPIPE ends a program.
+            let closed = stdout_closed.load(std::sync::atomic::Ordering::Relaxed).then_some(libc::SIGPIPE);
+            if let (None, Some(sig)) = (interrupted, sys::received_signal().or(closed)) {
+                interrupted = Some(sig);
                 if term_sent.is_none() {
-                    stop(&members, sys::SIGTERM);
+                    self.forward(&members, if sig == libc::SIGPIPE { sys::SIGTERM } else { sig }, mpirun);
                     term_sent = Some(now);
                 }
             }
@@ -295,7 +341,10 @@ impl Job {
                 }
             }
             if let Some(t) = term_sent {
-                if !kill_sent && now.duration_since(t) >= TERM_GRACE {
+                // The ranks kill their PROGRAM themselves at the shutdown timeout; this is the
+                // backstop.
+                let grace = if interrupted.is_some() { self.shutdown_timeout + TERM_GRACE } else { TERM_GRACE };
+                if !kill_sent && now.duration_since(t) >= grace {
                     stop(&members, sys::SIGKILL);
                     kill_sent = true;
                 }
@@ -335,7 +384,7 @@ impl Job {
         if mpirun && !self.hosts.is_empty() {
             for (node, host) in self.hosts.iter().enumerate() {
                 let ranks: Vec<usize> = (node * self.nproc_per_node..(node + 1) * self.nproc_per_node).collect();
-                if ranks.iter().all(|r| !exited.contains(r) && !failures.iter().any(|f| f.rank == *r)) {
+                if ranks.iter().all(|r| !exited.iter().any(|(e, _)| e == r) && !failures.iter().any(|f| f.rank == *r)) {
                     silent_hosts.push((host.clone(), ranks));
                 }
             }
@@ -345,10 +394,32 @@ impl Job {
             silent_hosts,
             failures,
             interrupted,
+            exits: exited,
+            shutdown_timeout: self.shutdown_timeout,
             mpirun_status: if mpirun { members[0].status } else { None },
             ranks: self.ranks(),
             stuck,
         })
+    }
+}
+
+impl Job {
+    /// Forwards `signal` (SIGTERM, SIGINT or SIGHUP) to every rank: to each rank worker, which
+    /// passes it to PROGRAM; under mpirun as its stand-in ([`CARRIERS`]), which mpirun forwards
+    /// as it is.
+    fn forward(&self, members: &[Member], signal: i32, mpirun: bool) {
+        let sent = match CARRIERS.iter().find(|(s, _)| *s == signal) {
+            Some((_, carrier)) if mpirun => *carrier,
+            _ => signal,
+        };
+        stop(members, sent);
+        let _ = writeln!(
+            std::io::stderr(),
+            "ladder-run: forwarding {} to the {} ranks; they get {} s to exit before SIGKILL (--shutdown-timeout, {SHUTDOWN_TIMEOUT_VAR})",
+            sys::signal_name(signal),
+            self.ranks(),
+            self.shutdown_timeout.as_secs_f64()
+        );
     }
 }
 
@@ -359,10 +430,10 @@ pub(super) fn stop(members: &[Member], signal: i32) {
     }
 }
 
-/// Copies `stream` line by line to this process's stdout or stderr, passing failure records
-/// to `tx` instead.
-/// Copies `stream` line by line; a write to stdout that fails (the reader closed the pipe)
-/// sets `closed` and drops the rest.
+/// Copies `stream` to this process's stdout or stderr — whole lines, and carriage-return
+/// redraws as they come (see [`terminal::Prefixer`]) — passing the rank workers' failure
+/// records and exit markers to `tx` instead. A write to stdout that fails (the reader closed
+/// the pipe) sets `closed` and drops the rest.
 pub(super) fn relay(
     stream: impl Read + Send + 'static,
     to_stderr: bool,
@@ -370,40 +441,36 @@ pub(super) fn relay(
     closed: Option<Arc<std::sync::atomic::AtomicBool>>,
 ) -> JoinHandle<()> {
     std::thread::spawn(move || {
-        let mut r = BufReader::new(stream);
-        let mut line = Vec::new();
-        loop {
-            line.clear();
-            match r.read_until(b'\n', &mut line) {
-                Ok(0) | Err(_) => break,
-                Ok(_) => {}
-            }
+        let mut notes = |line: &[u8]| {
             if let Some(json) = line.strip_prefix(FAILURE_MARKER.as_bytes()) {
                 if let Ok(rec) = serde_json::from_slice::<FailureRecord>(json) {
                     let _ = tx.send(Note::Failed(rec));
-                    continue;
+                    return false;
                 }
             }
-            if let Some(rank) = line.strip_prefix(EXIT_MARKER.as_bytes()) {
-                if let Ok(rank) = String::from_utf8_lossy(rank).trim().parse() {
-                    let _ = tx.send(Note::Exited(rank));
-                    continue;
+            if let Some(exit) = line.strip_prefix(EXIT_MARKER.as_bytes()) {
+                let exit = String::from_utf8_lossy(exit);
+                let mut words = exit.split_whitespace();
+                if let Some(Ok(rank)) = words.next().map(str::parse) {
+                    let _ = tx.send(Note::Exited(rank, words.next().and_then(|c| c.parse().ok())));
+                    return false;
                 }
             }
-            if !line.ends_with(b"\n") {
-                line.push(b'\n');
-            }
+            true
+        };
+        let mut write = |bytes: &[u8]| {
             if to_stderr {
-                let _ = std::io::stderr().lock().write_all(&line);
+                let _ = std::io::stderr().lock().write_all(bytes);
             } else if closed.as_ref().is_none_or(|c| !c.load(std::sync::atomic::Ordering::Relaxed)) {
                 let mut out = std::io::stdout().lock();
-                if out.write_all(&line).and_then(|_| out.flush()).is_err() {
+                if out.write_all(bytes).and_then(|_| out.flush()).is_err() {
                     if let Some(c) = &closed {
                         c.store(true, std::sync::atomic::Ordering::Relaxed);
                     }
                 }
             }
-        }
+        };
+        terminal::pump(stream, &mut terminal::Prefixer::new(""), &mut notes, &mut write);
     })
 }
 
@@ -417,5 +484,31 @@ pub(super) fn join_all(handles: Vec<JoinHandle<()>>, patience: Duration) {
         if h.is_finished() {
             let _ = h.join();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The launcher's code after a signal: the ranks' when they agree, else 128 + the signal,
+    /// each rank's end named; 141 whatever the ranks did when stdout was closed.
+    #[test]
+    fn an_interrupted_launcher_exits_with_the_ranks_code_when_they_agree() {
+        let t = Duration::from_secs(30);
+        let (code, text) = interrupted_code(sys::SIGTERM, 2, &[(1, Some(143)), (0, Some(143))], t);
+        assert_eq!((code, text.as_str()), (143, "received SIGTERM; forwarded it to all 2 ranks, which exited with 143; exiting with 143"));
+        let (code, text) = interrupted_code(sys::SIGTERM, 3, &[(0, Some(143)), (1, Some(-9))], t);
+        assert_eq!(code, 143);
+        assert_eq!(
+            text,
+            "received SIGTERM; forwarded it to all 3 ranks: rank 0 exited with 143, rank 1 was killed by SIGKILL (after the 30 s \
+             shutdown timeout), rank 2 reported no exit code; exiting with 143 (128 + SIGTERM)"
+        );
+        let (code, text) = interrupted_code(sys::SIGINT, 1, &[(0, Some(-2))], t);
+        assert_eq!((code, text.as_str()), (130, "received SIGINT; forwarded it to the rank, which was ended by SIGINT; exiting with 130"));
+        let (code, text) = interrupted_code(libc::SIGPIPE, 2, &[(0, Some(-15)), (1, Some(-15))], t);
+        assert_eq!(code, 141);
+        assert!(text.ends_with("which were ended by SIGTERM; exiting with 141 (128 + SIGPIPE)"), "{text}");
     }
 }

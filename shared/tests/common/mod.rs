@@ -122,3 +122,103 @@ pub fn unwritable_dir() -> (Option<tempfile::TempDir>, std::path::PathBuf) {
     assert!(std::fs::File::create("/sys/ladder-probe").is_err(), "sysfs takes no new files");
     (None, "/sys".into())
 }
+
+/// Polls `ready` every 5 ms until it holds; panics, naming `what`, when `child` ends first or
+/// after `limit`.
+pub fn wait_until(child: &mut std::process::Child, what: &str, limit: std::time::Duration, mut ready: impl FnMut() -> bool) {
+    let start = std::time::Instant::now();
+    while !ready() {
+        assert!(start.elapsed() < limit, "{what}: not after {limit:?}");
+        if let Some(st) = child.try_wait().expect("the run's status") {
+            panic!("{what}: the run ended first ({st})");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+}
+
+/// Sends SIGTERM to each of `pids`, `times` rounds 30 ms apart (a second one lands during the
+/// save, as an impatient scheduler's would), then waits for `child` (its stdout and stderr
+/// piped). Returns its status, everything it printed, and the time from the first signal to
+/// its end.
+pub fn sigterm_and_wait(child: std::process::Child, pids: &[u32], times: usize) -> (ExitStatus, String, std::time::Duration) {
+    let signalled = std::time::Instant::now();
+    for round in 0..times {
+        if round > 0 {
+            std::thread::sleep(std::time::Duration::from_millis(30));
+        }
+        for pid in pids {
+            let sent = Command::new("kill").args(["-TERM", &pid.to_string()]).status().expect("kill(1)");
+            assert!(sent.success() || round > 0, "SIGTERM to {pid} failed");
+        }
+    }
+    let out = child.wait_with_output().expect("the run's output");
+    let took = signalled.elapsed();
+    (out.status, format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr)), took)
+}
+
+/// The pids of the processes running `exe` with `tag` among their arguments and, when `rank`
+/// is given, that rank in their environment (`RANK` or mpirun's `OMPI_COMM_WORLD_RANK`).
+pub fn pids_of(exe: &str, tag: &std::path::Path, rank: Option<usize>) -> Vec<u32> {
+    let mut found = Vec::new();
+    let Ok(entries) = std::fs::read_dir("/proc") else { return found };
+    for entry in entries.flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else { continue };
+        let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else { continue };
+        let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
+        if args.first() != Some(&exe.as_bytes()) || !args.contains(&tag.as_os_str().as_encoded_bytes()) {
+            continue;
+        }
+        if let Some(r) = rank {
+            let Ok(environ) = std::fs::read(entry.path().join("environ")) else { continue };
+            let wanted = [format!("RANK={r}"), format!("OMPI_COMM_WORLD_RANK={r}")];
+            if !environ.split(|b| *b == 0).any(|v| wanted.iter().any(|w| v == w.as_bytes())) {
+                continue;
+            }
+        }
+        found.push(pid);
+    }
+    found
+}
+
+/// The `global_step` of the checkpoint directory `dir` (its training state), if it holds one.
+pub fn checkpoint_step(dir: &std::path::Path) -> Option<u64> {
+    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(dir.join(ladder_core::checkpoint::STATE_FILE)).ok()?).ok()?;
+    v["global_step"].as_u64()
+}
+
+/// The tensors of a safetensors file, sorted by name.
+pub fn read_safetensors(path: &std::path::Path) -> Vec<(String, Tensor)> {
+    let mut v = Tensor::read_safetensors(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    v.sort_by(|a, b| a.0.cmp(&b.0));
+    v
+}
+
+/// The two safetensors files hold the same names and bit-identical tensors.
+pub fn assert_bit_identical(what: &str, a: &std::path::Path, b: &std::path::Path) {
+    let (ta, tb) = (read_safetensors(a), read_safetensors(b));
+    assert_eq!(
+        ta.iter().map(|(k, _)| k.clone()).collect::<Vec<_>>(),
+        tb.iter().map(|(k, _)| k.clone()).collect::<Vec<_>>(),
+        "{what}: keys"
+    );
+    for ((k, x), (_, y)) in ta.iter().zip(&tb) {
+        assert!(x.equal(y), "{what}: {k} differs (max |diff| {})", (x - y).abs().max().double_value(&[]));
+    }
+}
+
+/// Starts `cmd` with its output piped, waits (up to 180 s) until `ready` — a checkpoint is on
+/// disk — then sends SIGTERM twice to the processes `targets` names (the ranks, as Slurm's
+/// scancel signals them, or the launcher) and waits for the run to end: see
+/// [`sigterm_and_wait`].
+pub fn sigterm_when(
+    cmd: &mut Command,
+    what: &str,
+    ready: impl FnMut() -> bool,
+    targets: impl FnOnce(&std::process::Child) -> Vec<u32>,
+) -> (ExitStatus, String, std::time::Duration) {
+    let mut child = cmd.stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped()).spawn().expect("start the run");
+    wait_until(&mut child, what, std::time::Duration::from_secs(180), ready);
+    let pids = targets(&child);
+    assert!(!pids.is_empty(), "{what}: no process to signal");
+    sigterm_and_wait(child, &pids, 2)
+}

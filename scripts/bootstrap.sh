@@ -7,7 +7,8 @@
 #     per-user cache keyed by the torch version (override with LADDER_VENV), so a fresh clone on the
 #     same machine reuses it. `.venv` in the repository is a symlink to it.
 #  1b. The rustfmt and clippy components, which `make test` runs first.
-#  3. bench/reference needs torchvision (the PyTorch peer scripts); installed beside torch.
+#  3. bench/reference needs torchvision (the PyTorch peer scripts); installed beside torch. The
+#     tests also need safetensors and tensorboard (its event reader) there.
 #
 # When nothing is left to do it returns in well under 5 s.
 set -euo pipefail
@@ -58,6 +59,11 @@ fi
 if [ ! -d "$(ls -d "$venv"/lib/python3*/site-packages/safetensors 2>/dev/null | head -n 1)" ]; then
   log "installing safetensors into $venv"
   "$venv/bin/python" -m pip install -q safetensors
+fi
+# tensorboard: the tests read the levels' event files back with its EventAccumulator.
+if [ ! -d "$(ls -d "$venv"/lib/python3*/site-packages/tensorboard 2>/dev/null | head -n 1)" ]; then
+  log "installing tensorboard into $venv"
+  "$venv/bin/python" -m pip install -q tensorboard
 fi
 # A stable name for the libtorch inside the wheel (.cargo/config.toml points LIBTORCH at it).
 if [ ! -e "$venv/libtorch/lib/libtorch_cpu.so" ]; then

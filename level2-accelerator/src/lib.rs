@@ -12,6 +12,7 @@ pub mod accelerator;
 pub mod config;
 pub mod error;
 pub mod scaler;
+pub mod tracking;
 mod train;
 
 pub use accelerator::{

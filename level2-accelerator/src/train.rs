@@ -2,7 +2,7 @@
 //! rank, no device, no setup/cleanup, no sampler, no wrapper in this code: the
 //! [`Accelerator`] reads them from the launcher and the config.
 
-use crate::config::{AcceleratorConfig, ResolvedConfig, CONFIG_FILE_VAR, SETTINGS};
+use crate::config::{AcceleratorConfig, LogWith, ResolvedConfig, CONFIG_FILE_VAR, SETTINGS};
 use crate::{
     AcceleratedDataLoader, Accelerator, DataLoaderOptions, DistributedDataParallelKwargs, InitProcessGroupKwargs, PreparedModel, Result,
 };
@@ -71,6 +71,17 @@ pub struct Config {
     /// fsdp-full-shard, 0 = off. Default: the launcher's or config file's, else none.
     #[arg(long, value_name = "STAGE", value_parser = clap::value_parser!(u8).range(0..=3))]
     pub zero_stage: Option<u8>,
+    /// Experiment tracker (Accelerate's log_with): tensorboard writes event files into
+    /// --project-dir/level2-accelerator/ on the main process — train_loss and lr every
+    /// --log-interval batches, eval_loss and accuracy after each evaluation,
+    /// train_samples_per_second at the end, each at the optimizer step reached. Default: the
+    /// launcher's or config file's, else none.
+    #[arg(long, value_parser = ladder_core::cli::spelling::<LogWith>(), value_name = "TRACKER")]
+    pub log_with: Option<LogWith>,
+    /// Directory the tracker writes into (Accelerate's project_dir), checked writable before
+    /// training. Default: the launcher's or config file's, else none.
+    #[arg(long, value_name = "DIR")]
+    pub project_dir: Option<PathBuf>,
     /// DDP gradient bucket cap in MiB (PyTorch's bucket_cap_mb) [default: 25; DDP only].
     #[arg(long, value_name = "MIB")]
     pub bucket_cap_mb: Option<f64>,
@@ -214,6 +225,8 @@ impl Config {
             fsdp_activation_checkpointing: self.fsdp_activation_checkpointing,
             zero_stage: self.zero_stage.map(usize::from),
             seed: self.seed_given().then_some(self.train.seed),
+            log_with: self.log_with,
+            project_dir: self.project_dir.clone(),
             ..AcceleratorConfig::default()
         }
     }
@@ -332,6 +345,7 @@ fn train(cfg: &Config, settings: ResolvedConfig, kwargs: DistributedDataParallel
     // --seed, else the launcher's or the config file's seed, else the recipe's (1).
     accelerator.set_seed(accelerator.config().seed.unwrap_or(args.seed));
     accelerator.set_check_finite(!args.allow_non_finite);
+    accelerator.init_trackers("level2-accelerator", cfg)?; // with --log-with tensorboard
     let mnist = accelerator.main_process_first(|| args.load_mnist())??;
     args.check_batch_size(mnist.train.len(), accelerator.num_processes())?;
     args.check_batch_memory(cfg.width, accelerator.local_num_processes(), accelerator.device())?;
@@ -343,7 +357,6 @@ fn train(cfg: &Config, settings: ResolvedConfig, kwargs: DistributedDataParallel
     let train_loader = accelerator
         .prepare_data_loader(&mnist.train, DataLoaderOptions { batch_size: args.batch_size, shuffle: true, ..Default::default() })?;
     let test_loader = accelerator.prepare_data_loader(&mnist.test, DataLoaderOptions { batch_size: 1000, ..Default::default() })?;
-
     let (mut first_epoch, mut skipped, mut so_far) = (1, 0, (0.0, 0));
     if let Some(dir) = cfg.resume_dir() {
         (first_epoch, skipped, so_far) = resume(&accelerator, &dir)?;
@@ -362,6 +375,7 @@ fn train(cfg: &Config, settings: ResolvedConfig, kwargs: DistributedDataParallel
                 Ok(loss.double_value(&[]))
             })?;
             (loss_sum, n, samples) = (loss_sum + loss, n + 1, samples + images.size()[0] as usize);
+            let step = accelerator.global_step();
             if args.log_interval > 0 && batch_idx % args.log_interval == 0 {
                 accelerator.print(format!(
                     "Train Epoch: {epoch} [{}/{} ({:.0}%)]\tLoss: {loss:.6}",
@@ -369,8 +383,8 @@ fn train(cfg: &Config, settings: ResolvedConfig, kwargs: DistributedDataParallel
                     train_loader.num_samples(),
                     100.0 * (skipped + batch_idx) as f64 / train_loader.len() as f64
                 ));
+                accelerator.log([("train_loss", loss), ("lr", optimizer.lr())], Some(step))?;
             }
-            let step = accelerator.global_step();
             save_state_if_due(&accelerator, cfg, step, (loss_sum, n))?;
             if args.max_steps.is_some_and(|m| step >= m as u64) {
                 stop = true;
@@ -382,7 +396,6 @@ fn train(cfg: &Config, settings: ResolvedConfig, kwargs: DistributedDataParallel
         if let Some(dir) = &cfg.save_state {
             accelerator.save_state_with(dir, epoch_loss_extra(&accelerator, loss_sum, n)?, &[])?;
         }
-
         if !cfg.no_eval {
             eval = evaluate(&accelerator, &model, &test_loader)?;
         }
@@ -456,7 +469,8 @@ fn resume(accelerator: &Accelerator, dir: &std::path::Path) -> Result<(usize, us
 }
 
 // ANCHOR: user_code
-/// Evaluation: every process takes a share; gather_for_metrics drops the padding.
+/// Evaluation: every process takes a share; gather_for_metrics drops the padding. The figures
+/// go to the tracker (with --log-with) at the optimizer step reached.
 fn evaluate(accelerator: &Accelerator, model: &PreparedModel, test_loader: &AcceleratedDataLoader) -> Result<EvalSums> {
     let mut eval = EvalSums::default();
     for (images, labels) in test_loader.iter() {
@@ -468,6 +482,7 @@ fn evaluate(accelerator: &Accelerator, model: &PreparedModel, test_loader: &Acce
         eval.correct += correct.sum(Kind::Int64).int64_value(&[]);
         eval.count += losses.size()[0];
     }
+    accelerator.log([("eval_loss", eval.mean_loss()), ("accuracy", eval.accuracy())], Some(accelerator.global_step()))?;
     Ok(eval)
 }
 // ANCHOR_END: user_code
@@ -498,6 +513,7 @@ fn finish(cfg: &Config, trained: Trained, start: Instant) -> Result<Report> {
     };
     let mut report = accelerator.gather_report(&local, &eval, start.elapsed().as_secs_f64())?;
     report.history = history;
+    accelerator.log([("train_samples_per_second", report.samples_per_s)], Some(accelerator.global_step()))?;
     if accelerator.is_main_process() {
         args.write_metrics_json(&report)?;
     }

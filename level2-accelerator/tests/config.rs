@@ -280,6 +280,8 @@ fn full_config() -> AcceleratorConfig {
         split_batches: Some(false),
         even_batches: Some(true),
         seed: Some(42),
+        log_with: Some(level2_accelerator::tracking::LogWith::Tensorboard),
+        project_dir: Some("runs".into()),
     }
 }
 

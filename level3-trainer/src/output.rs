@@ -1,8 +1,8 @@
 //! What a run shows and writes, as Transformers' Trainer: the `***** Running training *****`
 //! banner, the `Epoch | Training Loss | Validation Loss | Accuracy` table, progress (an
 //! indicatif bar on a terminal — the launcher's too, see [`bar_target`] — plain log lines
-//! otherwise), the report_to writers
-//! (`log_history.jsonl` / `log_history.csv`) and the loss-curve plot (`loss.svg`).
+//! otherwise), the report_to writers (`log_history.jsonl` / `log_history.csv` / TensorBoard
+//! event files) and the loss-curve plot (`loss.svg`).
 
 use crate::args::{ReportTo, TrainingArguments};
 use crate::error::{Error, Result};
@@ -115,24 +115,51 @@ pub fn epoch_table(history: &[LogEntry], by_epoch: bool) -> Table {
     table
 }
 
-/// Appends every log entry to `output_dir/log_history.jsonl` (one JSON object a line) or
-/// `output_dir/log_history.csv` (long format `step,epoch,key,value`, one row per figure), as
-/// report_to asks. Main process only.
+/// Appends every log entry to `output_dir/log_history.jsonl` (one JSON object a line),
+/// `output_dir/log_history.csv` (long format `step,epoch,key,value`, one row per figure) or a
+/// TensorBoard event file in `logging_dir` (see [`tensorboard_scalars`]), as report_to asks.
+/// Main process only.
 #[derive(Debug)]
 pub struct ReportWriter {
     kind: ReportTo,
     path: Option<PathBuf>,
+    tensorboard: Option<ladder_core::tensorboard::SummaryWriter>,
+}
+
+/// A log entry as Transformers' `TensorBoardCallback` writes it (`rewrite_logs`): each figure
+/// under `eval/` (`eval_loss` → `eval/loss`), `test/` (`test_*`) or else `train/`
+/// (`loss` → `train/loss`, `train_samples_per_second` → `train/train_samples_per_second`),
+/// and the entry's epoch as `train/epoch`; all at the entry's global step.
+pub fn tensorboard_scalars(entry: &LogEntry) -> Vec<(String, f64)> {
+    let epoch = ("epoch".to_string(), entry.epoch);
+    entry
+        .values
+        .iter()
+        .map(|(k, v)| (k.clone(), *v))
+        .chain(std::iter::once(epoch))
+        .map(|(k, v)| match (k.strip_prefix("eval_"), k.strip_prefix("test_")) {
+            (Some(rest), _) => (format!("eval/{rest}"), v),
+            (_, Some(rest)) => (format!("test/{rest}"), v),
+            _ => (format!("train/{k}"), v),
+        })
+        .collect()
 }
 
 impl ReportWriter {
     /// A writer for `args.report_to` in `args.output_dir`; starting afresh truncates the file,
-    /// `resume` appends to it.
+    /// `resume` appends to it. TensorBoard starts a new event file in
+    /// [`logging_dir`](TrainingArguments::logging_dir_at) either way (TensorBoard reads every
+    /// file of the directory as one run).
     ///
     /// # Errors
-    /// [`Error::Io`] naming the file.
+    /// [`Error::Io`] naming the file; the event file's errors.
     pub fn new(args: &TrainingArguments, resume: bool) -> Result<Self> {
+        if args.report_to == ReportTo::Tensorboard {
+            let writer = ladder_core::tensorboard::SummaryWriter::new(&args.logging_dir_at(std::time::SystemTime::now()))?;
+            return Ok(Self { kind: args.report_to, path: Some(writer.path().to_path_buf()), tensorboard: Some(writer) });
+        }
         let path = match args.report_to {
-            ReportTo::None => None,
+            ReportTo::None | ReportTo::Tensorboard => None,
             ReportTo::Jsonl => Some(args.output_dir.join("log_history.jsonl")),
             ReportTo::Csv => Some(args.output_dir.join("log_history.csv")),
         };
@@ -143,10 +170,10 @@ impl ReportWriter {
                 std::fs::write(p, header).map_err(|e| Error::io(p, e))?;
             }
         }
-        Ok(Self { kind: args.report_to, path })
+        Ok(Self { kind: args.report_to, path, tensorboard: None })
     }
 
-    /// The file written to (`None` with report_to = none).
+    /// The file written to (`None` with report_to = none; the event file with tensorboard).
     pub fn path(&self) -> Option<&Path> {
         self.path.as_deref()
     }
@@ -156,11 +183,17 @@ impl ReportWriter {
     /// # Errors
     /// [`Error::Io`] naming the file.
     pub fn write(&mut self, entry: &LogEntry) -> Result<()> {
+        if let Some(writer) = &mut self.tensorboard {
+            for (tag, value) in tensorboard_scalars(entry) {
+                writer.add_scalar(&tag, value, entry.step)?;
+            }
+            return Ok(());
+        }
         let Some(path) = &self.path else {
             return Ok(());
         };
         let text = match self.kind {
-            ReportTo::None => return Ok(()),
+            ReportTo::None | ReportTo::Tensorboard => return Ok(()),
             ReportTo::Jsonl => format!("{}\n", serde_json::to_string(entry).expect("LogEntry serialises")),
             ReportTo::Csv => entry.values.iter().map(|(k, v)| format!("{},{},{k},{v}\n", entry.step, entry.epoch)).collect(),
         };
@@ -464,5 +497,20 @@ mod tests {
     fn log_lines_read_like_transformers() {
         let e = LogEntry::new(100, 0.1066, [("loss", 0.31234), ("learning_rate", 1e-3), ("grad_norm", 2.0)]);
         assert_eq!(log_line(&e), "{'grad_norm': 2.0, 'learning_rate': 0.001, 'loss': 0.3123, 'epoch': 0.1066}");
+    }
+
+    #[test]
+    fn tensorboard_tags_are_transformers_rewrite_logs() {
+        let e =
+            LogEntry::new(8, 0.25, [("eval_loss", 0.5), ("eval_accuracy", 0.9), ("test_loss", 0.6), ("train_samples_per_second", 99.0)]);
+        let tags: Vec<(String, f64)> = tensorboard_scalars(&e);
+        let expected = [
+            ("eval/accuracy", 0.9),
+            ("eval/loss", 0.5),
+            ("test/loss", 0.6),
+            ("train/train_samples_per_second", 99.0),
+            ("train/epoch", 0.25),
+        ];
+        assert_eq!(tags, expected.map(|(k, v)| (k.to_string(), v)));
     }
 }

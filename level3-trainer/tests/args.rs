@@ -189,3 +189,15 @@ fn fsdp_config_prefetch_keys() {
         "{msg}"
     );
 }
+
+/// logging_dir: as given, else Transformers' default output_dir/runs/<Mon DD_HH-MM-SS>_<host>
+/// (here for 2024-12-02 13:25:02 UTC).
+#[test]
+fn logging_dir_defaults_to_transformers_runs_directory() {
+    let at = std::time::UNIX_EPOCH + std::time::Duration::from_secs(1_733_145_902);
+    let a = TrainingArguments::new("out");
+    let host = ladder_core::tensorboard::hostname();
+    assert_eq!(a.logging_dir_at(at), std::path::Path::new("out/runs").join(format!("Dec02_13-25-02_{host}")));
+    let given = TrainingArguments { logging_dir: Some("tb".into()), ..a };
+    assert_eq!(given.logging_dir_at(at), std::path::Path::new("tb"));
+}

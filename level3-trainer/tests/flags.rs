@@ -35,6 +35,7 @@ const TABLE: &[Row] = &[
     ("gradient_accumulation_steps", Some("4"), "4", &[]),
     ("eval_strategy", Some("steps"), r#""steps""#, &[]),
     ("eval_steps", Some("50"), "50", &[]),
+    ("logging_dir", Some("tb"), r#""tb""#, &[]),
     ("logging_strategy", Some("epoch"), r#""epoch""#, &[]),
     ("logging_steps", Some("25"), "25", &[]),
     ("logging_first_step", None, "true", &[]),
@@ -138,6 +139,8 @@ fn older_names_and_list_forms_are_read() {
     assert_eq!((&a["eval_strategy"], &a["report_to"], &a["use_cpu"]), (&"steps".into(), &"none".into(), &true.into()));
     std::fs::write(&file, r#"{"report_to": ["jsonl"]}"#).unwrap();
     assert_eq!(resolve(&words(&["--args-file", file.to_str().unwrap()]))["report_to"], "jsonl");
+    std::fs::write(&file, r#"{"report_to": ["tensorboard"]}"#).unwrap();
+    assert_eq!(resolve(&words(&["--args-file", file.to_str().unwrap()]))["report_to"], "tensorboard");
     std::fs::write(&file, r#"{"report_to": []}"#).unwrap();
     assert_eq!(resolve(&words(&["--args-file", file.to_str().unwrap()]))["report_to"], "none");
 
@@ -149,7 +152,7 @@ fn older_names_and_list_forms_are_read() {
     std::fs::write(&file, r#"{"report_to": ["jsonl", "csv"]}"#).unwrap();
     let cfg = Config::try_parse_command_line(["level3-trainer", "--args-file", file.to_str().unwrap()]).unwrap();
     let err = cfg.training_arguments().unwrap_err().to_string().replace(file.to_str().unwrap(), "a.json");
-    insta::assert_snapshot!(err, @r#"a.json: cannot read training arguments: invalid report_to ["jsonl","csv"]: expected one of "none", "jsonl", "csv", or a list of at most one of them (Transformers' list form)"#);
+    insta::assert_snapshot!(err, @r#"a.json: cannot read training arguments: invalid report_to ["jsonl","csv"]: expected one of "none", "jsonl", "csv", "tensorboard", or a list of at most one of them (Transformers' list form)"#);
 }
 
 #[test]

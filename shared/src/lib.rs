@@ -24,6 +24,7 @@ pub mod parallel;
 pub mod preempt;
 pub mod recipe;
 pub(crate) mod sys;
+pub mod tensorboard;
 pub mod timing;
 
 pub use error::{Error, Result};

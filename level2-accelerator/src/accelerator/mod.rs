@@ -34,7 +34,8 @@
 //! accumulation and backward), the run's shared state (`state.rs`: the gradient/accumulation
 //! state and the step clock), the optimizer and what guards its step (`optimizer.rs`), the
 //! prepared model (`model.rs`), the data loaders (`data_loader.rs`), collectives
-//! (`collectives.rs`) and checkpoints (`checkpoint.rs`).
+//! (`collectives.rs`), checkpoints (`checkpoint.rs`) and trackers (`trackers.rs`:
+//! `init_trackers`, `log`).
 
 mod checkpoint;
 mod collectives;
@@ -42,6 +43,7 @@ mod data_loader;
 mod model;
 mod optimizer;
 mod state;
+mod trackers;
 
 pub use data_loader::{AcceleratedDataLoader, DataLoaderOptions};
 pub use model::PreparedModel;
@@ -92,6 +94,8 @@ pub struct Accelerator {
     owns_group: bool,
     /// `end_training` was called: dropping finalises the group.
     ended: Cell<bool>,
+    /// The trackers `init_trackers` started (main process; see `trackers.rs`).
+    trackers: std::cell::RefCell<Vec<crate::tracking::TensorBoardTracker>>,
 }
 
 impl std::fmt::Debug for Accelerator {
@@ -173,6 +177,7 @@ impl Accelerator {
             None => !config.cpu && ladder_core::device::cuda_available(),
         };
         check_training_settings(&config, use_cuda)?;
+        crate::tracking::check_settings(&config)?;
         let env = DistEnv::from_env()?;
         let owns_group = group.is_none();
         let pg = match group {
@@ -196,6 +201,7 @@ impl Accelerator {
             local_world_size: env.local_world_size,
             owns_group,
             ended: Cell::new(false),
+            trackers: Default::default(),
         };
         if let Some(seed) = acc.config.seed {
             acc.set_seed(seed);
@@ -439,12 +445,14 @@ impl Accelerator {
         Ok(report)
     }
 
-    /// Marks the run as complete, as Accelerate's `end_training()`: dropping the Accelerator
-    /// then destroys the process group, waiting for the other processes (at most
-    /// `LADDER_SHUTDOWN_TIMEOUT_S`). An Accelerator dropped without it — an error leaving the
-    /// training function early — leaves the group unfinalised, so the process reports its
-    /// error at once and exits, and the launcher stops the processes still waiting for it.
+    /// Marks the run as complete, as Accelerate's `end_training()`: closes the trackers
+    /// ([`init_trackers`](Self::init_trackers)); dropping the Accelerator then destroys the
+    /// process group, waiting for the other processes (at most `LADDER_SHUTDOWN_TIMEOUT_S`).
+    /// An Accelerator dropped without it — an error leaving the training function early —
+    /// leaves the group unfinalised, so the process reports its error at once and exits, and
+    /// the launcher stops the processes still waiting for it.
     pub fn end_training(&self) {
+        self.trackers.borrow_mut().clear();
         self.ended.set(true);
     }
 }

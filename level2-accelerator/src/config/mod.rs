@@ -71,6 +71,34 @@ impl Choice for DistributedType {
 }
 ladder_core::impl_choice!(DistributedType);
 
+/// The experiment tracker the Accelerator logs to (Accelerate's `log_with`; see
+/// [`crate::tracking`]). Accelerate's other trackers (wandb, mlflow, …) are refused by name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, clap::ValueEnum)]
+pub enum LogWith {
+    /// TensorBoard event files under `project_dir/<project name>/` (Accelerate's
+    /// `TensorBoardTracker`); `all` (every tracker available) means it too.
+    #[value(name = "tensorboard", alias = "all")]
+    Tensorboard,
+}
+
+impl Choice for LogWith {
+    const WHAT: &'static str = "tracker";
+
+    fn name(self) -> &'static str {
+        match self {
+            LogWith::Tensorboard => "tensorboard",
+        }
+    }
+
+    fn unsupported(text: &str) -> Option<&'static str> {
+        const OTHERS: &[&str] = &["wandb", "mlflow", "comet_ml", "aim", "clearml", "dvclive", "swanlab", "trackio"];
+        OTHERS
+            .contains(&text.to_ascii_lowercase().replace('-', "_").as_str())
+            .then_some("Accelerate's other trackers are not implemented here")
+    }
+}
+ladder_core::impl_choice!(LogWith);
+
 /// Where a set of values was given, for error messages.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Origin {

@@ -10,8 +10,9 @@
 //! error.
 
 use super::table::parse;
-use super::DistributedType;
+use super::{DistributedType, LogWith};
 use ladder_core::parallel::{BackwardPrefetch, Precision, ShardingStrategy};
+use std::path::PathBuf;
 
 settings! {
     // Read by `ladder-accelerate launch` only: how many processes, where.
@@ -138,5 +139,23 @@ settings! {
         #[arg(value_name = "SEED")]
         seed: u64 => Option<u64> = None,
             env "ACCELERATE_SEED", parse parse::seed;
+
+        /// Experiment tracker: tensorboard, event files in project_dir/<project name> [default: none].
+        ///
+        /// Accelerate's `Accelerator(log_with=...)`: [`Accelerator::init_trackers`](crate::Accelerator::init_trackers)
+        /// starts it and [`Accelerator::log`](crate::Accelerator::log) writes to it, on the main
+        /// process only. `ACCELERATE_LOG_WITH` is ddp-ladder's own variable.
+        #[arg(value_name = "TRACKER")]
+        log_with: LogWith => Option<LogWith> = None,
+            env "ACCELERATE_LOG_WITH", parse parse::choice;
+
+        /// Directory the trackers write into; needed by log_with tensorboard [default: none].
+        ///
+        /// Accelerate's `Accelerator(project_dir=...)` (its `logging_dir` defaults to it): the
+        /// TensorBoard tracker writes `project_dir/<project name>/events.out.tfevents.*`.
+        /// `ACCELERATE_PROJECT_DIR` is ddp-ladder's own variable.
+        #[arg(value_name = "DIR")]
+        project_dir: PathBuf => Option<PathBuf> = None,
+            env "ACCELERATE_PROJECT_DIR", parse parse::path;
     }
 }

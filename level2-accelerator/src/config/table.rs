@@ -23,7 +23,25 @@ macro_rules! show_by_display {
         }
     )*};
 }
-show_by_display!(bool, u16, u64, usize, String, Precision, ShardingStrategy, BackwardPrefetch, super::DistributedType);
+show_by_display!(bool, u16, u64, usize, String, Precision, ShardingStrategy, BackwardPrefetch, super::DistributedType, super::LogWith);
+
+impl Show for std::path::PathBuf {
+    fn show(&self) -> String {
+        self.display().to_string()
+    }
+}
+
+impl Show for Option<std::path::PathBuf> {
+    fn show(&self) -> String {
+        self.as_ref().map_or_else(|| "not set".into(), Show::show)
+    }
+}
+
+impl Show for Option<super::LogWith> {
+    fn show(&self) -> String {
+        self.map_or_else(|| "not set".into(), |v| v.to_string())
+    }
+}
 
 impl Show for Option<u64> {
     fn show(&self) -> String {
@@ -52,6 +70,7 @@ impl Flag for u16 {}
 impl Flag for u64 {}
 impl Flag for usize {}
 impl Flag for String {}
+impl Flag for std::path::PathBuf {}
 
 macro_rules! flag_by_spelling {
     ($($t:ty),*) => {$(
@@ -62,7 +81,7 @@ macro_rules! flag_by_spelling {
         }
     )*};
 }
-flag_by_spelling!(Precision, ShardingStrategy, BackwardPrefetch, super::DistributedType);
+flag_by_spelling!(Precision, ShardingStrategy, BackwardPrefetch, super::DistributedType, super::LogWith);
 
 /// The parsers of the table: each returns what was expected on bad text.
 pub mod parse {
@@ -138,6 +157,19 @@ pub mod parse {
         match s.trim().parse::<u16>() {
             Ok(p) if p >= 1 => Ok(p),
             _ => Err("a port in 1..=65535 (leave it out to pick a free port)".into()),
+        }
+    }
+
+    /// A directory path: any text that is not blank (kept as given; whether it can be written
+    /// is checked before training).
+    ///
+    /// # Errors
+    /// What was expected.
+    pub fn path(s: &str) -> Result<std::path::PathBuf, String> {
+        if s.trim().is_empty() {
+            Err("a directory path".into())
+        } else {
+            Ok(std::path::PathBuf::from(s))
         }
     }
 

@@ -64,6 +64,10 @@ pub enum ReportTo {
     Jsonl,
     /// `output_dir/log_history.csv`, one row per log entry.
     Csv,
+    /// TensorBoard event files in `logging_dir`, as Transformers' `TensorBoardCallback`: every
+    /// figure under `train/`, `eval/` (`eval_loss` → `eval/loss`) or `test/`, at the global
+    /// step.
+    Tensorboard,
 }
 
 /// The arguments of a [`Trainer`](crate::Trainer) run, as Transformers' `TrainingArguments`.
@@ -137,6 +141,10 @@ pub struct TrainingArguments {
     /// Optimization steps between evaluations with eval_strategy=steps (default: logging_steps).
     #[arg(long)]
     pub eval_steps: Option<usize>,
+    /// TensorBoard's log directory, with report_to tensorboard (default:
+    /// output_dir/runs/<Mon DD_HH-MM-SS>_<host>, as Transformers; the time in UTC).
+    #[arg(long, value_name = "DIR")]
+    pub logging_dir: Option<PathBuf>,
     /// When to log the training loss and learning rate.
     #[arg(long, value_enum, value_parser = ladder_core::cli::choice::<IntervalStrategy>(), default_value_t = IntervalStrategy::Steps)]
     pub logging_strategy: IntervalStrategy,
@@ -250,6 +258,7 @@ impl Default for TrainingArguments {
             gradient_accumulation_steps: 1,
             eval_strategy: IntervalStrategy::No,
             eval_steps: None,
+            logging_dir: None,
             logging_strategy: IntervalStrategy::Steps,
             logging_steps: 500,
             logging_first_step: false,
@@ -317,6 +326,20 @@ impl TrainingArguments {
             eps: self.adam_epsilon,
             weight_decay: self.weight_decay,
         }
+    }
+
+    /// TensorBoard's log directory: logging_dir, else Transformers' default
+    /// `output_dir/runs/<Mon DD_HH-MM-SS>_<host>` for the time `now` (e.g.
+    /// `runs/Dec02_13-25-02_node1`; Transformers takes the local time, here UTC).
+    pub fn logging_dir_at(&self, now: std::time::SystemTime) -> PathBuf {
+        if let Some(dir) = &self.logging_dir {
+            return dir.clone();
+        }
+        let secs = now.duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs() as i64);
+        let t = time::OffsetDateTime::from_unix_timestamp(secs).unwrap_or(time::OffsetDateTime::UNIX_EPOCH);
+        let month: String = t.month().to_string().chars().take(3).collect();
+        let stamp = format!("{month}{:02}_{:02}-{:02}-{:02}", t.day(), t.hour(), t.minute(), t.second());
+        self.output_dir.join("runs").join(format!("{stamp}_{}", ladder_core::tensorboard::hostname()))
     }
 
     /// The shuffle's seed: data_seed, else seed.

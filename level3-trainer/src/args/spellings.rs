@@ -69,7 +69,7 @@ pub fn rewrite_renamed_flags<T: Into<std::ffi::OsString>>(words: impl IntoIterat
 }
 
 /// report_to as Transformers takes it: one name, or a list of names (`["none"]`, `[]` for
-/// none, `["jsonl"]`); this Trainer reports to one place besides trainer_state.json, so a list
+/// none, `["tensorboard"]`); this Trainer reports to one place besides trainer_state.json, so a list
 /// names at most one other than `none`.
 pub(super) fn report_to_one_or_list<'de, D: serde::Deserializer<'de>>(d: D) -> Result<ReportTo, D::Error> {
     #[derive(Deserialize)]
@@ -78,7 +78,7 @@ pub(super) fn report_to_one_or_list<'de, D: serde::Deserializer<'de>>(d: D) -> R
         One(ReportTo),
         List(Vec<ReportTo>),
     }
-    let expected = "one of \"none\", \"jsonl\", \"csv\", or a list of at most one of them (Transformers' list form)";
+    let expected = "one of \"none\", \"jsonl\", \"csv\", \"tensorboard\", or a list of at most one of them (Transformers' list form)";
     match OneOrList::deserialize(d).map_err(|_| serde::de::Error::custom(format!("invalid report_to: expected {expected}")))? {
         OneOrList::One(r) => Ok(r),
         OneOrList::List(list) => {

@@ -14,8 +14,13 @@ use level2_accelerator::{AcceleratorConfig, ResolvedConfig};
 
 /// The TrainingArguments fields the launcher can also set, each with the Accelerator setting
 /// it stands for.
-pub const LAUNCHER_SETTINGS: &[(&str, &str)] =
-    &[("fsdp", "use_fsdp"), ("bf16", "mixed_precision"), ("gradient_accumulation_steps", "gradient_accumulation_steps"), ("seed", "seed")];
+pub const LAUNCHER_SETTINGS: &[(&str, &str)] = &[
+    ("fsdp", "use_fsdp"),
+    ("bf16", "mixed_precision"),
+    ("gradient_accumulation_steps", "gradient_accumulation_steps"),
+    ("seed", "seed"),
+    ("report_to", "log_with"),
+];
 
 impl Trainer {
     /// The Accelerator settings these arguments set (Transformers builds its `Accelerator` the
@@ -23,8 +28,10 @@ impl Trainer {
     /// with fsdp, FSDP, its sharding strategy, auto-wrap threshold (when given) and
     /// fsdp_config's prefetch settings (as Transformers exports `fsdp_config` over the
     /// launcher's variables); activation checkpointing when gradient_checkpointing is true; the
-    /// ZeRO stage of a `deepspeed` config; the seed. Left to the launcher's variables (and then the
-    /// defaults): everything the arguments leave at its default.
+    /// ZeRO stage of a `deepspeed` config; the seed; output_dir as the Accelerator's
+    /// project_dir (the Trainer writes its TensorBoard files itself, in logging_dir: see
+    /// report_to). Left to the launcher's variables (and then the defaults): everything the
+    /// arguments leave at its default.
     pub fn accelerator_config(args: &TrainingArguments) -> AcceleratorConfig {
         let fsdp = args.fsdp.is_some();
         AcceleratorConfig {
@@ -39,6 +46,7 @@ impl Trainer {
             fsdp_activation_checkpointing: args.gradient_checkpointing.then_some(true),
             zero_stage: args.deepspeed.map(|d| usize::from(d.zero_stage)),
             seed: Some(args.seed),
+            project_dir: Some(args.output_dir.clone()),
             ..AcceleratorConfig::default()
         }
     }
@@ -69,6 +77,7 @@ impl Trainer {
                 "gradient_accumulation_steps" => {
                     (args.gradient_accumulation_steps.to_string(), launcher.gradient_accumulation_steps.to_string())
                 }
+                "report_to" => (report_to_name(args.report_to), launcher.value_of("log_with")),
                 _ => (args.seed.to_string(), launcher.seed.map_or_else(String::new, |s| s.to_string())),
             };
             // FSDP's sharding strategy only counts when both sides say FSDP explicitly.
@@ -92,10 +101,14 @@ impl Trainer {
         Ok(())
     }
 
-    /// The arguments as the Accelerator runs them: the launcher's strategy, mixed precision
-    /// and accumulation where the arguments left them to it, so that planning, the banner and
-    /// training_args.json say what runs.
+    /// The arguments as the Accelerator runs them: the launcher's strategy, mixed precision,
+    /// accumulation and tracker (`log_with tensorboard` is report_to tensorboard) where the
+    /// arguments left them to it, so that planning, the banner and training_args.json say what
+    /// runs.
     pub(super) fn effective_arguments(mut args: TrainingArguments, resolved: &ResolvedConfig) -> TrainingArguments {
+        if resolved.log_with == Some(level2_accelerator::tracking::LogWith::Tensorboard) {
+            args.report_to = crate::args::ReportTo::Tensorboard;
+        }
         args.gradient_accumulation_steps = resolved.gradient_accumulation_steps;
         args.bf16 = resolved.mixed_precision == Precision::Bf16;
         if let Strategy::Fsdp(o) = resolved.strategy() {
@@ -130,6 +143,11 @@ impl Trainer {
 /// `ddp`, `fsdp-full-shard`, … (the core's names).
 fn strategy_label(s: &Strategy) -> String {
     s.to_string()
+}
+
+/// report_to as written in an args file (`tensorboard`).
+fn report_to_name(r: crate::args::ReportTo) -> String {
+    serde_json::to_value(r).ok().and_then(|v| v.as_str().map(str::to_string)).unwrap_or_default()
 }
 
 /// bf16 as a mixed-precision name.

@@ -125,7 +125,11 @@ impl Trainer {
         Self::check_launcher_settings(&args, non_default, |k| std::env::var(k).ok())?;
         let init = level2_accelerator::InitProcessGroupKwargs { timeout: Some(std::time::Duration::from_secs(args.ddp_timeout)) };
         let accelerator = Accelerator::with_kwargs_handlers(Self::accelerator_config(&args), Default::default(), init)?;
-        let args = Self::effective_arguments(args, accelerator.config());
+        let mut args = Self::effective_arguments(args, accelerator.config());
+        if args.report_to == crate::args::ReportTo::Tensorboard {
+            // As Transformers' __post_init__: the default is fixed once, with the start time.
+            args.logging_dir = Some(args.logging_dir_at(std::time::SystemTime::now()));
+        }
         accelerator.set_check_finite(!args.allow_non_finite);
         if let Some(train) = &train_dataset {
             ladder_core::recipe::check_batch_size(

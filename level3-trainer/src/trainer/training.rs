@@ -167,6 +167,9 @@ impl Trainer {
         let run_start = Instant::now();
         let train_dataset = self.check_can_train()?;
         ladder_core::recipe::check_writable("output_dir", &self.args.output_dir, ladder_core::recipe::OutputKind::Dir)?;
+        if let Some(dir) = self.args.logging_dir.as_ref().filter(|_| self.args.report_to == crate::args::ReportTo::Tensorboard) {
+            ladder_core::recipe::check_writable("logging_dir", dir, ladder_core::recipe::OutputKind::Dir)?;
+        }
         let resume_dir = self.resume_dir(resume_from_checkpoint.as_ref())?;
         self.check_output_dir(resume_dir.is_some())?;
         let plan = self.plan(train_dataset.len());

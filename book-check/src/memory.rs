@@ -178,7 +178,7 @@ pub fn markdown(widths: &[u64], world_sizes: &[u64]) -> String {
     out.push_str("\n\n");
     out.push_str(
         "The schemes: **DDP** (here `ddp`, and `fsdp-no-shard`, FSDP's code path with DDP's memory); **ZeRO-1**, the \
-         optimizer state sharded (PyTorch's `ZeroRedundancyOptimizer`; not implemented here); **ZeRO-2**, the gradients \
+         optimizer state sharded (PyTorch's `ZeroRedundancyOptimizer` over DDP: `--zero-redundancy-optimizer`); **ZeRO-2**, the gradients \
          too (`fsdp-shard-grad-op`); **ZeRO-3**, the parameters too (`fsdp-full-shard`). FSDP keeps one FlatParameter \
          per layer, padded to a multiple of the ranks. *Persistent* is what a rank holds throughout; *+ gathered* what a \
          sharded scheme holds on top while it computes: with backward prefetch / without, where they differ.\n\n",

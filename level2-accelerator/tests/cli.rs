@@ -400,7 +400,7 @@ fn config_prompts_on_a_terminal() {
     assert!(out.status.success(), "{screen}\n{}", text(&out.stderr));
     for question in [
         "Which type of machine are you using?: multi-CPU (mpi)",
-        "How many different machines will you use (use more than 1 for multi-node training)?",
+        "How many machines will you use (more than 1 for multi-node training)?",
         "Do you want to use FullyShardedDataParallel? yes",
         "What should be your sharding strategy?: SHARD_GRAD_OP",
         "What should be your FSDP's backward prefetch policy?: BACKWARD_POST",

@@ -202,17 +202,19 @@ pub fn ask(p: &mut dyn Prompter, machine: &Machine) -> Result<AcceleratorConfig>
         [DistributedType::No, DistributedType::MultiCpu, DistributedType::MultiGpu][kind]
     });
     let precisions: &[Precision] = if cpu { &[Precision::No, Precision::Bf16] } else { &[Precision::No, Precision::Fp16, Precision::Bf16] };
-    let names: Vec<&str> = precisions.iter().map(|m| ladder_core::parallel::Choice::name(*m)).collect();
-    let prompt = match (cpu, machine.cpu_lacks_bf16) {
-        (true, true) => format!(
-            "Do you wish to use mixed precision? (fp16 needs a GPU; bf16 runs {} slower than fp32 on this CPU: it has no \
-             AVX512-BF16 or AMX units)",
-            ladder_core::device::BF16_EMULATED_SLOWDOWN
-        ),
-        (true, false) => "Do you wish to use mixed precision? (fp16 needs a GPU)".into(),
-        (false, _) => "Do you wish to use mixed precision?".into(),
-    };
-    let i = p.select(&prompt, &names, 0)?;
+    // The bf16 warning goes on the bf16 item, not the question: a question wider than the
+    // terminal is redrawn twice by the prompt library.
+    let bf16_label =
+        format!("bf16 ({} slower than fp32 on this CPU: no AVX512-BF16 or AMX units)", ladder_core::device::BF16_EMULATED_SLOWDOWN);
+    let names: Vec<&str> = precisions
+        .iter()
+        .map(|m| match m {
+            Precision::Bf16 if cpu && machine.cpu_lacks_bf16 => bf16_label.as_str(),
+            m => ladder_core::parallel::Choice::name(*m),
+        })
+        .collect();
+    let prompt = if cpu { "Do you wish to use mixed precision? (fp16 needs a GPU)" } else { "Do you wish to use mixed precision?" };
+    let i = p.select(prompt, &names, 0)?;
     cfg.mixed_precision = Some(precisions[i]);
     Ok(cfg)
 }
@@ -220,7 +222,7 @@ pub fn ask(p: &mut dyn Prompter, machine: &Machine) -> Result<AcceleratorConfig>
 /// The machines: how many, and for several this one's rank and the main process's address
 /// and port. Returns the number of machines.
 fn ask_machines(p: &mut dyn Prompter, cfg: &mut AcceleratorConfig) -> Result<usize> {
-    let n = p.input("How many different machines will you use (use more than 1 for multi-node training)?", "1", &check_count(1))?;
+    let n = p.input("How many machines will you use (more than 1 for multi-node training)?", "1", &check_count(1))?;
     let machines: usize = n.trim().parse().unwrap_or(1);
     cfg.num_machines = Some(machines);
     if machines == 1 {
@@ -258,7 +260,7 @@ fn ask_fsdp(p: &mut dyn Prompter, cfg: &mut AcceleratorConfig) -> Result<()> {
     let i = p.select("What should be your sharding strategy?", &names, 0)?;
     cfg.fsdp_sharding_strategy = Some(strategies[i]);
     let n = p.input(
-        "What should be your FSDP's minimum number of parameters for Default Auto Wrapping Policy?",
+        "FSDP's auto-wrap policy: minimum number of parameters per unit?",
         &default_fsdp_min_num_params().to_string(),
         &check_count(0),
     )?;
@@ -282,11 +284,15 @@ mod tests {
     struct Script {
         answers: VecDeque<&'static str>,
         asked: Vec<String>,
+        /// The items of each select, in order.
+        offered: Vec<Vec<String>>,
+        /// The widest line each question draws, columns (prompt with its default, or an item).
+        widths: Vec<usize>,
     }
 
     impl Script {
         fn new(answers: &[&'static str]) -> Script {
-            Script { answers: answers.iter().copied().collect(), asked: Vec::new() }
+            Script { answers: answers.iter().copied().collect(), asked: Vec::new(), offered: Vec::new(), widths: Vec::new() }
         }
         fn next(&mut self, prompt: &str) -> &'static str {
             self.asked.push(prompt.to_string());
@@ -297,15 +303,21 @@ mod tests {
     impl Prompter for Script {
         fn select(&mut self, prompt: &str, items: &[&str], _default: usize) -> Result<usize> {
             let a = self.next(prompt);
-            Ok(items.iter().position(|i| *i == a).unwrap_or_else(|| panic!("{a:?} is not one of {items:?}")))
+            self.offered.push(items.iter().map(|i| i.to_string()).collect());
+            self.widths.push(items.iter().map(|i| i.chars().count() + 2).chain([prompt.chars().count() + 2]).max().unwrap_or(0));
+            // An answer names an item, or its first word when the item carries a note in brackets.
+            let named = |i: &&str| *i == a || i.strip_prefix(a).is_some_and(|rest| rest.starts_with(" ("));
+            Ok(items.iter().position(named).unwrap_or_else(|| panic!("{a:?} is not one of {items:?}")))
         }
         fn input(&mut self, prompt: &str, default: &str, check: &dyn Fn(&str) -> std::result::Result<(), String>) -> Result<String> {
+            self.widths.push(format!("{prompt} [{default}]: ").chars().count());
             let a = self.next(prompt);
             let a = if a.is_empty() { default } else { a };
             check(a).map_err(|e| Error::Cli { command: "config", problem: format!("{prompt}: {a:?}: {e}") })?;
             Ok(a.to_string())
         }
         fn confirm(&mut self, prompt: &str, _default: bool) -> Result<bool> {
+            self.widths.push(format!("{prompt} [y/N] ").chars().count());
             Ok(self.next(prompt) == "yes")
         }
     }
@@ -325,15 +337,33 @@ mod tests {
         assert_eq!(cfg, want);
     }
 
-    /// On a CPU without bf16 units the mixed-precision question says what bf16 costs there
-    /// (issue 27, bug 7); elsewhere it does not.
+    /// On a CPU without bf16 units the mixed-precision question's bf16 item says what bf16
+    /// costs there (issue 27, bug 7); elsewhere it is plain `bf16`.
     #[test]
     fn the_precision_question_warns_where_bf16_is_emulated() {
-        for (lacks, warned) in [(true, true), (false, false)] {
+        for (lacks, want) in [(true, "bf16 (5-10x slower than fp32 on this CPU: no AVX512-BF16 or AMX units)"), (false, "bf16")] {
             let mut s = Script::new(&["No distributed training", "yes", "bf16"]);
-            ask(&mut s, &Machine { gpus: 0, cpu_lacks_bf16: lacks }).unwrap();
-            let q = s.asked.last().unwrap();
-            assert_eq!(q.contains("bf16 runs 5-10x slower than fp32 on this CPU: it has no AVX512-BF16 or AMX units"), warned, "{q}");
+            let cfg = ask(&mut s, &Machine { gpus: 0, cpu_lacks_bf16: lacks }).unwrap();
+            assert_eq!(cfg.mixed_precision, Some(Precision::Bf16));
+            assert_eq!(s.offered.last().unwrap(), &["no".to_string(), want.to_string()]);
+        }
+    }
+
+    /// Every line a question draws — the prompt with its default, each item — fits an
+    /// 80-column terminal: dialoguer draws a wrapped prompt twice. Both paths through the
+    /// questions: one machine without FSDP, several machines with FSDP on a CPU without bf16.
+    #[test]
+    fn every_question_fits_80_columns() {
+        let paths: [&[&'static str]; 2] = [
+            &["No distributed training", "yes", "bf16"],
+            &["multi-CPU (mpi)", "2", "0", "10.0.0.1", "29500", "yes", "SHARD_GRAD_OP", "0", "BACKWARD_POST", "yes", "4", "bf16"],
+        ];
+        for answers in paths {
+            let mut s = Script::new(answers);
+            ask(&mut s, &Machine { gpus: 0, cpu_lacks_bf16: true }).unwrap();
+            for (q, w) in s.asked.iter().zip(&s.widths) {
+                assert!(*w <= 80, "{q:?} draws {w} columns");
+            }
         }
     }
 

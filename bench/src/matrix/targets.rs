@@ -1,4 +1,4 @@
-//! The targets of issues #10, #11 and #25, checked against a run's rows.
+//! The targets of issues #10, #11, #23 and #25, checked against a run's rows.
 
 use super::case::{label, Case, Peer};
 use super::rows::Row;
@@ -70,6 +70,18 @@ pub fn targets(rows: &[Row]) -> Vec<Target> {
             if let (Some(ShardingStrategy::ShardGradOp), Some(v)) = (c.strategy.sharding(), r.vs_ddp_peak_rss) {
                 out.push(Target::new(11, "SHARD_GRAD_OP / DDP peak RSS per rank".into(), c, v, 1.0, false));
             }
+        }
+        // #23: the estimator within 10% of the measured training-phase growth (the largest
+        // rank's, median over repeats).
+        if let (Some(measured), Some(estimate)) = (r.train_rss_growth_median.filter(|&m| m > 0.0), r.estimate_mib) {
+            out.push(Target::new(
+                23,
+                "|measured − estimated| / measured training-phase RSS growth".into(),
+                c,
+                (measured - estimate).abs() / measured,
+                0.10,
+                false,
+            ));
         }
         match (c.level, r.vs_level1) {
             (Some(2), Some(v)) => out.push(Target::new(10, "level 2 / level 1 samples/s".into(), c, v, 0.98, true)),

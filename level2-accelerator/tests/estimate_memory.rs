@@ -41,7 +41,7 @@ fn help_and_tables() {
 
 #[test]
 fn json_carries_the_librarys_figures_and_the_budget_names_the_cheapest_fit() {
-    let text = stdout(&["--width", "4096", "--num-processes", "3", "--batch-size", "256", "--json", "--budget", "600MiB"]);
+    let text = stdout(&["--width", "4096", "--num-processes", "3", "--batch-size", "256", "--json", "--budget", "750MiB"]);
     let v: serde_json::Value = serde_json::from_str(&text).unwrap();
     let names: Vec<&str> = v["strategies"].as_array().unwrap().iter().map(|s| s["strategy"].as_str().unwrap()).collect();
     assert_eq!(names, ["ddp", "zero1", "fsdp-shard-grad-op", "fsdp-full-shard", "fsdp-no-shard"]);
@@ -50,13 +50,14 @@ fn json_carries_the_librarys_figures_and_the_budget_names_the_cheapest_fit() {
         let wrap = WrapConfig { strategy, mixed_precision: Precision::No, activation_checkpointing: false };
         let expected = estimate::estimate(&EstimateInput { wrap, world_size: 3, width: 4096, batch_size: 256 }).unwrap();
         assert_eq!(s["ranks"], serde_json::to_value(&expected).unwrap(), "{}", s["strategy"]);
-        let fits = expected.iter().all(|r| r.total <= 600 << 20);
+        let fits = expected.iter().all(|r| r.total <= 750 << 20);
         assert_eq!(s["fits"], fits);
         if fits && first_fit.is_none() {
             first_fit = Some(s["strategy"].as_str().unwrap().to_string());
         }
     }
-    assert!(first_fit.is_some(), "some strategy fits in 600 MiB at W = 3");
+    // DDP's 16Ψ does not fit; ZeRO-1's sharded moments do.
+    assert_eq!(first_fit.as_deref(), Some("zero1"));
     assert_eq!(v["cheapest_fit"].as_str(), first_fit.as_deref());
 }
 

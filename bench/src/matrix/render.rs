@@ -221,7 +221,7 @@ pub fn render_memory(summary: &MatrixSummary, markdown: bool) -> String {
                     ms(|m| m.gathered_peak),
                     per_rank(&r.train_peak_rss_per_rank),
                     per_rank(&r.train_rss_growth_per_rank),
-                    opt(r.estimate_mib, |m| format!("{m:.0}")),
+                    opt(r.estimated_growth_mib(), |m| format!("{m:.0}")),
                     per_rank(&r.peak_rss_per_rank),
                     peer_rss(r),
                 ])

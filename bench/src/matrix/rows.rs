@@ -101,6 +101,14 @@ pub struct Row {
     pub estimate_mib: Option<f64>,
 }
 
+impl Row {
+    /// [`estimate_mib`](Self::estimate_mib), or computed from the cell when the row was read
+    /// from a report written before the estimator.
+    pub fn estimated_growth_mib(&self) -> Option<f64> {
+        self.estimate_mib.or_else(|| estimate_growth_mib(&self.case))
+    }
+}
+
 /// Samples per rank per step of every cell: the levels' default `--batch-size`.
 pub const BATCH_SIZE: usize = 64;
 

@@ -133,8 +133,19 @@ fn build(args: &EstimateArgs) -> Result<Report> {
     })
 }
 
-/// The table: one row per strategy (one per rank where the ranks differ, ZeRO-1's last shard
-/// holding the padding), then the budget's verdict.
+/// One table row: strategy, rank, the figures in MiB (and whether it fits).
+fn cells(strategy: &str, rank: &str, r: &RankEstimate, budget: Option<u64>) -> Vec<String> {
+    let m = r.model_state;
+    let mut row = vec![strategy.to_string(), rank.to_string()];
+    row.extend([m.parameters, m.gradients, m.optimizer, m.gathered_peak, r.activations, r.peak_growth, r.total].map(format_mib));
+    if let Some(b) = budget {
+        row.push(if r.total <= b { "yes" } else { "no" }.into());
+    }
+    row
+}
+
+/// The table: one row per strategy (one per rank where the ranks' figures differ), then the
+/// budget's verdict.
 fn render(report: &Report) -> String {
     let mut table = Table::new();
     table.load_preset(ASCII_MARKDOWN);
@@ -145,16 +156,13 @@ fn render(report: &Report) -> String {
     }
     table.set_header(header);
     for s in &report.strategies {
-        let same = s.ranks.windows(2).all(|p| (p[0].model_state, p[0].peak_growth) == (p[1].model_state, p[1].peak_growth));
-        let rows: Vec<(String, &RankEstimate)> =
-            if same { vec![("all".into(), &s.ranks[0])] } else { s.ranks.iter().map(|r| (r.rank.to_string(), r)).collect() };
-        for (rank, r) in rows {
-            let m = r.model_state;
-            let mut row = vec![s.strategy.to_string(), rank];
-            row.extend([m.parameters, m.gradients, m.optimizer, m.gathered_peak, r.activations, r.peak_growth, r.total].map(format_mib));
-            if let Some(b) = report.budget {
-                row.push(if r.total <= b { "yes" } else { "no" }.into());
-            }
+        let mut rows: Vec<Vec<String>> = s.ranks.iter().map(|r| cells(s.strategy, &r.rank.to_string(), r, report.budget)).collect();
+        // Ranks whose figures print alike take one row (ZeRO-1's ranks differ by a few bytes
+        // of padding, mostly below the printed precision).
+        if rows.windows(2).all(|p| p[0][2..] == p[1][2..]) {
+            rows = vec![cells(s.strategy, "all", &s.ranks[0], report.budget)];
+        }
+        for row in rows {
             table.add_row(row);
         }
     }
@@ -178,7 +186,8 @@ fn render(report: &Report) -> String {
                 let least = least.map_or(String::new(), |s| {
                     format!(" (the smallest: {} at {})", s.strategy, format_size(s.ranks.iter().map(|r| r.total).max().unwrap_or(0)))
                 });
-                format!("Within {} per process: no strategy fits{least}; try more processes, a smaller batch or --activation-checkpointing.", format_size(b))
+                let ckpt = if report.activation_checkpointing { "" } else { " or --activation-checkpointing" };
+                format!("Within {} per process: no strategy fits{least}; try more processes, a smaller batch{ckpt}.", format_size(b))
             }
         });
     }

@@ -22,7 +22,7 @@ fn stdout(args: &[&str]) -> String {
 fn help_and_tables() {
     insta::assert_snapshot!("help_estimate_memory", stdout(&["--help"]));
     insta::assert_snapshot!("estimate_default", stdout(&[]));
-    insta::assert_snapshot!("estimate_width_4096_budget", stdout(&["--width", "4096", "--num-processes", "2", "--budget", "1GiB"]));
+    insta::assert_snapshot!("estimate_width_4096_budget", stdout(&["--width", "4096", "--num-processes", "2", "--budget", "800MiB"]));
     insta::assert_snapshot!(
         "estimate_bf16_checkpointing_w3",
         stdout(&[

@@ -141,8 +141,11 @@ mod tests {
         assert_eq!(full.vs_ddp_rss_growth, Some(0.5));
         let sgo = rows.iter().find(|r| r.case.id == "l1-fsdp-shard-grad-op-w2-4096-fp32").unwrap();
         assert_eq!(sgo.vs_ddp_peak_rss, Some(1.1));
-        let memory: Vec<(String, bool)> =
-            targets(&rows).into_iter().filter(|t| t.issue == 11 && t.what.contains("RSS")).map(|t| (format!("{} · {}", t.what, t.cell), t.met)).collect();
+        let memory: Vec<(String, bool)> = targets(&rows)
+            .into_iter()
+            .filter(|t| t.issue == 11 && t.what.contains("RSS"))
+            .map(|t| (format!("{} · {}", t.what, t.cell), t.met))
+            .collect();
         assert_eq!(
             memory,
             [
@@ -154,7 +157,8 @@ mod tests {
 
     #[test]
     fn the_estimate_is_held_to_ten_percent_of_the_measured_growth() {
-        let flags = ["--levels", "1", "--strategies", "ddp", "--world-sizes", "2", "--widths", "128,4096", "--precisions", "fp32", "--no-peers"];
+        let flags =
+            ["--levels", "1", "--strategies", "ddp", "--world-sizes", "2", "--widths", "128,4096", "--precisions", "fp32", "--no-peers"];
         let (cases, _) = plan(&args(&flags)).unwrap();
         let mut ours = Ours::new();
         for c in &cases {

@@ -60,7 +60,7 @@
 //!
 //! Not modelled: at width 4096 DDP keeps one more fc1-sized f32 tensor than counted (some
 //! gradient copy) and FSDP per layer one less; level 3's rank 0 grew by a further 250 to 400 MiB
-//! at width 4096 (the Trainer's save at the end of training gathers the state there); the
+//! at width 4096 (rank 0 only: likely the Trainer's end-of-training save, not modelled); the
 //! two ranks of one run differ by up to 30% at width 128 (glibc's reuse of freed memory).
 
 use super::layout::{self, Engine, UnitSize, MASTER_BYTES};

@@ -273,7 +273,9 @@ fn matrix_runs_every_level_next_to_its_peer_and_measures_all_reduce() {
     // Every row has its tuned peer (levels 2 and 3 too, with or without the 🤗 peers): ours / tuned (#25).
     let with_tuned = rows.iter().filter(|r| r["case"]["tuned_peer"].is_object()).count();
     assert_eq!(with_tuned, rows.len());
-    assert_eq!(targets.len(), 2 * with_peer + with_tuned + 4, "{targets:?}");
+    // And the estimator against the measured training-phase growth, one per row (#23).
+    assert_eq!(targets.iter().filter(|t| t["issue"] == 23).count(), rows.len(), "{targets:?}");
+    assert_eq!(targets.len(), 2 * with_peer + with_tuned + 4 + rows.len(), "{targets:?}");
 
     let csv = std::fs::read_to_string(dir.path().join("bench.csv")).unwrap();
     assert_eq!(csv.lines().count(), 1 + 7, "{csv}");

@@ -166,7 +166,7 @@ pub fn render_steps(summary: &MatrixSummary, markdown: bool) -> String {
     t.to_string()
 }
 
-/// The targets of issues #10, #11 and #25, each with its measured value and whether it is met.
+/// The targets of issues #10, #11, #23 and #25, each with its measured value and whether it is met.
 pub fn render_targets(summary: &MatrixSummary, markdown: bool) -> String {
     let mut t = new_table(markdown, &["issue", "target", "cell", "measured", "bound", "met"]);
     for g in targets(&summary.rows) {
@@ -202,6 +202,8 @@ pub fn render_memory(summary: &MatrixSummary, markdown: bool) -> String {
             "optimizer MiB",
             "gathered peak MiB",
             "training-phase peak RSS per rank MiB",
+            "training-phase growth per rank MiB",
+            "estimated growth MiB",
             "whole-process peak RSS per rank MiB",
             "peer training-phase / whole-process MiB",
         ],
@@ -218,6 +220,8 @@ pub fn render_memory(summary: &MatrixSummary, markdown: bool) -> String {
                     ms(|m| m.optimizer),
                     ms(|m| m.gathered_peak),
                     per_rank(&r.train_peak_rss_per_rank),
+                    per_rank(&r.train_rss_growth_per_rank),
+                    opt(r.estimated_growth_mib(), |m| format!("{m:.0}")),
                     per_rank(&r.peak_rss_per_rank),
                     peer_rss(r),
                 ])

@@ -95,6 +95,42 @@ pub struct Row {
     /// level, world size, width and precision.
     #[serde(default)]
     pub vs_ddp_peak_rss: Option<f64>,
+    /// The estimator's expected training-phase peak RSS growth, MiB (the largest rank's;
+    /// [`estimate_growth_mib`]).
+    #[serde(default)]
+    pub estimate_mib: Option<f64>,
+}
+
+impl Row {
+    /// [`estimate_mib`](Self::estimate_mib), or computed from the cell when the row was read
+    /// from a report written before the estimator.
+    pub fn estimated_growth_mib(&self) -> Option<f64> {
+        self.estimate_mib.or_else(|| estimate_growth_mib(&self.case))
+    }
+}
+
+/// Samples per rank per step of every cell: the levels' default `--batch-size`.
+pub const BATCH_SIZE: usize = 64;
+
+/// What `ladder_core::memory::estimate` expects a cell's training phase to add to a rank's
+/// RSS, MiB (the largest rank's): the cell's strategy, world size, width, precision and
+/// [`BATCH_SIZE`], FSDP with one unit per layer (`--fsdp-min-num-params 0`, as the bench runs
+/// it). The single-process baseline is estimated as DDP at W = 1 (the same tensors, less one
+/// bucket's copy).
+pub fn estimate_growth_mib(case: &Case) -> Option<f64> {
+    use ladder_core::parallel::Strategy;
+    let strategy = match case.strategy {
+        super::case::Replication::Single => Strategy::default(),
+        super::case::Replication::Parallel(Strategy::Fsdp(o)) => {
+            Strategy::Fsdp(ladder_core::parallel::FsdpOptions { min_num_params: 0, ..o })
+        }
+        super::case::Replication::Parallel(s) => s,
+    };
+    let wrap = ladder_core::parallel::WrapConfig { strategy, mixed_precision: case.precision, activation_checkpointing: false };
+    let input =
+        ladder_core::memory::estimate::EstimateInput { wrap, world_size: case.world_size, width: case.width, batch_size: BATCH_SIZE };
+    let ranks = ladder_core::memory::estimate::estimate(&input).ok()?;
+    ranks.iter().map(|r| r.peak_growth).max().map(ladder_core::memory::mib)
 }
 
 /// A cell's step figures, each the median over repeats of the run's slowest rank's: seconds,
@@ -214,6 +250,7 @@ pub fn aggregate(cases: &[Case], ours: &Ours, theirs: &Theirs) -> Vec<Row> {
                 tuned_ratio: Spread::of(&ratios_by_repeat(runs, tuned_runs)),
                 tuned_accuracy: med(tuned_ok.iter().map(|f| f.accuracy).collect()),
                 tuned_choice: tuned_ok.last().map(|f| f.tuned.clone()).filter(|t| !t.is_empty()),
+                estimate_mib: estimate_growth_mib(case),
             }
         })
         .collect();

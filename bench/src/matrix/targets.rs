@@ -1,4 +1,4 @@
-//! The targets of issues #10, #11 and #25, checked against a run's rows.
+//! The targets of issues #10, #11, #23 and #25, checked against a run's rows.
 
 use super::case::{label, Case, Peer};
 use super::rows::Row;
@@ -71,6 +71,18 @@ pub fn targets(rows: &[Row]) -> Vec<Target> {
                 out.push(Target::new(11, "SHARD_GRAD_OP / DDP peak RSS per rank".into(), c, v, 1.0, false));
             }
         }
+        // #23: the estimator within 10% of the measured training-phase growth (the largest
+        // rank's, median over repeats).
+        if let (Some(measured), Some(estimate)) = (r.train_rss_growth_median.filter(|&m| m > 0.0), r.estimated_growth_mib()) {
+            out.push(Target::new(
+                23,
+                "|measured − estimated| / measured training-phase RSS growth".into(),
+                c,
+                (measured - estimate).abs() / measured,
+                0.10,
+                false,
+            ));
+        }
         match (c.level, r.vs_level1) {
             (Some(2), Some(v)) => out.push(Target::new(10, "level 2 / level 1 samples/s".into(), c, v, 0.98, true)),
             (Some(3), Some(v)) => out.push(Target::new(10, "level 3 / level 1 samples/s".into(), c, v, 0.97, true)),
@@ -129,8 +141,11 @@ mod tests {
         assert_eq!(full.vs_ddp_rss_growth, Some(0.5));
         let sgo = rows.iter().find(|r| r.case.id == "l1-fsdp-shard-grad-op-w2-4096-fp32").unwrap();
         assert_eq!(sgo.vs_ddp_peak_rss, Some(1.1));
-        let memory: Vec<(String, bool)> =
-            targets(&rows).into_iter().filter(|t| t.what.contains("RSS")).map(|t| (format!("{} · {}", t.what, t.cell), t.met)).collect();
+        let memory: Vec<(String, bool)> = targets(&rows)
+            .into_iter()
+            .filter(|t| t.issue == 11 && t.what.contains("RSS"))
+            .map(|t| (format!("{} · {}", t.what, t.cell), t.met))
+            .collect();
         assert_eq!(
             memory,
             [
@@ -138,5 +153,25 @@ mod tests {
                 ("SHARD_GRAD_OP / DDP peak RSS per rank · L1 fsdp-shard-grad-op ×2 fc1 4096 fp32".to_string(), false),
             ]
         );
+    }
+
+    #[test]
+    fn the_estimate_is_held_to_ten_percent_of_the_measured_growth() {
+        let flags =
+            ["--levels", "1", "--strategies", "ddp", "--world-sizes", "2", "--widths", "128,4096", "--precisions", "fp32", "--no-peers"];
+        let (cases, _) = plan(&args(&flags)).unwrap();
+        let mut ours = Ours::new();
+        for c in &cases {
+            let estimate = crate::matrix::rows::estimate_growth_mib(c).unwrap();
+            // Width 128: the larger rank grew 5% more than estimated (met); 4096: 20% (not met).
+            let grew = estimate * if c.width == 128 { 1.05 } else { 1.2 };
+            let f = memory_figures([500.0, 500.0], [500.0 + grew / 2.0, 500.0 + grew], [900.0, 900.0]);
+            ours.insert(c.id.clone(), vec![Ok((f, 1.0))]);
+        }
+        let rows = aggregate(&cases, &ours, &Theirs::new());
+        let held: Vec<(String, bool)> = targets(&rows).into_iter().filter(|t| t.issue == 23).map(|t| (t.cell, t.met)).collect();
+        assert_eq!(held, [("L1 ddp ×2 fc1 128 fp32".to_string(), true), ("L1 ddp ×2 fc1 4096 fp32".to_string(), false)]);
+        let t = targets(&rows).into_iter().find(|t| t.issue == 23).unwrap();
+        assert!((t.measured - 0.05 / 1.05).abs() < 1e-9, "{t:?}");
     }
 }

@@ -1,6 +1,6 @@
 //! `ladder-accelerate`, as 🤗 Accelerate's `accelerate` command: `config` writes a config file,
 //! `launch` starts a program on N processes with the settings exported as Accelerate's
-//! variables, `env` prints what a bug report needs.
+//! variables, `env` prints what a bug report needs, `estimate-memory` what a run will take.
 //!
 //! The binary is also its own rank worker: `ladder_core::launch::run` starts each rank through
 //! a worker executable (`ladder-run --rank-worker`); `launch` points it at this binary, which
@@ -9,6 +9,7 @@
 
 mod config_cmd;
 mod env_cmd;
+mod estimate_cmd;
 mod launch_cmd;
 
 use clap::{Parser, Subcommand};
@@ -22,7 +23,7 @@ use std::path::PathBuf;
     name = "ladder-accelerate",
     version,
     about = "Configure, launch and inspect ddp-ladder's level 2 jobs, as 🤗 Accelerate's `accelerate` command",
-    after_help = "Examples:\n  ladder-accelerate config                         (interactive)\n  ladder-accelerate config --default --num-processes 2 --mixed-precision bf16\n  ladder-accelerate launch --num-processes 2 target/release/level2-accelerator --epochs 1\n  ladder-accelerate env"
+    after_help = "Examples:\n  ladder-accelerate config                         (interactive)\n  ladder-accelerate config --default --num-processes 2 --mixed-precision bf16\n  ladder-accelerate launch --num-processes 2 target/release/level2-accelerator --epochs 1\n  ladder-accelerate env\n  ladder-accelerate estimate-memory --width 4096 --budget 1GiB"
 )]
 pub struct Cli {
     #[command(subcommand)]
@@ -39,6 +40,9 @@ enum Command {
     Launch(launch_cmd::LaunchArgs),
     /// Print versions, hardware and the active config, for a bug report, as `accelerate env`.
     Env(env_cmd::EnvArgs),
+    /// Estimate each rank's memory for every strategy before running, as `accelerate
+    /// estimate-memory` (here with the batch's activations and the strategy's sharding).
+    EstimateMemory(estimate_cmd::EstimateArgs),
 }
 
 /// The config file a command reads when `--config-file` is not given: `$ACCELERATE_CONFIG_FILE`,
@@ -64,6 +68,7 @@ pub fn main() -> i32 {
         Command::Config(a) => config_cmd::run(&a),
         Command::Launch(a) => launch_cmd::run(&a),
         Command::Env(a) => env_cmd::run(&a),
+        Command::EstimateMemory(a) => estimate_cmd::run(&a),
     };
     match result {
         Ok(code) => code,

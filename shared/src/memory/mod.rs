@@ -1,5 +1,10 @@
 //! Memory accounting: the process peak resident set size (`VmHWM`) and per-rank model-state
-//! bytes (parameters, gradients, optimizer state, transient gathered parameters).
+//! bytes (parameters, gradients, optimizer state, transient gathered parameters); the
+//! estimate of both before a run ([`estimate`], with the layouts' closed forms in [`layout`]).
+
+pub mod estimate;
+pub mod layout;
+pub mod size;
 
 use serde::{Deserialize, Serialize};
 use std::sync::atomic::{AtomicU64, Ordering};

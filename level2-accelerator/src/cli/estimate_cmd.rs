@@ -1,0 +1,195 @@
+//! `ladder-accelerate estimate-memory`: Accelerate's `accelerate estimate-memory`, answered for
+//! the ladder's model exactly — per rank, for each strategy, the parameters, gradients,
+//! optimizer state, gathered parameters, activations and the expected training-phase peak
+//! (`ladder_core::memory::estimate`), at a width, a batch per process, a number of processes,
+//! a precision and with or without activation checkpointing. Accelerate's counts the weights
+//! of a batch of one for each dtype ("Training using Adam": 4× the weights), whatever the
+//! strategy; here the strategy, the world size and the batch's activations are in the figures.
+
+use super::CmdResult;
+use comfy_table::{presets::ASCII_MARKDOWN, Table};
+use ladder_core::memory::estimate::{self, EstimateInput, RankEstimate};
+use ladder_core::memory::size::{format_mib, format_size, parse_size};
+use ladder_core::parallel::{Precision, Strategy, WrapConfig};
+use level2_accelerator::{Error, Result};
+use serde::Serialize;
+
+/// `ladder-accelerate estimate-memory` flags.
+#[derive(Debug, clap::Args)]
+#[command(after_help = "Figures are per rank (process): parameters (fp32 masters), gradients, AdamW's two moments, the \
+most parameters gathered at once (FSDP), the activations and their gradients at the step's peak, the expected \
+training-phase peak RSS growth (gradients + optimizer + activations + transients: what `bench run` measures) and \
+the total (parameters + peak growth). The process's own memory (libtorch, the dataset, MPI: a few hundred MiB on \
+CPU) is not included. Offload is not implemented, so not estimated.\n\nExamples:\n  ladder-accelerate estimate-memory \
+--width 4096 --num-processes 2\n  ladder-accelerate estimate-memory --width 8192 --batch-size 512 --budget 1GiB\n  \
+ladder-accelerate estimate-memory --strategy fsdp-full-shard --mixed-precision bf16 --activation-checkpointing --json")]
+pub struct EstimateArgs {
+    /// BasicNet's fc1 width (the tutorial's 128).
+    #[arg(long, value_name = "N", default_value_t = 128, value_parser = clap::value_parser!(i64).range(1..=1 << 24))]
+    pub width: i64,
+    /// Samples per process per step (per_device_train_batch_size).
+    #[arg(long = "batch-size", alias = "batch_size", value_name = "N", default_value_t = 64,
+          value_parser = clap::value_parser!(u64).range(1..=1 << 24))]
+    pub batch_size: u64,
+    /// Processes (ranks) the model is spread over.
+    #[arg(long = "num-processes", alias = "num_processes", value_name = "N", default_value_t = 2,
+          value_parser = clap::value_parser!(u64).range(1..=4096))]
+    pub num_processes: u64,
+    /// Strategies to compare, comma-separated: ddp, zero1 (DDP with ZeroRedundancyOptimizer),
+    /// fsdp-shard-grad-op, fsdp-full-shard, fsdp-no-shard [default: all, fastest first].
+    #[arg(long, value_name = "STRATEGY", value_delimiter = ',', value_parser = estimate::parse_strategy)]
+    pub strategy: Vec<Strategy>,
+    /// Mixed precision: no, bf16 or fp16 (compute in 16 bits; fp32 masters and AdamW state).
+    #[arg(long = "mixed-precision", alias = "mixed_precision", value_name = "PRECISION", default_value = "no",
+          value_parser = ladder_core::cli::choice::<Precision>(), hide_possible_values = true)]
+    pub mixed_precision: Precision,
+    /// Activation checkpointing (keep each segment's input, recompute in backward).
+    #[arg(long = "activation-checkpointing", alias = "activation_checkpointing", alias = "gradient-checkpointing")]
+    pub activation_checkpointing: bool,
+    /// Memory per process, e.g. 8GiB, 512MiB, 1.5GB: says which strategies fit (total ≤ SIZE)
+    /// and names the cheapest that does.
+    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    pub budget: Option<u64>,
+    /// Print the estimate as JSON instead of the table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// One strategy's estimate, as `--json` writes it.
+#[derive(Debug, Serialize)]
+struct StrategyEstimate {
+    strategy: &'static str,
+    ranks: Vec<RankEstimate>,
+    /// `total` ≤ budget on every rank (with `--budget`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    fits: Option<bool>,
+}
+
+/// The whole answer, as `--json` writes it.
+#[derive(Debug, Serialize)]
+struct Report {
+    width: i64,
+    batch_size: u64,
+    num_processes: u64,
+    mixed_precision: &'static str,
+    activation_checkpointing: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    budget: Option<u64>,
+    strategies: Vec<StrategyEstimate>,
+    /// Strategies left out: they do not combine with the precision.
+    skipped: Vec<String>,
+    /// The first strategy that fits, in the order compared (fastest first by default).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    cheapest_fit: Option<&'static str>,
+}
+
+/// Runs `estimate-memory`: the table (or JSON) on stdout.
+pub fn run(args: &EstimateArgs) -> CmdResult {
+    let report = build(args)?;
+    let text = if args.json { serde_json::to_string_pretty(&report).map_err(|e| cli_error(e.to_string()))? } else { render(&report) };
+    println!("{text}");
+    Ok(0)
+}
+
+fn cli_error(problem: String) -> Error {
+    Error::Cli { command: "estimate-memory", problem }
+}
+
+fn build(args: &EstimateArgs) -> Result<Report> {
+    let explicit = !args.strategy.is_empty();
+    let strategies = if explicit { args.strategy.clone() } else { estimate::default_strategies() };
+    let (mut out, mut skipped) = (Vec::new(), Vec::new());
+    for strategy in strategies {
+        let wrap = WrapConfig { strategy, mixed_precision: args.mixed_precision, activation_checkpointing: args.activation_checkpointing };
+        let label = estimate::strategy_label(strategy);
+        if !estimate::combines(&wrap) {
+            if explicit {
+                return Err(Error::Conflict {
+                    first: format!("--strategy {label}"),
+                    second: format!("--mixed-precision {}", args.mixed_precision),
+                    why: "ZeRO-1 runs in fp32 (DDP with mixed precision runs on FSDP's NO_SHARD path); for sharded optimizer state in 16 bits use fsdp-shard-grad-op".into(),
+                });
+            }
+            skipped.push(format!("{label}: fp32 only"));
+            continue;
+        }
+        let input =
+            EstimateInput { wrap, world_size: args.num_processes as usize, width: args.width, batch_size: args.batch_size as usize };
+        let ranks = estimate::estimate(&input)?;
+        let fits = args.budget.map(|b| ranks.iter().all(|r| r.total <= b));
+        out.push(StrategyEstimate { strategy: label, ranks, fits });
+    }
+    let cheapest_fit = out.iter().find(|s| s.fits == Some(true)).map(|s| s.strategy);
+    Ok(Report {
+        width: args.width,
+        batch_size: args.batch_size,
+        num_processes: args.num_processes,
+        mixed_precision: args.mixed_precision.label(),
+        activation_checkpointing: args.activation_checkpointing,
+        budget: args.budget,
+        strategies: out,
+        skipped,
+        cheapest_fit,
+    })
+}
+
+/// One table row: strategy, rank, the figures in MiB (and whether it fits).
+fn cells(strategy: &str, rank: &str, r: &RankEstimate, budget: Option<u64>) -> Vec<String> {
+    let m = r.model_state;
+    let mut row = vec![strategy.to_string(), rank.to_string()];
+    row.extend([m.parameters, m.gradients, m.optimizer, m.gathered_peak, r.activations, r.peak_growth, r.total].map(format_mib));
+    if let Some(b) = budget {
+        row.push(if r.total <= b { "yes" } else { "no" }.into());
+    }
+    row
+}
+
+/// The table: one row per strategy (one per rank where the ranks' figures differ), then the
+/// budget's verdict.
+fn render(report: &Report) -> String {
+    let mut table = Table::new();
+    table.load_preset(ASCII_MARKDOWN);
+    let mut header =
+        vec!["strategy", "rank", "parameters", "gradients", "optimizer", "gathered peak", "activations", "peak growth", "total"];
+    if report.budget.is_some() {
+        header.push("fits");
+    }
+    table.set_header(header);
+    for s in &report.strategies {
+        let mut rows: Vec<Vec<String>> = s.ranks.iter().map(|r| cells(s.strategy, &r.rank.to_string(), r, report.budget)).collect();
+        // Ranks whose figures print alike take one row (ZeRO-1's ranks differ by a few bytes
+        // of padding, mostly below the printed precision).
+        if rows.windows(2).all(|p| p[0][2..] == p[1][2..]) {
+            rows = vec![cells(s.strategy, "all", &s.ranks[0], report.budget)];
+        }
+        for row in rows {
+            table.add_row(row);
+        }
+    }
+    let mut text = format!(
+        "Memory per rank: BasicNet fc1 {}, batch {} per process, {} processes, {}{}\n{table}",
+        report.width,
+        report.batch_size,
+        report.num_processes,
+        report.mixed_precision,
+        if report.activation_checkpointing { ", activation checkpointing" } else { "" },
+    );
+    for s in &report.skipped {
+        text.push_str(&format!("\nnot estimated: {s}"));
+    }
+    if let Some(b) = report.budget {
+        text.push('\n');
+        text.push_str(&match report.cheapest_fit {
+            Some(name) => format!("Within {} per process: {name} is the cheapest strategy that fits (fastest first: ddp, zero1, fsdp-shard-grad-op, fsdp-full-shard).", format_size(b)),
+            None => {
+                let least = report.strategies.iter().min_by_key(|s| s.ranks.iter().map(|r| r.total).max());
+                let least = least.map_or(String::new(), |s| {
+                    format!(" (the smallest: {} at {})", s.strategy, format_size(s.ranks.iter().map(|r| r.total).max().unwrap_or(0)))
+                });
+                let ckpt = if report.activation_checkpointing { "" } else { " or --activation-checkpointing" };
+                format!("Within {} per process: no strategy fits{least}; try more processes, a smaller batch{ckpt}.", format_size(b))
+            }
+        });
+    }
+    text
+}

@@ -1,0 +1,86 @@
+//! `ladder-accelerate estimate-memory` as a process: its `--help`, its tables (insta snapshots,
+//! reviewed; the book includes one), `--json` carrying the library's figures, `--budget`
+//! naming the cheapest strategy that fits, and every bad input refused with the flag named.
+
+use ladder_core::memory::estimate::{self, EstimateInput};
+use ladder_core::parallel::{Precision, WrapConfig};
+use std::process::{Command, Output};
+
+const BIN: &str = env!("CARGO_BIN_EXE_ladder-accelerate");
+
+fn run(args: &[&str]) -> Output {
+    Command::new(BIN).arg("estimate-memory").args(args).output().unwrap()
+}
+
+fn stdout(args: &[&str]) -> String {
+    let out = run(args);
+    assert!(out.status.success(), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8(out.stdout).unwrap()
+}
+
+#[test]
+fn help_and_tables() {
+    insta::assert_snapshot!("help_estimate_memory", stdout(&["--help"]));
+    insta::assert_snapshot!("estimate_default", stdout(&[]));
+    insta::assert_snapshot!("estimate_width_4096_budget", stdout(&["--width", "4096", "--num-processes", "2", "--budget", "800MiB"]));
+    insta::assert_snapshot!(
+        "estimate_bf16_checkpointing_w3",
+        stdout(&[
+            "--num-processes",
+            "3",
+            "--batch-size",
+            "512",
+            "--mixed-precision",
+            "bf16",
+            "--activation-checkpointing",
+            "--budget",
+            "100MB"
+        ])
+    );
+}
+
+#[test]
+fn json_carries_the_librarys_figures_and_the_budget_names_the_cheapest_fit() {
+    let text = stdout(&["--width", "4096", "--num-processes", "3", "--batch-size", "256", "--json", "--budget", "750MiB"]);
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let names: Vec<&str> = v["strategies"].as_array().unwrap().iter().map(|s| s["strategy"].as_str().unwrap()).collect();
+    assert_eq!(names, ["ddp", "zero1", "fsdp-shard-grad-op", "fsdp-full-shard", "fsdp-no-shard"]);
+    let mut first_fit = None;
+    for (s, strategy) in v["strategies"].as_array().unwrap().iter().zip(estimate::default_strategies()) {
+        let wrap = WrapConfig { strategy, mixed_precision: Precision::No, activation_checkpointing: false };
+        let expected = estimate::estimate(&EstimateInput { wrap, world_size: 3, width: 4096, batch_size: 256 }).unwrap();
+        assert_eq!(s["ranks"], serde_json::to_value(&expected).unwrap(), "{}", s["strategy"]);
+        let fits = expected.iter().all(|r| r.total <= 750 << 20);
+        assert_eq!(s["fits"], fits);
+        if fits && first_fit.is_none() {
+            first_fit = Some(s["strategy"].as_str().unwrap().to_string());
+        }
+    }
+    // DDP's 16Ψ does not fit; ZeRO-1's sharded moments do.
+    assert_eq!(first_fit.as_deref(), Some("zero1"));
+    assert_eq!(v["cheapest_fit"].as_str(), first_fit.as_deref());
+}
+
+#[test]
+fn bad_input_is_refused_with_the_flag_named() {
+    let cases: [(&str, &[&str]); 9] = [
+        ("unknown strategy", &["--strategy", "zero3"]),
+        ("hybrid sharding", &["--strategy", "ddp,hybrid-shard"]),
+        ("zero1 with bf16", &["--strategy", "zero1", "--mixed-precision", "bf16"]),
+        ("budget without a number", &["--budget", "GiB"]),
+        ("budget with an unknown unit", &["--budget", "8 gigs"]),
+        ("width 0", &["--width", "0"]),
+        ("batch size 0", &["--batch-size", "0"]),
+        ("no processes", &["--num-processes", "0"]),
+        ("fp8", &["--mixed-precision", "fp8"]),
+    ];
+    let mut report = Vec::new();
+    for (title, args) in cases {
+        let out = run(args);
+        assert!(!out.status.success(), "{title}: {args:?} must fail");
+        assert!(out.stdout.is_empty(), "{title}: nothing on stdout");
+        let code = out.status.code().unwrap();
+        report.push(format!("## {title} (exit {code})\n{}", String::from_utf8_lossy(&out.stderr).trim_end()));
+    }
+    insta::assert_snapshot!(report.join("\n\n"));
+}

@@ -49,7 +49,13 @@ fn matrix_tables_from_fixed_json() {
     row.tuned_choice = Some("preloaded tensors, fused AdamW, channels_last".into());
     let e = summary.check().unwrap_err().to_string();
     assert_eq!(e, "1 of 9 runs failed: l3-fsdp-full-shard-w2-4096-bf16");
-    insta::assert_snapshot!("bench_terminal", render_terminal(&summary));
+    insta::assert_snapshot!("bench_terminal_all_columns", render_terminal(&summary, true));
+    // By default the terminal's tables are narrow: every line within 100 columns (the full ones
+    // are about 300 wide), each table still one line per case.
+    let narrow = render_terminal(&summary, false);
+    let widest = narrow.lines().filter(|l| l.starts_with(['│', '┌', '╞', '└'])).map(|l| l.chars().count()).max().unwrap();
+    assert!(widest <= 100, "a table line of {widest} columns:\n{narrow}");
+    insta::assert_snapshot!("bench_terminal", narrow);
     insta::assert_snapshot!("bench_markdown", bench_markdown(&summary));
     insta::assert_snapshot!("bench_csv", bench::matrix::render_csv(&summary));
     insta::assert_snapshot!("targets_csv", bench::matrix::render_targets_csv(&summary));

@@ -21,6 +21,11 @@ fn cell(width: i64, samples_per_s: Option<f64>, peak: Option<&Peak>, bf16: bool)
 /// The table: one line per cell with training MFLOP per sample, then GFLOP/s and % of peak for
 /// ours, the tutorial peer and the tuned peer.
 pub fn render_efficiency(summary: &MatrixSummary, markdown: bool) -> String {
+    efficiency_table(summary, markdown).to_string()
+}
+
+/// [`render_efficiency`]'s table.
+pub(super) fn efficiency_table(summary: &MatrixSummary, markdown: bool) -> Table {
     let mut t = Table::new();
     t.load_preset(if markdown { presets::ASCII_MARKDOWN } else { presets::UTF8_FULL_CONDENSED });
     t.set_header(vec![
@@ -61,7 +66,7 @@ pub fn render_efficiency(summary: &MatrixSummary, markdown: bool) -> String {
             col.set_cell_alignment(CellAlignment::Right);
         }
     }
-    t.to_string()
+    t
 }
 
 /// What the table counts and the peak it divides by, under the table.

@@ -25,6 +25,7 @@
 
 pub mod case;
 mod efficiency;
+mod narrow;
 pub mod plan;
 mod plots;
 mod render;

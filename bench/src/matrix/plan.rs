@@ -52,6 +52,10 @@ pub struct RunArgs {
     /// Leave the all-reduce bandwidth and DDP bucket measurements out.
     #[arg(long)]
     pub no_allreduce: bool,
+    /// Print every column of every table on the terminal (about 300 characters wide); by
+    /// default the terminal gets narrow tables and bench.md holds every column.
+    #[arg(long)]
+    pub all_columns: bool,
     /// Timed rounds per bucket_cap_mb in the DDP bucket measurement.
     #[arg(long, default_value_t = 30)]
     pub bucket_iters: usize,

@@ -169,7 +169,7 @@ pub fn run_matrix(args: &RunArgs) -> Result<MatrixSummary> {
     let targets = super::targets(&rows);
     let summary =
         MatrixSummary { machine, repeats: args.repeats, rows, skipped, allreduce, allreduce_error, targets, buckets, buckets_error };
-    println!("\n{}", render_terminal(&summary));
+    println!("\n{}", render_terminal(&summary, args.all_columns));
     // After the tables, where it is read: the load at the start, and at the end.
     for w in load_at_start.into_iter().chain(Machine::load_warning(Machine::load_average(), cores, "at the end of the run")) {
         eprintln!("{w}");

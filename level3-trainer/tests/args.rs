@@ -93,6 +93,8 @@ fn validation_errors_name_the_field() {
     insta::assert_snapshot!(err(&["--load-best-model-at-end", "--eval-strategy", "steps", "--eval-steps", "300"]), @"TrainingArguments.save_steps = 500: expected a round multiple of eval_steps (300) with load_best_model_at_end");
     insta::assert_snapshot!(err(&["--save-total-limit", "0"]), @"TrainingArguments.save_total_limit = 0: expected at least 1 checkpoint kept (or leave it unset to keep all)");
     insta::assert_snapshot!(err(&["--adam-beta2", "1"]), @"TrainingArguments.adam_beta2 = 1: expected a value in [0, 1)");
+    insta::assert_snapshot!(err(&["--ddp-bucket-cap-mb", "0"]), @"TrainingArguments.ddp_bucket_cap_mb = 0: expected a positive number of MiB (PyTorch's default: 25)");
+    insta::assert_snapshot!(err(&["--ddp-bucket-cap-mb", "5", "--fsdp", "full_shard"]), @"TrainingArguments.ddp_bucket_cap_mb = 5 together with fsdp FULL_SHARD: expected DDP (FSDP has no gradient buckets)");
     parse(&["--load-best-model-at-end", "--eval-strategy", "steps", "--eval-steps", "250"]).unwrap();
     let msg = err(&["--lr-scheduler-type", "polynomial"]);
     assert!(msg.starts_with("error: invalid value 'polynomial' for '--lr-scheduler-type <LR_SCHEDULER_TYPE>'"), "{msg}");

@@ -58,6 +58,7 @@ const TABLE: &[Row] = &[
     ("deepspeed", Some(r#"{"zero_optimization": {"stage": 1}}"#), r#"{"zero_optimization": {"stage": 1}}"#, &[]),
     ("use_cpu", None, "true", &[]),
     ("ddp_timeout", Some("30"), "30", &[]),
+    ("ddp_bucket_cap_mb", Some("5"), "5.0", &[]),
     ("allow_non_finite", None, "true", &[]),
 ];
 

@@ -116,3 +116,25 @@ fn resume_2_to_1() {
 fn resume_1_to_2() {
     save_then_resume(1, 2, &[None, Some("no_shard")]);
 }
+
+/// Transformers' ddp_bucket_cap_mb reaches DDP. Buckets fill in reverse order and close once
+/// over their cap, the first at 1 MiB (PyTorch's rule): fc2 and fc1 make the first; under the
+/// default 25 MiB the convolutions' 74 KiB share the second, under a 0.05 MiB cap conv2's
+/// weight (72 KiB) closes it and conv1 takes a third.
+#[test]
+fn ddp_bucket_cap_mb_reaches_the_buckets() {
+    let dir = tempfile::tempdir().unwrap();
+    let buckets = |cap: Option<f64>| {
+        let args = TrainingArguments { use_cpu: true, disable_tqdm: true, ddp_bucket_cap_mb: cap, ..TrainingArguments::new(dir.path()) };
+        let vs = nn::VarStore::new(Device::Cpu);
+        let net = BasicNet::new(&vs.root(), BasicNetConfig::default());
+        let trainer =
+            Trainer::new(vs, net, args, Some(Dataset::indexed(8)), None, level3_trainer::DefaultDataCollator, Counting(Default::default()))
+                .unwrap();
+        let explained = trainer.model().explain();
+        let count = explained.split_once("DDP gradient buckets: ").and_then(|(_, rest)| rest.split_once(' ')).map(|(n, _)| n.to_string());
+        count.and_then(|n| n.parse::<usize>().ok()).unwrap_or_else(|| panic!("no DDP bucket layout in:\n{explained}"))
+    };
+    let (small, default) = (buckets(Some(0.05)), buckets(None));
+    assert_eq!((small, default), (3, 2), "buckets with 0.05 MiB and with 25 MiB");
+}

@@ -230,6 +230,11 @@ pub struct TrainingArguments {
     /// init_process_group(timeout=...)).
     #[arg(long, default_value_t = 600)]
     pub ddp_timeout: u64,
+    /// The size of DDP's gradient buckets, MiB (Transformers' ddp_bucket_cap_mb, passed to
+    /// DistributedDataParallel(bucket_cap_mb=...); default: PyTorch's 25). DDP and ZeRO-1 only:
+    /// refused together with fsdp or deepspeed stage 2 or 3, which have no buckets.
+    #[arg(long, value_name = "MB")]
+    pub ddp_bucket_cap_mb: Option<f64>,
     /// Keep training when the loss or a gradient is NaN or infinite (default: stop every
     /// process with an error naming the step and the process where it appeared).
     #[arg(long)]
@@ -281,6 +286,7 @@ impl Default for TrainingArguments {
             deepspeed: None,
             use_cpu: false,
             ddp_timeout: 600,
+            ddp_bucket_cap_mb: None,
             allow_non_finite: false,
         }
     }

@@ -48,6 +48,25 @@ impl TrainingArguments {
                 "fp32 for ZeRO-1 (it runs on DDP, which computes in bf16 on FSDP's NO_SHARD path); stage 2 shards the optimizer state in bf16",
             ));
         }
+        if let Some(mb) = self.ddp_bucket_cap_mb {
+            if !(mb.is_finite() && mb > 0.0) {
+                return Err(Error::invalid("ddp_bucket_cap_mb", mb, "a positive number of MiB (PyTorch's default: 25)"));
+            }
+            if let Some(fsdp) = self.fsdp {
+                return Err(Error::invalid(
+                    "ddp_bucket_cap_mb",
+                    format!("{mb} together with fsdp {fsdp}"),
+                    "DDP (FSDP has no gradient buckets)",
+                ));
+            }
+            if self.deepspeed.is_some_and(|d| d.zero_stage > 1) {
+                return Err(Error::invalid(
+                    "ddp_bucket_cap_mb",
+                    format!("{mb} together with deepspeed"),
+                    "DDP or ZeRO-1 (stages 2 and 3 run on FSDP)",
+                ));
+            }
+        }
         if self.output_dir.as_os_str().is_empty() {
             return Err(Error::invalid("output_dir", "\"\"", "a directory path"));
         }

@@ -124,7 +124,11 @@ impl Trainer {
         let non_default = |field: &str| (given.get(field) != defaults.get(field)).then(|| "set, not the default".to_string());
         Self::check_launcher_settings(&args, non_default, |k| std::env::var(k).ok())?;
         let init = level2_accelerator::InitProcessGroupKwargs { timeout: Some(std::time::Duration::from_secs(args.ddp_timeout)) };
-        let accelerator = Accelerator::with_kwargs_handlers(Self::accelerator_config(&args), Default::default(), init)?;
+        let mut ddp = level2_accelerator::DistributedDataParallelKwargs::default();
+        if let Some(mb) = args.ddp_bucket_cap_mb {
+            ddp.bucket_cap_mb = mb;
+        }
+        let accelerator = Accelerator::with_kwargs_handlers(Self::accelerator_config(&args), ddp, init)?;
         let mut args = Self::effective_arguments(args, accelerator.config());
         if args.report_to == crate::args::ReportTo::Tensorboard {
             // As Transformers' __post_init__: the default is fixed once, with the start time.

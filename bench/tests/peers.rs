@@ -42,13 +42,18 @@ fn assert_same_training(tutorial: &Value, tuned: &Value, steps: u64, world: u64)
     assert!(tuned["trial"].as_object().unwrap().values().all(|ms| ms.as_f64().unwrap() > 0.0), "{tuned}");
 }
 
+/// The trial's candidates without torch.compile: which candidates win is a timing, so a test
+/// that let the trial pick compile would compare a different training on a loaded machine
+/// (compiled dropout draws from inductor's generator, not the eager one: 92.55% against the
+/// tutorial's 96.61% after 150 steps once, on a 2-core Zen 3 under load), and pass or fail by
+/// the clock. torch.compile is among `bench run`'s trial candidates (`--tuned-trial`), whose
+/// tables print the tuned peer's accuracy and what it chose beside ours.
 #[test]
 fn the_tuned_peer_trains_as_the_tutorial_peer_does_in_one_process() {
     let tutorial = peer(&["bench/reference/tutorial.py", "--max-steps", "150"]);
-    // The full start-up trial: channels_last, bf16 autocast, torch.compile.
-    let tuned = peer(&["bench/reference/tuned.py", "--max-steps", "150"]);
+    let tuned = peer(&["bench/reference/tuned.py", "--max-steps", "150", "--tune", "channels_last,bf16"]);
     assert_same_training(&tutorial, &tuned, 150, 1);
-    assert_eq!(tuned["trial"].as_object().unwrap().len(), 4, "eager fp32 and the three candidates: {tuned}");
+    assert_eq!(tuned["trial"].as_object().unwrap().len(), 3, "eager fp32 and the two candidates: {tuned}");
 }
 
 #[test]

@@ -36,11 +36,12 @@ pub mod targets;
 
 pub use case::{label, Case, Peer, Replication};
 pub use efficiency::{efficiency_notes, render_efficiency};
+pub use narrow::render_terminal;
 pub use plan::{plan, RunArgs};
 pub use plots::write_plots;
 pub use render::{
     render_allreduce, render_buckets, render_csv, render_markdown, render_memory, render_steps, render_targets, render_targets_csv,
-    render_terminal, render_throughput,
+    render_throughput,
 };
 pub use rows::{aggregate, Ours, Row, StepFigures, Theirs};
 pub use run::run_matrix;

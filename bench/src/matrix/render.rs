@@ -1,8 +1,7 @@
 //! The matrix's tables: throughput (with the ratios), memory per rank, all-reduce bandwidth; for
 //! the terminal (comfy-table UTF-8) and for `bench.md` (markdown).
 
-use super::efficiency::{efficiency_notes, efficiency_table, render_efficiency};
-use super::narrow::narrow;
+use super::efficiency::{efficiency_notes, render_efficiency};
 use super::{label, targets, MatrixSummary, Peer, Row, StepFigures};
 use crate::figures::ModelState;
 use crate::stats::Spread;
@@ -61,7 +60,7 @@ pub fn render_throughput(summary: &MatrixSummary, markdown: bool) -> String {
     throughput_table(summary, markdown).to_string()
 }
 
-fn throughput_table(summary: &MatrixSummary, markdown: bool) -> Table {
+pub(super) fn throughput_table(summary: &MatrixSummary, markdown: bool) -> Table {
     let mut t = case_table(
         markdown,
         &[
@@ -132,7 +131,7 @@ pub fn render_steps(summary: &MatrixSummary, markdown: bool) -> String {
     steps_table(summary, markdown).to_string()
 }
 
-fn steps_table(summary: &MatrixSummary, markdown: bool) -> Table {
+pub(super) fn steps_table(summary: &MatrixSummary, markdown: bool) -> Table {
     let mut t = case_table(
         markdown,
         &[
@@ -206,7 +205,7 @@ pub fn render_memory(summary: &MatrixSummary, markdown: bool) -> String {
     memory_table(summary, markdown).to_string()
 }
 
-fn memory_table(summary: &MatrixSummary, markdown: bool) -> Table {
+pub(super) fn memory_table(summary: &MatrixSummary, markdown: bool) -> Table {
     let mut t = case_table(
         markdown,
         &[
@@ -257,7 +256,7 @@ pub fn render_allreduce(summary: &MatrixSummary, markdown: bool) -> String {
     allreduce_table(summary, markdown).map_or(String::new(), |t| t.to_string())
 }
 
-fn allreduce_table(summary: &MatrixSummary, markdown: bool) -> Option<Table> {
+pub(super) fn allreduce_table(summary: &MatrixSummary, markdown: bool) -> Option<Table> {
     let a = summary.allreduce.as_ref()?;
     let mut t = new_table(
         markdown,
@@ -295,7 +294,7 @@ pub fn render_buckets(summary: &MatrixSummary, markdown: bool) -> String {
     buckets_table(summary, markdown).map_or(String::new(), |t| t.to_string())
 }
 
-fn buckets_table(summary: &MatrixSummary, markdown: bool) -> Option<Table> {
+pub(super) fn buckets_table(summary: &MatrixSummary, markdown: bool) -> Option<Table> {
     let b = summary.buckets.as_ref()?;
     let mut t = new_table(markdown, &["bucket_cap_mb", "buckets", "bytes", "median ms", "p95 ms", "busbw GB/s", "vs one flat all-reduce"]);
     for r in b.rows.iter().chain(std::iter::once(&b.flat)) {
@@ -313,7 +312,7 @@ fn buckets_table(summary: &MatrixSummary, markdown: bool) -> Option<Table> {
     Some(t)
 }
 
-fn render_notes(summary: &MatrixSummary) -> String {
+pub(super) fn render_notes(summary: &MatrixSummary) -> String {
     let mut s = String::new();
     for r in summary.rows.iter().filter(|r| !r.errors.is_empty()) {
         s.push_str(&format!("\n{} FAILED ({} of {} repeats):\n{}\n", label(&r.case), r.errors.len(), summary.repeats, r.errors[0]));
@@ -353,105 +352,6 @@ const EXPLAIN_MEMORY: &str = "Model state: rank 0's persistent bytes (AdamW: 2 s
 Training-phase peak RSS: the high-water mark from the start of training on (VmHWM reset through \
 /proc/self/clear_refs; ours and the peers alike); whole-process: the high-water mark since start-up, data loading \
 included.";
-
-/// What the terminal shows: with `all_columns`, every column of `bench.md`'s tables; otherwise
-/// each table narrowed to its case and the figures most read (medians only, see
-/// [`super::narrow`]), about 80 columns wide.
-pub fn render_terminal(summary: &MatrixSummary, all_columns: bool) -> String {
-    let tables = if all_columns {
-        [render_throughput(summary, false), render_steps(summary, false), render_memory(summary, false), render_efficiency(summary, false)]
-    } else {
-        [
-            narrow(
-                &throughput_table(summary, false),
-                5,
-                &[
-                    ("samples/s (median, min–max)", "samples/s"),
-                    ("ours / peer", "ours/peer"),
-                    ("ours / tuned", "ours/tuned"),
-                    ("accuracy", "accuracy"),
-                ],
-            ),
-            narrow(
-                &steps_table(summary, false),
-                5,
-                &[
-                    ("step p50 ms", "step p50"),
-                    ("forward ms", "forward"),
-                    ("backward ms", "backward"),
-                    ("comm ms", "comm"),
-                    ("optimizer ms", "optimizer"),
-                ],
-            ),
-            narrow(
-                &memory_table(summary, false),
-                5,
-                &[("training-phase growth per rank MiB", "growth per rank MiB"), ("estimated growth MiB", "estimate MiB")],
-            ),
-            narrow(
-                &efficiency_table(summary, false),
-                5,
-                &[("ours GFLOP/s (% of peak)", "ours GFLOP/s (% of peak)"), ("tuned peer GFLOP/s (% of peak)", "tuned peer")],
-            ),
-        ]
-    };
-    let [throughput, steps, memory, efficiency] = tables;
-    let peers = if all_columns {
-        String::new()
-    } else {
-        "; peer: PyTorch tutorial (baseline), PyTorch DDP (level 1), HF Accelerate (2), HF Trainer (3); tuned: PyTorch tuned".into()
-    };
-    let mut s = format!(
-        "{}\n\nThroughput (repeats: {}; the ratios divide samples/s: above 1× is faster{peers})\n{throughput}\n\nSteps (ms)\n{steps}\n\nMemory\n{memory}\n",
-        summary.machine.line(),
-        summary.repeats,
-    );
-    s.push_str(&format!("\nCompute efficiency\n{efficiency}\n{}\n", efficiency_notes(summary)));
-    if let Some(t) = allreduce_table(summary, false) {
-        let table = if all_columns {
-            t.to_string()
-        } else {
-            let keep = [
-                ("bytes", "bytes"),
-                ("ours busbw GB/s", "ours busbw GB/s"),
-                ("raw rsmpi busbw GB/s", "raw rsmpi"),
-                ("ours / raw", "ours / raw"),
-            ];
-            narrow(&t, 0, &keep)
-        };
-        s.push_str(&format!("\nAll-reduce (f32, sum; the ratios divide bus bandwidths: above 1× is faster)\n{table}\n"));
-    }
-    if let (Some(b), Some(t)) = (&summary.buckets, buckets_table(summary, false)) {
-        let table = if all_columns {
-            t.to_string()
-        } else {
-            let keep = [
-                ("bucket_cap_mb", "bucket_cap_mb"),
-                ("buckets", "buckets"),
-                ("median ms", "median ms"),
-                ("vs one flat all-reduce", "vs flat"),
-            ];
-            narrow(&t, 0, &keep)
-        };
-        let column = if all_columns { "vs one flat all-reduce" } else { "vs flat" };
-        s.push_str(&format!(
-            "\nDDP gradient all-reduce of BasicNet vs bucket_cap_mb ({} ranks; time of one sync; {column} divides times: above 1× is slower)\n{table}\n",
-            b.world_size,
-        ));
-    }
-    let all = targets(&summary.rows);
-    if all_columns && !all.is_empty() {
-        s.push_str(&format!("\nTargets (measured in this run, met or not)\n{}\n", render_targets(summary, false)));
-    } else if !all.is_empty() {
-        let met = all.iter().filter(|t| t.met).count();
-        s.push_str(&format!(
-            "\nTargets: {met} of {} met in this run (each with its measured value and bound: bench.md, or --all-columns)\n",
-            all.len()
-        ));
-    }
-    s.push_str(&render_notes(summary));
-    s
-}
 
 /// `bench.md`.
 pub fn render_markdown(summary: &MatrixSummary) -> String {

@@ -1,7 +1,8 @@
 //! Running the matrix: our binaries, the PyTorch peers, the all-reduce example — each a process
 //! whose report the bench reads back.
 
-use super::render::{render_markdown, render_terminal};
+use super::narrow::render_terminal;
+use super::render::render_markdown;
 use super::{aggregate, label, plan, AllReduce, Case, MatrixSummary, Ours, Peer, RunArgs, Theirs};
 use crate::error::{Error, Result};
 use crate::figures::RunFigures;

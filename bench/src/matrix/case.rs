@@ -3,6 +3,7 @@
 
 use clap::builder::PossibleValue;
 use clap::ValueEnum;
+use ladder_core::memory::estimate::{strategy_label, zero1};
 use ladder_core::parallel::{Choice, Precision, ShardingStrategy, Strategy};
 use serde::{Deserialize, Serialize};
 use std::sync::OnceLock;
@@ -15,7 +16,8 @@ use std::sync::OnceLock;
 pub enum Replication {
     /// One process, no process group: `ladder-baseline` (level-independent).
     Single,
-    /// A level binary under `ladder-run`, with this strategy (its default options).
+    /// A level binary under `ladder-run`, with this strategy (its default options; DDP with
+    /// `zero_redundancy_optimizer` is ZeRO-1, named `zero1`).
     Parallel(Strategy),
 }
 
@@ -33,9 +35,22 @@ impl Replication {
         }
     }
 
-    /// True for DDP.
+    /// True for DDP without ZeRO-1.
     pub fn is_ddp(self) -> bool {
-        matches!(self, Replication::Parallel(Strategy::Ddp(_)))
+        matches!(self, Replication::Parallel(Strategy::Ddp(o)) if !o.zero_redundancy_optimizer)
+    }
+
+    /// True for DDP with ZeRO-1 (`ZeroRedundancyOptimizer`; DeepSpeed's stage 1).
+    pub fn is_zero1(self) -> bool {
+        matches!(self, Replication::Parallel(Strategy::Ddp(o)) if o.zero_redundancy_optimizer)
+    }
+
+    /// The core's strategy (`None` for `single`); ZeRO-1 is DDP with its option set.
+    pub fn strategy(self) -> Option<Strategy> {
+        match self {
+            Replication::Single => None,
+            Replication::Parallel(s) => Some(s),
+        }
     }
 }
 
@@ -46,10 +61,16 @@ impl From<Strategy> for Replication {
 }
 
 impl ValueEnum for Replication {
-    /// `single`, then the core's strategies in their `--help` order.
+    /// `single`, DDP, ZeRO-1 (`zero1`), then the core's other strategies in their `--help` order.
     fn value_variants<'a>() -> &'a [Self] {
         static ALL: OnceLock<Vec<Replication>> = OnceLock::new();
-        ALL.get_or_init(|| std::iter::once(Replication::Single).chain(Strategy::value_variants().iter().map(|&s| s.into())).collect())
+        ALL.get_or_init(|| {
+            let strategies = Strategy::value_variants().iter().flat_map(|&s| match s {
+                Strategy::Ddp(_) => vec![s, zero1()],
+                s => vec![s],
+            });
+            std::iter::once(Replication::Single).chain(strategies.map(Replication::from)).collect()
+        })
     }
 
     fn to_possible_value(&self) -> Option<PossibleValue> {
@@ -57,6 +78,10 @@ impl ValueEnum for Replication {
             Replication::Single => {
                 Some(PossibleValue::new("single").help("One process, no process group: `ladder-baseline` (level-independent)"))
             }
+            r if r.is_zero1() => Some(PossibleValue::new("zero1").aliases(["zero-1", "ddp-zero1"]).help(
+                "DDP with ZeRO-1 (PyTorch's ZeroRedundancyOptimizer, DeepSpeed's stage 1): each rank keeps and steps \
+                 the AdamW state of its 1/W of the parameters (fp32 only)",
+            )),
             Replication::Parallel(s) => s.to_possible_value(),
         }
     }
@@ -67,7 +92,7 @@ impl Choice for Replication {
     fn name(self) -> &'static str {
         match self {
             Replication::Single => "single",
-            Replication::Parallel(s) => s.name(),
+            Replication::Parallel(s) => strategy_label(s),
         }
     }
     fn unsupported(text: &str) -> Option<&'static str> {
@@ -170,6 +195,14 @@ pub struct Case {
     pub precision: Precision,
     /// Optimizer steps per rank.
     pub steps: usize,
+    /// Samples per rank per step (every level's `--batch-size`; Transformers'
+    /// `per_device_train_batch_size`). Reports written before it ran [`BATCH_SIZE`].
+    #[serde(default = "default_batch_size")]
+    pub batch_size: usize,
+    /// Activation checkpointing (level 1 `--activation-checkpointing`, level 2
+    /// `--fsdp-activation-checkpointing`, level 3 `--gradient-checkpointing`).
+    #[serde(default)]
+    pub activation_checkpointing: bool,
     /// The PyTorch twin, if any.
     pub peer: Option<Peer>,
     /// The tuned PyTorch peer (`bench/reference/tuned.py`) at the same world size, if any.
@@ -177,10 +210,32 @@ pub struct Case {
     pub tuned_peer: Option<Peer>,
 }
 
-/// `L2 fsdp-full-shard ×4 fc1 4096 bf16` / `baseline single ×1 fc1 128 fp32`.
+/// Samples per rank per step unless a cell says otherwise: the levels' default `--batch-size`.
+pub const BATCH_SIZE: usize = 64;
+
+fn default_batch_size() -> usize {
+    BATCH_SIZE
+}
+
+/// `L2 fsdp-full-shard ×4 fc1 4096 bf16` / `baseline single ×1 fc1 128 fp32`; a batch size
+/// other than [`BATCH_SIZE`] and activation checkpointing are appended: `L1 ddp ×2 fc1 128 fp32
+/// batch 512 ckpt`.
 pub fn label(case: &Case) -> String {
     let who = case.level.map_or("baseline".to_string(), |l| format!("L{l}"));
-    format!("{who} {} ×{} fc1 {} {}", case.strategy.name(), case.world_size, case.width, case.precision.label())
+    format!("{who} {} ×{} fc1 {} {}", case.strategy.name(), case.world_size, case.width, precision_and_options(case))
+}
+
+/// The precision, then the options a cell sets apart from its strategy: `fp32`,
+/// `fp32 batch 512 ckpt` (tables put it in their precision column).
+pub fn precision_and_options(case: &Case) -> String {
+    let mut out = case.precision.label().to_string();
+    if case.batch_size != BATCH_SIZE {
+        out.push_str(&format!(" batch {}", case.batch_size));
+    }
+    if case.activation_checkpointing {
+        out.push_str(" ckpt");
+    }
+    out
 }
 
 #[cfg(test)]
@@ -197,6 +252,8 @@ mod tests {
             width: 128,
             precision: Precision::Bf16,
             steps: 3,
+            batch_size: BATCH_SIZE,
+            activation_checkpointing: false,
             peer: None,
             tuned_peer: None,
         };
@@ -211,8 +268,12 @@ mod tests {
         let read: Replication = "FULL_SHARD".parse().unwrap();
         assert_eq!((read, read.sharding(), read.is_ddp()), (case.strategy, Some(ShardingStrategy::FullShard), false));
         let names: Vec<&str> = Replication::value_variants().iter().map(|r| r.name()).collect();
-        assert_eq!(names, ["single", "ddp", "fsdp-full-shard", "fsdp-shard-grad-op", "fsdp-no-shard"]);
+        assert_eq!(names, ["single", "ddp", "zero1", "fsdp-full-shard", "fsdp-shard-grad-op", "fsdp-no-shard"]);
+        let zero: Replication = "ZeRO-1".parse().unwrap();
+        assert_eq!((zero.name(), zero.is_zero1(), zero.is_ddp(), zero.strategy().map(|s| s.name())), ("zero1", true, false, Some("ddp")));
+        let wide = Case { batch_size: 512, activation_checkpointing: true, strategy: zero, ..case.clone() };
+        assert_eq!(label(&wide), "L1 zero1 ×2 fc1 128 bf16 batch 512 ckpt");
         let err = "zero3".parse::<Replication>().unwrap_err().to_string();
-        assert!(err.starts_with("invalid strategy \"zero3\": expected single, ddp, fsdp-full-shard"), "{err}");
+        assert!(err.starts_with("invalid strategy \"zero3\": expected single, ddp, zero1, fsdp-full-shard"), "{err}");
     }
 }

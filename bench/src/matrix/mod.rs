@@ -1,4 +1,5 @@
-//! `bench run` (`make bench`): level {1,2,3} × strategy × world size × fc1 width × precision,
+//! `bench run` (`make bench`): level {1,2,3} × strategy × world size × fc1 width × precision
+//! (× batch size × activation checkpointing, when asked),
 //! each run `--repeats` times, interleaved with its PyTorch peer from `bench/reference/` (same
 //! model, recipe, per-rank batch and threads per rank) so that every ratio compares runs taken
 //! minutes apart on the same machine; plus the all-reduce bus bandwidth of
@@ -10,9 +11,12 @@
 //! * `ddp`, `fsdp-*`: `ladder-run --nproc-per-node W target/release/<level> --strategy S …`; the
 //!   `ddp` runs at width 128 in fp32 are next to `bench/reference/ddp_gloo.py` under
 //!   `torchrun --standalone` (PyTorch DDP over gloo) at the same W;
+//! * `zero1` is DDP with ZeRO-1 (level 1 `--zero-redundancy-optimizer`, level 2 `--zero-stage 1`,
+//!   level 3 `--deepspeed` with `zero_optimization.stage` 1), fp32 only;
 //! * FSDP strategies get `--fsdp-min-num-params 0` (every layer its own FlatParameter);
-//! * width ≠ 128 runs `--wide-steps` steps (a memory measurement); bf16 is every level's
-//!   `--mixed-precision bf16`.
+//! * width ≠ 128 or a batch size ≠ 64 runs `--wide-steps` steps (a memory measurement); bf16 is
+//!   every level's `--mixed-precision bf16`; `--activation-checkpointing true` every level's own
+//!   flag; only DDP at width 128, fp32, batch 64, without checkpointing has PyTorch peers.
 //!
 //! Outputs in `--out-dir` (default `bench/results/`): `bench.md`, `bench.json`, `bench.csv`,
 //! `throughput.svg`, `memory.svg`, every run's own

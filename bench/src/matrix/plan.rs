@@ -1,6 +1,6 @@
 //! `bench run`'s options and the cells they select.
 
-use super::case::{Case, Peer, Replication};
+use super::case::{Case, Peer, Replication, BATCH_SIZE};
 use crate::error::{Error, Result};
 use ladder_core::parallel::{Precision, ShardingStrategy, Strategy};
 use std::path::PathBuf;
@@ -24,10 +24,21 @@ pub struct RunArgs {
     /// reports name them fp32 and bf16. The baseline is fp32 only.
     #[arg(long, value_parser = ladder_core::cli::spelling_among(&[Precision::No, Precision::Bf16]), value_delimiter = ',', default_values_t = [Precision::No, Precision::Bf16])]
     pub precisions: Vec<Precision>,
-    /// Optimizer steps per rank for width-128 runs (938 is one epoch at one process).
+    /// Samples per rank per step (every level's `--batch-size`; the Trainer's
+    /// `--per-device-train-batch-size`). Batch sizes other than 64 run `--wide-steps` steps and
+    /// no PyTorch peer (memory measurements).
+    #[arg(long, value_delimiter = ',', default_values_t = [BATCH_SIZE])]
+    pub batch_sizes: Vec<usize>,
+    /// Activation checkpointing off, on, or both (`false,true`): level 1
+    /// `--activation-checkpointing`, level 2 `--fsdp-activation-checkpointing`, level 3
+    /// `--gradient-checkpointing`. Checkpointed cells run no PyTorch peer.
+    #[arg(long, value_delimiter = ',', default_values_t = [false], action = clap::ArgAction::Set)]
+    pub activation_checkpointing: Vec<bool>,
+    /// Optimizer steps per rank for width-128 runs at batch size 64 (938 is one epoch at one
+    /// process).
     #[arg(long, default_value_t = 300)]
     pub steps: usize,
-    /// Optimizer steps per rank for runs at another width (memory measurements).
+    /// Optimizer steps per rank for runs at another width or batch size (memory measurements).
     #[arg(long, default_value_t = 20)]
     pub wide_steps: usize,
     /// Repeats of every run, interleaved with the PyTorch peers (median, min, max reported).
@@ -90,12 +101,17 @@ pub fn plan(args: &RunArgs) -> Result<(Vec<Case>, Vec<String>)> {
     let levels = crate::select_levels(&args.levels)?;
     check(args)?;
     let (mut cases, mut skipped) = (Vec::new(), Vec::new());
-    let steps_for = |width: i64| if width == 128 { args.steps } else { args.wide_steps };
+    let steps_for = |width: i64, batch_size: usize| if width == 128 && batch_size == BATCH_SIZE { args.steps } else { args.wide_steps };
     for &strategy in &args.strategies {
         if strategy == Replication::Single {
             if !args.world_sizes.contains(&1) {
                 skipped.push("single: runs at world size 1 only, not among --world-sizes".into());
                 continue;
+            }
+            if args.batch_sizes != [BATCH_SIZE] || args.activation_checkpointing != [false] {
+                skipped.push(format!(
+                    "single at other batch sizes or with activation checkpointing: ladder-baseline is the tutorial's loop (batch {BATCH_SIZE}, no checkpointing) only"
+                ));
             }
             for &width in &args.widths {
                 for &precision in &args.precisions {
@@ -106,6 +122,9 @@ pub fn plan(args: &RunArgs) -> Result<(Vec<Case>, Vec<String>)> {
                         ));
                         continue;
                     }
+                    if !args.batch_sizes.contains(&BATCH_SIZE) || !args.activation_checkpointing.contains(&false) {
+                        continue;
+                    }
                     cases.push(Case {
                         id: "baseline-w1-128-fp32".into(),
                         level: None,
@@ -113,7 +132,9 @@ pub fn plan(args: &RunArgs) -> Result<(Vec<Case>, Vec<String>)> {
                         world_size: 1,
                         width,
                         precision,
-                        steps: steps_for(width),
+                        steps: steps_for(width, BATCH_SIZE),
+                        batch_size: BATCH_SIZE,
+                        activation_checkpointing: false,
                         peer: (!args.no_peers).then_some(Peer::Tutorial),
                         tuned_peer: (!args.no_peers).then_some(Peer::Tuned { world_size: 1 }),
                     });
@@ -125,31 +146,79 @@ pub fn plan(args: &RunArgs) -> Result<(Vec<Case>, Vec<String>)> {
             for &world_size in &args.world_sizes {
                 for &width in &args.widths {
                     for &precision in &args.precisions {
-                        // Each level's twin: PyTorch DDP, 🤗 Accelerate, 🤗 Trainer.
-                        let twin = match level.number {
-                            1 => Peer::DdpGloo { world_size },
-                            2 => Peer::Accelerate { world_size },
-                            _ => Peer::Trainer { world_size },
-                        };
-                        let peer = (!args.no_peers && strategy.is_ddp() && width == 128 && precision == Precision::No).then_some(twin);
-                        cases.push(Case {
-                            id: format!("l{}-{}-w{world_size}-{width}-{}", level.number, strategy.name(), precision.label()),
-                            level: Some(level.number),
-                            strategy,
-                            world_size,
-                            width,
-                            precision,
-                            steps: steps_for(width),
-                            peer,
-                            // The strongest PyTorch loop at the same world size, for every level.
-                            tuned_peer: peer.map(|_| Peer::Tuned { world_size }),
-                        });
+                        if strategy.is_zero1() && precision != Precision::No {
+                            let why = "ZeRO-1 runs in fp32 only";
+                            skipped.push(format!("L{} zero1 ×{world_size} fc1 {width} {}: {why}", level.number, precision.label()));
+                            continue;
+                        }
+                        for &batch_size in &args.batch_sizes {
+                            for &activation_checkpointing in &args.activation_checkpointing {
+                                let cell = Cell {
+                                    level: level.number,
+                                    strategy,
+                                    world_size,
+                                    width,
+                                    precision,
+                                    batch_size,
+                                    activation_checkpointing,
+                                };
+                                cases.push(cell.case(args, steps_for(width, batch_size)));
+                            }
+                        }
                     }
                 }
             }
         }
     }
     Ok((cases, skipped))
+}
+
+/// A level's cell before its id, steps and peers are decided.
+struct Cell {
+    level: u8,
+    strategy: Replication,
+    world_size: usize,
+    width: i64,
+    precision: Precision,
+    batch_size: usize,
+    activation_checkpointing: bool,
+}
+
+impl Cell {
+    /// The case: id `l1-ddp-w2-128-fp32` (`-b512` for another batch size, `-ckpt` with
+    /// checkpointing); each level's twin (PyTorch DDP, 🤗 Accelerate, 🤗 Trainer) and the tuned
+    /// peer for DDP at width 128, fp32, batch 64, without checkpointing.
+    fn case(self, args: &RunArgs, steps: usize) -> Case {
+        let Cell { level, strategy, world_size, width, precision, batch_size, activation_checkpointing } = self;
+        let twin = match level {
+            1 => Peer::DdpGloo { world_size },
+            2 => Peer::Accelerate { world_size },
+            _ => Peer::Trainer { world_size },
+        };
+        let plain = batch_size == BATCH_SIZE && !activation_checkpointing;
+        let peer = (!args.no_peers && strategy.is_ddp() && width == 128 && precision == Precision::No && plain).then_some(twin);
+        let mut id = format!("l{level}-{}-w{world_size}-{width}-{}", strategy.name(), precision.label());
+        if batch_size != BATCH_SIZE {
+            id.push_str(&format!("-b{batch_size}"));
+        }
+        if activation_checkpointing {
+            id.push_str("-ckpt");
+        }
+        Case {
+            id,
+            level: Some(level),
+            strategy,
+            world_size,
+            width,
+            precision,
+            steps,
+            batch_size,
+            activation_checkpointing,
+            peer,
+            // The strongest PyTorch loop at the same world size, for every level.
+            tuned_peer: peer.map(|_| Peer::Tuned { world_size }),
+        }
+    }
 }
 
 /// The list and count flags' values.
@@ -166,6 +235,12 @@ fn check(args: &RunArgs) -> Result<()> {
     }
     if args.world_sizes.is_empty() || args.world_sizes.contains(&0) {
         return invalid("--world-sizes", format!("{:?}", args.world_sizes), "one or more world sizes of at least 1");
+    }
+    if args.batch_sizes.is_empty() || args.batch_sizes.contains(&0) {
+        return invalid("--batch-sizes", format!("{:?}", args.batch_sizes), "one or more batch sizes of at least 1");
+    }
+    if args.activation_checkpointing.is_empty() {
+        return invalid("--activation-checkpointing", String::new(), "false, true or both");
     }
     if args.widths.is_empty() || args.widths.iter().any(|&w| w < 1) {
         return invalid("--widths", format!("{:?}", args.widths), "one or more fc1 widths of at least 1");
@@ -227,5 +302,45 @@ mod tests {
         assert!(cases.iter().all(|c| c.peer.is_none() && c.tuned_peer.is_none()));
         let err = plan(&args(&["--tuned-trial", "channels_last,jit"])).unwrap_err().to_string();
         assert!(err.contains("--tuned-trial") && err.contains("channels_last,jit"), "{err}");
+    }
+
+    #[test]
+    fn batch_sizes_checkpointing_and_zero1_are_dimensions_of_their_own() {
+        let flags = ["--levels", "1,3", "--strategies", "single,zero1,fsdp-full-shard", "--world-sizes", "1,2", "--widths", "128"];
+        let flags: Vec<&str> = flags.into_iter().chain(["--batch-sizes", "64,512", "--activation-checkpointing", "false,true"]).collect();
+        let (cases, skipped) = plan(&args(&flags)).unwrap();
+        // single: one cell; levels 1 and 3 × 2 world sizes × (zero1: fp32 only; FULL_SHARD: fp32
+        // and bf16) × 2 batch sizes × 2 checkpointing.
+        assert_eq!(cases.len(), 1 + 2 * 2 * (1 + 2) * 4);
+        let ids: Vec<&str> = cases.iter().map(|c| c.id.as_str()).collect();
+        assert_eq!(
+            &ids[1..5],
+            ["l1-zero1-w1-128-fp32", "l1-zero1-w1-128-fp32-ckpt", "l1-zero1-w1-128-fp32-b512", "l1-zero1-w1-128-fp32-b512-ckpt"]
+        );
+        // Only batch 64 at width 128 runs --steps; no peer for ZeRO-1, checkpointing or batch 512.
+        assert!(cases.iter().all(|c| c.steps == if c.batch_size == 64 { 300 } else { 20 }));
+        assert!(cases.iter().skip(1).all(|c| c.peer.is_none() && c.tuned_peer.is_none()));
+        assert!(skipped.contains(&"L1 zero1 ×2 fc1 128 bf16: ZeRO-1 runs in fp32 only".to_string()), "{skipped:?}");
+        assert!(skipped[0].starts_with("single at other batch sizes or with activation checkpointing"), "{skipped:?}");
+        // DDP at batch 64 without checkpointing keeps its peers.
+        let (cases, _) = plan(&args(&[
+            "--levels",
+            "2",
+            "--strategies",
+            "ddp",
+            "--world-sizes",
+            "2",
+            "--widths",
+            "128",
+            "--precisions",
+            "fp32",
+            "--batch-sizes",
+            "64,128",
+        ]))
+        .unwrap();
+        let peers: Vec<(&str, bool)> = cases.iter().map(|c| (c.id.as_str(), c.peer.is_some())).collect();
+        assert_eq!(peers, [("l2-ddp-w2-128-fp32", true), ("l2-ddp-w2-128-fp32-b128", false)]);
+        let err = plan(&args(&["--batch-sizes", "64,0"])).unwrap_err().to_string();
+        assert!(err.contains("--batch-sizes") && err.contains("[64, 0]"), "{err}");
     }
 }

@@ -13,14 +13,15 @@ fn case_table(markdown: bool, rest: &[&str]) -> Table {
     new_table(markdown, &header)
 }
 
-/// The cells that name a case: level, strategy, world size, width, precision.
+/// The cells that name a case: level, strategy, world size, width, precision (with a batch
+/// size other than 64 and activation checkpointing: [`super::case::precision_and_options`]).
 fn case_cells(c: &super::Case) -> [String; 5] {
     [
         c.level.map_or("baseline".into(), |l| l.to_string()),
         c.strategy.name().into(),
         c.world_size.to_string(),
         c.width.to_string(),
-        c.precision.label().into(),
+        super::case::precision_and_options(c),
     ]
 }
 
@@ -313,7 +314,7 @@ pub(super) fn buckets_table(summary: &MatrixSummary, markdown: bool) -> Option<T
 }
 
 pub(super) fn render_notes(summary: &MatrixSummary) -> String {
-    let mut s = String::new();
+    let mut s = checkpointing_costs(&summary.rows);
     for r in summary.rows.iter().filter(|r| !r.errors.is_empty()) {
         s.push_str(&format!("\n{} FAILED ({} of {} repeats):\n{}\n", label(&r.case), r.errors.len(), summary.repeats, r.errors[0]));
     }
@@ -330,6 +331,25 @@ pub(super) fn render_notes(summary: &MatrixSummary) -> String {
         }
     }
     s
+}
+
+/// What activation checkpointing costs and saves, per checkpointed cell run beside the same
+/// cell without: samples/s and training-phase RSS growth (medians), as ratios.
+pub(super) fn checkpointing_costs(rows: &[Row]) -> String {
+    let mut s = String::new();
+    for r in rows {
+        let Some(plain) = targets::without_checkpointing(r, rows) else { continue };
+        let over =
+            |a: Option<f64>, b: Option<f64>| a.zip(b.filter(|&b| b > 0.0)).map_or("—".to_string(), |(a, b)| format!("{:.2}×", a / b));
+        let speed = over(r.samples_per_s.map(|x| x.median), plain.samples_per_s.map(|x| x.median));
+        let growth = over(r.train_rss_growth_median, plain.train_rss_growth_median);
+        s.push_str(&format!("- {}: samples/s {speed}, training-phase RSS growth {growth} the run without\n", label(&r.case)));
+    }
+    if s.is_empty() {
+        s
+    } else {
+        format!("\nActivation checkpointing (recompute in backward):\n{s}")
+    }
 }
 
 const EXPLAIN: &str = "samples/s: training samples over all ranks per second of the timed steps (the first 2 \

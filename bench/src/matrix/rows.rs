@@ -109,14 +109,11 @@ impl Row {
     }
 }
 
-/// Samples per rank per step of every cell: the levels' default `--batch-size`.
-pub const BATCH_SIZE: usize = 64;
-
 /// What `ladder_core::memory::estimate` expects a cell's training phase to add to a rank's
-/// RSS, MiB (the largest rank's): the cell's strategy, world size, width, precision and
-/// [`BATCH_SIZE`], FSDP with one unit per layer (`--fsdp-min-num-params 0`, as the bench runs
-/// it). The single-process baseline is estimated as DDP at W = 1 (the same tensors, less one
-/// bucket's copy).
+/// RSS, MiB (the largest rank's): the cell's strategy (ZeRO-1 among DDP's), world size, width,
+/// precision, batch size and activation checkpointing, FSDP with one unit per layer
+/// (`--fsdp-min-num-params 0`, as the bench runs it). The single-process baseline is estimated
+/// as DDP at W = 1 (the same tensors, less one bucket's copy).
 pub fn estimate_growth_mib(case: &Case) -> Option<f64> {
     use ladder_core::parallel::Strategy;
     let strategy = match case.strategy {
@@ -126,9 +123,13 @@ pub fn estimate_growth_mib(case: &Case) -> Option<f64> {
         }
         super::case::Replication::Parallel(s) => s,
     };
-    let wrap = ladder_core::parallel::WrapConfig { strategy, mixed_precision: case.precision, activation_checkpointing: false };
+    let wrap = ladder_core::parallel::WrapConfig {
+        strategy,
+        mixed_precision: case.precision,
+        activation_checkpointing: case.activation_checkpointing,
+    };
     let input =
-        ladder_core::memory::estimate::EstimateInput { wrap, world_size: case.world_size, width: case.width, batch_size: BATCH_SIZE };
+        ladder_core::memory::estimate::EstimateInput { wrap, world_size: case.world_size, width: case.width, batch_size: case.batch_size };
     let ranks = ladder_core::memory::estimate::estimate(&input).ok()?;
     ranks.iter().map(|r| r.peak_growth).max().map(ladder_core::memory::mib)
 }
@@ -261,11 +262,17 @@ pub fn aggregate(cases: &[Case], ours: &Ours, theirs: &Theirs) -> Vec<Row> {
     let over = |x: Option<f64>, d: Option<f64>| x.zip(d.filter(|&d| d > 0.0)).map(|(x, d)| x / d);
     for row in &mut rows {
         let (c, ours) = (&row.case, median(row));
-        let same = |o: &Case| o.world_size == c.world_size && o.width == c.width && o.precision == c.precision;
+        let same = |o: &Case| {
+            o.world_size == c.world_size
+                && o.width == c.width
+                && o.precision == c.precision
+                && o.batch_size == c.batch_size
+                && o.activation_checkpointing == c.activation_checkpointing
+        };
         if c.level.is_some_and(|l| l > 1) {
             row.vs_level1 = over(ours, twin(&|o| o.level == Some(1) && o.strategy == c.strategy && same(o)).and_then(median));
         }
-        if c.level.is_some() && c.strategy.sharding().is_some() {
+        if c.level.is_some() && (c.strategy.sharding().is_some() || c.strategy.is_zero1()) {
             if let Some(ddp) = twin(&|o| o.level == c.level && o.strategy.is_ddp() && same(o)) {
                 row.vs_ddp = over(ours, median(ddp));
                 row.vs_ddp_rss_growth = over(row.train_rss_growth_median, ddp.train_rss_growth_median);
@@ -278,6 +285,8 @@ pub fn aggregate(cases: &[Case], ours: &Ours, theirs: &Theirs) -> Vec<Row> {
                     && o.strategy == c.strategy
                     && o.world_size == c.world_size
                     && o.width == c.width
+                    && o.batch_size == c.batch_size
+                    && o.activation_checkpointing == c.activation_checkpointing
                     && o.precision == Precision::No
             });
             row.vs_fp32 = over(ours, fp32.and_then(median));

@@ -53,7 +53,7 @@ pub fn run_matrix(args: &RunArgs) -> Result<MatrixSummary> {
             let Some(n) = c.level else { return true };
             let binary = LEVELS[usize::from(n) - 1].binary;
             let known = flags.entry(n).or_insert_with(|| help_flags(&paths.bin_dir.join(binary)));
-            match needed_flags(c).into_iter().find(|f| !known.iter().any(|k| k == f)) {
+            match needed_flags(c).into_iter().find(|f| !known.contains(f)) {
                 None => true,
                 Some(missing) => {
                     skipped.push(format!("{}: {binary} has no {missing} flag", label(c)));
@@ -227,18 +227,46 @@ fn torch_version(python: &Path) -> Option<String> {
 }
 
 /// The flags a level binary must take for `case`, beyond the common training ones.
-fn needed_flags(case: &Case) -> Vec<&'static str> {
-    let mut f = vec!["--strategy"];
+fn needed_flags(case: &Case) -> Vec<String> {
+    level_args(case).into_iter().filter(|a| a.starts_with("--")).collect()
+}
+
+/// The level's own flags for `case`'s strategy and options (level 1's names, Accelerate's at
+/// level 2, Transformers' at level 3): `--strategy ddp`, ZeRO-1 (`--zero-redundancy-optimizer`,
+/// `--zero-stage 1`, `--deepspeed` with `zero_optimization.stage` 1), `--fsdp-min-num-params 0`,
+/// `--width`, `--mixed-precision`, the batch size and activation checkpointing.
+fn level_args(case: &Case) -> Vec<String> {
+    let level = case.level.unwrap_or(1);
+    let Some(strategy) = case.strategy.strategy() else { return Vec::new() };
+    let mut a: Vec<String> = vec!["--strategy".into(), ladder_core::parallel::Choice::name(strategy).into()];
+    if case.strategy.is_zero1() {
+        a.extend(match level {
+            1 => vec!["--zero-redundancy-optimizer".to_string()],
+            2 => vec!["--zero-stage".into(), "1".into()],
+            _ => vec!["--deepspeed".into(), r#"{"zero_optimization": {"stage": 1}}"#.into()],
+        });
+    }
     if case.strategy.sharding().is_some() {
-        f.push("--fsdp-min-num-params");
+        a.extend(["--fsdp-min-num-params".into(), "0".into()]);
     }
     if case.width != 128 {
-        f.push("--width");
+        a.extend(["--width".into(), case.width.to_string()]);
     }
     if case.precision != Precision::No {
-        f.push("--mixed-precision");
+        a.extend(["--mixed-precision".into(), case.precision.to_string()]);
     }
-    f
+    if case.batch_size != super::case::BATCH_SIZE {
+        let flag = if level == 3 { "--per-device-train-batch-size" } else { "--batch-size" };
+        a.extend([flag.into(), case.batch_size.to_string()]);
+    }
+    if case.activation_checkpointing {
+        a.push(
+            ["--activation-checkpointing", "--fsdp-activation-checkpointing", "--gradient-checkpointing"]
+                [usize::from(level.clamp(1, 3)) - 1]
+                .into(),
+        );
+    }
+    a
 }
 
 /// The long flags `binary --help` lists (empty if it cannot be run: the run then fails and
@@ -265,16 +293,7 @@ fn run_ours(case: &Case, repeat: usize, paths: &Paths, timeout: Duration) -> std
         Some(n) => {
             let mut c = Command::new(paths.bin_dir.join("ladder-run"));
             c.arg("--nproc-per-node").arg(case.world_size.to_string()).arg(paths.bin_dir.join(LEVELS[usize::from(n) - 1].binary));
-            c.args(["--strategy", case.strategy.name()]);
-            if case.strategy.sharding().is_some() {
-                c.args(["--fsdp-min-num-params", "0"]);
-            }
-            if case.width != 128 {
-                c.args(["--width", &case.width.to_string()]);
-            }
-            if case.precision != Precision::No {
-                c.args(["--mixed-precision", &case.precision.to_string()]);
-            }
+            c.args(level_args(case));
             if n == 3 {
                 // The Trainer refuses to replace a previous run unless told: the bench owns this one.
                 c.arg("--output-dir").arg(paths.out_dir.join("trainer-output").join(format!("{}-r{repeat}", case.id)));

@@ -83,10 +83,62 @@ pub fn targets(rows: &[Row]) -> Vec<Target> {
                 false,
             ));
         }
+        out.extend(option_targets(r, rows));
         match (c.level, r.vs_level1) {
             (Some(2), Some(v)) => out.push(Target::new(10, "level 2 / level 1 samples/s".into(), c, v, 0.98, true)),
             (Some(3), Some(v)) => out.push(Target::new(10, "level 3 / level 1 samples/s".into(), c, v, 0.97, true)),
             _ => {}
+        }
+    }
+    out
+}
+
+/// The same cell without activation checkpointing, for a checkpointed one.
+pub fn without_checkpointing<'a>(r: &Row, rows: &'a [Row]) -> Option<&'a Row> {
+    let c = &r.case;
+    c.activation_checkpointing
+        .then(|| rows.iter().find(|o| o.case == Case { activation_checkpointing: false, id: o.case.id.clone(), ..c.clone() }))
+        .flatten()
+}
+
+/// #23's targets for the options: activation checkpointing at batch ≥ 512, training-phase RSS
+/// growth ≤ 0.6× the same cell's without; ZeRO-1 at width ≥ 4096, growth at least 0.8 of
+/// AdamW's moments it shards away below DDP's (8Ψ·(W−1)/W bytes, Ψ parameters) and samples/s
+/// ≥ 0.9× DDP's.
+fn option_targets(r: &Row, rows: &[Row]) -> Vec<Target> {
+    let (c, mut out) = (&r.case, Vec::new());
+    if c.batch_size >= 512 {
+        let plain = without_checkpointing(r, rows).and_then(|p| p.train_rss_growth_median);
+        if let (Some(ckpt), Some(plain)) = (r.train_rss_growth_median, plain.filter(|&p| p > 0.0)) {
+            out.push(Target::new(23, "checkpointing / without: training-phase RSS growth".into(), c, ckpt / plain, 0.6, false));
+        }
+    }
+    if c.strategy.is_zero1() && c.width >= 4096 && c.world_size > 1 {
+        let ddp = rows.iter().find(|o| {
+            o.case.strategy.is_ddp()
+                && o.case
+                    == Case {
+                        strategy: o.case.strategy,
+                        id: o.case.id.clone(),
+                        peer: o.case.peer,
+                        tuned_peer: o.case.tuned_peer,
+                        ..c.clone()
+                    }
+        });
+        let w = c.world_size as f64;
+        let sharded_mib = ladder_core::memory::mib(8 * ladder_core::memory::layout::num_parameters(c.width) as u64) * (w - 1.0) / w;
+        if let (Some(ddp), Some(zero)) = (ddp.and_then(|d| d.train_rss_growth_median), r.train_rss_growth_median) {
+            out.push(Target::new(
+                23,
+                "ZeRO-1: (DDP − ZeRO-1) RSS growth / AdamW moments sharded away".into(),
+                c,
+                (ddp - zero) / sharded_mib,
+                0.8,
+                true,
+            ));
+        }
+        if let Some(v) = r.vs_ddp {
+            out.push(Target::new(23, "ZeRO-1 / DDP samples/s".into(), c, v, 0.9, true));
         }
     }
     out
@@ -173,5 +225,52 @@ mod tests {
         assert_eq!(held, [("L1 ddp ×2 fc1 128 fp32".to_string(), true), ("L1 ddp ×2 fc1 4096 fp32".to_string(), false)]);
         let t = targets(&rows).into_iter().find(|t| t.issue == 23).unwrap();
         assert!((t.measured - 0.05 / 1.05).abs() < 1e-9, "{t:?}");
+    }
+
+    #[test]
+    fn checkpointing_and_zero1_are_held_to_their_targets_against_their_twins() {
+        let flags = ["--levels", "1", "--strategies", "ddp,zero1", "--world-sizes", "2", "--widths", "4096", "--precisions", "fp32"];
+        let flags: Vec<&str> =
+            flags.into_iter().chain(["--batch-sizes", "512", "--activation-checkpointing", "false,true", "--no-peers"]).collect();
+        let (cases, _) = plan(&args(&flags)).unwrap();
+        let mut ours = Ours::new();
+        for c in &cases {
+            // Growth (larger rank): DDP 900 MiB, ZeRO-1 800; with checkpointing half of each.
+            let grew = if c.strategy.is_zero1() { 800.0 } else { 900.0 } / if c.activation_checkpointing { 2.0 } else { 1.0 };
+            let sps = if c.strategy.is_zero1() { 95.0 } else { 100.0 };
+            let f = RunFigures { samples_per_s: sps, ..memory_figures([500.0, 500.0], [500.0, 500.0 + grew], [900.0, 900.0]) };
+            ours.insert(c.id.clone(), vec![Ok((f, 1.0))]);
+        }
+        let rows = aggregate(&cases, &ours, &Theirs::new());
+        let got: Vec<(String, String, f64, bool)> = targets(&rows)
+            .into_iter()
+            .filter(|t| t.issue == 23 && !t.what.contains("estimated"))
+            .map(|t| (t.what, t.cell, (t.measured * 1e4).round() / 1e4, t.met))
+            .collect();
+        // BasicNet at width 4096 has 37,812,618 parameters: AdamW's moments are 302,500,944 bytes
+        // (288.49 MiB), half of which ZeRO-1 shards away at W = 2: 144.24 MiB; 100 MiB saved is 0.693.
+        let cell = |s: &str| format!("L1 {s} ×2 fc1 4096 fp32 batch 512");
+        let (ckpt, saved, speed) = (
+            "checkpointing / without: training-phase RSS growth",
+            "ZeRO-1: (DDP − ZeRO-1) RSS growth / AdamW moments sharded away",
+            "ZeRO-1 / DDP samples/s",
+        );
+        let expected = [
+            (ckpt, cell("ddp") + " ckpt", 0.5, true),
+            (saved, cell("zero1"), 0.6933, false),
+            (speed, cell("zero1"), 0.95, true),
+            (ckpt, cell("zero1") + " ckpt", 0.5, true),
+            (saved, cell("zero1") + " ckpt", 0.3466, false),
+            (speed, cell("zero1") + " ckpt", 0.95, true),
+        ];
+        let expected: Vec<(String, String, f64, bool)> = expected.into_iter().map(|(w, c, m, met)| (w.to_string(), c, m, met)).collect();
+        assert_eq!(got, expected);
+        let notes = crate::matrix::render::checkpointing_costs(&rows);
+        assert_eq!(
+            notes,
+            "\nActivation checkpointing (recompute in backward):\n\
+             - L1 ddp ×2 fc1 4096 fp32 batch 512 ckpt: samples/s 1.00×, training-phase RSS growth 0.50× the run without\n\
+             - L1 zero1 ×2 fc1 4096 fp32 batch 512 ckpt: samples/s 1.00×, training-phase RSS growth 0.50× the run without\n"
+        );
     }
 }

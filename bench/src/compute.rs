@@ -182,7 +182,9 @@ impl CpuFacts {
 /// for the one before, and costs a multiply (3 cycles latency) and an add (1 cycle) on every
 /// x86-64 core since Intel Sandy Bridge and AMD Zen, so cycles per second = links per second ×
 /// 4 — the clock as the core runs it, boost included. About 0.1 s at 2 GHz, after 0.01 s of
-/// warm-up; a machine busy with other work reads low (the bench warns about its load).
+/// warm-up. The time is the thread's own CPU time (`CLOCK_THREAD_CPUTIME_ID`), not the wall
+/// clock, so other processes sharing the cores do not make the clock read low: a thread that
+/// waits for a core accumulates no CPU time.
 pub fn measure_clock_mhz(threads: usize) -> Option<f64> {
     if !cfg!(target_arch = "x86_64") {
         return None;
@@ -191,12 +193,12 @@ pub fn measure_clock_mhz(threads: usize) -> Option<f64> {
         use std::hint::black_box;
         let (a, b) = (black_box(6_364_136_223_846_793_005_u64), black_box(1_442_695_040_888_963_407_u64));
         let mut x = black_box(1_u64);
-        let start = std::time::Instant::now();
+        let start = thread_cpu_seconds();
         for _ in 0..black_box(n) {
             x = x.wrapping_mul(a).wrapping_add(b);
         }
         black_box(x);
-        n as f64 / start.elapsed().as_secs_f64()
+        n as f64 / (thread_cpu_seconds() - start)
     }
     let handles: Vec<_> = (0..threads.max(1))
         .map(|_| {
@@ -208,8 +210,22 @@ pub fn measure_clock_mhz(threads: usize) -> Option<f64> {
         .collect::<std::io::Result<_>>()
         .ok()?;
     let mut mhz: Vec<f64> = handles.into_iter().map(|h| h.join().ok()).collect::<Option<_>>()?;
+    if mhz.iter().any(|m| !m.is_finite() || *m <= 0.0) {
+        return None;
+    }
     mhz.sort_by(f64::total_cmp);
     Some(mhz[mhz.len() / 2])
+}
+
+/// CPU time this thread has run, seconds (`clock_gettime(CLOCK_THREAD_CPUTIME_ID)`).
+fn thread_cpu_seconds() -> f64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: `ts` is a valid, writable timespec; the clock id is a constant Linux defines.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    if rc != 0 {
+        return f64::NAN;
+    }
+    ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9
 }
 
 /// fp32 FLOP per cycle per core, the bf16 factor over it, and the rule that gave them.

@@ -59,6 +59,25 @@ fn peak_flops_from_fixture_cpu_flag_sets() {
 fn the_clock_is_measured_where_cpufreq_is_absent() {
     let Some(mhz) = bench::compute::measure_clock_mhz(1) else { return };
     assert!((800.0..7000.0).contains(&mhz), "measured clock {mhz} MHz");
+    // Other work on the cores does not lower it (the chain is timed in its thread's CPU time):
+    // with four spinning threads per logical CPU, a wall-clock timing would read a fifth.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let cpus = std::thread::available_parallelism().map_or(2, usize::from);
+    let spinners: Vec<_> = (0..4 * cpus)
+        .map(|_| {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    std::hint::spin_loop();
+                }
+            })
+        })
+        .collect();
+    let loaded = bench::compute::measure_clock_mhz(cpus);
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    spinners.into_iter().for_each(|h| h.join().unwrap());
+    let loaded = loaded.expect("a clock under load");
+    assert!(loaded > 0.7 * mhz, "under load the clock read {loaded} MHz, idle {mhz} MHz");
     let facts = CpuFacts::parse(&cpuinfo("avx512-amd-zen4.txt"), 2, None).with_measured_clock(3700.0);
     let peak = cpu_peak(&facts);
     assert!((peak.fp32_flops - 2.0 * 3.7e9 * 32.0).abs() < 1.0, "{peak:?}");

@@ -51,7 +51,7 @@ pub(super) fn efficiency_table(summary: &MatrixSummary, markdown: bool) -> Table
             c.strategy.name().into(),
             c.world_size.to_string(),
             c.width.to_string(),
-            c.precision.label().into(),
+            super::case::precision_and_options(c),
             format!("{:.2}", training_flops_per_sample(c.width) as f64 / 1e6),
             cell(c.width, median(r.samples_per_s), peak, bf16),
             // The tutorial peers train in fp32; the tuned one in bf16 when it chose bf16 autocast.

@@ -458,6 +458,10 @@ pub fn render_csv(summary: &MatrixSummary) -> String {
         "tuned_ratio_median",
         "tuned_accuracy",
         "training_flops_per_sample",
+        "batch_size",
+        "activation_checkpointing",
+        "train_rss_growth_mib_median",
+        "estimated_growth_mib",
     ];
     let f = |v: Option<f64>| v.map_or(String::new(), |x| format!("{x}"));
     let mut out = header.join(",") + "\n";
@@ -514,6 +518,10 @@ pub fn render_csv(summary: &MatrixSummary) -> String {
             f(r.tuned_ratio.map(|s| s.median)),
             f(r.tuned_accuracy),
             crate::compute::training_flops_per_sample(c.width).to_string(),
+            c.batch_size.to_string(),
+            c.activation_checkpointing.to_string(),
+            f(r.train_rss_growth_median),
+            f(r.estimated_growth_mib()),
         ];
         out.push_str(&cells.join(","));
         out.push('\n');

@@ -89,3 +89,14 @@ fn plots_from_fixed_json() {
         assert!(m.contains(part), "{part}");
     }
 }
+
+/// A run on a loaded machine says so at the top of bench.md, where the book's tables come from.
+#[test]
+fn a_loaded_run_says_so_in_its_markdown() {
+    let mut summary: MatrixSummary = serde_json::from_str(&fixture("bench.json")).unwrap();
+    assert!(!bench_markdown(&summary).contains("> warning: load average"));
+    summary.load_warnings = vec!["warning: load average 7.5 on 2 cores at the start of the run: …".into()];
+    let md = bench_markdown(&summary);
+    let throughput = md.find("## Throughput").unwrap();
+    assert!(md[..throughput].contains("\n> warning: load average 7.5 on 2 cores at the start of the run: …\n"), "{md}");
+}

@@ -376,8 +376,9 @@ included.";
 /// `bench.md`.
 pub fn render_markdown(summary: &MatrixSummary) -> String {
     let mut s = format!(
-        "# ddp-ladder bench\n\n{}\n\n## Throughput (repeats: {})\n\n{}\n\n{EXPLAIN}\n\n## Steps (ms)\n\n{}\n\n{EXPLAIN_STEPS}\n\n## Memory\n\n{}\n\n{EXPLAIN_MEMORY}\n",
+        "# ddp-ladder bench\n\n{}\n{}\n## Throughput (repeats: {})\n\n{}\n\n{EXPLAIN}\n\n## Steps (ms)\n\n{}\n\n{EXPLAIN_STEPS}\n\n## Memory\n\n{}\n\n{EXPLAIN_MEMORY}\n",
         summary.machine.line(),
+        summary.load_warnings.iter().map(|w| format!("\n> {w}\n")).collect::<String>(),
         summary.repeats,
         render_throughput(summary, true),
         render_steps(summary, true),

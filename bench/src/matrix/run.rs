@@ -168,11 +168,23 @@ pub fn run_matrix(args: &RunArgs) -> Result<MatrixSummary> {
     };
     let rows = aggregate(&cases, &ours, &theirs);
     let targets = super::targets(&rows);
-    let summary =
-        MatrixSummary { machine, repeats: args.repeats, rows, skipped, allreduce, allreduce_error, targets, buckets, buckets_error };
+    let load_warnings: Vec<String> =
+        load_at_start.into_iter().chain(Machine::load_warning(Machine::load_average(), cores, "at the end of the run")).collect();
+    let summary = MatrixSummary {
+        machine,
+        repeats: args.repeats,
+        rows,
+        skipped,
+        allreduce,
+        allreduce_error,
+        targets,
+        buckets,
+        buckets_error,
+        load_warnings: load_warnings.clone(),
+    };
     println!("\n{}", render_terminal(&summary, args.all_columns));
     // After the tables, where it is read: the load at the start, and at the end.
-    for w in load_at_start.into_iter().chain(Machine::load_warning(Machine::load_average(), cores, "at the end of the run")) {
+    for w in load_warnings {
         eprintln!("{w}");
     }
     write_file(&paths.out_dir.join("bench.json"), &serde_json::to_string_pretty(&summary).unwrap_or_default())?;

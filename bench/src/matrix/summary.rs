@@ -100,6 +100,10 @@ pub struct MatrixSummary {
     /// Why the bucket measurement failed, if it did.
     #[serde(default)]
     pub buckets_error: Option<String>,
+    /// The load-average warnings of the run (at its start and end; empty on an idle machine):
+    /// its samples/s and speed ratios are not meaningful when there are any.
+    #[serde(default)]
+    pub load_warnings: Vec<String>,
 }
 
 impl MatrixSummary {

@@ -53,6 +53,9 @@ pub fn outputs(root: &Path) -> Result<Vec<Output>> {
     for (path, text) in snapshots::generated(root, &root.join(src))? {
         out.push(Output { path, text, from: "the test's snapshot" });
     }
+    if let Some(fit) = figures::load_fit(&root.join(&gen))? {
+        out.push(Output { path: gen.join("q-fit.md"), text: figures::fit::fit_tables(&fit)?, from: "the fit sweep (generated/fit.md)" });
+    }
     if let Some(run) = figures::load(&root.join(&gen))? {
         let counts = diff::LEVELS.iter().map(|l| diff::user_code(root, l).map(|c| diff::code_lines(&c))).collect::<Result<Vec<_>>>()?;
         let demo_md = std::fs::read_to_string(root.join(&gen).join("demo.md")).unwrap_or_default();

@@ -13,6 +13,7 @@ use crate::memory::{self, thousands};
 use crate::tables::{number, numbers, Table};
 use std::path::{Path, PathBuf};
 
+pub mod fit;
 pub mod full;
 mod network;
 pub use full::{split, PAGE_CHARS};
@@ -113,6 +114,7 @@ impl<'a> Matrix<'a> {
 fn strategy_label(s: &str) -> &str {
     match s {
         "ddp" => "DDP",
+        "zero1" => "ZeRO-1",
         "fsdp-full-shard" => "FULL_SHARD",
         "fsdp-shard-grad-op" => "SHARD_GRAD_OP",
         "fsdp-no-shard" => "NO_SHARD",
@@ -540,6 +542,22 @@ pub fn generated(run: &Run) -> Result<Vec<(String, String)>> {
         out.push(("plot-memory.svg".to_string(), crate::plots::memory(mem, &run.line)?));
     }
     Ok(out)
+}
+
+/// Reads the "Will it fit?" sweep from `generated_dir` (`fit-provenance.md`, `fit.md`); `None`
+/// when it has not been made.
+///
+/// # Errors
+/// An unreadable file; a provenance table without the rows its line needs.
+pub fn load_fit(generated_dir: &Path) -> Result<Option<fit::FitRun>> {
+    let file = generated_dir.join("fit.md");
+    if !file.exists() {
+        return Ok(None);
+    }
+    let prov_file = generated_dir.join("fit-provenance.md");
+    let prov = std::fs::read_to_string(&prov_file).map_err(|e| Error::io(&prov_file, e))?;
+    let bench = std::fs::read_to_string(&file).map_err(|e| Error::io(&file, e))?;
+    Ok(Some(fit::FitRun { line: crate::provenance::line(&prov, &prov_file)?, bench, file }))
 }
 
 /// Reads the run from `generated_dir` (`provenance.md`, `bench.md`); `None` when the run has

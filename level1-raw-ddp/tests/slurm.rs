@@ -53,9 +53,22 @@ fn srun_two_hosts_train_level1_in_sync_as_under_mpirun() {
     }
 
     let args = |json: &str, model: &str| -> Vec<String> {
-        [LEVEL1, "--device", "cpu", "--max-steps", "10", "--log-interval", "0", "--check-sync", "--metrics-json", json, "--save-model", model]
-            .map(str::to_string)
-            .to_vec()
+        [
+            LEVEL1,
+            "--device",
+            "cpu",
+            "--max-steps",
+            "10",
+            "--log-interval",
+            "0",
+            "--check-sync",
+            "--metrics-json",
+            json,
+            "--save-model",
+            model,
+        ]
+        .map(str::to_string)
+        .to_vec()
     };
     let mut srun = vec!["-N", "2", "-n", "2", "--mpi=pmix"].into_iter().map(str::to_string).collect::<Vec<_>>();
     srun.extend(args(&file("srun.json"), &file("srun.st")));
@@ -65,11 +78,10 @@ fn srun_two_hosts_train_level1_in_sync_as_under_mpirun() {
 
     // The same run under mpirun (ladder-run over the hostfile), one rank per host.
     let hostfile = slurm.hostfile();
-    let mut mpirun =
-        vec!["exec", "0", ladder_run().to_str().unwrap(), "--nnodes", "2", "--nproc-per-node", "1", "--hostfile", &hostfile]
-            .into_iter()
-            .map(str::to_string)
-            .collect::<Vec<_>>();
+    let mut mpirun = vec!["exec", "0", ladder_run().to_str().unwrap(), "--nnodes", "2", "--nproc-per-node", "1", "--hostfile", &hostfile]
+        .into_iter()
+        .map(str::to_string)
+        .collect::<Vec<_>>();
     mpirun.extend(args(&file("mpirun.json"), &file("mpirun.st")));
     let mut cmd = slurm.script(&mpirun.iter().map(String::as_str).collect::<Vec<_>>());
     let out = cmd.env("OMPI_ALLOW_RUN_AS_ROOT", "1").env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1").output().unwrap();

@@ -2,7 +2,8 @@
 //! real Slurm over two namespace hosts (`scripts/slurm.sh`): `scancel --signal=TERM` mid-run makes
 //! every rank finish its step and save one checkpoint, the job ends with exit code 143, and the
 //! same script submitted again resumes from it and ends bit-identical to a run never stopped.
-//! A job cancelled at 4 ranks (2 per host) resumes at 2 under the world-size rule.
+//! A job cancelled at 4 ranks (2 per host) through its batch shell (`scancel --batch`) resumes
+//! at 2 under the world-size rule.
 //! Needs root (CI runs as root); elsewhere it prints why it skips.
 
 #[path = "../../shared/tests/common/mod.rs"]
@@ -64,7 +65,7 @@ fn sbatch_scancel_term_saves_and_the_resubmitted_job_resumes_bit_identically() {
     assert!(out.status.success(), "{}", text(&out));
 
     // The batch job, cancelled with SIGTERM once its first checkpoint (step 4) is on disk.
-    let at = submit_and_cancel(&slurm, &state, &dir.path().join("job1.out"), &[]);
+    let at = submit_and_cancel(&slurm, &state, &dir.path().join("job1.out"), &[], "--quiet");
 
     // Submitted again: it finds the checkpoint, resumes, and ends where the whole run ended.
     let log2 = dir.path().join("job2.out");
@@ -76,10 +77,10 @@ fn sbatch_scancel_term_saves_and_the_resubmitted_job_resumes_bit_identically() {
     common::assert_bit_identical("resumed job vs uninterrupted run", &whole, &resumed);
 }
 
-/// Submits the job (saving every 4 steps), sends `scancel --signal=TERM` once its first
+/// Submits the job (saving every 4 steps), sends `scancel SCANCEL --signal=TERM` once its first
 /// checkpoint is on disk, and checks that it saved mid-run and ended with code 143; returns the
 /// step saved.
-fn submit_and_cancel(slurm: &Slurm, state: &Path, log: &Path, sbatch: &[&str]) -> u64 {
+fn submit_and_cancel(slurm: &Slurm, state: &Path, log: &Path, sbatch: &[&str], scancel: &str) -> u64 {
     let id = submit(slurm, state, log, sbatch, &["--save-every", "4"]);
     let start = Instant::now();
     while common::checkpoint_step(state).is_none() {
@@ -89,7 +90,7 @@ fn submit_and_cancel(slurm: &Slurm, state: &Path, log: &Path, sbatch: &[&str]) -
         std::thread::sleep(Duration::from_millis(5));
     }
     let signalled = Instant::now();
-    let out = slurm.on_host0("scancel", &["--signal=TERM", &id]).output().unwrap();
+    let out = slurm.on_host0("scancel", &[scancel, "--signal=TERM", &id]).output().unwrap();
     assert!(out.status.success(), "{}", text(&out));
     let (st, code) = wait_job(slurm, &id, Duration::from_secs(60));
     let took = signalled.elapsed();
@@ -99,11 +100,12 @@ fn submit_and_cancel(slurm: &Slurm, state: &Path, log: &Path, sbatch: &[&str]) -
     assert_eq!((st.as_str(), code.as_str()), ("FAILED", "143:0"), "the job ends with the preempted code 143:\n{text}");
     let said = format!("preempted (SIGTERM): every process finished step {at} and the state was saved to {}", state.display());
     assert!(text.contains(&said), "{text}");
-    eprintln!("scancel --signal=TERM {sbatch:?}: state at step {at} saved and the job ended within {took:?}");
+    eprintln!("scancel {scancel} --signal=TERM {sbatch:?}: state at step {at} saved and the job ended within {took:?}");
     at
 }
 
-/// `sbatch --ntasks-per-node=2` (4 ranks) cancelled, then the script submitted at 1 per node
+/// `sbatch --ntasks-per-node=2` (4 ranks) cancelled with `scancel --batch --signal=TERM` (only
+/// the batch shell is signalled: the script hands it to the ranks), then the script submitted at 1 per node
 /// (2 ranks): the second job resumes from the 4-rank checkpoint and trains the rest of the
 /// steps at 2 ranks — the samples counted globally: 4·64 per step before, 2·64 after.
 #[test]
@@ -116,7 +118,7 @@ fn sbatch_at_4_ranks_cancelled_resumes_at_2() {
     let slurm = Slurm::up("w42", 2);
     let dir = tempfile::tempdir().unwrap();
     let state = dir.path().join("state");
-    let at = submit_and_cancel(&slurm, &state, &dir.path().join("job1.out"), &["--ntasks-per-node=2"]);
+    let at = submit_and_cancel(&slurm, &state, &dir.path().join("job1.out"), &["--ntasks-per-node=2"], "--batch");
     let saved: serde_json::Value =
         serde_json::from_slice(&std::fs::read(state.join(ladder_core::checkpoint::STATE_FILE)).unwrap()).unwrap();
     assert_eq!((saved["world_size"].as_u64(), saved["samples_consumed"].as_u64()), (Some(4), Some(at * 4 * 64)), "{saved}");

@@ -161,7 +161,7 @@ pub fn expand_tasks_per_node(list: &str) -> std::result::Result<Vec<usize>, Stri
         if repeat == 0 || out.len() + repeat > MAX_HOSTS {
             return Err(bad());
         }
-        out.extend(std::iter::repeat(count).take(repeat));
+        out.extend(std::iter::repeat_n(count, repeat));
     }
     Ok(out)
 }

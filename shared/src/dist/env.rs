@@ -45,9 +45,11 @@ pub struct DistEnv {
     /// Number of ranks on this node (`LOCAL_WORLD_SIZE` / `OMPI_COMM_WORLD_LOCAL_SIZE`); each rank
     /// uses `cores / local_world_size` threads. Defaults to `world_size` when not set (one node).
     pub local_world_size: usize,
-    /// Host of the rendezvous store (`MASTER_ADDR`), default `"127.0.0.1"`.
+    /// Host of the rendezvous store (`MASTER_ADDR`; under srun without it, the first host of
+    /// the step's node list), default `"127.0.0.1"`.
     pub master_addr: String,
-    /// Port of the rendezvous store (`MASTER_PORT`), `None` when not set.
+    /// Port of the rendezvous store (`MASTER_PORT`; under srun without it, derived from the job
+    /// id: [`super::slurm::port_for_job`]), `None` when not set.
     pub master_port: Option<u16>,
     /// Who set the variables.
     pub launcher: Launcher,

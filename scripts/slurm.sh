@@ -103,8 +103,13 @@ write_conf() {
     } >"$CONF"
     # Slurm 22.05's slurmd loads a cgroup plugin even with proctrack/linuxproc and task/none, and
     # its autodetection fails where /sys/fs/cgroup is a tmpfs of v1 controllers (containers):
-    # name the plugin; none of the enabled plugins creates cgroups.
-    echo "CgroupPlugin=cgroup/v1" >"$DIR/cgroup.conf"
+    # name the plugin there; on a cgroup2 mount autodetection works. None of the enabled plugins
+    # creates cgroups.
+    if [[ $(stat -fc %T /sys/fs/cgroup 2>/dev/null) == cgroup2fs ]]; then
+        echo "CgroupPlugin=autodetect" >"$DIR/cgroup.conf"
+    else
+        echo "CgroupPlugin=cgroup/v1" >"$DIR/cgroup.conf"
+    fi
 }
 
 up() {

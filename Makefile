@@ -7,7 +7,7 @@ export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
 CARGO ?= cargo
 RELEASE := target/release
 
-.PHONY: help demo test bench setup build book book-data cluster-up cluster-down
+.PHONY: help demo test bench setup build book book-data cluster-up cluster-down slurm-up slurm-down
 
 ## make help: this list (also what `make` alone prints).
 help:
@@ -78,3 +78,12 @@ cluster-up:
 ## make cluster-down: remove the namespace hosts, their network and any process left on them.
 cluster-down:
 	bash scripts/cluster.sh down
+
+## make slurm-up: a real Slurm on the namespace hosts (munged, slurmctld on host 0, one slurmd per
+## host; root): then `scripts/slurm.sh exec 0 srun ...` or `... sbatch ...`. See scripts/slurm.sh.
+slurm-up: setup
+	bash scripts/slurm.sh up $(CLUSTER_NODES)
+
+## make slurm-down: stop Slurm and remove the namespace hosts (also after a failure).
+slurm-down:
+	bash scripts/slurm.sh down

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Idempotent set-up for ddp-ladder. Every make target calls it first.
 #
-#  1. Debian packages: OpenMPI (mpirun + headers), libclang (rsmpi's bindgen), pkg-config.
+#  1. Debian packages: OpenMPI (mpirun + headers), libclang (rsmpi's bindgen), pkg-config, and
+#     Slurm with munge (scripts/slurm.sh: the two-host Slurm tests; Debian's slurm-wlm has the
+#     mpi/pmix plugin that `srun --mpi=pmix` needs).
 #     `apt-get update` runs only when something is missing.
 #  2. A Python venv holding torch==2.13.0 — the libtorch that tch 0.26 links against — kept in a
 #     per-user cache keyed by the torch version (override with LADDER_VENV), so a fresh clone on the
@@ -20,7 +22,7 @@ venv=${LADDER_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/ddp-ladder/venv-torch-$TORCH
 log() { printf '[bootstrap] %s\n' "$*" >&2; }
 
 # --- 1. Debian packages -------------------------------------------------------------------------
-pkgs=(openmpi-bin libopenmpi-dev libclang-dev pkg-config)
+pkgs=(openmpi-bin libopenmpi-dev libclang-dev pkg-config slurm-wlm munge)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")

@@ -123,3 +123,141 @@ fn contradictions_are_typed_errors() {
     assert!(start.elapsed() < std::time::Duration::from_secs(1), "parsing took {:?}", start.elapsed());
     insta::assert_snapshot!(report);
 }
+
+/// Task 1 of `srun -N 2 -n 2` on the namespace cluster, as its environment read (trimmed to what
+/// matters; `PMIX_RANK` is added by `--mpi=pmix`).
+const SRUN_TASK1: &[(&str, &str)] = &[
+    ("SLURM_JOB_ID", "123456"),
+    ("SLURM_JOB_NODELIST", "sl-node[0-1]"),
+    ("SLURM_LOCALID", "0"),
+    ("SLURM_NNODES", "2"),
+    ("SLURM_NODEID", "1"),
+    ("SLURM_NODELIST", "sl-node[0-1]"),
+    ("SLURM_NTASKS", "2"),
+    ("SLURM_PROCID", "1"),
+    ("SLURM_STEPID", "0"),
+    ("SLURM_STEP_ID", "0"),
+    ("SLURM_STEP_NODELIST", "sl-node[0-1]"),
+    ("SLURM_STEP_NUM_TASKS", "2"),
+    ("SLURM_STEP_TASKS_PER_NODE", "1(x2)"),
+    ("SLURM_TASKS_PER_NODE", "1(x2)"),
+];
+
+fn with(base: &[(&'static str, &'static str)], set: &[(&'static str, &'static str)], unset: &[&str]) -> Vec<(&'static str, &'static str)> {
+    let mut v: Vec<_> = base.iter().filter(|(k, _)| !unset.contains(k) && !set.iter().any(|(s, _)| s == k)).copied().collect();
+    v.extend_from_slice(set);
+    v
+}
+
+#[test]
+fn srun_variables() {
+    let env = parse(SRUN_TASK1).unwrap();
+    assert_eq!(
+        env,
+        DistEnv {
+            rank: 1,
+            local_rank: 0,
+            world_size: 2,
+            local_world_size: 1,
+            master_addr: "sl-node0".into(),
+            master_port: Some(18456), // Lightning's rule: last four digits of the job id + 15000
+            launcher: Launcher::Srun { pmix: false },
+        }
+    );
+    assert!(!env.under_mpirun(), "srun without --mpi=pmix cannot form an MPI world");
+    let env = parse(&with(SRUN_TASK1, &[("PMIX_RANK", "1")], &[])).unwrap();
+    assert_eq!(env.launcher, Launcher::Srun { pmix: true });
+    assert!(env.under_mpirun());
+    // `srun -N 4 -n 7` with 2+2+2+1 tasks: the fourth node's only task.
+    let env = parse(&with(
+        SRUN_TASK1,
+        &[
+            ("SLURM_PROCID", "6"),
+            ("SLURM_STEP_NUM_TASKS", "7"),
+            ("SLURM_NODEID", "3"),
+            ("SLURM_STEP_TASKS_PER_NODE", "2(x3),1"),
+            ("SLURM_STEP_NODELIST", "gpu[07-10],login1"),
+        ],
+        &[],
+    ))
+    .unwrap();
+    assert_eq!((env.rank, env.world_size, env.local_rank, env.local_world_size), (6, 7, 0, 1));
+    assert_eq!(env.master_addr, "gpu07");
+    // The job-wide variables serve when the step ones are absent (older Slurm).
+    let env = parse(&with(
+        SRUN_TASK1,
+        &[("SLURM_NTASKS", "4"), ("SLURM_TASKS_PER_NODE", "2(x2)"), ("SLURM_LOCALID", "1"), ("SLURM_PROCID", "3")],
+        &["SLURM_STEP_NUM_TASKS", "SLURM_STEP_TASKS_PER_NODE", "SLURM_STEP_NODELIST", "SLURM_STEP_ID", "SLURM_JOB_ID"],
+    ))
+    .unwrap();
+    assert_eq!((env.rank, env.world_size, env.local_rank, env.local_world_size), (3, 4, 1, 2));
+    assert_eq!((env.master_addr.as_str(), env.master_port), ("sl-node0", Some(12910)));
+    // MASTER_ADDR and MASTER_PORT win over Slurm's.
+    let env = parse(&with(SRUN_TASK1, &[("MASTER_ADDR", "10.213.0.9"), ("MASTER_PORT", "29500")], &[])).unwrap();
+    assert_eq!((env.master_addr.as_str(), env.master_port, env.rank), ("10.213.0.9", Some(29500), 1));
+}
+
+#[test]
+fn slurm_precedence() {
+    // A batch script (no step): Slurm's job variables describe the allocation, not this
+    // process, which runs plainly.
+    let batch = with(SRUN_TASK1, &[("SLURM_PROCID", "0"), ("SLURM_NODEID", "0")], &["SLURM_STEP_ID", "SLURM_STEPID"]);
+    assert_eq!(parse(&batch).unwrap(), DistEnv::single());
+    // torchrun's variables win (ladder-run --backend nccl, or a script exporting them).
+    let env = parse(&with(SRUN_TASK1, &[("RANK", "3"), ("WORLD_SIZE", "4"), ("MASTER_ADDR", "h"), ("MASTER_PORT", "29400")], &[])).unwrap();
+    assert_eq!((env.rank, env.world_size, env.launcher, env.master_port), (3, 4, Launcher::Torchrun, Some(29400)));
+    // mpirun inside the allocation: its ranks inherit the step variables of the daemon that
+    // started them (srun launches Open MPI's daemons), and OMPI_COMM_WORLD_* win.
+    let env = parse(&with(
+        SRUN_TASK1,
+        &[
+            ("OMPI_COMM_WORLD_RANK", "2"),
+            ("OMPI_COMM_WORLD_SIZE", "4"),
+            ("OMPI_COMM_WORLD_LOCAL_RANK", "0"),
+            ("OMPI_COMM_WORLD_LOCAL_SIZE", "2"),
+        ],
+        &[],
+    ))
+    .unwrap();
+    assert_eq!((env.rank, env.world_size, env.local_world_size, env.launcher), (2, 4, 2, Launcher::Mpirun));
+}
+
+/// Every malformed Slurm environment is an `Error::Env` naming the variable, its value and what
+/// was expected.
+#[test]
+fn slurm_errors() {
+    let cases: Vec<(&str, Vec<(&str, &str)>)> = vec![
+        ("no procid", with(SRUN_TASK1, &[], &["SLURM_PROCID"])),
+        ("no task count", with(SRUN_TASK1, &[], &["SLURM_STEP_NUM_TASKS", "SLURM_NTASKS"])),
+        ("no localid", with(SRUN_TASK1, &[], &["SLURM_LOCALID"])),
+        ("no nodeid", with(SRUN_TASK1, &[], &["SLURM_NODEID"])),
+        ("no tasks per node", with(SRUN_TASK1, &[], &["SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE"])),
+        ("no node list", with(SRUN_TASK1, &[], &["SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST"])),
+        ("procid not a number", with(SRUN_TASK1, &[("SLURM_PROCID", "one")], &[])),
+        ("procid not below ntasks", with(SRUN_TASK1, &[("SLURM_PROCID", "2")], &[])),
+        ("nodeid beyond the nodes", with(SRUN_TASK1, &[("SLURM_NODEID", "2")], &[])),
+        ("localid not below the node's tasks", with(SRUN_TASK1, &[("SLURM_LOCALID", "1")], &[])),
+        ("tasks per node do not add up", with(SRUN_TASK1, &[("SLURM_STEP_TASKS_PER_NODE", "2(x2)")], &[])),
+        ("malformed tasks per node", with(SRUN_TASK1, &[("SLURM_STEP_TASKS_PER_NODE", "1(x2")], &[])),
+        ("malformed node list", with(SRUN_TASK1, &[("SLURM_STEP_NODELIST", "sl-node[0-1")], &[])),
+        ("descending range", with(SRUN_TASK1, &[("SLURM_STEP_NODELIST", "sl-node[1-0]")], &[])),
+        ("pmix rank disagrees", with(SRUN_TASK1, &[("PMIX_RANK", "0")], &[])),
+    ];
+    let mut report = String::new();
+    for (what, vars) in &cases {
+        match parse(vars) {
+            Err(Error::Env(msg)) => report.push_str(&format!("{what}: {msg}\n")),
+            other => panic!("{what}: expected Error::Env, got {other:?}"),
+        }
+    }
+    insta::assert_snapshot!(report);
+}
+
+/// The mpi backend in an srun task without PMIx: refused before `MPI_Init` (which would abort
+/// with Open MPI's "OMPI was not built with SLURM's PMI support"), saying what to do instead.
+#[test]
+fn srun_without_pmix_refuses_the_mpi_backend() {
+    let env = parse(SRUN_TASK1).unwrap();
+    let err = ladder_core::dist::init_with_env(ladder_core::dist::Backend::Mpi, &env).unwrap_err().to_string();
+    insta::assert_snapshot!(err);
+}

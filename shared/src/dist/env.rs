@@ -4,7 +4,10 @@
 //! Variables read, as `torchrun` sets them (`torch.distributed.run`): `RANK`, `LOCAL_RANK`,
 //! `WORLD_SIZE`, `LOCAL_WORLD_SIZE`, `MASTER_ADDR`, `MASTER_PORT`. Under Open MPI's `mpirun` the
 //! ranks come from `OMPI_COMM_WORLD_RANK`, `OMPI_COMM_WORLD_SIZE`, `OMPI_COMM_WORLD_LOCAL_RANK`
-//! and `OMPI_COMM_WORLD_LOCAL_SIZE`; torchrun variables set alongside them must agree.
+//! and `OMPI_COMM_WORLD_LOCAL_SIZE`; torchrun variables set alongside them must agree. In a
+//! task of a Slurm job step (`srun`), with neither set, the ranks come from Slurm's variables
+//! ([`super::slurm`]). Precedence: `OMPI_COMM_WORLD_*` (mpirun, also inside an allocation), then
+//! the torchrun variables, then Slurm's.
 //! With nothing set the world is one rank (every binary also runs plainly).
 
 use crate::{Error, Result};
@@ -18,6 +21,12 @@ pub enum Launcher {
     Torchrun,
     /// Open MPI's `mpirun` (or `ladder-run --backend mpi`): the `OMPI_COMM_WORLD_*` variables.
     Mpirun,
+    /// Slurm's `srun`: the `SLURM_*` variables of a job step ([`super::slurm::step_env`]).
+    Srun {
+        /// Whether `srun --mpi=pmix` started the task (`PMIX_RANK` set): only then can Open MPI's
+        /// `MPI_Init` join the other tasks without `mpirun`.
+        pmix: bool,
+    },
 }
 
 /// This process's place in the job, read from the launcher's environment.
@@ -36,9 +45,11 @@ pub struct DistEnv {
     /// Number of ranks on this node (`LOCAL_WORLD_SIZE` / `OMPI_COMM_WORLD_LOCAL_SIZE`); each rank
     /// uses `cores / local_world_size` threads. Defaults to `world_size` when not set (one node).
     pub local_world_size: usize,
-    /// Host of the rendezvous store (`MASTER_ADDR`), default `"127.0.0.1"`.
+    /// Host of the rendezvous store (`MASTER_ADDR`; under srun without it, the first host of
+    /// the step's node list), default `"127.0.0.1"`.
     pub master_addr: String,
-    /// Port of the rendezvous store (`MASTER_PORT`), `None` when not set.
+    /// Port of the rendezvous store (`MASTER_PORT`; under srun without it, derived from the job
+    /// id: [`super::slurm::port_for_job`]), `None` when not set.
     pub master_port: Option<u16>,
     /// Who set the variables.
     pub launcher: Launcher,
@@ -81,16 +92,19 @@ impl DistEnv {
         }
     }
 
-    /// Whether the ranks came from `mpirun` (MPI must then be initialised even at world size 1).
+    /// Whether an MPI launcher started the ranks — `mpirun`, or `srun --mpi=pmix` — so that
+    /// `MPI_Init` forms their world (MPI must then be initialised even at world size 1).
     pub fn under_mpirun(&self) -> bool {
-        self.launcher == Launcher::Mpirun
+        matches!(self.launcher, Launcher::Mpirun | Launcher::Srun { pmix: true })
     }
 
     /// Builds the environment from `get` (a variable name to its value), so tests need not touch
     /// the process environment.
     ///
     /// The `OMPI_COMM_WORLD_*` variables, when present, decide the ranks ([`Launcher::Mpirun`]);
-    /// otherwise `RANK`/`WORLD_SIZE` do ([`Launcher::Torchrun`]); with neither, world size 1.
+    /// otherwise `RANK`/`WORLD_SIZE` do ([`Launcher::Torchrun`]); otherwise, in a Slurm job step,
+    /// Slurm's variables ([`Launcher::Srun`], see [`super::slurm::step_env`] for its variables,
+    /// `MASTER_ADDR` and `MASTER_PORT` rules and errors); with none, world size 1.
     ///
     /// # Errors
     /// [`Error::Env`] naming the variables and values when: a number does not parse (or is out
@@ -132,6 +146,13 @@ impl DistEnv {
                 _ => return Err(Error::Env(format!("MASTER_PORT={p:?} is not a port number in 1..=65535"))),
             },
         };
+
+        let torchrun_set = [rank, world, local_rank, local_world].iter().any(Option::is_some);
+        if o_rank.is_none() && o_world.is_none() && !torchrun_set {
+            if let Some(env) = super::slurm::step_env(&get, get("MASTER_ADDR").map(|_| master_addr.clone()), master_port)? {
+                return Ok(env);
+            }
+        }
 
         // Torchrun and OMPI values for the same quantity must agree.
         let agree = |torch: &str, tv: Option<usize>, ompi: &str, ov: Option<usize>| -> Result<()> {

@@ -17,6 +17,7 @@ pub mod mpi;
 pub mod nccl;
 pub mod progress;
 pub mod rendezvous;
+pub mod slurm;
 pub mod work;
 
 use crate::{Error, Result};
@@ -374,6 +375,11 @@ pub fn init_with_env_timeout(backend: Backend, env: &DistEnv, timeout: Duration)
         return Ok(Box::new(local::LocalGroup::new(backend, device)));
     }
     match backend {
+        Backend::Mpi if env.launcher == env::Launcher::Srun { pmix: false } => Err(Error::Env(format!(
+            "srun without --mpi=pmix cannot start Open MPI ranks (this is task {} of {}, and PMIX_RANK is not set); \
+             use `srun --mpi=pmix` (or MpiDefault=pmix in slurm.conf), or mpirun / ladder-run inside the allocation",
+            env.rank, env.world_size
+        ))),
         Backend::Mpi if !env.under_mpirun() => Err(Error::Env(format!(
             "the mpi backend needs its {} ranks started by mpirun (`mpirun -n {}` or `ladder-run --backend mpi`), \
              but this process has only the torchrun variables (RANK={}, WORLD_SIZE={}); \

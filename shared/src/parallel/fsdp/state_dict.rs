@@ -32,7 +32,9 @@ impl<M: Segmented> FullyShardedDataParallel<'_, M> {
     /// [`Error::Fsdp`] when `per_unit` does not hold one shard-shaped tensor per unit; collective
     /// errors.
     pub fn gather_full(&self, per_unit: &[Tensor]) -> Result<Option<Vec<(String, Tensor)>>> {
-        let rank = self.pg.rank();
+        // Gathered within the shard group (HSDP's replicas hold the same shards); returned on
+        // the job's rank 0.
+        let rank = self.world.rank();
         if per_unit.len() != self.units.len() || per_unit.iter().zip(&self.units).any(|(t, u)| t.numel() as i64 != u.shard_numel) {
             return Err(Error::Fsdp {
                 rank,
@@ -126,7 +128,7 @@ impl<M: Segmented> FullyShardedDataParallel<'_, M> {
         let names: Vec<String> = self.units.iter().map(|u| u.key()).collect();
         let local = opt.state_dict(&names);
         if local.is_empty() {
-            return Ok((self.pg.rank() == 0).then(Vec::new));
+            return Ok((self.world.rank() == 0).then(Vec::new));
         }
         let map: BTreeMap<String, Tensor> = local.into_iter().collect();
         let step = map[&format!("{}.step", names[0])].shallow_clone();
@@ -135,7 +137,7 @@ impl<M: Segmented> FullyShardedDataParallel<'_, M> {
             let shards: Vec<Tensor> = names.iter().map(|n| map[&format!("{n}.{moment}")].shallow_clone()).collect();
             per_moment.push((moment, self.gather_full(&shards)?));
         }
-        if self.pg.rank() != 0 {
+        if self.world.rank() != 0 {
             return Ok(None);
         }
         let gathered: Vec<(&str, BTreeMap<String, Tensor>)> =

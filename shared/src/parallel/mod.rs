@@ -57,14 +57,13 @@ pub enum ShardingStrategy {
     /// through FSDP's code path.
     #[value(name = "no-shard", alias = "NO_SHARD", alias = "ShardingStrategy.NO_SHARD", alias = "3")]
     NoShard,
-    /// HSDP: ranks form a `dp_replicate_size x dp_shard_size` mesh ([`FsdpOptions::dp_shard_size`],
-    /// by default one node's ranks per shard group); FULL_SHARD within each shard group,
-    /// replicas across them — gradients reduce-scattered within the shard group, then
-    /// all-reduced across the replicate group (averaged over the whole world).
+    /// HSDP: FULL_SHARD within each shard group (dp_shard_size ranks, by default one node's),
+    /// replicas across the groups; gradients reduce-scattered in the shard group, then
+    /// all-reduced (averaged over the world) across the replicas.
     #[value(name = "hybrid-shard", alias = "HYBRID_SHARD", alias = "ShardingStrategy.HYBRID_SHARD", alias = "4")]
     HybridShard,
     /// As hybrid-shard, with SHARD_GRAD_OP (ZeRO-2) within the shard group: gathered parameters
-    /// kept from forward to backward. PyTorch's private `_HYBRID_SHARD_ZERO2`.
+    /// kept from forward to backward (PyTorch's private _HYBRID_SHARD_ZERO2).
     #[value(
         name = "hybrid-shard-zero2",
         alias = "_HYBRID_SHARD_ZERO2",

@@ -187,7 +187,8 @@ pub fn cleanup(pg: &dyn ProcessGroup) {
 pub fn run(cfg: &Config) -> Result<Report> {
     let start = Instant::now();
     let plan = Plan::new(cfg)?;
-    train_ddp(cfg, &cfg.train, &plan, start)
+    // The wrapper checks what needs the world size (HSDP's --dp-shard-size): name its flags.
+    train_ddp(cfg, &cfg.train, &plan, start).map_err(|e| e.named_by(FLAG_NAMES))
 }
 
 /// What is settled before the tutorial's code runs: the flags checked, the strategy with its
@@ -245,7 +246,7 @@ fn train_ddp(cfg: &Config, args: &TrainArgs, plan: &Plan, start: Instant) -> Res
     let net = BasicNet::new(&vs.root(), BasicNetConfig { width: cfg.width, ..Default::default() });
 
     // 3. Wrap it. DDP: broadcast from rank 0, gradient buckets. FSDP: FlatParameters, shards.
-    let mut model = WrappedModel::new(vs, net, pg, &plan.wrap).map_err(|e| e.named_by(FLAG_NAMES))?;
+    let mut model = WrappedModel::new(vs, net, pg, &plan.wrap)?;
     if cfg.explain && rank == 0 {
         println!("{}\n", model.explain());
     }

@@ -27,7 +27,7 @@ impl<M: Segmented> FullyShardedDataParallel<'_, M> {
     pub fn backward(&mut self, loss: &Tensor) -> Result<()> {
         let Some(out) = self.output.take() else {
             return Err(Error::Fsdp {
-                rank: self.pg.rank(),
+                rank: self.shard_pg.rank(),
                 problem: "backward called without a preceding forward_t in grad mode (or twice for one forward); \
                           expected forward_t(x, train) → loss → backward(&loss)"
                     .into(),
@@ -132,7 +132,7 @@ impl<M: Segmented> FullyShardedDataParallel<'_, M> {
             let out = if self.config.sharding_strategy.is_sharded() {
                 let mut out = Tensor::zeros([self.units[u].shard_numel], (rkind, input.device()));
                 // The flat gradient is a temporary: the backend may reduce it in place.
-                self.pg.run(Collective::reduce_scatter(&mut out, input, ReduceOp::Avg))?;
+                self.shard_pg.run(Collective::reduce_scatter(&mut out, input, ReduceOp::Avg))?;
                 if let Some(replicate) = self.replicate {
                     // HSDP: the shard group's average, averaged over the replicas — the
                     // average over the world (every group has the same size).
@@ -141,7 +141,7 @@ impl<M: Segmented> FullyShardedDataParallel<'_, M> {
                 }
                 out
             } else {
-                self.pg.all_reduce(&mut input, ReduceOp::Avg)?;
+                self.shard_pg.all_reduce(&mut input, ReduceOp::Avg)?;
                 input
             };
             self.comm += t0.elapsed();

@@ -25,10 +25,13 @@ pub struct HybridMesh<'pg> {
     pub replicate: Option<&'pg dyn ProcessGroup>,
 }
 
+/// A world group (its address, backend, rank, size) and a shard size.
 type Key = (usize, &'static str, usize, usize, usize);
+/// The shard and replicate groups made for a [`Key`].
+type Groups = (&'static dyn ProcessGroup, &'static dyn ProcessGroup);
 
 thread_local! {
-    static MESHES: RefCell<HashMap<Key, (&'static dyn ProcessGroup, &'static dyn ProcessGroup)>> = RefCell::new(HashMap::new());
+    static MESHES: RefCell<HashMap<Key, Groups>> = RefCell::new(HashMap::new());
 }
 
 /// `dp_shard_size` as given, else `LOCAL_WORLD_SIZE` (the ranks of one node).

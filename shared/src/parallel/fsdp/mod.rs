@@ -119,7 +119,7 @@ pub struct FullyShardedDataParallel<'pg, M: Segmented> {
     output: Option<Tensor>,
     train: bool,
     /// The group the parameters are sharded over: the world, or HSDP's shard group.
-    pg: &'pg dyn ProcessGroup,
+    shard_pg: &'pg dyn ProcessGroup,
     /// Every rank of the job (the group given to [`new`](Self::new)).
     world: &'pg dyn ProcessGroup,
     /// HSDP's replicate group: the reduce-scattered gradient shards are all-reduced (Avg)
@@ -156,8 +156,8 @@ impl<M: Segmented> GradSync for FullyShardedDataParallel<'_, M> {
 impl<M: Segmented> std::fmt::Debug for FullyShardedDataParallel<'_, M> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("FullyShardedDataParallel")
-            .field("rank", &self.pg.rank())
-            .field("world_size", &self.pg.world_size())
+            .field("rank", &self.world.rank())
+            .field("world_size", &self.world.world_size())
             .field("sharding_strategy", &self.config.sharding_strategy)
             .field("units", &self.units.len())
             .finish()
@@ -250,7 +250,7 @@ impl<'pg, M: Segmented> FullyShardedDataParallel<'pg, M> {
             activation_checkpointing: false,
             output: None,
             train: false,
-            pg,
+            shard_pg: pg,
             world,
             replicate: mesh.replicate,
             config,
@@ -280,7 +280,7 @@ impl<'pg, M: Segmented> FullyShardedDataParallel<'pg, M> {
     /// The group the parameters are sharded over: [`pg`](Self::pg), or HSDP's shard group
     /// (`dp_shard_size` ranks).
     pub fn shard_group(&self) -> &'pg dyn ProcessGroup {
-        self.pg
+        self.shard_pg
     }
 
     /// HSDP's replicate group (`dp_replicate_size` ranks), `None` for the other strategies.
@@ -462,7 +462,7 @@ impl<'pg, M: Segmented> FullyShardedDataParallel<'pg, M> {
     /// errors.
     pub fn clip_grad_norm(&self, max_norm: f64) -> Result<f64> {
         let grads: Vec<Tensor> = self.shards.iter().map(Tensor::grad).collect();
-        clip_grad_norm(&grads, max_norm, self.config.sharding_strategy.is_sharded().then_some(self.pg))
+        clip_grad_norm(&grads, max_norm, self.config.sharding_strategy.is_sharded().then_some(self.shard_pg))
     }
 
     /// This rank's shards (one trainable `[shard_numel]` tensor per unit, unit order): what an
@@ -489,19 +489,19 @@ impl<'pg, M: Segmented> FullyShardedDataParallel<'pg, M> {
                 .iter()
                 .map(|u| {
                     let v = [u.numel as f64, u.padded_numel as f64, u.shard_numel as f64];
-                    (format!("layout of unit {}", u.display_name()), Tensor::from_slice(&v).to_device(self.pg.device()))
+                    (format!("layout of unit {}", u.display_name()), Tensor::from_slice(&v).to_device(self.shard_pg.device()))
                 })
                 .collect();
             check_in_sync(self.world, &layout)
         } else {
             let named: Vec<(String, Tensor)> = self.units.iter().zip(&self.shards).map(|(u, s)| (u.key(), s.detach())).collect();
-            check_in_sync(self.pg, &named)
+            check_in_sync(self.shard_pg, &named)
         }
     }
 
     /// The unit layout as a table, for `--explain`.
     pub fn explain(&self) -> String {
-        explain_units(&self.units, self.config.sharding_strategy, self.pg.world_size(), self.config.min_num_params)
+        explain_units(&self.units, self.config.sharding_strategy, self.shard_pg.world_size(), self.config.min_num_params)
     }
 
     /// Model-state bytes this rank holds, from the tensors themselves (numel × element size):

@@ -51,7 +51,7 @@ impl<M: Segmented> FullyShardedDataParallel<'_, M> {
                 let shard = per_unit[u].detach().contiguous();
                 let full = if self.config.sharding_strategy.is_sharded() {
                     let mut full = Tensor::empty([unit.padded_numel], (shard.kind(), shard.device()));
-                    self.pg.all_gather(&mut full, &shard)?;
+                    self.shard_pg.all_gather(&mut full, &shard)?;
                     full
                 } else {
                     shard
@@ -82,7 +82,7 @@ impl<M: Segmented> FullyShardedDataParallel<'_, M> {
         let expected: BTreeMap<&str, &[i64]> =
             self.units.iter().flat_map(|u| u.param_names.iter().zip(&u.shapes).map(|(n, s)| (n.as_str(), s.as_slice()))).collect();
         check_keys(&map, &expected, "full", "the unwrapped model's named_parameters()")?;
-        let (rank, strategy) = (self.pg.rank(), self.config.sharding_strategy);
+        let (rank, strategy) = (self.shard_pg.rank(), self.config.sharding_strategy);
         tch::no_grad(|| {
             self.units
                 .iter()
@@ -206,8 +206,8 @@ impl<M: Segmented> FullyShardedDataParallel<'_, M> {
         let expected: BTreeMap<&str, &[i64]> = shapes.iter().map(|(k, s)| (k.as_str(), s.as_slice())).collect();
         let what = format!(
             "the shards of rank {} of {} ({}, min_num_params {})",
-            self.pg.rank(),
-            self.pg.world_size(),
+            self.shard_pg.rank(),
+            self.shard_pg.world_size(),
             self.config.sharding_strategy,
             self.config.min_num_params
         );

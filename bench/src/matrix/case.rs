@@ -211,7 +211,10 @@ mod tests {
         let read: Replication = "FULL_SHARD".parse().unwrap();
         assert_eq!((read, read.sharding(), read.is_ddp()), (case.strategy, Some(ShardingStrategy::FullShard), false));
         let names: Vec<&str> = Replication::value_variants().iter().map(|r| r.name()).collect();
-        assert_eq!(names, ["single", "ddp", "fsdp-full-shard", "fsdp-shard-grad-op", "fsdp-no-shard"]);
+        assert_eq!(
+            names,
+            ["single", "ddp", "fsdp-full-shard", "fsdp-shard-grad-op", "fsdp-no-shard", "fsdp-hybrid-shard", "fsdp-hybrid-shard-zero2"]
+        );
         let err = "zero3".parse::<Replication>().unwrap_err().to_string();
         assert!(err.starts_with("invalid strategy \"zero3\": expected single, ddp, fsdp-full-shard"), "{err}");
     }

@@ -30,7 +30,12 @@ fn an_unknown_level_is_named() {
 fn an_unknown_strategy_is_refused_before_anything_runs() {
     let (ok, _, stderr) = run(&["demo", "--strategy", "zero3"]);
     assert!(!ok && stderr.contains("invalid value 'zero3' for '--strategy <STRATEGY>'"), "{stderr}");
-    assert!(stderr.contains("[possible values: ddp, fsdp-full-shard, fsdp-shard-grad-op, fsdp-no-shard]"), "{stderr}");
+    assert!(
+        stderr.contains(
+            "[possible values: ddp, fsdp-full-shard, fsdp-shard-grad-op, fsdp-no-shard, fsdp-hybrid-shard, fsdp-hybrid-shard-zero2]"
+        ),
+        "{stderr}"
+    );
 }
 
 #[test]

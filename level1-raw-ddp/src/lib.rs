@@ -73,6 +73,13 @@ pub struct Config {
     #[arg(long)]
     #[serde(default)]
     pub fsdp_forward_prefetch: bool,
+    /// HSDP's shard-group size (Accelerate's ParallelismConfig dp_shard_size): the hybrid
+    /// strategies shard over runs of this many consecutive ranks and replicate across the
+    /// world_size / N runs (dp_replicate_size); it must divide the world size [default:
+    /// LOCAL_WORLD_SIZE, the ranks of one node; fsdp-hybrid-shard(-zero2) only].
+    #[arg(long, value_name = "N")]
+    #[serde(default)]
+    pub dp_shard_size: Option<usize>,
     /// Output features of BasicNet's fc1 (the tutorial's 128; 4096 gives ~38M parameters, for
     /// memory comparisons).
     #[arg(long, default_value_t = 128)]
@@ -114,6 +121,7 @@ pub const FLAG_NAMES: &[(&str, &str)] = &[
     ("backward_prefetch", "--fsdp-backward-prefetch"),
     ("forward_prefetch", "--fsdp-forward-prefetch"),
     ("zero_redundancy_optimizer", "--zero-redundancy-optimizer"),
+    ("dp_shard_size", "--dp-shard-size"),
 ];
 
 impl Config {
@@ -129,6 +137,7 @@ impl Config {
             backward_prefetch: self.fsdp_backward_prefetch,
             forward_prefetch: self.fsdp_forward_prefetch.then_some(true),
             zero_redundancy_optimizer: self.zero_redundancy_optimizer.then_some(true),
+            dp_shard_size: self.dp_shard_size,
         };
         let strategy = self.strategy.with_options(&given).map_err(|e| match e.named_by(FLAG_NAMES) {
             Error::OptionNotForStrategy { option, belongs_to, .. } => {
@@ -178,7 +187,8 @@ pub fn cleanup(pg: &dyn ProcessGroup) {
 pub fn run(cfg: &Config) -> Result<Report> {
     let start = Instant::now();
     let plan = Plan::new(cfg)?;
-    train_ddp(cfg, &cfg.train, &plan, start)
+    // The wrapper checks what needs the world size (HSDP's --dp-shard-size): name its flags.
+    train_ddp(cfg, &cfg.train, &plan, start).map_err(|e| e.named_by(FLAG_NAMES))
 }
 
 /// What is settled before the tutorial's code runs: the flags checked, the strategy with its

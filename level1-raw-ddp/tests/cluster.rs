@@ -302,6 +302,53 @@ fn two_hosts_one_rank_each_train_level1_in_sync() {
     c.assert_no_processes();
 }
 
+/// HSDP across hosts: 2 hosts x 2 ranks, `--strategy fsdp-hybrid-shard` with the default mesh
+/// (shard groups = the ranks of one host, LOCAL_WORLD_SIZE = 2; replicas across the hosts),
+/// against the same job on one host with the mesh given (`--dp-shard-size 2`): the same
+/// training and test figures — the shard groups' reductions are of two values, exact in any
+/// order, so only the evaluation's sums over 4 ranks may round differently.
+#[test]
+fn hybrid_shard_across_two_hosts_equals_the_one_host_run() {
+    need_cluster!();
+    let _s = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let level1 = |json: &Path| -> Vec<String> {
+        let args = [LEVEL1, "--device", "cpu", "--strategy", "fsdp-hybrid-shard", "--max-steps", "4", "--log-interval", "0", "--explain"];
+        let mut v: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+        v.extend(["--metrics-json".to_string(), json.to_str().unwrap().to_string()]);
+        v
+    };
+    let one_host = dir.path().join("one.json");
+    let mut args = vec!["--nproc-per-node".to_string(), "4".to_string()];
+    args.extend(level1(&one_host));
+    args.extend(["--dp-shard-size".to_string(), "2".to_string()]);
+    let mut cmd = Command::new(ladder_run());
+    cmd.args(&args).env("OMPI_ALLOW_RUN_AS_ROOT", "1").env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1").env("OMP_NUM_THREADS", "1");
+    let out = run(cmd, Duration::from_secs(240), |_, _| {});
+    assert_eq!(out.code, Some(0), "{out:?}");
+
+    let c = Cluster::up("hsdp", 2);
+    let hf = c.hostfile();
+    let two_hosts = dir.path().join("two.json");
+    let mut args: Vec<String> =
+        ["--nnodes", "2", "--nproc-per-node", "2", "--hostfile", hf.as_str()].iter().map(|a| a.to_string()).collect();
+    args.extend(level1(&two_hosts));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let mut cmd = c.ladder_run(&args);
+    cmd.env("OMP_NUM_THREADS", "1");
+    let out = run(cmd, Duration::from_secs(240), |_, _| {});
+    assert_eq!(out.code, Some(0), "{out:?}");
+    assert!(out.stdout.contains("sharding_strategy HYBRID_SHARD"), "{out:?}");
+    assert!(out.stdout.contains("shard group size 2"), "the default mesh: one host's 2 ranks per shard group: {out:?}");
+    let read = |p: &Path| -> Report { serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap() };
+    let (a, b) = (read(&one_host), read(&two_hosts));
+    assert_eq!((a.world_size, a.steps, a.strategy.as_str()), (4, 4, "fsdp-hybrid-shard"));
+    assert_eq!((b.world_size, b.steps, b.strategy.as_str()), (4, 4, "fsdp-hybrid-shard"));
+    assert_eq!((a.train_loss, a.accuracy, a.eval_samples), (b.train_loss, b.accuracy, b.eval_samples), "one host vs two");
+    assert!((a.test_loss - b.test_loss).abs() <= 1e-9 * a.test_loss.abs(), "test loss {} vs {}", a.test_loss, b.test_loss);
+    c.assert_no_processes();
+}
+
 /// The rank body of the all-reduce tests (run by `all_reduce_across_hosts`, not by itself): each
 /// rank fills tensors of several sizes with (rank + 1)·(i mod 7 + 1) and checks Sum, Avg, Max and
 /// Min against their closed forms.

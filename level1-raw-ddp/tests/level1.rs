@@ -173,7 +173,7 @@ fn bad_flags_are_clear_errors() {
         (vec!["--bucket-cap-mb=-1"], "error: invalid value \"-1\" for --bucket-cap-mb: a positive number of MiB"),
         (
             vec!["--strategy", "ddp", "--fsdp-min-num-params", "0"],
-            "error: --fsdp-min-num-params does not apply to --strategy ddp: it is an option of the FSDP strategies (fsdp-full-shard, fsdp-shard-grad-op, fsdp-no-shard)",
+            "error: --fsdp-min-num-params does not apply to --strategy ddp: it is an option of the FSDP strategies (fsdp-full-shard, fsdp-shard-grad-op, fsdp-no-shard, fsdp-hybrid-shard, fsdp-hybrid-shard-zero2)",
         ),
         (
             vec!["--fsdp-backward-prefetch", "backward-post"],
@@ -198,6 +198,14 @@ fn bad_flags_are_clear_errors() {
         (
             vec!["--zero-redundancy-optimizer", "--mixed-precision", "bf16"],
             "error: --zero-redundancy-optimizer does not apply to --mixed-precision bf16: it is an option of ddp in fp32",
+        ),
+        (
+            vec!["--strategy", "ddp", "--dp-shard-size", "2"],
+            "error: --dp-shard-size does not apply to --strategy ddp: it is an option of the FSDP strategies",
+        ),
+        (
+            vec!["--device", "cpu", "--strategy", "fsdp-hybrid-shard", "--dp-shard-size", "3", "--max-steps", "1", "--log-interval", "0", "--no-eval"],
+            "error: invalid value \"3\" for --dp-shard-size: a divisor of the world size 1",
         ),
         (
             vec!["--device", "cpu", "--batch-size", "60001"],

@@ -35,6 +35,21 @@ fn resolve_with(builder: &AcceleratorConfig, vars: &[(&str, &str)], file: Option
     ResolvedConfig::resolve(builder, env_of(&all)).unwrap()
 }
 
+/// HSDP from Accelerate's variables: `FSDP_SHARDING_STRATEGY` HYBRID_SHARD (or PyTorch's 5 for
+/// _HYBRID_SHARD_ZERO2) and `PARALLELISM_CONFIG_DP_SHARD_SIZE`; the config file's key too.
+#[test]
+fn hybrid_sharding_and_its_shard_size_resolve() {
+    let vars = [("ACCELERATE_USE_FSDP", "true"), ("FSDP_SHARDING_STRATEGY", "HYBRID_SHARD"), ("PARALLELISM_CONFIG_DP_SHARD_SIZE", "2")];
+    let r = resolve_with(&AcceleratorConfig::default(), &vars, None);
+    let Strategy::Fsdp(o) = r.strategy() else { panic!("{:?}", r.strategy()) };
+    assert_eq!((o.sharding_strategy, o.dp_shard_size), (ShardingStrategy::HybridShard, Some(2)));
+    let file = "use_fsdp: true\nfsdp_sharding_strategy: 5\nparallelism_config_dp_shard_size: 4\n";
+    let r = resolve_with(&AcceleratorConfig::default(), &[], Some(file));
+    let Strategy::Fsdp(o) = r.strategy() else { panic!("{:?}", r.strategy()) };
+    assert_eq!((o.sharding_strategy, o.dp_shard_size), (ShardingStrategy::HybridShardZero2, Some(4)));
+    assert_eq!(resolve_with(&AcceleratorConfig::default(), &[], None).parallelism_config_dp_shard_size, None, "default: LOCAL_WORLD_SIZE");
+}
+
 #[test]
 fn nothing_given_gives_accelerates_defaults() {
     let r = ResolvedConfig::resolve(&AcceleratorConfig::default(), env_of(&[])).unwrap();
@@ -276,6 +291,7 @@ fn full_config() -> AcceleratorConfig {
         fsdp_backward_prefetch: Some(BackwardPrefetch::BackwardPost),
         fsdp_forward_prefetch: Some(true),
         fsdp_activation_checkpointing: Some(true),
+        parallelism_config_dp_shard_size: Some(2),
         zero_stage: Some(0),
         split_batches: Some(false),
         even_batches: Some(true),
@@ -466,7 +482,8 @@ fn error_messages() {
     case("zero accumulation steps in the env", resolve_err(&none, &[("ACCELERATE_GRADIENT_ACCUMULATION_STEPS", "0")], None));
     case("empty variable", resolve_err(&none, &[("ACCELERATE_USE_CPU", "")], None));
     case("bad bool", resolve_err(&none, &[("ACCELERATE_EVEN_BATCHES", "maybe")], None));
-    case("hybrid sharding", resolve_err(&none, &[("FSDP_SHARDING_STRATEGY", "HYBRID_SHARD")], None));
+    case("unknown sharding strategy", resolve_err(&none, &[("FSDP_SHARDING_STRATEGY", "HYBRID")], None));
+    case("zero dp_shard_size in the env", resolve_err(&none, &[("PARALLELISM_CONFIG_DP_SHARD_SIZE", "0")], None));
     case("negative min_num_params", resolve_err(&none, &[("FSDP_MIN_NUM_PARAMS", "-1")], None));
     case("unknown backward prefetch in the env", resolve_err(&none, &[("FSDP_BACKWARD_PREFETCH", "BACKWARD")], None));
     case("PyTorch number 3 for backward prefetch", resolve_err(&none, &[("FSDP_BACKWARD_PREFETCH", "3")], None));

@@ -65,7 +65,7 @@ fn json_carries_the_librarys_figures_and_the_budget_names_the_cheapest_fit() {
 fn bad_input_is_refused_with_the_flag_named() {
     let cases: [(&str, &[&str]); 9] = [
         ("unknown strategy", &["--strategy", "zero3"]),
-        ("hybrid sharding", &["--strategy", "ddp,hybrid-shard"]),
+        ("unknown sharding strategy", &["--strategy", "ddp,fsdp-hybrid"]),
         ("zero1 with bf16", &["--strategy", "zero1", "--mixed-precision", "bf16"]),
         ("budget without a number", &["--budget", "GiB"]),
         ("budget with an unknown unit", &["--budget", "8 gigs"]),

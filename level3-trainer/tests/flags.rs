@@ -55,6 +55,7 @@ const TABLE: &[Row] = &[
     ("fsdp", Some("full_shard"), r#""full_shard""#, &[]),
     ("fsdp_min_num_params", Some("0"), "0", &[]),
     ("fsdp_config", Some(r#"{"forward_prefetch": true}"#), r#"{"forward_prefetch": true}"#, &[]),
+    ("dp_shard_size", Some("2"), "2", &[]),
     ("deepspeed", Some(r#"{"zero_optimization": {"stage": 1}}"#), r#"{"zero_optimization": {"stage": 1}}"#, &[]),
     ("use_cpu", None, "true", &[]),
     ("ddp_timeout", Some("30"), "30", &[]),

@@ -206,3 +206,65 @@ fn rank_leaves_while_other_waits() {
     let mut t = Tensor::ones([4], (Kind::Float, Device::Cpu));
     let _ = pg.all_reduce(&mut t, ReduceOp::Sum);
 }
+
+#[test]
+fn subgroups_at_world_size_4() {
+    common::mpirun(4, "rank_subgroups", &[]);
+}
+
+#[test]
+#[ignore = "rank body: run under mpirun by subgroups_at_world_size_4"]
+fn rank_subgroups() {
+    use ladder_core::dist::new_subgroups_by_enumeration;
+    let pg = init_process_group(Backend::Mpi).unwrap();
+    let r = pg.rank();
+    // Non-members get no group; a bad rank list is a typed error before any message.
+    assert!(matches!(pg.new_group(&[0, 4]), Err(Error::RankOutOfRange { rank: 4, world_size: 4, .. })));
+    assert!(matches!(pg.new_group(&[1, 1]), Err(Error::InvalidValue { .. })));
+    // HSDP's mesh (replicate 2 x shard 2): shard groups {0,1},{2,3}; replicate groups {0,2},{1,3}.
+    let shard = new_subgroups_by_enumeration(&*pg, &[vec![0, 1], vec![2, 3]]).unwrap();
+    let replicate = new_subgroups_by_enumeration(&*pg, &[vec![2, 0], vec![1, 3]]).unwrap();
+    assert_eq!((shard.rank(), shard.world_size()), (r % 2, 2));
+    assert_eq!((replicate.rank(), replicate.world_size()), (r / 2, 2));
+    let only_0_and_3 = pg.new_group(&[3, 0]).unwrap();
+    assert_eq!(only_0_and_3.as_ref().map(|g| g.rank()), [Some(0), None, None, Some(1)][r]);
+    for kind in [Kind::Float, Kind::Double, Kind::BFloat16] {
+        let v = (r + 1) as f64;
+        // all_reduce Sum: {0,1} → 1+2 = 3, {2,3} → 3+4 = 7; {0,2} → 1+3 = 4, {1,3} → 2+4 = 6.
+        let mut t = full(3, v, kind);
+        shard.all_reduce(&mut t, ReduceOp::Sum).unwrap();
+        assert_eq!(values(&t), vec![[3.0, 7.0][r / 2]; 3], "rank {r} {kind:?}");
+        let mut t = full(3, v, kind);
+        replicate.all_reduce(&mut t, ReduceOp::Avg).unwrap();
+        assert_eq!(values(&t), vec![[2.0, 3.0][r % 2]; 3], "rank {r} {kind:?}");
+        // all_gather: the members' values in sub-group rank order.
+        let mut out = full(4, 0.0, kind);
+        shard.all_gather(&mut out, &full(2, v, kind)).unwrap();
+        let (a, b) = ([1.0, 3.0][r / 2], [2.0, 4.0][r / 2]);
+        assert_eq!(values(&out), [a, a, b, b], "rank {r} {kind:?}");
+        let mut out = full(2, 0.0, kind);
+        replicate.all_gather(&mut out, &full(1, v, kind)).unwrap();
+        assert_eq!(values(&out), [[1.0, 2.0][r % 2], [3.0, 4.0][r % 2]], "rank {r} {kind:?}");
+        // reduce_scatter: input [rank+1, 10·(rank+1)] → block i of the sum over the members.
+        let input = Tensor::from_slice(&[v, 10.0 * v]).to_kind(kind);
+        let mut out = full(1, 0.0, kind);
+        replicate.reduce_scatter(&mut out, &input, ReduceOp::Sum).unwrap();
+        let sum = [4.0, 6.0][r % 2];
+        assert_eq!(values(&out), [[sum, 10.0 * sum][r / 2]], "rank {r} {kind:?}");
+        let mut out = full(1, 0.0, kind);
+        shard.run(Collective::reduce_scatter(&mut out, input.copy(), ReduceOp::Avg)).unwrap();
+        let avg = [1.5, 3.5][r / 2];
+        assert_eq!(values(&out), [[avg, 10.0 * avg][r % 2]], "rank {r} {kind:?}");
+    }
+    // The non-blocking form, and a broadcast from the sub-group's rank 1 (world rank 3).
+    if let Some(g) = &only_0_and_3 {
+        let mut t = full(2, r as f64, Kind::Float);
+        g.start(Collective::broadcast(&mut t, 1)).unwrap().wait().unwrap();
+        assert_eq!(values(&t), [3.0, 3.0]);
+        assert!(matches!(g.broadcast(&mut t, 2), Err(Error::RankOutOfRange { rank: 2, world_size: 2, .. })));
+    }
+    let mut t = full(2, 1.0, Kind::Float);
+    pg.all_reduce(&mut t, ReduceOp::Sum).unwrap();
+    assert_eq!(values(&t), [4.0, 4.0]);
+    println!("rank {r}: sub-group collectives ok");
+}

@@ -49,8 +49,27 @@ fn sharding_strategy_spellings() {
             ("full_shard", FullShard),
             ("shard_grad_op", ShardGradOp),
             ("no_shard", NoShard),
+            // HSDP: PyTorch's HYBRID_SHARD and private _HYBRID_SHARD_ZERO2, Accelerate's 4 and 5,
+            // Transformers' hybrid_shard / hybrid_shard_zero2, our flags
+            ("hybrid-shard", HybridShard),
+            ("hybrid-shard-zero2", HybridShardZero2),
+            ("HYBRID_SHARD", HybridShard),
+            ("_HYBRID_SHARD_ZERO2", HybridShardZero2),
+            ("HYBRID_SHARD_ZERO2", HybridShardZero2),
+            ("ShardingStrategy.HYBRID_SHARD", HybridShard),
+            ("ShardingStrategy._HYBRID_SHARD_ZERO2", HybridShardZero2),
+            ("4", HybridShard),
+            ("5", HybridShardZero2),
+            ("hybrid_shard", HybridShard),
+            ("hybrid_shard_zero2", HybridShardZero2),
         ],
-        &[(FullShard, "FULL_SHARD"), (ShardGradOp, "SHARD_GRAD_OP"), (NoShard, "NO_SHARD")],
+        &[
+            (FullShard, "FULL_SHARD"),
+            (ShardGradOp, "SHARD_GRAD_OP"),
+            (NoShard, "NO_SHARD"),
+            (HybridShard, "HYBRID_SHARD"),
+            (HybridShardZero2, "_HYBRID_SHARD_ZERO2"),
+        ],
     );
 }
 
@@ -117,12 +136,18 @@ fn strategy_spellings_carry_default_options() {
             ("FULL_SHARD", fsdp(ShardingStrategy::FullShard)),
             ("shard-grad-op", fsdp(ShardingStrategy::ShardGradOp)),
             ("NO_SHARD", fsdp(ShardingStrategy::NoShard)),
+            ("fsdp-hybrid-shard", fsdp(ShardingStrategy::HybridShard)),
+            ("fsdp-hybrid-shard-zero2", fsdp(ShardingStrategy::HybridShardZero2)),
+            ("hybrid_shard", fsdp(ShardingStrategy::HybridShard)),
+            ("_HYBRID_SHARD_ZERO2", fsdp(ShardingStrategy::HybridShardZero2)),
         ],
         &[
             (Strategy::default(), "ddp"),
             (fsdp(ShardingStrategy::FullShard), "fsdp-full-shard"),
             (fsdp(ShardingStrategy::ShardGradOp), "fsdp-shard-grad-op"),
             (fsdp(ShardingStrategy::NoShard), "fsdp-no-shard"),
+            (fsdp(ShardingStrategy::HybridShard), "fsdp-hybrid-shard"),
+            (fsdp(ShardingStrategy::HybridShardZero2), "fsdp-hybrid-shard-zero2"),
         ],
     );
     // The defaults are PyTorch's.
@@ -138,15 +163,14 @@ fn strategy_spellings_carry_default_options() {
 fn wrong_spellings_are_refused_with_the_list() {
     let errors = [
         choice::parse::<ShardingStrategy>("full").unwrap_err().to_string(),
-        choice::parse::<ShardingStrategy>("HYBRID_SHARD").unwrap_err().to_string(),
-        choice::parse::<ShardingStrategy>("ShardingStrategy._HYBRID_SHARD_ZERO2").unwrap_err().to_string(),
-        choice::parse::<ShardingStrategy>("4").unwrap_err().to_string(),
+        choice::parse::<ShardingStrategy>("HYBRID").unwrap_err().to_string(),
+        choice::parse::<ShardingStrategy>("6").unwrap_err().to_string(),
         choice::parse::<ShardingStrategy>("").unwrap_err().to_string(),
         choice::parse::<BackwardPrefetch>("BACKWARD").unwrap_err().to_string(),
         choice::parse::<Precision>("fp8").unwrap_err().to_string(),
         choice::parse::<Precision>("int8").unwrap_err().to_string(),
         choice::parse::<Strategy>("fsdp").unwrap_err().to_string(),
-        choice::parse::<Strategy>("fsdp-hybrid-shard").unwrap_err().to_string(),
+        choice::parse::<Strategy>("fsdp-hybrid").unwrap_err().to_string(),
         choice::parse::<Strategy>("zero3").unwrap_err().to_string(),
     ];
     insta::assert_snapshot!(errors.join("\n"));
@@ -228,5 +252,25 @@ fn zero_redundancy_optimizer_is_ddps_and_fp32s() {
         bf16.validate().unwrap_err().to_string(),
     ];
     assert!(WrapConfig { mixed_precision: Precision::No, ..bf16 }.validate().is_ok());
+    insta::assert_snapshot!(errors.join("\n"));
+}
+
+/// HSDP's mesh option, ParallelismConfig's `dp_shard_size`: set on FSDP, refused on DDP and when
+/// 0; the shard-group size it gives the hybrid strategies (the world for the others).
+#[test]
+fn dp_shard_size_is_fsdps() {
+    let two = StrategyOptions { dp_shard_size: Some(2), ..Default::default() };
+    let hybrid = Strategy::fsdp(ShardingStrategy::HybridShard).with_options(&two).unwrap();
+    let Strategy::Fsdp(o) = hybrid else { panic!("{hybrid:?}") };
+    assert_eq!((o.dp_shard_size, o.shard_group_size(8)), (Some(2), 2));
+    let full = FsdpOptions { dp_shard_size: Some(2), ..FsdpOptions::default() };
+    assert_eq!(full.shard_group_size(8), 8, "FULL_SHARD shards over the world");
+    assert_eq!(FsdpOptions::with_sharding(ShardingStrategy::HybridShardZero2).shard_group_size(8), 8, "not given: one node");
+    let errors = [
+        Strategy::default().with_options(&two).unwrap_err().to_string(),
+        hybrid.with_options(&StrategyOptions { dp_shard_size: Some(0), ..Default::default() }).unwrap_err().to_string(),
+        ladder_core::parallel::fsdp::mesh::replicate_size(3, 4).unwrap_err().to_string(),
+    ];
+    assert_eq!(ladder_core::parallel::fsdp::mesh::replicate_size(2, 4).unwrap(), 2);
     insta::assert_snapshot!(errors.join("\n"));
 }

@@ -268,7 +268,10 @@ mod tests {
         let read: Replication = "FULL_SHARD".parse().unwrap();
         assert_eq!((read, read.sharding(), read.is_ddp()), (case.strategy, Some(ShardingStrategy::FullShard), false));
         let names: Vec<&str> = Replication::value_variants().iter().map(|r| r.name()).collect();
-        assert_eq!(names, ["single", "ddp", "zero1", "fsdp-full-shard", "fsdp-shard-grad-op", "fsdp-no-shard"]);
+        assert_eq!(
+            names,
+            ["single", "ddp", "zero1", "fsdp-full-shard", "fsdp-shard-grad-op", "fsdp-no-shard", "fsdp-hybrid-shard", "fsdp-hybrid-shard-zero2"]
+        );
         let zero: Replication = "ZeRO-1".parse().unwrap();
         assert_eq!((zero.name(), zero.is_zero1(), zero.is_ddp(), zero.strategy().map(|s| s.name())), ("zero1", true, false, Some("ddp")));
         let wide = Case { batch_size: 512, activation_checkpointing: true, strategy: zero, ..case.clone() };

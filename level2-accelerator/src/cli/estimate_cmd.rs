@@ -36,7 +36,8 @@ pub struct EstimateArgs {
           value_parser = clap::value_parser!(u64).range(1..=4096))]
     pub num_processes: u64,
     /// Strategies to compare, comma-separated: ddp, zero1 (DDP with ZeroRedundancyOptimizer),
-    /// fsdp-shard-grad-op, fsdp-full-shard, fsdp-no-shard [default: all, fastest first].
+    /// fsdp-shard-grad-op, fsdp-full-shard, fsdp-no-shard [default: all, fastest first];
+    /// fsdp-hybrid-shard(-zero2) on one node (shard groups of all the processes).
     #[arg(long, value_name = "STRATEGY", value_delimiter = ',', value_parser = estimate::parse_strategy)]
     pub strategy: Vec<Strategy>,
     /// Mixed precision: no, bf16 or fp16 (compute in 16 bits; fp32 masters and AdamW state).

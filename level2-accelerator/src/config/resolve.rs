@@ -138,6 +138,7 @@ impl ResolvedConfig {
             min_num_params: self.fsdp_min_num_params,
             backward_prefetch: self.fsdp_backward_prefetch,
             forward_prefetch: self.fsdp_forward_prefetch,
+            dp_shard_size: self.parallelism_config_dp_shard_size,
             ..FsdpOptions::default()
         })
     }

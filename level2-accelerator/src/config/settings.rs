@@ -5,7 +5,7 @@
 //!
 //! Booleans are read as Accelerate's `str_to_bool` reads them (`true`/`false`, `1`/`0`,
 //! `yes`/`no`, `on`/`off`, any case: its launcher writes `True`); the choices take every
-//! spelling of the references (`FSDP_SHARDING_STRATEGY` also PyTorch's numbers `1`..`3`,
+//! spelling of the references (`FSDP_SHARDING_STRATEGY` also PyTorch's numbers `1`..`5`,
 //! `FSDP_BACKWARD_PREFETCH` PyTorch's `1`, `2`, names in any case). An empty variable is an
 //! error.
 
@@ -72,7 +72,7 @@ settings! {
         use_fsdp: bool => bool = false,
             env "ACCELERATE_USE_FSDP", parse parse::bool;
 
-        /// FSDP sharding strategy: full-shard, shard-grad-op, no-shard [default: full-shard].
+        /// FSDP sharding strategy: full-shard, shard-grad-op, no-shard, hybrid-shard, hybrid-shard-zero2 [default: full-shard].
         #[arg(value_name = "STRATEGY")]
         fsdp_sharding_strategy: ShardingStrategy => ShardingStrategy = ShardingStrategy::FullShard,
             env "FSDP_SHARDING_STRATEGY", parse parse::choice;
@@ -98,6 +98,15 @@ settings! {
         #[arg(value_name = "BOOL", num_args = 0..=1, require_equals = true, default_missing_value = "true")]
         fsdp_forward_prefetch: bool => bool = false,
             env "FSDP_FORWARD_PREFETCH", parse parse::bool;
+
+        /// HSDP's shard-group size: hybrid-shard(-zero2) shard over runs of N consecutive ranks [default: LOCAL_WORLD_SIZE].
+        ///
+        /// Accelerate's `parallelism_config.parallelism_config_dp_shard_size` (a top-level key
+        /// here; `dp_replicate_size` is the world size over it, which it must divide). Used by
+        /// the hybrid sharding strategies only.
+        #[arg(value_name = "N")]
+        parallelism_config_dp_shard_size: usize => Option<usize> = None,
+            env "PARALLELISM_CONFIG_DP_SHARD_SIZE", parse parse::positive;
 
         /// Activation checkpointing: keep each layer's input, recompute the rest in backward [default: false].
         ///

@@ -214,6 +214,12 @@ pub struct TrainingArguments {
     /// default) and `forward_prefetch` (true | false; default false). Used with fsdp.
     #[arg(long, value_name = "JSON|FILE", value_parser = FsdpConfig::from_arg, default_value = "{}", hide_default_value = true)]
     pub fsdp_config: FsdpConfig,
+    /// HSDP's shard-group size, Transformers' `parallelism_config=ParallelismConfig(dp_shard_size=N)`:
+    /// fsdp hybrid_shard / hybrid_shard_zero2 shard over runs of N consecutive ranks and
+    /// replicate across the world_size / N runs; N must divide the world size (default: the
+    /// Accelerator's, LOCAL_WORLD_SIZE — the ranks of one node). Used with the hybrid strategies.
+    #[arg(long, value_name = "N")]
+    pub dp_shard_size: Option<usize>,
     /// A DeepSpeed JSON config (a file, or an object inline). Honoured:
     /// zero_optimization.stage — 1 is ZeRO-1 (DDP with the AdamW state sharded over ranks), 2
     /// fsdp shard_grad_op, 3 fsdp full_shard, run on the Accelerator's strategies —
@@ -283,6 +289,7 @@ impl Default for TrainingArguments {
             fsdp: None,
             fsdp_min_num_params: None,
             fsdp_config: FsdpConfig::default(),
+            dp_shard_size: None,
             deepspeed: None,
             use_cpu: false,
             ddp_timeout: 600,

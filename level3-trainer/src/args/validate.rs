@@ -67,6 +67,9 @@ impl TrainingArguments {
                 ));
             }
         }
+        if self.dp_shard_size == Some(0) {
+            return Err(Error::invalid("dp_shard_size", 0, "at least 1 rank per shard group (a divisor of the world size)"));
+        }
         if self.output_dir.as_os_str().is_empty() {
             return Err(Error::invalid("output_dir", "\"\"", "a directory path"));
         }

@@ -25,8 +25,8 @@ pub const LAUNCHER_SETTINGS: &[(&str, &str)] = &[
 impl Trainer {
     /// The Accelerator settings these arguments set (Transformers builds its `Accelerator` the
     /// same way). Set: use_cpu when true; bf16 when true; the accumulation steps when not 1;
-    /// with fsdp, FSDP, its sharding strategy, auto-wrap threshold (when given) and
-    /// fsdp_config's prefetch settings (as Transformers exports `fsdp_config` over the
+    /// with fsdp, FSDP, its sharding strategy, auto-wrap threshold and HSDP's dp_shard_size
+    /// (when given) and fsdp_config's prefetch settings (as Transformers exports `fsdp_config` over the
     /// launcher's variables); activation checkpointing when gradient_checkpointing is true; the
     /// ZeRO stage of a `deepspeed` config; the seed; output_dir as the Accelerator's
     /// project_dir (the Trainer writes its TensorBoard files itself, in logging_dir: see
@@ -43,6 +43,7 @@ impl Trainer {
             fsdp_min_num_params: args.fsdp_min_num_params.filter(|_| fsdp),
             fsdp_backward_prefetch: fsdp.then_some(args.fsdp_config.backward_prefetch),
             fsdp_forward_prefetch: fsdp.then_some(args.fsdp_config.forward_prefetch),
+            parallelism_config_dp_shard_size: args.dp_shard_size.filter(|_| fsdp),
             fsdp_activation_checkpointing: args.gradient_checkpointing.then_some(true),
             zero_stage: args.deepspeed.map(|d| usize::from(d.zero_stage)),
             seed: Some(args.seed),
@@ -116,6 +117,7 @@ impl Trainer {
             args.fsdp_min_num_params = Some(o.min_num_params);
             args.fsdp_config.backward_prefetch = o.backward_prefetch;
             args.fsdp_config.forward_prefetch = o.forward_prefetch;
+            args.dp_shard_size = o.dp_shard_size;
         }
         args
     }

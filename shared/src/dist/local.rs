@@ -40,6 +40,12 @@ impl ProcessGroup for LocalGroup {
     fn device(&self) -> Device {
         self.device
     }
+    /// Rank 0 alone: `new_group(&[0])` is another one-rank group.
+    fn new_group(&self, ranks: &[usize]) -> Result<Option<Box<dyn ProcessGroup>>> {
+        super::check_group_ranks(ranks, 1)?;
+        Ok(Some(Box::new(Self { backend: self.backend, device: self.device })))
+    }
+
     /// Checks the call, then copies where input and output are different tensors (all-gather,
     /// reduce-scatter); nothing else changes at one rank.
     fn run(&self, collective: Collective<'_>) -> Result<()> {

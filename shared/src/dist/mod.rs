@@ -98,6 +98,20 @@ pub trait ProcessGroup: std::fmt::Debug {
         DEFAULT_TIMEOUT
     }
 
+    /// Creates the sub-group of `ranks` (ranks of this group), as `dist.new_group(ranks)`:
+    /// collective — every rank of this group calls it with the same `ranks`, and all ranks make
+    /// their `new_group` calls in the same order (as torch requires). A member gets the group,
+    /// whose ranks are the members in ascending order of their rank here (torch sorts `ranks`
+    /// too), on the same device with the same timeout; every other rank gets `None` (torch's
+    /// `GroupMember.NON_GROUP_MEMBER`). A sub-group's collectives run only among its members
+    /// and are independent of this group's. MPI: `MPI_Comm_split`; NCCL: a communicator of
+    /// its own, its unique id exchanged through the rendezvous store under a key of its own.
+    ///
+    /// # Errors
+    /// [`Error::RankOutOfRange`] for a rank `>= world_size`; [`Error::InvalidValue`] (name
+    /// `ranks`) for an empty list or one with a rank twice; the backend's errors.
+    fn new_group(&self, ranks: &[usize]) -> Result<Option<Box<dyn ProcessGroup>>>;
+
     /// Runs `collective` and returns once it completed, as `torch.distributed`'s calls with
     /// `async_op=False`.
     ///
@@ -182,6 +196,42 @@ pub trait ProcessGroup: std::fmt::Debug {
     fn broadcast_coalesced(&self, tensors: &mut [Tensor], src: usize) -> Result<()> {
         coalesced(tensors, "broadcast_coalesced", self.rank(), |flat| self.broadcast(flat, src))
     }
+}
+
+/// Checks the `ranks` of a [`ProcessGroup::new_group`] call against `world_size` and returns
+/// them sorted: this rank's position among them is its rank in the sub-group.
+///
+/// # Errors
+/// As [`ProcessGroup::new_group`].
+pub(crate) fn check_group_ranks(ranks: &[usize], world_size: usize) -> Result<Vec<usize>> {
+    let mut sorted = ranks.to_vec();
+    sorted.sort_unstable();
+    if let Some(&r) = sorted.iter().find(|&&r| r >= world_size) {
+        return Err(Error::RankOutOfRange { op: "new_group", rank: r, world_size });
+    }
+    if sorted.is_empty() || sorted.windows(2).any(|w| w[0] == w[1]) {
+        return Err(Error::invalid("ranks", format!("{ranks:?}"), format!("distinct ranks of the group (0..{world_size}), at least one")));
+    }
+    Ok(sorted)
+}
+
+/// Creates one sub-group per list in `groups` (a partition of the ranks of `pg`) and returns
+/// the one this rank belongs to, as `dist.new_subgroups_by_enumeration(groups)`: every rank
+/// calls [`ProcessGroup::new_group`] for every list, in order.
+///
+/// # Errors
+/// [`Error::InvalidValue`] (name `groups`) when this rank is in none of the lists or in
+/// several; as [`ProcessGroup::new_group`].
+pub fn new_subgroups_by_enumeration(pg: &dyn ProcessGroup, groups: &[Vec<usize>]) -> Result<Box<dyn ProcessGroup>> {
+    let mut mine = None;
+    for ranks in groups {
+        if let Some(g) = pg.new_group(ranks)? {
+            if mine.replace(g).is_some() {
+                return Err(Error::invalid("groups", format!("{groups:?}"), format!("lists that hold rank {} once", pg.rank())));
+            }
+        }
+    }
+    mine.ok_or_else(|| Error::invalid("groups", format!("{groups:?}"), format!("lists that hold every rank, rank {} too", pg.rank())))
 }
 
 /// Packs `tensors` into one flat buffer, runs `f` on it, and copies the result back.

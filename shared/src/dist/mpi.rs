@@ -18,6 +18,10 @@
 //! and turned into [`Error::Backend`] with MPI's own error string. After a timeout the group is
 //! failed: shutting it down calls `MPI_Abort`, so mpirun (and `ladder-run`) stop every rank.
 //!
+//! Sub-groups ([`ProcessGroup::new_group`]) are communicators split from the world's
+//! (`MPI_Comm_split`), with the same collectives, timeout and abort (of the whole job); their
+//! communicator is freed when they are dropped, unless MPI is finalised by then.
+//!
 //! Here: the group, its set-up and shutdown; [`blocking`] and [`nonblocking`]: the two forms
 //! of the collectives. `MPI_IN_PLACE` comes from [`crate::ffi::mpi`].
 //!
@@ -44,11 +48,14 @@ use mpi::traits::{AsRaw, Communicator};
 use std::ffi::c_int;
 use tch::{Device, Kind, Tensor};
 
-/// A process group over `MPI_COMM_WORLD`.
+/// A process group over `MPI_COMM_WORLD`, or over a communicator split from it
+/// ([`ProcessGroup::new_group`]).
 pub struct MpiGroup {
-    // Dropping the universe calls MPI_Finalize; `shutdown` takes it (once).
+    // Dropping the universe calls MPI_Finalize; `shutdown` takes it (once). `None` in sub-groups.
     universe: std::cell::RefCell<Option<mpi::environment::Universe>>,
     comm: ffi::MPI_Comm,
+    // A sub-group's communicator, freed (`MPI_Comm_free`) on drop unless MPI is finalised.
+    owns_comm: bool,
     rank: usize,
     local_rank: usize,
     world_size: usize,
@@ -91,10 +98,65 @@ impl MpiGroup {
         let code = unsafe { ffi::MPI_Comm_set_errhandler(comm, ffi::RSMPI_ERRORS_RETURN) };
         let watch = Watch::new(rank, world_size, timeout);
         let dog = Watchdog::new(&watch, Box::new(abort_world));
-        let group =
-            Self { universe: std::cell::RefCell::new(Some(universe)), comm, rank, local_rank: env.local_rank, world_size, watch, dog };
+        let group = Self {
+            universe: std::cell::RefCell::new(Some(universe)),
+            comm,
+            owns_comm: false,
+            rank,
+            local_rank: env.local_rank,
+            world_size,
+            watch,
+            dog,
+        };
         group.check("MPI_Comm_set_errhandler", code)?;
         Ok(group)
+    }
+
+    /// `new_group(ranks)` by `MPI_Comm_split`: members split with color 0 and their rank as
+    /// key (so the sub-group's ranks follow theirs), the others with `MPI_UNDEFINED`. Every
+    /// rank of this group must call it (arguments checked by the caller).
+    fn split(&self, sorted: &[usize]) -> Result<Option<Box<dyn ProcessGroup>>> {
+        let member = sorted.binary_search(&self.rank).is_ok();
+        // SAFETY: reading rsmpi's predefined constants.
+        let (undefined, null) = unsafe { (ffi::RSMPI_UNDEFINED, ffi::RSMPI_COMM_NULL) };
+        let color = if member { 0 } else { undefined };
+        let mut comm = null;
+        let seq = self.watch.begin("barrier")?;
+        let armed = self.dog.arm("barrier", seq);
+        // SAFETY: the communicator is live; `comm` is a valid out-pointer.
+        let rc = unsafe { ffi::MPI_Comm_split(self.comm, color, self.rank as c_int, &mut comm) };
+        drop(armed);
+        self.watch.end(seq);
+        self.check("MPI_Comm_split", rc)?;
+        if !member {
+            return Ok(None);
+        }
+        let (mut rank, mut size): (c_int, c_int) = (0, 0);
+        // SAFETY: `comm` is the live communicator MPI_Comm_split just returned to a member.
+        let codes = unsafe {
+            [
+                ffi::MPI_Comm_set_errhandler(comm, ffi::RSMPI_ERRORS_RETURN),
+                ffi::MPI_Comm_rank(comm, &mut rank),
+                ffi::MPI_Comm_size(comm, &mut size),
+            ]
+        };
+        let (rank, world_size) = (rank as usize, size as usize);
+        let watch = Watch::unrecorded(rank, world_size, self.watch.timeout());
+        let dog = Watchdog::new(&watch, Box::new(abort_world));
+        let group = Self {
+            universe: std::cell::RefCell::new(None),
+            comm,
+            owns_comm: true,
+            rank,
+            local_rank: self.local_rank,
+            world_size,
+            watch,
+            dog,
+        };
+        for (call, code) in ["MPI_Comm_set_errhandler", "MPI_Comm_rank", "MPI_Comm_size"].into_iter().zip(codes) {
+            group.check(call, code)?;
+        }
+        Ok(Some(Box::new(group)))
     }
 
     /// rsmpi's handle on the same communicator (`MPI_COMM_WORLD`), for code that wants to call
@@ -141,6 +203,17 @@ impl Drop for MpiGroup {
     /// [`shutdown`](ProcessGroup::shutdown), unless it already ran.
     fn drop(&mut self) {
         self.finalize();
+        if self.owns_comm {
+            let mut finalized: c_int = 0;
+            // SAFETY: MPI_Finalized may be called at any time; a sub-group's communicator is
+            // freed once, and only while MPI is still initialised.
+            unsafe {
+                ffi::MPI_Finalized(&mut finalized);
+                if finalized == 0 {
+                    ffi::MPI_Comm_free(&mut self.comm);
+                }
+            }
+        }
     }
 }
 
@@ -259,6 +332,12 @@ impl MpiGroup {
 impl ProcessGroup for MpiGroup {
     fn shutdown(&self) {
         self.finalize();
+    }
+
+    /// `MPI_Comm_split` (see the module docs).
+    fn new_group(&self, ranks: &[usize]) -> Result<Option<Box<dyn ProcessGroup>>> {
+        let sorted = super::check_group_ranks(ranks, self.world_size)?;
+        self.split(&sorted)
     }
 
     fn backend(&self) -> &'static str {

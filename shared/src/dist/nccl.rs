@@ -28,6 +28,12 @@ pub const RENDEZVOUS_TIMEOUT: Duration = Duration::from_secs(300);
 /// A process group over one NCCL communicator; rank r uses GPU `local_rank`.
 pub struct NcclGroup {
     comm: sys::ncclComm_t,
+    // The rendezvous store, kept for the unique ids of sub-groups (`new_group`).
+    store: std::rc::Rc<TcpStore>,
+    // This group's name in store keys (`world`, `world/g1`, …) and how many `new_group`
+    // calls it has seen (the next sub-group's number).
+    key: String,
+    groups_made: std::cell::Cell<u64>,
     rank: usize,
     local_rank: usize,
     world_size: usize,
@@ -73,32 +79,13 @@ impl NcclGroup {
             .map_err(|_| unavailable("the CUDA driver library could not be loaded"))?
             .map_err(|e| unavailable(format!("CUDA device {ordinal}: {e:?}")))?;
         let store = TcpStore::connect(env, RENDEZVOUS_TIMEOUT)?;
-        let id = if env.rank == 0 {
-            let id = nccl::get_uniqueid().map_err(|e| nccl_error(0, "ncclGetUniqueId", e))?;
-            let bytes: Vec<u8> = id.internal.iter().map(|&c| c as u8).collect();
-            store.set("nccl_unique_id", &bytes)?;
-            id
-        } else {
-            let bytes = store.get("nccl_unique_id")?;
-            if bytes.len() != 128 {
-                return Err(Error::Rendezvous {
-                    addr: format!("{}:{:?}", env.master_addr, env.master_port),
-                    problem: format!("NCCL unique id of {} bytes, expected 128", bytes.len()),
-                });
-            }
-            let mut id = sys::ncclUniqueId { internal: [0; 128] };
-            for (dst, src) in id.internal.iter_mut().zip(bytes) {
-                *dst = src as std::ffi::c_char;
-            }
-            id
-        };
-        let mut comm = std::ptr::null_mut();
-        // SAFETY: `comm` is a valid out-pointer; the id is the one rank 0 created.
-        unsafe { nccl::comm_init_rank(&mut comm, env.world_size as c_int, id, env.rank as c_int) }
-            .map_err(|e| nccl_error(env.rank, "ncclCommInitRank", e))?;
+        let comm = init_comm(&store, "nccl_unique_id", env.rank, env.world_size)?;
         let watch = Watch::new(env.rank, env.world_size, timeout);
         Ok(Self {
             comm,
+            store: std::rc::Rc::new(store),
+            key: "world".into(),
+            groups_made: std::cell::Cell::new(0),
             rank: env.rank,
             local_rank: env.local_rank,
             world_size: env.world_size,
@@ -107,6 +94,31 @@ impl NcclGroup {
             destroyed: std::cell::Cell::new(false),
             watch,
         })
+    }
+
+    /// `new_group(ranks)`: every rank counts the call (so sub-group `n` of this group has the
+    /// same store key `nccl_unique_id/<key>/g<n>` on every rank); the members build a
+    /// communicator of their own, the lowest member creating its unique id.
+    fn split(&self, sorted: &[usize]) -> Result<Option<Box<dyn ProcessGroup>>> {
+        let n = self.groups_made.get() + 1;
+        self.groups_made.set(n);
+        let Some(rank) = sorted.iter().position(|&r| r == self.rank) else { return Ok(None) };
+        let key = format!("{}/g{n}", self.key);
+        let comm = init_comm(&self.store, &format!("nccl_unique_id/{key}"), rank, sorted.len())?;
+        let watch = Watch::unrecorded(rank, sorted.len(), self.watch.timeout());
+        Ok(Some(Box::new(Self {
+            comm,
+            store: self.store.clone(),
+            key,
+            groups_made: std::cell::Cell::new(0),
+            rank,
+            local_rank: self.local_rank,
+            world_size: sorted.len(),
+            device: self.device,
+            _ctx: self._ctx.clone(),
+            destroyed: std::cell::Cell::new(false),
+            watch,
+        })))
     }
 
     fn stream() -> sys::cudaStream_t {
@@ -206,6 +218,35 @@ impl NcclGroup {
     }
 }
 
+/// A communicator of `size` ranks, this one `rank`: rank 0 of it creates NCCL's unique id and
+/// sets it in the store under `key`; the others get it from there.
+fn init_comm(store: &TcpStore, key: &str, rank: usize, size: usize) -> Result<sys::ncclComm_t> {
+    let id = if rank == 0 {
+        let id = nccl::get_uniqueid().map_err(|e| nccl_error(store.rank(), "ncclGetUniqueId", e))?;
+        let bytes: Vec<u8> = id.internal.iter().map(|&c| c as u8).collect();
+        store.set(key, &bytes)?;
+        id
+    } else {
+        let bytes = store.get(key)?;
+        if bytes.len() != 128 {
+            return Err(Error::Rendezvous {
+                addr: format!("the rendezvous store, key {key:?}"),
+                problem: format!("NCCL unique id of {} bytes, expected 128", bytes.len()),
+            });
+        }
+        let mut id = sys::ncclUniqueId { internal: [0; 128] };
+        for (dst, src) in id.internal.iter_mut().zip(bytes) {
+            *dst = src as std::ffi::c_char;
+        }
+        id
+    };
+    let mut comm = std::ptr::null_mut();
+    // SAFETY: `comm` is a valid out-pointer; the id is the one rank 0 of the communicator created.
+    unsafe { nccl::comm_init_rank(&mut comm, size as c_int, id, rank as c_int) }
+        .map_err(|e| nccl_error(store.rank(), "ncclCommInitRank", e))?;
+    Ok(comm)
+}
+
 fn nccl_error(rank: usize, call: &'static str, e: nccl::NcclError) -> Error {
     Error::Backend { backend: "nccl", call, rank, code: e.0 as i64, message: format!("{:?}", e.0) }
 }
@@ -232,6 +273,12 @@ fn red_op(op: ReduceOp) -> sys::ncclRedOp_t {
 impl ProcessGroup for NcclGroup {
     fn shutdown(&self) {
         self.destroy();
+    }
+
+    /// A communicator of its own (see [`NcclGroup::split`]).
+    fn new_group(&self, ranks: &[usize]) -> Result<Option<Box<dyn ProcessGroup>>> {
+        let sorted = super::check_group_ranks(ranks, self.world_size)?;
+        self.split(&sorted)
     }
 
     fn backend(&self) -> &'static str {

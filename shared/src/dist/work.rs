@@ -97,6 +97,14 @@ impl Watch {
         Self { rank, world_size, timeout, seq: Cell::new(0), dir, recorder, failed: RefCell::new(None) }
     }
 
+    /// The watch of a sub-group ([`ProcessGroup::new_group`](super::ProcessGroup::new_group)):
+    /// rank `rank` of the group's `world_size`, no progress record (the per-rank record
+    /// belongs to the default group, whose sequence numbers it holds), so a sub-group's timeout
+    /// names no missing ranks.
+    pub fn unrecorded(rank: usize, world_size: usize, timeout: Duration) -> Self {
+        Self { rank, world_size, timeout, seq: Cell::new(0), dir: None, recorder: None, failed: RefCell::new(None) }
+    }
+
     /// The collective timeout.
     pub fn timeout(&self) -> Duration {
         self.timeout

@@ -72,8 +72,11 @@ pub struct UnitSize {
 
 /// FSDP's units for BasicNet at `width`: each layer with at least `min_num_params` parameters
 /// its own unit (segment order), the rest in the root unit, last (`size_based_auto_wrap_policy`).
+///
+/// The shards are 1/S of each unit, S the ranks they are sharded over: the world size, or
+/// HSDP's shard-group size ([`FsdpOptions::shard_group_size`]).
 pub fn fsdp_units(width: i64, o: &FsdpOptions, world_size: usize) -> Vec<UnitSize> {
-    let w = world_size.max(1) as i64;
+    let w = o.shard_group_size(world_size).max(1) as i64;
     let mut groups: Vec<Vec<usize>> = Vec::new();
     let mut root = Vec::new();
     for s in [0, 1, 3, 5] {
@@ -138,8 +141,8 @@ pub fn gathered_peak(units: &[UnitSize], o: &FsdpOptions, compute_bytes: u64) ->
     let elements = match o.sharding_strategy {
         ShardingStrategy::NoShard if compute_bytes == MASTER_BYTES => 0,
         ShardingStrategy::NoShard => units.iter().map(|u| u.numel).sum(),
-        ShardingStrategy::ShardGradOp => units.iter().map(|u| u.padded).sum(),
-        ShardingStrategy::FullShard => {
+        ShardingStrategy::ShardGradOp | ShardingStrategy::HybridShardZero2 => units.iter().map(|u| u.padded).sum(),
+        ShardingStrategy::FullShard | ShardingStrategy::HybridShard => {
             let one = units.iter().map(|u| u.padded).max().unwrap_or(0);
             let prefetch = o.backward_prefetch == BackwardPrefetch::BackwardPre || o.forward_prefetch;
             let two = units.windows(2).map(|p| p[0].padded + p[1].padded).max();
@@ -162,7 +165,8 @@ pub fn gathered_peak(units: &[UnitSize], o: &FsdpOptions, compute_bytes: u64) ->
 /// | ZeRO-1 | 4P (P: the aligned, padded flat buffer) | 4Ψ + 4m | 8m (m: parameter elements in the rank's shard) | 0 |
 /// | FSDP | 4·Σ shard | 4·Σ shard | 8·Σ shard | [`gathered_peak`] |
 ///
-/// (FSDP: shard = ⌈numel/W⌉ per unit, `numel` for `NO_SHARD`; DDP with mixed precision runs
+/// (FSDP: shard = ⌈numel/W⌉ per unit, `numel` for `NO_SHARD`, ⌈numel/S⌉ for HSDP with shard
+/// groups of S ranks — FULL_SHARD's figures at world size S; DDP with mixed precision runs
 /// on FSDP's `NO_SHARD`). AdamW's step counts (one 4-byte tensor per optimized tensor) are not
 /// counted, as in the accounting.
 pub fn model_state(wrap: &WrapConfig, width: i64, world_size: usize, rank: usize) -> ModelStateBytes {

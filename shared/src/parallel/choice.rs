@@ -24,7 +24,7 @@ pub trait Choice: ValueEnum + Copy + PartialEq + Send + Sync + 'static {
         self.to_possible_value().map_or_else(String::new, |v| v.get_name().to_string())
     }
 
-    /// Why a spelling the references know is refused here (`HYBRID_SHARD`: not implemented), if
+    /// Why a spelling the references know is refused here (`fp8`: not supported), if
     /// it is one of those.
     fn unsupported(_text: &str) -> Option<&'static str> {
         None

@@ -65,6 +65,13 @@ pub trait DataParallel: GradSync {
     /// global gradient (their squared norms must be summed over ranks).
     fn grads_are_sharded(&self) -> bool;
 
+    /// The group whose ranks hold the shards of the gradient, when it is not every rank (HSDP's
+    /// shard group: summing over the replicas too would count each shard once per replica).
+    /// Default `None`: the whole group.
+    fn shard_group(&self) -> Option<&dyn ProcessGroup> {
+        None
+    }
+
     /// Bytes of model state this rank holds.
     fn memory(&self) -> ModelStateBytes;
 
@@ -236,6 +243,9 @@ impl<M: Segmented> DataParallel for FullyShardedDataParallel<'_, M> {
     }
     fn grads_are_sharded(&self) -> bool {
         self.config().sharding_strategy.is_sharded()
+    }
+    fn shard_group(&self) -> Option<&dyn ProcessGroup> {
+        Some(FullyShardedDataParallel::shard_group(self))
     }
     fn memory(&self) -> ModelStateBytes {
         FullyShardedDataParallel::memory(self)

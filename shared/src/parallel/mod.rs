@@ -6,8 +6,8 @@
 //!
 //! | choice | values (flag spelling) | also read from |
 //! |---|---|---|
-//! | [`Strategy`] | `ddp`, `fsdp-full-shard`, `fsdp-shard-grad-op`, `fsdp-no-shard` | the sharding strategy's spellings (`full_shard`, `FULL_SHARD`) |
-//! | [`ShardingStrategy`] | `full-shard`, `shard-grad-op`, `no-shard` | PyTorch's `FULL_SHARD` / `ShardingStrategy.FULL_SHARD`, Accelerate's `1`..`3`, Transformers' `full_shard` |
+//! | [`Strategy`] | `ddp`, `fsdp-full-shard`, `fsdp-shard-grad-op`, `fsdp-no-shard`, `fsdp-hybrid-shard`, `fsdp-hybrid-shard-zero2` | the sharding strategy's spellings (`full_shard`, `FULL_SHARD`) |
+//! | [`ShardingStrategy`] | `full-shard`, `shard-grad-op`, `no-shard`, `hybrid-shard`, `hybrid-shard-zero2` | PyTorch's `FULL_SHARD` / `ShardingStrategy.FULL_SHARD` / `_HYBRID_SHARD_ZERO2`, Accelerate's `1`..`5`, Transformers' `full_shard` / `hybrid_shard_zero2` |
 //! | [`BackwardPrefetch`] | `backward-pre`, `backward-post`, `no-prefetch` | PyTorch's `BACKWARD_PRE` / `BackwardPrefetch.BACKWARD_PRE`, Accelerate's `1`, `2`, `NO_PREFETCH` |
 //! | [`Precision`] | `no`, `bf16`, `fp16` | `fp32`, `bfloat16`, `torch.bfloat16`, `float16`, `torch.float16` |
 //!
@@ -57,6 +57,21 @@ pub enum ShardingStrategy {
     /// through FSDP's code path.
     #[value(name = "no-shard", alias = "NO_SHARD", alias = "ShardingStrategy.NO_SHARD", alias = "3")]
     NoShard,
+    /// HSDP: FULL_SHARD within each shard group (dp_shard_size ranks, by default one node's),
+    /// replicas across the groups; gradients reduce-scattered in the shard group, then
+    /// all-reduced (averaged over the world) across the replicas.
+    #[value(name = "hybrid-shard", alias = "HYBRID_SHARD", alias = "ShardingStrategy.HYBRID_SHARD", alias = "4")]
+    HybridShard,
+    /// As hybrid-shard, with SHARD_GRAD_OP (ZeRO-2) within the shard group: gathered parameters
+    /// kept from forward to backward (PyTorch's private _HYBRID_SHARD_ZERO2).
+    #[value(
+        name = "hybrid-shard-zero2",
+        alias = "_HYBRID_SHARD_ZERO2",
+        alias = "HYBRID_SHARD_ZERO2",
+        alias = "ShardingStrategy._HYBRID_SHARD_ZERO2",
+        alias = "5"
+    )]
+    HybridShardZero2,
 }
 
 impl Choice for ShardingStrategy {
@@ -66,13 +81,9 @@ impl Choice for ShardingStrategy {
             ShardingStrategy::FullShard => "FULL_SHARD",
             ShardingStrategy::ShardGradOp => "SHARD_GRAD_OP",
             ShardingStrategy::NoShard => "NO_SHARD",
+            ShardingStrategy::HybridShard => "HYBRID_SHARD",
+            ShardingStrategy::HybridShardZero2 => "_HYBRID_SHARD_ZERO2",
         }
-    }
-    fn unsupported(text: &str) -> Option<&'static str> {
-        let t = text.trim().to_ascii_uppercase().replace('-', "_");
-        let t = t.trim_start_matches("SHARDINGSTRATEGY.");
-        matches!(t, "HYBRID_SHARD" | "_HYBRID_SHARD_ZERO2" | "HYBRID_SHARD_ZERO2" | "4" | "5")
-            .then_some("hybrid sharding is not implemented by ddp-ladder")
     }
 }
 crate::impl_choice!(ShardingStrategy);
@@ -85,7 +96,13 @@ impl ShardingStrategy {
 
     /// True when gathered parameters are freed after forward (ZeRO-3).
     pub fn reshard_after_forward(self) -> bool {
-        self == ShardingStrategy::FullShard
+        matches!(self, ShardingStrategy::FullShard | ShardingStrategy::HybridShard)
+    }
+
+    /// True for HSDP (`HYBRID_SHARD`, `_HYBRID_SHARD_ZERO2`): sharded within a shard group,
+    /// replicated across the replicate group.
+    pub fn is_hybrid(self) -> bool {
+        matches!(self, ShardingStrategy::HybridShard | ShardingStrategy::HybridShardZero2)
     }
 }
 
@@ -274,6 +291,14 @@ pub struct FsdpOptions {
     /// Broadcast rank 0's parameters before sharding, so every rank starts from the same model.
     /// Default true (PyTorch's default is false; the ladder always wants rank 0's weights).
     pub sync_module_states: bool,
+    /// The hybrid strategies' shard-group size, as Accelerate's / Transformers'
+    /// `ParallelismConfig(dp_shard_size=…)` (then `dp_replicate_size = world_size /
+    /// dp_shard_size`): shard groups are runs of `dp_shard_size` consecutive ranks, replicate
+    /// groups the ranks with the same position in every run. `None` (default): the ranks of
+    /// one node (`LOCAL_WORLD_SIZE`), as PyTorch's `HYBRID_SHARD` without a device mesh.
+    /// Ignored by the other strategies.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub dp_shard_size: Option<usize>,
 }
 
 impl FsdpOptions {
@@ -285,6 +310,20 @@ impl FsdpOptions {
             backward_prefetch: BackwardPrefetch::BackwardPre,
             forward_prefetch: false,
             sync_module_states: true,
+            dp_shard_size: None,
+        }
+    }
+}
+
+impl FsdpOptions {
+    /// How many ranks the parameters are sharded over at `world_size`: the world, or for the
+    /// hybrid strategies [`dp_shard_size`](Self::dp_shard_size) — when not given, the whole
+    /// world here (one node), since `LOCAL_WORLD_SIZE` is known only to a launched rank
+    /// (the wrapper itself reads it: [`fsdp::mesh::resolve_shard_size`]).
+    pub fn shard_group_size(&self, world_size: usize) -> usize {
+        match self.dp_shard_size {
+            Some(s) if self.sharding_strategy.is_hybrid() => s,
+            _ => world_size,
         }
     }
 }
@@ -313,12 +352,14 @@ impl Default for Strategy {
     }
 }
 
-/// The four strategies with their default options, in `--help` order.
-static STRATEGIES: [Strategy; 4] = [
+/// The six strategies with their default options, in `--help` order.
+static STRATEGIES: [Strategy; 6] = [
     Strategy::Ddp(DdpOptions::DEFAULT),
     Strategy::Fsdp(FsdpOptions::with_sharding(ShardingStrategy::FullShard)),
     Strategy::Fsdp(FsdpOptions::with_sharding(ShardingStrategy::ShardGradOp)),
     Strategy::Fsdp(FsdpOptions::with_sharding(ShardingStrategy::NoShard)),
+    Strategy::Fsdp(FsdpOptions::with_sharding(ShardingStrategy::HybridShard)),
+    Strategy::Fsdp(FsdpOptions::with_sharding(ShardingStrategy::HybridShardZero2)),
 ];
 
 impl ValueEnum for Strategy {
@@ -334,6 +375,10 @@ impl ValueEnum for Strategy {
             }
             Some(ShardingStrategy::ShardGradOp) => "FSDP SHARD_GRAD_OP (ZeRO-2): gathered parameters kept from forward to backward",
             Some(ShardingStrategy::NoShard) => "FSDP NO_SHARD: full replicas, gradients all-reduced (DDP's behaviour, FSDP's code path)",
+            Some(ShardingStrategy::HybridShard) => {
+                "FSDP HYBRID_SHARD (HSDP): FULL_SHARD within each node (dp_shard_size ranks), replicas across nodes"
+            }
+            Some(ShardingStrategy::HybridShardZero2) => "FSDP _HYBRID_SHARD_ZERO2: SHARD_GRAD_OP within each node, replicas across nodes",
         };
         let value = PossibleValue::new(self.name()).help(help);
         Some(match self.sharding() {
@@ -357,14 +402,13 @@ impl Choice for Strategy {
             Some(ShardingStrategy::FullShard) => "fsdp-full-shard",
             Some(ShardingStrategy::ShardGradOp) => "fsdp-shard-grad-op",
             Some(ShardingStrategy::NoShard) => "fsdp-no-shard",
+            Some(ShardingStrategy::HybridShard) => "fsdp-hybrid-shard",
+            Some(ShardingStrategy::HybridShardZero2) => "fsdp-hybrid-shard-zero2",
         }
     }
     fn unsupported(text: &str) -> Option<&'static str> {
         let t = text.trim().to_ascii_lowercase().replace('_', "-");
-        if t == "fsdp" {
-            return Some("say which sharding strategy");
-        }
-        ShardingStrategy::unsupported(t.trim_start_matches("fsdp-"))
+        (t == "fsdp").then_some("say which sharding strategy")
     }
 }
 
@@ -385,7 +429,7 @@ impl std::fmt::Display for Strategy {
 
 impl Strategy {
     /// The name used in flags and reports: `ddp`, `fsdp-full-shard`, `fsdp-shard-grad-op`,
-    /// `fsdp-no-shard`.
+    /// `fsdp-no-shard`, `fsdp-hybrid-shard`, `fsdp-hybrid-shard-zero2`.
     pub fn name(self) -> &'static str {
         Choice::name(self)
     }
@@ -407,8 +451,8 @@ impl Strategy {
     ///
     /// # Errors
     /// [`Error::OptionNotForStrategy`] naming the first option that belongs to the other kind
-    /// of strategy (`bucket_cap_mb` or `zero_redundancy_optimizer` with FSDP; `min_num_params`, `backward_prefetch` or
-    /// `forward_prefetch` with DDP); [`Error::InvalidValue`] for a `bucket_cap_mb` that is not
+    /// of strategy (`bucket_cap_mb` or `zero_redundancy_optimizer` with FSDP; `min_num_params`, `backward_prefetch`,
+    /// `forward_prefetch` or `dp_shard_size` with DDP); [`Error::InvalidValue`] for a `dp_shard_size` of 0; [`Error::InvalidValue`] for a `bucket_cap_mb` that is not
     /// a positive, finite number of MiB.
     pub fn with_options(self, given: &StrategyOptions) -> Result<Self> {
         let misplaced = |option: &'static str, belongs_to: &'static str| Error::OptionNotForStrategy {
@@ -422,9 +466,10 @@ impl Strategy {
                     ("min_num_params", given.min_num_params.is_some()),
                     ("backward_prefetch", given.backward_prefetch.is_some()),
                     ("forward_prefetch", given.forward_prefetch.is_some()),
+                    ("dp_shard_size", given.dp_shard_size.is_some()),
                 ];
                 if let Some((option, _)) = fsdp_only.into_iter().find(|(_, g)| *g) {
-                    return Err(misplaced(option, "the FSDP strategies (fsdp-full-shard, fsdp-shard-grad-op, fsdp-no-shard)"));
+                    return Err(misplaced(option, "the FSDP strategies (fsdp-full-shard, fsdp-shard-grad-op, fsdp-no-shard, fsdp-hybrid-shard, fsdp-hybrid-shard-zero2)"));
                 }
                 o.zero_redundancy_optimizer = given.zero_redundancy_optimizer.unwrap_or(o.zero_redundancy_optimizer);
                 if let Some(cap) = given.bucket_cap_mb {
@@ -448,6 +493,12 @@ impl Strategy {
                 o.min_num_params = given.min_num_params.unwrap_or(o.min_num_params);
                 o.backward_prefetch = given.backward_prefetch.unwrap_or(o.backward_prefetch);
                 o.forward_prefetch = given.forward_prefetch.unwrap_or(o.forward_prefetch);
+                if let Some(size) = given.dp_shard_size {
+                    if size == 0 {
+                        return Err(Error::invalid("dp_shard_size", size, "at least 1 rank per shard group"));
+                    }
+                    o.dp_shard_size = Some(size);
+                }
                 Ok(Strategy::Fsdp(o))
             }
         }
@@ -468,6 +519,8 @@ pub struct StrategyOptions {
     pub forward_prefetch: Option<bool>,
     /// DDP's ZeRO-1 optimizer ([`DdpOptions::zero_redundancy_optimizer`]).
     pub zero_redundancy_optimizer: Option<bool>,
+    /// HSDP's shard-group size ([`FsdpOptions::dp_shard_size`]).
+    pub dp_shard_size: Option<usize>,
 }
 
 /// How to wrap the model: the strategy with its options, and the precision it computes in.

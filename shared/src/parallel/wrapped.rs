@@ -194,7 +194,7 @@ impl<'pg> WrappedModel<'pg> {
     /// # Errors
     /// A `max_norm` that is not positive and finite; collective errors (sharded FSDP).
     pub fn clip_grad_norm(&self, max_norm: f64) -> Result<f64> {
-        let sharded_over = self.inner.grads_are_sharded().then_some(self.pg);
+        let sharded_over = self.inner.grads_are_sharded().then(|| self.inner.shard_group().unwrap_or(self.pg));
         clip_grad_norm(&self.optimizer_grads(), max_norm, sharded_over)
     }
 

@@ -16,7 +16,8 @@ impl<M: Segmented> FullyShardedDataParallel<'_, M> {
     /// `FullShard` unit's gathered parameters (one all-gather into the storage its graph views)
     /// before its last segment — and, unless inside [`no_sync`](crate::parallel::GradSync::no_sync), reduces each
     /// unit's gradient as soon as it is complete: reduce-scatter(Avg) into the shard's `.grad`
-    /// (accumulating, as PyTorch), or all-reduce(Avg) for `NoShard`. Call it where
+    /// (accumulating, as PyTorch) — under HSDP within the shard group, then all-reduce(Avg) of
+    /// the shard across the replicate group — or all-reduce(Avg) for `NoShard`. Call it where
     /// single-process code calls `loss.backward()`: `zero_grad` → `backward` →
     /// (`clip_grad_norm`) → `step`.
     ///
@@ -26,7 +27,7 @@ impl<M: Segmented> FullyShardedDataParallel<'_, M> {
     pub fn backward(&mut self, loss: &Tensor) -> Result<()> {
         let Some(out) = self.output.take() else {
             return Err(Error::Fsdp {
-                rank: self.pg.rank(),
+                rank: self.shard_pg.rank(),
                 problem: "backward called without a preceding forward_t in grad mode (or twice for one forward); \
                           expected forward_t(x, train) → loss → backward(&loss)"
                     .into(),
@@ -131,10 +132,16 @@ impl<M: Segmented> FullyShardedDataParallel<'_, M> {
             let out = if self.config.sharding_strategy.is_sharded() {
                 let mut out = Tensor::zeros([self.units[u].shard_numel], (rkind, input.device()));
                 // The flat gradient is a temporary: the backend may reduce it in place.
-                self.pg.run(Collective::reduce_scatter(&mut out, input, ReduceOp::Avg))?;
+                self.shard_pg.run(Collective::reduce_scatter(&mut out, input, ReduceOp::Avg))?;
+                if let Some(replicate) = self.replicate {
+                    // HSDP: the shard group's average, averaged over the replicas — the
+                    // average over the world (every group has the same size).
+                    replicate.all_reduce(&mut out, ReduceOp::Avg)?;
+                    self.comm_bytes += (out.numel() * out.kind().elt_size_in_bytes()) as u64;
+                }
                 out
             } else {
-                self.pg.all_reduce(&mut input, ReduceOp::Avg)?;
+                self.shard_pg.all_reduce(&mut input, ReduceOp::Avg)?;
                 input
             };
             self.comm += t0.elapsed();

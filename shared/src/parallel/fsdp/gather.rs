@@ -75,7 +75,7 @@ impl<M: Segmented> FullyShardedDataParallel<'_, M> {
             let t0 = Instant::now();
             // The collective writes the storage's memory directly; `full` and the saved views
             // share it.
-            tch::no_grad(|| self.pg.all_gather(&mut full, &input))?;
+            tch::no_grad(|| self.shard_pg.all_gather(&mut full, &input))?;
             self.comm += t0.elapsed();
             self.comm_bytes += storage.nbytes();
             Gathered::Flat(storage)
@@ -92,7 +92,7 @@ impl<M: Segmented> FullyShardedDataParallel<'_, M> {
     /// # Errors
     /// [`Error::Fsdp`] if the storage cannot be allocated.
     fn gather_buffers(&mut self, u: usize) -> Result<(FlatStorage, Tensor, Tensor)> {
-        let (rank, pkind) = (self.pg.rank(), self.param_kind(u));
+        let (rank, pkind) = (self.shard_pg.rank(), self.param_kind(u));
         let shard = self.shards[u].detach();
         let mut storage = match self.gathered[u].take() {
             Some(Gathered::Flat(released)) => released,
@@ -141,13 +141,13 @@ impl<M: Segmented> FullyShardedDataParallel<'_, M> {
         self.finish_prefetch()?;
         let (mut storage, full, input) = self.gather_buffers(u)?;
         let t0 = Instant::now();
-        let started = self.pg.start(Collective::all_gather(full, input));
+        let started = self.shard_pg.start(Collective::all_gather(full, input));
         self.comm += t0.elapsed();
         let work = match started {
             Ok(work) => work,
             Err(e) => {
                 // Nothing was issued: hand the memory back and keep the (released) storage.
-                storage.release(self.pg.rank())?;
+                storage.release(self.shard_pg.rank())?;
                 self.gathered[u] = Some(Gathered::Flat(storage));
                 return Err(e);
             }
@@ -172,7 +172,7 @@ impl<M: Segmented> FullyShardedDataParallel<'_, M> {
             if let Some(Gathered::Flat(storage)) = &mut self.gathered[unit] {
                 if storage.is_filled() {
                     self.live_gathered -= storage.nbytes();
-                    storage.release(self.pg.rank())?;
+                    storage.release(self.shard_pg.rank())?;
                 }
             }
             return Err(e);
@@ -194,7 +194,7 @@ impl<M: Segmented> FullyShardedDataParallel<'_, M> {
     /// Points unit `u`'s parameters at 0-element tensors, so that nothing outside forward's
     /// graph views the gathered flat parameter.
     fn empty_params(&mut self, u: usize, kind: Kind) -> Result<()> {
-        let device = self.pg.device();
+        let device = self.shard_pg.device();
         for &p in &self.units[u].params {
             self.params[p].1.f_set_data(&Tensor::empty([0], (kind, device)))?;
         }
@@ -224,7 +224,7 @@ impl<M: Segmented> FullyShardedDataParallel<'_, M> {
         if self.inflight.as_ref().is_some_and(|f| f.unit == u) {
             self.finish_prefetch()?;
         }
-        let rank = self.pg.rank();
+        let rank = self.shard_pg.rank();
         let kind = self.param_kind(u);
         if let Some(Gathered::Flat(storage)) = &mut self.gathered[u] {
             if storage.is_filled() {

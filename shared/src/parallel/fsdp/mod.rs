@@ -57,6 +57,7 @@
 
 mod backward;
 mod gather;
+pub mod mesh;
 mod plan;
 mod state_dict;
 mod storage;
@@ -117,7 +118,13 @@ pub struct FullyShardedDataParallel<'pg, M: Segmented> {
     activation_checkpointing: bool,
     output: Option<Tensor>,
     train: bool,
-    pg: &'pg dyn ProcessGroup,
+    /// The group the parameters are sharded over: the world, or HSDP's shard group.
+    shard_pg: &'pg dyn ProcessGroup,
+    /// Every rank of the job (the group given to [`new`](Self::new)).
+    world: &'pg dyn ProcessGroup,
+    /// HSDP's replicate group: the reduce-scattered gradient shards are all-reduced (Avg)
+    /// over it. `None` for the other strategies (and a mesh of one replica).
+    replicate: Option<&'pg dyn ProcessGroup>,
     config: FsdpOptions,
     /// The mixed-precision policy (`None`: the model's dtype).
     mixed_precision: Option<MixedPrecision>,
@@ -149,8 +156,8 @@ impl<M: Segmented> GradSync for FullyShardedDataParallel<'_, M> {
 impl<M: Segmented> std::fmt::Debug for FullyShardedDataParallel<'_, M> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("FullyShardedDataParallel")
-            .field("rank", &self.pg.rank())
-            .field("world_size", &self.pg.world_size())
+            .field("rank", &self.world.rank())
+            .field("world_size", &self.world.world_size())
             .field("sharding_strategy", &self.config.sharding_strategy)
             .field("units", &self.units.len())
             .finish()
@@ -171,6 +178,13 @@ impl<'pg, M: Segmented> FullyShardedDataParallel<'pg, M> {
     /// [`plan_units`]); collective errors ([`Error::CollectiveMismatch`] when ranks' models
     /// differ in shape).
     pub fn new(vs: nn::VarStore, module: M, pg: &'pg dyn ProcessGroup, config: FsdpOptions) -> Result<Self> {
+        let world = pg;
+        let mesh = if config.sharding_strategy.is_hybrid() {
+            mesh::HybridMesh::new(world, mesh::resolve_shard_size(config.dp_shard_size)?)?
+        } else {
+            mesh::HybridMesh { shard: world, replicate: None }
+        };
+        let pg = mesh.shard;
         let (rank, w) = (pg.rank(), pg.world_size());
         let bad = |problem: String| Error::Fsdp { rank, problem };
         if vs.device() != pg.device() {
@@ -184,9 +198,9 @@ impl<'pg, M: Segmented> FullyShardedDataParallel<'pg, M> {
         check_var_store(&vs, &params, rank)?;
         let seg_params = segment_params(&module, &params, rank)?;
         let units = plan_units(&module, config.min_num_params, config.sharding_strategy, w)?;
-        if config.sync_module_states && w > 1 {
+        if config.sync_module_states && world.world_size() > 1 {
             let mut ts: Vec<Tensor> = params.iter().map(|(_, t)| t.detach()).collect();
-            tch::no_grad(|| pg.broadcast_coalesced(&mut ts, 0))?;
+            tch::no_grad(|| world.broadcast_coalesced(&mut ts, 0))?;
         }
         let shard_vs = nn::VarStore::new(pg.device());
         let mut shards = Vec::with_capacity(units.len());
@@ -236,7 +250,9 @@ impl<'pg, M: Segmented> FullyShardedDataParallel<'pg, M> {
             activation_checkpointing: false,
             output: None,
             train: false,
-            pg,
+            shard_pg: pg,
+            world,
+            replicate: mesh.replicate,
             config,
             mixed_precision: None,
             live_gathered: 0,
@@ -256,19 +272,31 @@ impl<'pg, M: Segmented> FullyShardedDataParallel<'pg, M> {
         &self.module
     }
 
-    /// The process group it shards over.
+    /// The process group it was given (every rank of the job).
     pub fn pg(&self) -> &'pg dyn ProcessGroup {
-        self.pg
+        self.world
+    }
+
+    /// The group the parameters are sharded over: [`pg`](Self::pg), or HSDP's shard group
+    /// (`dp_shard_size` ranks).
+    pub fn shard_group(&self) -> &'pg dyn ProcessGroup {
+        self.shard_pg
+    }
+
+    /// HSDP's replicate group (`dp_replicate_size` ranks), `None` for the other strategies.
+    pub fn replicate_group(&self) -> Option<&'pg dyn ProcessGroup> {
+        self.replicate
     }
 
     /// This process's rank in the group.
     pub fn rank(&self) -> usize {
-        self.pg.rank()
+        self.world.rank()
     }
 
-    /// Number of ranks the model is sharded over.
+    /// Number of ranks in the group (the model is sharded over
+    /// [`shard_group`](Self::shard_group)'s, all of them but under HSDP).
     pub fn world_size(&self) -> usize {
-        self.pg.world_size()
+        self.world.world_size()
     }
 
     /// The options it was built with.
@@ -333,7 +361,11 @@ impl<'pg, M: Segmented> FullyShardedDataParallel<'pg, M> {
     }
 
     /// Payload bytes of the collectives since construction: all-gather outputs and
-    /// reduce-scatter / all-reduce inputs.
+    /// reduce-scatter / all-reduce inputs. Per step, with P the padded parameter numel, b the
+    /// bytes per element, S the shard group's size (the world but under HSDP): FULL_SHARD and
+    /// HYBRID_SHARD `3·P·b` (two all-gathers, one reduce-scatter), SHARD_GRAD_OP and
+    /// _HYBRID_SHARD_ZERO2 `2·P·b`, NO_SHARD `P·b` (one all-reduce); HSDP adds the all-reduce of
+    /// its `P·b/S` gradient shard across replicas (none with one replica).
     pub fn comm_bytes(&self) -> u64 {
         self.comm_bytes
     }
@@ -430,7 +462,7 @@ impl<'pg, M: Segmented> FullyShardedDataParallel<'pg, M> {
     /// errors.
     pub fn clip_grad_norm(&self, max_norm: f64) -> Result<f64> {
         let grads: Vec<Tensor> = self.shards.iter().map(Tensor::grad).collect();
-        clip_grad_norm(&grads, max_norm, self.config.sharding_strategy.is_sharded().then_some(self.pg))
+        clip_grad_norm(&grads, max_norm, self.config.sharding_strategy.is_sharded().then_some(self.shard_pg))
     }
 
     /// This rank's shards (one trainable `[shard_numel]` tensor per unit, unit order): what an
@@ -457,19 +489,19 @@ impl<'pg, M: Segmented> FullyShardedDataParallel<'pg, M> {
                 .iter()
                 .map(|u| {
                     let v = [u.numel as f64, u.padded_numel as f64, u.shard_numel as f64];
-                    (format!("layout of unit {}", u.display_name()), Tensor::from_slice(&v).to_device(self.pg.device()))
+                    (format!("layout of unit {}", u.display_name()), Tensor::from_slice(&v).to_device(self.shard_pg.device()))
                 })
                 .collect();
-            check_in_sync(self.pg, &layout)
+            check_in_sync(self.world, &layout)
         } else {
             let named: Vec<(String, Tensor)> = self.units.iter().zip(&self.shards).map(|(u, s)| (u.key(), s.detach())).collect();
-            check_in_sync(self.pg, &named)
+            check_in_sync(self.shard_pg, &named)
         }
     }
 
     /// The unit layout as a table, for `--explain`.
     pub fn explain(&self) -> String {
-        explain_units(&self.units, self.config.sharding_strategy, self.pg.world_size(), self.config.min_num_params)
+        explain_units(&self.units, self.config.sharding_strategy, self.shard_pg.world_size(), self.config.min_num_params)
     }
 
     /// Model-state bytes this rank holds, from the tensors themselves (numel × element size):

@@ -229,11 +229,18 @@ pub fn explain_units(units: &[FlatParamUnit], strategy: ShardingStrategy, world_
         ShardingStrategy::FullShard => "all-gather before forward and again before backward, reduce-scatter(Avg) gradients",
         ShardingStrategy::ShardGradOp => "all-gather before forward, keep until backward, reduce-scatter(Avg) gradients",
         ShardingStrategy::NoShard => "full parameters on every rank, all-reduce(Avg) gradients",
+        ShardingStrategy::HybridShard => {
+            "FULL_SHARD within the shard group, reduce-scatter(Avg) gradients there, then all-reduce(Avg) across replicas"
+        }
+        ShardingStrategy::HybridShardZero2 => {
+            "SHARD_GRAD_OP within the shard group, reduce-scatter(Avg) gradients there, then all-reduce(Avg) across replicas"
+        }
     };
     format!(
-        "FSDP units: {} FlatParameter(s), sharding_strategy {strategy} ({what}), world size {world_size}, \
+        "FSDP units: {} FlatParameter(s), sharding_strategy {strategy} ({what}), {} {world_size}, \
          size_based_auto_wrap_policy(min_num_params = {min_num_params})\n{table}",
-        units.len()
+        units.len(),
+        if strategy.is_hybrid() { "shard group size" } else { "world size" }
     )
 }
 

@@ -32,7 +32,9 @@ impl<M: Segmented> FullyShardedDataParallel<'_, M> {
     /// [`Error::Fsdp`] when `per_unit` does not hold one shard-shaped tensor per unit; collective
     /// errors.
     pub fn gather_full(&self, per_unit: &[Tensor]) -> Result<Option<Vec<(String, Tensor)>>> {
-        let rank = self.pg.rank();
+        // Gathered within the shard group (HSDP's replicas hold the same shards); returned on
+        // the job's rank 0.
+        let rank = self.world.rank();
         if per_unit.len() != self.units.len() || per_unit.iter().zip(&self.units).any(|(t, u)| t.numel() as i64 != u.shard_numel) {
             return Err(Error::Fsdp {
                 rank,
@@ -49,7 +51,7 @@ impl<M: Segmented> FullyShardedDataParallel<'_, M> {
                 let shard = per_unit[u].detach().contiguous();
                 let full = if self.config.sharding_strategy.is_sharded() {
                     let mut full = Tensor::empty([unit.padded_numel], (shard.kind(), shard.device()));
-                    self.pg.all_gather(&mut full, &shard)?;
+                    self.shard_pg.all_gather(&mut full, &shard)?;
                     full
                 } else {
                     shard
@@ -80,7 +82,7 @@ impl<M: Segmented> FullyShardedDataParallel<'_, M> {
         let expected: BTreeMap<&str, &[i64]> =
             self.units.iter().flat_map(|u| u.param_names.iter().zip(&u.shapes).map(|(n, s)| (n.as_str(), s.as_slice()))).collect();
         check_keys(&map, &expected, "full", "the unwrapped model's named_parameters()")?;
-        let (rank, strategy) = (self.pg.rank(), self.config.sharding_strategy);
+        let (rank, strategy) = (self.shard_pg.rank(), self.config.sharding_strategy);
         tch::no_grad(|| {
             self.units
                 .iter()
@@ -126,7 +128,7 @@ impl<M: Segmented> FullyShardedDataParallel<'_, M> {
         let names: Vec<String> = self.units.iter().map(|u| u.key()).collect();
         let local = opt.state_dict(&names);
         if local.is_empty() {
-            return Ok((self.pg.rank() == 0).then(Vec::new));
+            return Ok((self.world.rank() == 0).then(Vec::new));
         }
         let map: BTreeMap<String, Tensor> = local.into_iter().collect();
         let step = map[&format!("{}.step", names[0])].shallow_clone();
@@ -135,7 +137,7 @@ impl<M: Segmented> FullyShardedDataParallel<'_, M> {
             let shards: Vec<Tensor> = names.iter().map(|n| map[&format!("{n}.{moment}")].shallow_clone()).collect();
             per_moment.push((moment, self.gather_full(&shards)?));
         }
-        if self.pg.rank() != 0 {
+        if self.world.rank() != 0 {
             return Ok(None);
         }
         let gathered: Vec<(&str, BTreeMap<String, Tensor>)> =
@@ -204,8 +206,8 @@ impl<M: Segmented> FullyShardedDataParallel<'_, M> {
         let expected: BTreeMap<&str, &[i64]> = shapes.iter().map(|(k, s)| (k.as_str(), s.as_slice())).collect();
         let what = format!(
             "the shards of rank {} of {} ({}, min_num_params {})",
-            self.pg.rank(),
-            self.pg.world_size(),
+            self.shard_pg.rank(),
+            self.shard_pg.world_size(),
             self.config.sharding_strategy,
             self.config.min_num_params
         );

@@ -205,7 +205,10 @@ impl<M: Segmented> DataParallel for DistributedDataParallel<'_, M> {
         if let Some(zero) = self.zero() {
             return zero.optim_state_dict(self.pg(), opt, self.named_parameters());
         }
-        Ok((self.pg().rank() == 0).then(|| opt.state_dict(&self.param_names())))
+        if self.pg().rank() != 0 {
+            return Ok(None);
+        }
+        opt.try_state_dict(&self.param_names()).map(Some)
     }
     fn load_optim_state_dict(&self, opt: &mut AdamW, state_dict: &[(String, Tensor)]) -> Result<()> {
         if let Some(zero) = self.zero() {

@@ -307,8 +307,9 @@ fn train_ddp(cfg: &Config, args: &TrainArgs, plan: &Plan, start: Instant) -> Res
         }
     }
     // ANCHOR_END: user_code
-    let offload = optimizer.offload_stats().map(|(_, total)| total);
-    let report = finish(cfg, pg, &model, &timer, Trained { steps, train_loss, eval, history, offload }, start)?;
+    let (offload, model_state) = (optimizer.offload_stats().map(|(_, total)| total), optimizer.placed(model.memory()));
+    let trained = Trained { steps, train_loss, eval, history, offload, model_state };
+    let report = finish(cfg, pg, &model, &timer, trained, start)?;
     // ANCHOR: user_code
     // 8. cleanup()
     cleanup(pg);
@@ -328,6 +329,8 @@ struct Trained {
     history: Vec<EpochFigures>,
     /// With the optimizer offloaded: its transfers and seconds, summed over the steps.
     offload: Option<OffloadStats>,
+    /// This rank's model-state bytes, the optimizer's placed where it is.
+    model_state: ladder_core::memory::ModelStateBytes,
 }
 
 /// What the harness adds after the last evaluation, before `cleanup()`: `--check-sync`,
@@ -364,7 +367,7 @@ fn finish(
         train_s: timer.loops_s(),
         train_loss: trained.train_loss,
         comm_s: model.comm_seconds(),
-        model_state: model.memory(),
+        model_state: trained.model_state,
         timing,
     };
     let wall_s = start.elapsed().as_secs_f64();

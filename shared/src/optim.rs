@@ -154,6 +154,20 @@ impl AdamW {
         self.offload.as_ref().map(nvme::MomentFile::buffer_size)
     }
 
+    /// `m` (the wrapped model's accounting, [`crate::parallel::WrappedModel::memory`]) with this
+    /// optimizer's state placed where it is: unchanged in memory; offloaded, the moments counted
+    /// in `optimizer_on_disk` and the buffer in `optimizer`.
+    pub fn placed(&self, m: crate::memory::ModelStateBytes) -> crate::memory::ModelStateBytes {
+        match &self.offload {
+            Some(file) => {
+                let kinds: std::collections::BTreeSet<usize> = self.params.iter().map(|p| p.kind().elt_size_in_bytes()).collect();
+                let buffer = kinds.iter().map(|&e| crate::memory::offload_buffer_bytes(file.buffer_size() as usize, e as u64)).sum();
+                m.with_optimizer_offload(buffer)
+            }
+            None => m,
+        }
+    }
+
     /// When offloaded: the last step's bytes read and written and seconds, and the totals since
     /// creation (`None` in memory).
     pub fn offload_stats(&self) -> Option<(OffloadStats, OffloadStats)> {

@@ -127,8 +127,13 @@ pub fn estimate_growth_mib(case: &Case) -> Option<f64> {
         super::case::Replication::Parallel(s) => s,
     };
     let wrap = ladder_core::parallel::WrapConfig { strategy, mixed_precision: case.precision, activation_checkpointing: false };
-    let input =
-        ladder_core::memory::estimate::EstimateInput { wrap, world_size: case.world_size, width: case.width, batch_size: BATCH_SIZE };
+    let input = ladder_core::memory::estimate::EstimateInput {
+        wrap,
+        world_size: case.world_size,
+        width: case.width,
+        batch_size: BATCH_SIZE,
+        offload_optimizer: Default::default(),
+    };
     let ranks = ladder_core::memory::estimate::estimate(&input).ok()?;
     ranks.iter().map(|r| r.peak_growth).max().map(ladder_core::memory::mib)
 }

@@ -51,7 +51,12 @@ impl OffloadStats {
     /// The mean per step of totals over `steps` steps (`steps` 1; zeros when none).
     pub fn per_step(total: &OffloadStats) -> OffloadStats {
         let n = total.steps.max(1);
-        OffloadStats { bytes_read: total.bytes_read / n, bytes_written: total.bytes_written / n, seconds: total.seconds / n as f64, steps: 1 }
+        OffloadStats {
+            bytes_read: total.bytes_read / n,
+            bytes_written: total.bytes_written / n,
+            seconds: total.seconds / n as f64,
+            steps: 1,
+        }
     }
 
     /// One line for the levels' output: `offload_optimizer (nvme): per step 288.0 MiB read,
@@ -217,15 +222,11 @@ impl MomentFile {
             }
             // On CUDA the chunk goes to the parameter's device and back (a copy each way).
             let on_device = p.device() != Device::Cpu;
-            let (dm, dv) = if on_device { (m.to_device(p.device()), v.to_device(p.device())) } else { (m.shallow_clone(), v.shallow_clone()) };
+            let (dm, dv) =
+                if on_device { (m.to_device(p.device()), v.to_device(p.device())) } else { (m.shallow_clone(), v.shallow_clone()) };
             let (pc, gc) = tch::no_grad(|| (flat_p.narrow(0, start, len), flat_g.narrow(0, start, len)));
-            let tensors = crate::ffi::optim::FusedAdamW {
-                params: &[&pc],
-                grads: &[&gc],
-                exp_avgs: &[&dm],
-                exp_avg_sqs: &[&dv],
-                steps: &[step_t],
-            };
+            let tensors =
+                crate::ffi::optim::FusedAdamW { params: &[&pc], grads: &[&gc], exp_avgs: &[&dm], exp_avg_sqs: &[&dv], steps: &[step_t] };
             crate::ffi::optim::fused_adamw(&tensors, c)
                 .map_err(|msg| Error::invalid("optimizer step", "AdamW", format!("gradients libtorch's fused AdamW accepts ({msg})")))?;
             if on_device {

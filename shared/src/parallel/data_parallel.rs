@@ -182,7 +182,7 @@ impl<M: Segmented> DataParallel for DistributedDataParallel<'_, M> {
             return zero.memory(self.named_parameters());
         }
         let bytes: u64 = self.named_parameters().iter().map(|(_, t)| (t.numel() * t.kind().elt_size_in_bytes()) as u64).sum();
-        ModelStateBytes { parameters: bytes, gradients: bytes, optimizer: 2 * bytes, gathered_peak: 0 }
+        ModelStateBytes { parameters: bytes, gradients: bytes, optimizer: 2 * bytes, gathered_peak: 0, optimizer_on_disk: 0 }
     }
     fn comm(&self) -> Comm {
         Comm { seconds: self.comm_seconds(), bytes: self.comm_bytes() }

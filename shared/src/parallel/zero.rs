@@ -249,7 +249,13 @@ impl ZeroPartition {
         let elt = self.flat.kind().elt_size_in_bytes() as u64;
         let pieces_grad: u64 = self.pieces.iter().map(|p| bytes(&p.tensor.grad())).sum();
         let gradients = params.iter().map(|(_, p)| bytes(&p.grad())).sum::<u64>() + pieces_grad;
-        ModelStateBytes { parameters: bytes(&self.flat), gradients, optimizer: 2 * self.piece_numel() as u64 * elt, gathered_peak: 0 }
+        ModelStateBytes {
+            parameters: bytes(&self.flat),
+            gradients,
+            optimizer: 2 * self.piece_numel() as u64 * elt,
+            gathered_peak: 0,
+            optimizer_on_disk: 0,
+        }
     }
 
     /// This rank's moments laid out as its shard (`[shard_numel]` each, 0 in the gaps), and the

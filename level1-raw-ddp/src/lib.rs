@@ -16,7 +16,7 @@ use ladder_core::dist::{self, Backend, DistEnv, ProcessGroup};
 use ladder_core::eval::EvalSums;
 use ladder_core::metrics::{gather_report, EpochFigures, LocalFigures, Report};
 use ladder_core::model::{BasicNet, BasicNetConfig};
-use ladder_core::optim::{AdamWConfig, OffloadStats};
+use ladder_core::optim::{AdamW, AdamWConfig, OffloadStats};
 use ladder_core::parallel::{BackwardPrefetch, NvmeOffload, OptimizerOffload, Precision, StrategyOptions, WrapConfig, WrappedModel};
 use ladder_core::recipe::{end_of_epoch, seed_batch, TrainArgs};
 use ladder_core::timing::{Phase, StepTimer};
@@ -254,8 +254,7 @@ fn train_ddp(cfg: &Config, args: &TrainArgs, plan: &Plan, start: Instant) -> Res
     if cfg.explain && rank == 0 {
         println!("{}\n", model.explain());
     }
-    // 4. The optimizer over the wrapped model's parameters (for FSDP: this rank's shards only),
-    //    its moments in memory or, offloaded (DeepSpeed's offload_optimizer), in a file.
+    // 4. The optimizer over the wrapped model's parameters (for FSDP: this rank's shards only).
     let mut optimizer = model.optimizer_with_offload(AdamWConfig { lr: args.lr, ..AdamWConfig::default() }, &plan.offload)?;
 
     // 5. A DistributedSampler: each rank sees its own 1/W of every epoch.
@@ -307,9 +306,7 @@ fn train_ddp(cfg: &Config, args: &TrainArgs, plan: &Plan, start: Instant) -> Res
         }
     }
     // ANCHOR_END: user_code
-    let (offload, model_state) = (optimizer.offload_stats().map(|(_, total)| total), optimizer.placed(model.memory()));
-    let trained = Trained { steps, train_loss, eval, history, offload, model_state };
-    let report = finish(cfg, pg, &model, &timer, trained, start)?;
+    let report = finish(cfg, pg, (&model, &optimizer), &timer, Trained { steps, train_loss, eval, history }, start)?;
     // ANCHOR: user_code
     // 8. cleanup()
     cleanup(pg);
@@ -327,15 +324,12 @@ struct Trained {
     eval: EvalSums,
     /// Every epoch's figures.
     history: Vec<EpochFigures>,
-    /// With the optimizer offloaded: its transfers and seconds, summed over the steps.
-    offload: Option<OffloadStats>,
-    /// This rank's model-state bytes, the optimizer's placed where it is.
-    model_state: ladder_core::memory::ModelStateBytes,
 }
 
 /// What the harness adds after the last evaluation, before `cleanup()`: `--check-sync`,
-/// `--save-model`, and every rank's figures gathered into the report, which rank 0 writes to
-/// `--metrics-json`. Collective.
+/// `--save-model`, and every rank's figures gathered into the report (with an offloaded
+/// optimizer, its per-step transfers, printed too), which rank 0 writes to `--metrics-json`.
+/// Collective.
 ///
 /// # Errors
 /// Parameters out of sync, an unwritable `--save-model` or `--metrics-json` (named), collective
@@ -343,7 +337,7 @@ struct Trained {
 fn finish(
     cfg: &Config,
     pg: &dyn ProcessGroup,
-    model: &WrappedModel,
+    (model, optimizer): (&WrappedModel, &AdamW),
     timer: &StepTimer,
     trained: Trained,
     start: Instant,
@@ -367,14 +361,14 @@ fn finish(
         train_s: timer.loops_s(),
         train_loss: trained.train_loss,
         comm_s: model.comm_seconds(),
-        model_state: trained.model_state,
+        model_state: optimizer.placed(model.memory()), // the moments' bytes on disk when offloaded
         timing,
     };
     let wall_s = start.elapsed().as_secs_f64();
     let mut report = gather_report(pg, &local, &trained.eval, trained.steps as u64, cfg.strategy.name(), wall_s)?;
     report.history = trained.history;
-    if let (Some(total), Some(dir)) = (trained.offload, &cfg.offload_optimizer_nvme_path) {
-        let per_step = ladder_core::optim::OffloadStats::per_step(&total);
+    if let (Some((_, total)), Some(dir)) = (optimizer.offload_stats(), &cfg.offload_optimizer_nvme_path) {
+        let per_step = OffloadStats::per_step(&total);
         report.extra.insert("offload_optimizer".into(), serde_json::json!({ "device": "nvme", "nvme_path": dir, "per_step": per_step }));
         if pg.rank() == 0 {
             println!("{}", per_step.summary());

@@ -48,7 +48,9 @@ fn json_carries_the_librarys_figures_and_the_budget_names_the_cheapest_fit() {
     let mut first_fit = None;
     for (s, strategy) in v["strategies"].as_array().unwrap().iter().zip(estimate::default_strategies()) {
         let wrap = WrapConfig { strategy, mixed_precision: Precision::No, activation_checkpointing: false };
-        let expected = estimate::estimate(&EstimateInput { wrap, world_size: 3, width: 4096, batch_size: 256 }).unwrap();
+        let expected =
+            estimate::estimate(&EstimateInput { wrap, world_size: 3, width: 4096, batch_size: 256, offload_optimizer: Default::default() })
+                .unwrap();
         assert_eq!(s["ranks"], serde_json::to_value(&expected).unwrap(), "{}", s["strategy"]);
         let fits = expected.iter().all(|r| r.total <= 750 << 20);
         assert_eq!(s["fits"], fits);

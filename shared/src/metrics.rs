@@ -162,6 +162,7 @@ pub fn gather_report(
         m.gradients as f64,
         m.optimizer as f64,
         m.gathered_peak as f64,
+        m.optimizer_on_disk as f64,
     ];
     let t = &local.timing;
     let p = &t.phases;
@@ -192,14 +193,14 @@ pub fn gather_report(
         t.train_start_rss_mib,
     ];
     let mine: Vec<f64> = mine.into_iter().chain(timing).collect();
-    const N: usize = 9 + 19;
+    const N: usize = 10 + 19;
     let mut all = Tensor::zeros([(world_size * N) as i64], (Kind::Double, pg.device()));
     pg.all_gather(&mut all, &Tensor::from_slice(&mine).to_device(pg.device()))?;
     let all = Vec::<f64>::try_from(all.to_device(Device::Cpu)).map_err(crate::Error::Torch)?;
     let ranks: Vec<RankFigures> = all
         .chunks(N)
         .enumerate()
-        .map(|(r, f)| (r, f, timing_of(&f[9..])))
+        .map(|(r, f)| (r, f, timing_of(&f[10..])))
         .map(|(r, f, timing)| RankFigures {
             rank: r,
             peak_rss_mib: f[0],
@@ -211,6 +212,7 @@ pub fn gather_report(
                 gradients: f[6] as u64,
                 optimizer: f[7] as u64,
                 gathered_peak: f[8] as u64,
+                optimizer_on_disk: f[9] as u64,
             },
             timing,
         })

@@ -24,7 +24,16 @@
 //! `torch.optim.AdamW(fused=True)` (tests/optim.rs checks both).
 //!
 //! A step on a parameter without a gradient leaves it, and its state, untouched (as PyTorch).
+//!
+//! With [`AdamW::with_offload`] the two moments live in a file on disk instead of memory
+//! (DeepSpeed's `offload_optimizer: {"device": "nvme"}`), streamed through a bounded buffer at
+//! each step with the same kernel — bit-identical weights; see [`nvme`].
 
+mod nvme;
+
+pub use nvme::OffloadStats;
+
+use crate::parallel::offload::OptimizerOffload;
 use crate::{Error, Result};
 use serde::{Deserialize, Serialize};
 use tch::{Kind, Tensor};
@@ -82,13 +91,14 @@ struct ParamState {
     /// `step` as the 0-d f32 tensor on the parameter's device that the fused kernel reads
     /// (PyTorch's `state["step"]` for `fused=True`).
     step_t: Tensor,
+    /// The moments in memory; undefined tensors when they are in the [`nvme::MomentFile`].
     exp_avg: Tensor,
     exp_avg_sq: Tensor,
 }
 
 impl ParamState {
-    fn new(step: i64, exp_avg: Tensor, exp_avg_sq: Tensor) -> Self {
-        let step_t = Tensor::from(step as f32).to_device(exp_avg.device());
+    fn new(step: i64, exp_avg: Tensor, exp_avg_sq: Tensor, device: tch::Device) -> Self {
+        let step_t = Tensor::from(step as f32).to_device(device);
         Self { step, step_t, exp_avg, exp_avg_sq }
     }
 }
@@ -99,6 +109,8 @@ pub struct AdamW {
     params: Vec<Tensor>,
     state: Vec<Option<ParamState>>,
     config: AdamWConfig,
+    /// The moments' file when they are offloaded.
+    offload: Option<nvme::MomentFile>,
 }
 
 impl AdamW {
@@ -110,7 +122,56 @@ impl AdamW {
     pub fn new(params: Vec<Tensor>, config: AdamWConfig) -> Result<Self> {
         config.validate()?;
         let state = params.iter().map(|_| None).collect();
-        Ok(Self { params, state, config })
+        Ok(Self { params, state, config, offload: None })
+    }
+
+    /// AdamW over `params` whose moments live where `offload` says: with
+    /// [`OptimizerOffload::Nvme`], in a file created for rank `rank` under its `nvme_path`
+    /// (`ladder-adamw-rank{rank}-XXXXXX.moments`, removed when the optimizer is dropped),
+    /// `2 · Σ numel` elements of the parameters' dtypes, streamed through a buffer of
+    /// `buffer_size` elements per moment at each step (see [`nvme`]). The weights are the
+    /// in-memory optimizer's, bit for bit. Only the buffer is resident; the operating system's
+    /// page cache may still hold the file, which the process's RSS does not count.
+    ///
+    /// # Errors
+    /// [`Error::InvalidValue`] for an out-of-range hyper-parameter; [`Error::Io`] when the file
+    /// cannot be created.
+    pub fn with_offload(params: Vec<Tensor>, config: AdamWConfig, offload: &OptimizerOffload, rank: usize) -> Result<Self> {
+        let mut opt = Self::new(params, config)?;
+        if let OptimizerOffload::Nvme(o) = offload {
+            opt.offload = Some(nvme::MomentFile::create(&opt.params, o, rank)?);
+        }
+        Ok(opt)
+    }
+
+    /// The moments' file, when offloaded.
+    pub fn offload_path(&self) -> Option<std::path::PathBuf> {
+        self.offload.as_ref().map(nvme::MomentFile::path)
+    }
+
+    /// Elements per moment held in memory while stepping, when offloaded.
+    pub fn offload_buffer_size(&self) -> Option<i64> {
+        self.offload.as_ref().map(nvme::MomentFile::buffer_size)
+    }
+
+    /// `m` (the wrapped model's accounting, [`crate::parallel::WrappedModel::memory`]) with this
+    /// optimizer's state placed where it is: unchanged in memory; offloaded, the moments counted
+    /// in `optimizer_on_disk` and the buffer in `optimizer`.
+    pub fn placed(&self, m: crate::memory::ModelStateBytes) -> crate::memory::ModelStateBytes {
+        match &self.offload {
+            Some(file) => {
+                let kinds: std::collections::BTreeSet<usize> = self.params.iter().map(|p| p.kind().elt_size_in_bytes()).collect();
+                let buffer = kinds.iter().map(|&e| crate::memory::offload_buffer_bytes(file.buffer_size() as usize, e as u64)).sum();
+                m.with_optimizer_offload(buffer)
+            }
+            None => m,
+        }
+    }
+
+    /// When offloaded: the last step's bytes read and written and seconds, and the totals since
+    /// creation (`None` in memory).
+    pub fn offload_stats(&self) -> Option<(OffloadStats, OffloadStats)> {
+        self.offload.as_ref().map(nvme::MomentFile::stats)
     }
 
     /// The hyper-parameters in use.
@@ -164,10 +225,16 @@ impl AdamW {
         // The parameters with a gradient, grouped by (device, dtype): one kernel call per group.
         let mut groups: Vec<(tch::Device, Kind, Vec<usize>)> = Vec::new();
         let mut grads = Vec::with_capacity(self.params.len());
+        let mut fresh = vec![false; self.params.len()];
+        let offloaded = self.offload.is_some();
         for (i, (p, state)) in self.params.iter().zip(self.state.iter_mut()).enumerate() {
             let grad = p.grad();
             if grad.defined() {
-                let s = state.get_or_insert_with(|| ParamState::new(0, p.zeros_like(), p.zeros_like()));
+                fresh[i] = state.is_none();
+                let s = state.get_or_insert_with(|| {
+                    let zeros = || if offloaded { Tensor::new() } else { p.zeros_like() };
+                    ParamState::new(0, zeros(), zeros(), p.device())
+                });
                 s.step += 1;
                 let _ = s.step_t.fill_(s.step as f64); // the kernel reads the step after this one
                 match groups.iter_mut().find(|(d, k, _)| *d == p.device() && *k == p.kind()) {
@@ -176,6 +243,17 @@ impl AdamW {
                 }
             }
             grads.push(grad);
+        }
+        if let Some(file) = self.offload.as_mut() {
+            let t0 = file.begin_step();
+            for (_, _, idx) in &groups {
+                for &i in idx {
+                    let step_t = &self.state[i].as_ref().expect("created above").step_t;
+                    file.step_param(i, &self.params[i], &grads[i], step_t, fresh[i], &c)?;
+                }
+            }
+            file.end_step(t0);
+            return Ok(());
         }
         for (_, _, idx) in &groups {
             let states: Vec<&ParamState> = idx.iter().map(|&i| self.state[i].as_ref().expect("created above")).collect();
@@ -200,20 +278,37 @@ impl AdamW {
 
     /// The state as named tensors: for parameter `names[i]`, `{name}.exp_avg`,
     /// `{name}.exp_avg_sq` (the parameter's shape and dtype) and `{name}.step` (a 0-d i64), for
-    /// every parameter that has taken a step. Copies.
+    /// every parameter that has taken a step. Copies (read from the file when offloaded).
     ///
     /// # Panics
-    /// Never; `names` shorter than the parameter list simply names fewer entries.
+    /// When offloaded and the moments' file cannot be read; [`try_state_dict`](Self::try_state_dict)
+    /// returns that error. `names` shorter than the parameter list simply names fewer entries.
     pub fn state_dict(&self, names: &[String]) -> Vec<(String, Tensor)> {
+        self.try_state_dict(names).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// [`state_dict`](Self::state_dict), returning a file error instead of panicking.
+    ///
+    /// # Errors
+    /// [`Error::Io`] naming the moments' file.
+    pub fn try_state_dict(&self, names: &[String]) -> Result<Vec<(String, Tensor)>> {
         let mut out = Vec::new();
-        for (name, s) in names.iter().zip(&self.state) {
+        for (i, (name, s)) in names.iter().zip(&self.state).enumerate() {
             if let Some(s) = s {
-                out.push((format!("{name}.exp_avg"), s.exp_avg.copy()));
-                out.push((format!("{name}.exp_avg_sq"), s.exp_avg_sq.copy()));
+                let (m, v) = match &self.offload {
+                    Some(file) => {
+                        let shape = self.params[i].size();
+                        let (m, v) = file.load(i)?;
+                        (m.view(shape.as_slice()), v.view(shape.as_slice()))
+                    }
+                    None => (s.exp_avg.copy(), s.exp_avg_sq.copy()),
+                };
+                out.push((format!("{name}.exp_avg"), m));
+                out.push((format!("{name}.exp_avg_sq"), v));
                 out.push((format!("{name}.step"), Tensor::from(s.step)));
             }
         }
-        out
+        Ok(out)
     }
 
     /// Loads what [`state_dict`](Self::state_dict) returned (same names, same parameter shapes).
@@ -221,7 +316,8 @@ impl AdamW {
     ///
     /// # Errors
     /// [`Error::StateDict`] naming an unexpected key, a parameter with only part of its state, or
-    /// a shape that differs from the parameter's.
+    /// a shape that differs from the parameter's; [`Error::Io`] when offloaded and the moments'
+    /// file cannot be written (the state is then that of the parameters written so far).
     pub fn load_state_dict(&mut self, names: &[String], state_dict: &[(String, Tensor)]) -> Result<()> {
         let map: std::collections::BTreeMap<&str, &Tensor> = state_dict.iter().map(|(k, t)| (k.as_str(), t)).collect();
         let known: std::collections::BTreeSet<String> =
@@ -247,16 +343,25 @@ impl AdamW {
                             )));
                         }
                     }
-                    new_state.push(Some(ParamState::new(
-                        step.int64_value(&[]),
-                        m.to_device(p.device()).to_kind(p.kind()),
-                        v.to_device(p.device()).to_kind(p.kind()),
-                    )));
+                    let (m, v) = if self.offload.is_some() {
+                        (m.shallow_clone(), v.shallow_clone()) // written to the file below
+                    } else {
+                        (m.to_device(p.device()).to_kind(p.kind()), v.to_device(p.device()).to_kind(p.kind()))
+                    };
+                    new_state.push(Some(ParamState::new(step.int64_value(&[]), m, v, p.device())));
                 }
                 _ => {
                     return Err(Error::StateDict(format!(
                         "optimizer: parameter {name} has only part of its state (needs exp_avg, exp_avg_sq and step)"
                     )))
+                }
+            }
+        }
+        if let Some(file) = self.offload.as_mut() {
+            for (i, s) in new_state.iter_mut().enumerate() {
+                if let Some(s) = s {
+                    file.store(i, &s.exp_avg, &s.exp_avg_sq)?;
+                    (s.exp_avg, s.exp_avg_sq) = (Tensor::new(), Tensor::new());
                 }
             }
         }

@@ -12,7 +12,10 @@ use ladder_core::memory::estimate::{self, zero1, EstimateInput};
 use ladder_core::memory::layout;
 use ladder_core::model::{BasicNet, BasicNetConfig};
 use ladder_core::optim::AdamWConfig;
-use ladder_core::parallel::{BackwardPrefetch, FsdpOptions, Precision, ShardingStrategy, Strategy, WrapConfig, WrappedModel};
+use ladder_core::parallel::{
+    BackwardPrefetch, FsdpOptions, NvmeOffload, OffloadDevice, OptimizerOffload, Precision, ShardingStrategy, Strategy, WrapConfig,
+    WrappedModel,
+};
 use tch::{nn, Device};
 
 const WIDTH: i64 = 24;
@@ -84,10 +87,21 @@ fn rank_model_state() {
         let what = format!("rank {rank} of {w}: {} {wrap:?}", estimate::strategy_label(wrap.strategy));
         assert_eq!(layout::model_state(&wrap, WIDTH, w, rank), model.memory(), "{what}");
         // The estimate carries the same figures, and its peak adds gradients and optimizer.
-        let input = EstimateInput { wrap, world_size: w, width: WIDTH, batch_size: B as usize };
+        let input = EstimateInput { wrap, world_size: w, width: WIDTH, batch_size: B as usize, offload_optimizer: OffloadDevice::None };
         let e = estimate::estimate(&input).unwrap().remove(rank);
         assert_eq!(e.model_state, model.memory(), "{what}");
         assert_eq!(e.peak_growth, e.model_state.gradients + e.model_state.optimizer + e.activations + e.transient + e.runtime, "{what}");
+        // Offloaded to disk (DeepSpeed's offload_optimizer nvme): the optimizer's own placement
+        // of its state is the estimate's — the moments on disk, the 2 × 2^20-element fp32
+        // buffer resident, and the peak counts the buffer.
+        let dir = tempfile::tempdir().unwrap();
+        let mut off = model.optimizer_with_offload(AdamWConfig::default(), &OptimizerOffload::Nvme(NvmeOffload::new(dir.path()))).unwrap();
+        off.step();
+        let placed = off.placed(model.memory());
+        assert_eq!((placed.optimizer, placed.optimizer_on_disk), (8 << 20, model.memory().optimizer), "{what}");
+        let e = estimate::estimate(&EstimateInput { offload_optimizer: OffloadDevice::Nvme, ..input }).unwrap().remove(rank);
+        assert_eq!(e.model_state, placed, "{what}: offloaded");
+        assert_eq!(e.peak_growth, e.model_state.gradients + (8 << 20) + e.activations + e.transient + e.runtime, "{what}");
     }
     let z = WrapConfig { strategy: zero1(), ..Default::default() };
     println!("rank {rank}: {:?}", layout::model_state(&z, WIDTH, w, rank));

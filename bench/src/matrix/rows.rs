@@ -128,8 +128,13 @@ pub fn estimate_growth_mib(case: &Case) -> Option<f64> {
         mixed_precision: case.precision,
         activation_checkpointing: case.activation_checkpointing,
     };
-    let input =
-        ladder_core::memory::estimate::EstimateInput { wrap, world_size: case.world_size, width: case.width, batch_size: case.batch_size };
+    let input = ladder_core::memory::estimate::EstimateInput {
+        wrap,
+        world_size: case.world_size,
+        width: case.width,
+        batch_size: case.batch_size,
+        offload_optimizer: Default::default(),
+    };
     let ranks = ladder_core::memory::estimate::estimate(&input).ok()?;
     ranks.iter().map(|r| r.peak_growth).max().map(ladder_core::memory::mib)
 }

@@ -10,7 +10,7 @@ use super::CmdResult;
 use comfy_table::{presets::ASCII_MARKDOWN, Table};
 use ladder_core::memory::estimate::{self, EstimateInput, RankEstimate};
 use ladder_core::memory::size::{format_mib, format_size, parse_size};
-use ladder_core::parallel::{Precision, Strategy, WrapConfig};
+use ladder_core::parallel::{OffloadDevice, Precision, Strategy, WrapConfig};
 use level2_accelerator::{Error, Result};
 use serde::Serialize;
 
@@ -20,7 +20,7 @@ use serde::Serialize;
 most parameters gathered at once (FSDP), the activations and their gradients at the step's peak, the expected \
 training-phase peak RSS growth (gradients + optimizer + activations + transients: what `bench run` measures) and \
 the total (parameters + peak growth). The process's own memory (libtorch, the dataset, MPI: a few hundred MiB on \
-CPU) is not included. Offload is not implemented, so not estimated.\n\nExamples:\n  ladder-accelerate estimate-memory \
+CPU) is not included. With --offload-optimizer nvme (DeepSpeed's offload_optimizer) the optimizer column is the buffer the moments stream through, the moments being on disk.\n\nExamples:\n  ladder-accelerate estimate-memory \
 --width 4096 --num-processes 2\n  ladder-accelerate estimate-memory --width 8192 --batch-size 512 --budget 1GiB\n  \
 ladder-accelerate estimate-memory --strategy fsdp-full-shard --mixed-precision bf16 --activation-checkpointing --json")]
 pub struct EstimateArgs {
@@ -47,6 +47,11 @@ pub struct EstimateArgs {
     /// Activation checkpointing (keep each segment's input, recompute in backward).
     #[arg(long = "activation-checkpointing", alias = "activation_checkpointing", alias = "gradient-checkpointing")]
     pub activation_checkpointing: bool,
+    /// Where AdamW's moments live: none (in memory), or nvme — on disk, as DeepSpeed's
+    /// offload_optimizer (Accelerate's offload_optimizer_device): only an 8 MiB buffer resident.
+    #[arg(long = "offload-optimizer", alias = "offload_optimizer_device", value_name = "DEVICE", default_value = "none",
+          value_parser = ladder_core::cli::choice::<OffloadDevice>(), hide_possible_values = true)]
+    pub offload_optimizer: OffloadDevice,
     /// Memory per process, e.g. 8GiB, 512MiB, 1.5GB: says which strategies fit (total ≤ SIZE)
     /// and names the cheapest that does.
     #[arg(long, value_name = "SIZE", value_parser = parse_size)]
@@ -114,8 +119,13 @@ fn build(args: &EstimateArgs) -> Result<Report> {
             skipped.push(format!("{label}: fp32 only"));
             continue;
         }
-        let input =
-            EstimateInput { wrap, world_size: args.num_processes as usize, width: args.width, batch_size: args.batch_size as usize };
+        let input = EstimateInput {
+            wrap,
+            world_size: args.num_processes as usize,
+            width: args.width,
+            batch_size: args.batch_size as usize,
+            offload_optimizer: args.offload_optimizer,
+        };
         let ranks = estimate::estimate(&input)?;
         let fits = args.budget.map(|b| ranks.iter().all(|r| r.total <= b));
         out.push(StrategyEstimate { strategy: label, ranks, fits });

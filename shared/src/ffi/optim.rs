@@ -79,3 +79,23 @@ pub(crate) fn fused_adamw(t: &FusedAdamW<'_>, config: &crate::optim::AdamWConfig
         )
     })
 }
+
+/// Runs `f` on the bytes of `t`, a contiguous CPU tensor (`numel × element size` bytes, native
+/// byte order): how the offloaded optimizer fills its buffer from the moments' file and writes
+/// it back without a copy (tch only copies out of or into fresh tensors).
+///
+/// # Panics
+/// When `t` is not a contiguous CPU tensor.
+pub(crate) fn with_bytes_mut<R>(t: &mut Tensor, f: impl FnOnce(&mut [u8]) -> R) -> R {
+    assert!(t.device() == tch::Device::Cpu && t.is_contiguous(), "a contiguous CPU tensor");
+    let len = t.numel() * t.kind().elt_size_in_bytes();
+    if len == 0 {
+        return f(&mut []);
+    }
+    // SAFETY: a contiguous CPU tensor's `numel × element size` bytes start at its data pointer
+    // and belong to its storage, which `t` keeps alive; the `&mut Tensor` borrow keeps every
+    // other use of `t` out for the closure's duration (the caller holds no other view it reads
+    // meanwhile: the offloaded optimizer's buffers are its own).
+    let bytes = unsafe { std::slice::from_raw_parts_mut(t.data_ptr().cast::<u8>(), len) };
+    f(bytes)
+}

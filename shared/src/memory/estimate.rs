@@ -94,6 +94,11 @@ pub struct EstimateInput {
     pub width: i64,
     /// Samples per rank per step (`per_device_train_batch_size`).
     pub batch_size: usize,
+    /// Where AdamW's moments live: with `nvme` (DeepSpeed's `offload_optimizer`) the estimate
+    /// counts the buffer they stream through (the default 2²⁰ elements per moment) instead of
+    /// the moments, which go to `optimizer_on_disk`.
+    #[serde(default)]
+    pub offload_optimizer: crate::parallel::OffloadDevice,
 }
 
 /// One rank's estimate, bytes.
@@ -180,7 +185,7 @@ fn activations(segs: &[SegmentActs], s: usize, backward: bool, checkpointing: bo
 /// [`Error::InvalidValue`] for a world size, width or batch size of 0; what
 /// [`WrapConfig::validate`] refuses (ZeRO-1 with mixed precision).
 pub fn estimate(input: &EstimateInput) -> Result<Vec<RankEstimate>> {
-    let EstimateInput { wrap, world_size, width, batch_size } = *input;
+    let EstimateInput { wrap, world_size, width, batch_size, .. } = *input;
     if world_size == 0 {
         return Err(Error::invalid("world_size", world_size, "at least 1 rank"));
     }
@@ -196,7 +201,7 @@ pub fn estimate(input: &EstimateInput) -> Result<Vec<RankEstimate>> {
 
 fn estimate_rank(input: &EstimateInput, rank: usize) -> RankEstimate {
     let (wrap, width, w) = (&input.wrap, input.width, input.world_size);
-    let model_state = layout::model_state(wrap, width, w, rank);
+    let model_state = layout::model_state(wrap, width, w, rank).placed(input.offload_optimizer);
     let moments = match Engine::of(wrap) {
         Engine::Ddp(o) => ddp_moments(input, o.bucket_cap_mb, o.overlap, o.zero_redundancy_optimizer.then_some(rank)),
         Engine::Fsdp(o) => {
@@ -428,9 +433,11 @@ mod tests {
     use super::*;
     use crate::parallel::Precision;
 
+    use crate::parallel::OffloadDevice;
+
     fn input(strategy: Strategy, batch_size: usize, activation_checkpointing: bool) -> EstimateInput {
         let wrap = WrapConfig { strategy, mixed_precision: Precision::No, activation_checkpointing };
-        EstimateInput { wrap, world_size: 2, width: 128, batch_size }
+        EstimateInput { wrap, world_size: 2, width: 128, batch_size, offload_optimizer: OffloadDevice::None }
     }
 
     #[test]

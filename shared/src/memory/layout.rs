@@ -181,6 +181,7 @@ pub fn model_state(wrap: &WrapConfig, width: i64, world_size: usize, rank: usize
                 gradients: MASTER_BYTES * (psi + mine),
                 optimizer: 2 * MASTER_BYTES * mine,
                 gathered_peak: 0,
+                optimizer_on_disk: 0,
             }
         }
         Engine::Ddp(_) => ModelStateBytes {
@@ -188,12 +189,13 @@ pub fn model_state(wrap: &WrapConfig, width: i64, world_size: usize, rank: usize
             gradients: MASTER_BYTES * psi,
             optimizer: 2 * MASTER_BYTES * psi,
             gathered_peak: 0,
+            optimizer_on_disk: 0,
         },
         Engine::Fsdp(o) => {
             let units = fsdp_units(width, &o, world_size);
             let shards = MASTER_BYTES * units.iter().map(|u| u.shard as u64).sum::<u64>();
             let gathered_peak = gathered_peak(&units, &o, compute_bytes(wrap));
-            ModelStateBytes { parameters: shards, gradients: shards, optimizer: 2 * shards, gathered_peak }
+            ModelStateBytes { parameters: shards, gradients: shards, optimizer: 2 * shards, gathered_peak, optimizer_on_disk: 0 }
         }
     }
 }

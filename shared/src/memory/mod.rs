@@ -110,17 +110,46 @@ pub struct ModelStateBytes {
     pub parameters: u64,
     /// Persistent gradients (same layout as `parameters`).
     pub gradients: u64,
-    /// Optimizer state (AdamW: `exp_avg` and `exp_avg_sq`, 2 × parameters).
+    /// Optimizer state in memory (AdamW: `exp_avg` and `exp_avg_sq`, 2 × parameters; with the
+    /// optimizer offloaded to disk, the buffer the moments stream through).
     pub optimizer: u64,
     /// Peak transient bytes of parameters gathered for forward/backward (FSDP only; 0 for DDP).
     pub gathered_peak: u64,
+    /// Optimizer state on disk: the moments in the offload file (DeepSpeed's
+    /// `offload_optimizer` nvme; see [`crate::parallel::offload`]), 0 when they are in memory.
+    #[serde(default)]
+    pub optimizer_on_disk: u64,
 }
 
 impl ModelStateBytes {
+    /// These bytes with the optimizer's moments offloaded to disk: `optimizer_on_disk` takes
+    /// the moments, `optimizer` becomes the resident buffer they stream through,
+    /// `buffer_bytes` ([`offload_buffer_bytes`] for fp32 masters).
+    pub fn with_optimizer_offload(self, buffer_bytes: u64) -> Self {
+        Self { optimizer: buffer_bytes, optimizer_on_disk: self.optimizer_on_disk + self.optimizer, ..self }
+    }
+
+    /// `self` with its optimizer state placed as `offload` says (unchanged in memory).
+    pub fn placed(self, offload: crate::parallel::OffloadDevice) -> Self {
+        match offload {
+            crate::parallel::OffloadDevice::None => self,
+            crate::parallel::OffloadDevice::Nvme => {
+                self.with_optimizer_offload(offload_buffer_bytes(crate::parallel::NvmeOffload::DEFAULT_BUFFER_SIZE, layout::MASTER_BYTES))
+            }
+        }
+    }
+
     /// Parameters + gradients + optimizer state: the persistent per-rank footprint.
     pub fn persistent(&self) -> u64 {
         self.parameters + self.gradients + self.optimizer
     }
+}
+
+/// Bytes of the offloaded optimizer's buffer: one chunk of each moment,
+/// `2 · ⌈buffer_size / 64⌉ · 64` elements of `elt_bytes` (see [`crate::optim::AdamW::with_offload`]).
+pub fn offload_buffer_bytes(buffer_size: usize, elt_bytes: u64) -> u64 {
+    let align = crate::parallel::zero::ALIGN as u64;
+    2 * (buffer_size.max(1) as u64).div_ceil(align) * align * elt_bytes
 }
 
 #[cfg(test)]

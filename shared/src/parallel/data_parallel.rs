@@ -189,7 +189,7 @@ impl<M: Segmented> DataParallel for DistributedDataParallel<'_, M> {
             return zero.memory(self.named_parameters());
         }
         let bytes: u64 = self.named_parameters().iter().map(|(_, t)| (t.numel() * t.kind().elt_size_in_bytes()) as u64).sum();
-        ModelStateBytes { parameters: bytes, gradients: bytes, optimizer: 2 * bytes, gathered_peak: 0 }
+        ModelStateBytes { parameters: bytes, gradients: bytes, optimizer: 2 * bytes, gathered_peak: 0, optimizer_on_disk: 0 }
     }
     fn comm(&self) -> Comm {
         Comm { seconds: self.comm_seconds(), bytes: self.comm_bytes() }
@@ -212,7 +212,10 @@ impl<M: Segmented> DataParallel for DistributedDataParallel<'_, M> {
         if let Some(zero) = self.zero() {
             return zero.optim_state_dict(self.pg(), opt, self.named_parameters());
         }
-        Ok((self.pg().rank() == 0).then(|| opt.state_dict(&self.param_names())))
+        if self.pg().rank() != 0 {
+            return Ok(None);
+        }
+        opt.try_state_dict(&self.param_names()).map(Some)
     }
     fn load_optim_state_dict(&self, opt: &mut AdamW, state_dict: &[(String, Tensor)]) -> Result<()> {
         if let Some(zero) = self.zero() {

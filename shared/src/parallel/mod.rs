@@ -25,6 +25,7 @@ pub mod choice;
 pub mod data_parallel;
 pub mod ddp;
 pub mod fsdp;
+pub mod offload;
 pub mod wrapped;
 pub mod zero;
 
@@ -32,6 +33,7 @@ pub use choice::{Choice, ChoiceError};
 pub use data_parallel::{DataParallel, GradSync};
 pub use ddp::DistributedDataParallel;
 pub use fsdp::FullyShardedDataParallel;
+pub use offload::{NvmeOffload, OffloadDevice, OptimizerOffload};
 pub use wrapped::WrappedModel;
 
 use crate::{Error, Result};

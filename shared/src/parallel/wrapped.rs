@@ -147,6 +147,19 @@ impl<'pg> WrappedModel<'pg> {
     }
     // ANCHOR_END: wrapped_optimizer
 
+    /// [`optimizer`](Self::optimizer) with its moments where `offload` says: with
+    /// [`OptimizerOffload::Nvme`](super::OptimizerOffload::Nvme), in this rank's file under
+    /// `nvme_path` (DeepSpeed's `offload_optimizer: {"device": "nvme"}`) — what this rank
+    /// steps: every parameter (DDP), its ZeRO-1 pieces, or its FSDP shards. See
+    /// [`AdamW::with_offload`].
+    ///
+    /// # Errors
+    /// An out-of-range hyper-parameter; [`crate::Error::Io`] when the file cannot be created.
+    pub fn optimizer_with_offload(&self, cfg: AdamWConfig, offload: &super::OptimizerOffload) -> Result<AdamW> {
+        let params = self.inner.optimizer_params().into_iter().map(|(_, t)| t).collect();
+        AdamW::with_offload(params, cfg, offload, self.pg.rank())
+    }
+
     /// The wrapped model's forward pass: images `[b, 1, 28, 28]` f32 → log-probabilities `[b, 10]`
     /// (f32 also under mixed precision).
     ///

@@ -249,19 +249,30 @@ impl ZeroPartition {
         let elt = self.flat.kind().elt_size_in_bytes() as u64;
         let pieces_grad: u64 = self.pieces.iter().map(|p| bytes(&p.tensor.grad())).sum();
         let gradients = params.iter().map(|(_, p)| bytes(&p.grad())).sum::<u64>() + pieces_grad;
-        ModelStateBytes { parameters: bytes(&self.flat), gradients, optimizer: 2 * self.piece_numel() as u64 * elt, gathered_peak: 0 }
+        ModelStateBytes {
+            parameters: bytes(&self.flat),
+            gradients,
+            optimizer: 2 * self.piece_numel() as u64 * elt,
+            gathered_peak: 0,
+            optimizer_on_disk: 0,
+        }
     }
 
     /// This rank's moments laid out as its shard (`[shard_numel]` each, 0 in the gaps), and the
     /// step count; `None` before the first step.
-    fn local_moments(&self, opt: &AdamW, params: &[(String, Tensor)]) -> Option<(Tensor, Tensor, Tensor)> {
+    fn local_moments(&self, opt: &AdamW, params: &[(String, Tensor)]) -> Result<Option<(Tensor, Tensor, Tensor)>> {
         let names: Vec<String> = self.optimizer_params(params).into_iter().map(|(n, _)| n).collect();
-        let local = opt.state_dict(&names);
+        let local = opt.try_state_dict(&names)?;
+        Ok(self.layout_moments(&names, &local))
+    }
+
+    /// [`local_moments`](Self::local_moments) from the optimizer's state dict `local`.
+    fn layout_moments(&self, names: &[String], local: &[(String, Tensor)]) -> Option<(Tensor, Tensor, Tensor)> {
         let get = |k: String| local.iter().find(|(n, _)| *n == k).map(|(_, t)| t.shallow_clone());
         let step = get(format!("{}.step", names.first()?))?;
         let m = Tensor::zeros([self.shard_numel], (self.flat.kind(), self.flat.device()));
         let v = m.zeros_like();
-        for (piece, name) in self.pieces.iter().zip(&names) {
+        for (piece, name) in self.pieces.iter().zip(names) {
             let len = piece.tensor.numel() as i64;
             m.narrow(0, piece.in_shard, len).copy_(&get(format!("{name}.exp_avg"))?);
             v.narrow(0, piece.in_shard, len).copy_(&get(format!("{name}.exp_avg_sq"))?);
@@ -283,7 +294,7 @@ impl ZeroPartition {
         opt: &AdamW,
         params: &[(String, Tensor)],
     ) -> Result<Option<Vec<(String, Tensor)>>> {
-        let Some((m, v, step)) = tch::no_grad(|| self.local_moments(opt, params)) else {
+        let Some((m, v, step)) = tch::no_grad(|| self.local_moments(opt, params))? else {
             return Ok((self.rank == 0).then(Vec::new));
         };
         let mut full = Vec::with_capacity(2);

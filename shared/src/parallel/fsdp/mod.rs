@@ -528,7 +528,7 @@ impl<'pg, M: Segmented> FullyShardedDataParallel<'pg, M> {
             })
             .sum::<u64>()
             + self.full_grads.iter().flatten().map(bytes).sum::<u64>();
-        ModelStateBytes { parameters, gradients, optimizer: 2 * parameters, gathered_peak: self.peak_gathered }
+        ModelStateBytes { parameters, gradients, optimizer: 2 * parameters, gathered_peak: self.peak_gathered, optimizer_on_disk: 0 }
     }
     // ANCHOR_END: fsdp_memory
 }

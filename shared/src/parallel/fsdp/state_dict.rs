@@ -126,7 +126,7 @@ impl<M: Segmented> FullyShardedDataParallel<'_, M> {
     /// Collective errors.
     pub fn optim_state_dict(&self, opt: &AdamW) -> Result<Option<Vec<(String, Tensor)>>> {
         let names: Vec<String> = self.units.iter().map(|u| u.key()).collect();
-        let local = opt.state_dict(&names);
+        let local = opt.try_state_dict(&names)?;
         if local.is_empty() {
             return Ok((self.world.rank() == 0).then(Vec::new));
         }

@@ -323,21 +323,8 @@ mod tests {
         assert!(skipped.contains(&"L1 zero1 ×2 fc1 128 bf16: ZeRO-1 runs in fp32 only".to_string()), "{skipped:?}");
         assert!(skipped[0].starts_with("single at other batch sizes or with activation checkpointing"), "{skipped:?}");
         // DDP at batch 64 without checkpointing keeps its peers.
-        let (cases, _) = plan(&args(&[
-            "--levels",
-            "2",
-            "--strategies",
-            "ddp",
-            "--world-sizes",
-            "2",
-            "--widths",
-            "128",
-            "--precisions",
-            "fp32",
-            "--batch-sizes",
-            "64,128",
-        ]))
-        .unwrap();
+        let flags = "--levels 2 --strategies ddp --world-sizes 2 --widths 128 --precisions fp32 --batch-sizes 64,128";
+        let (cases, _) = plan(&args(&flags.split(' ').collect::<Vec<_>>())).unwrap();
         let peers: Vec<(&str, bool)> = cases.iter().map(|c| (c.id.as_str(), c.peer.is_some())).collect();
         assert_eq!(peers, [("l2-ddp-w2-128-fp32", true), ("l2-ddp-w2-128-fp32-b128", false)]);
         let err = plan(&args(&["--batch-sizes", "64,0"])).unwrap_err().to_string();

@@ -64,8 +64,9 @@ book: setup
 	$(RELEASE)/book-check rendered
 
 ## make book-data: the book's measured tables and plots (book/src/generated/demo.md, bench.md,
-## provenance.md, then book-check generate) from `bench demo` and a small `bench run` matrix.
-## Several minutes; run it on an idle machine. BOOK_BENCH_ARGS overrides the matrix.
+## provenance.md, fit.md, then book-check generate) from `bench demo`, a small `bench run` matrix
+## and the "Will it fit?" sweep. Tens of minutes; run it on an idle machine. BOOK_BENCH_ARGS
+## overrides the matrix, BOOK_FIT_ARGS the sweep; BOOK_DATA_ONLY=fit runs the sweep alone.
 book-data: build
 	bash scripts/book-data.sh
 

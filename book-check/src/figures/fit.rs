@@ -57,12 +57,13 @@ pub fn fit_tables(run: &FitRun) -> Result<String> {
         let key =
             |t: &Table, r: &[String]| ["level", "strategy", "ranks", "fc1", "precision"].map(|k| t.get(r, k).unwrap_or("").to_string());
         let twin = t.rows.iter().find(|o| key(t, o) == key(&mem, r))?;
-        t.get(twin, "samples/s").and_then(number)
+        let c = t.col("samples/s").or_else(|| t.col_starting("samples/s"))?;
+        twin.get(c).and_then(|v| number(v))
     };
     let mut out = format!("{}\n", caption(&run.line));
     // The bench's own load warnings (a loaded machine's samples/s mean little; memory holds).
     for w in run.bench.lines().filter(|l| l.starts_with("> warning: load average")) {
-        out.push_str(&format!("\n{w} The memory figures hold; the samples/s do not.\n"));
+        out.push_str(&format!("\n{w} — the memory figures hold; the samples/s do not.\n"));
     }
     for w in widths {
         let rows: Vec<&Vec<String>> = mem.rows.iter().filter(|r| get(r, "fc1") == w.to_string()).collect();
@@ -96,7 +97,8 @@ mod tests {
 
     #[test]
     fn the_sweep_becomes_one_table_per_width() {
-        let bench = "## Throughput\n\n| level | strategy | ranks | fc1 | precision | samples/s |\n|---|---|---|---|---|---|\n\
+        let bench =
+            "## Throughput\n\n| level | strategy | ranks | fc1 | precision | samples/s (median, min–max) |\n|---|---|---|---|---|---|\n\
             | 1 | ddp | 2 | 4096 | fp32 | 120 |\n| 1 | ddp | 2 | 4096 | fp32 batch 512 | 90 |\n| 1 | zero1 | 2 | 4096 | fp32 | 110 |\n\n\
             ## Memory\n\n| level | strategy | ranks | fc1 | precision | training-phase growth per rank MiB | estimated growth MiB |\n\
             |---|---|---|---|---|---|---|\n| 1 | ddp | 2 | 4096 | fp32 | 600 / 612 | 598 |\n\
@@ -113,7 +115,7 @@ mod tests {
             ..run.clone()
         };
         assert!(fit_tables(&loaded).unwrap().contains(
-            "\n> warning: load average 7.5 on 2 cores at the start of the run: … The memory figures hold; the samples/s do not.\n"
+            "\n> warning: load average 7.5 on 2 cores at the start of the run: … — the memory figures hold; the samples/s do not.\n"
         ));
         assert!(text.contains("Reference run of 2026-12-02, commit `abc1234`"), "{text}");
         assert!(text.contains("| batch per rank | DDP | ZeRO-1 |"), "{text}");

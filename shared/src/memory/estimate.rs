@@ -49,15 +49,18 @@
 //! accounting for every strategy at W = 1, 2, 3). The rest is what is alive, turned into
 //! resident bytes with two fitted constants, [`RESIDENT_PER_LIVE`] (1.44 resident bytes per
 //! live activation byte) and [`RUNTIME_BYTES`] (50 MiB). Against the measured training-phase
-//! growth of the largest rank (`bench run`, W = 2, batch 64, 2 CPU cores shared with two
-//! builds), the residual error is not yet within the 10%:
+//! growth of the largest rank (the fit sweep of `make book-data`: level 1, W = 2, fp32, commit
+//! 90e4753, 2-core AMD EPYC Zen 3 at load ≤ 3), the residual error is not yet within the issue's
+//! 10% everywhere:
 //!
 //! | cells | measured MiB | estimated MiB | error |
 //! |---|---|---|---|
-//! | DDP, width 128, levels 1–3 (fitted) | 125, 132, 129 | 117 | −6% to −12% |
-//! | DDP, width 4096, levels 1–2 | 873, 888 | 771 | −12%, −13% |
-//! | FSDP per layer (FULL_SHARD, SHARD_GRAD_OP), width 4096, levels 1–2 | 611 to 629 | 723 | +15% to +18% |
-//! | FSDP per layer (FULL_SHARD, SHARD_GRAD_OP), width 128, levels 1–3 | 130 to 154 | 110 | −15% to −28% |
+//! | every strategy, width 128, batch 512 | 448 to 489 | 482 to 488 | −1% to +9% |
+//! | DDP, ZeRO-1, width 128, batch 64 | 109, 124 | 117, 115 | +7%, −7% |
+//! | FSDP per layer, width 128, batch 64 | 134, 140 | 110 | −18%, −21% |
+//! | DDP, ZeRO-1, width 4096 / 8192, batch 64 | 756, 694 / 1404, 1262 | 651, 579 / 1231, 1086 | −14% to −17% |
+//! | FSDP per layer, width 4096 / 8192, batch 64 | 609 to 620 / 1113, 1116 | 723 / 1374 | +17% to +23% |
+//! | width 8192, batch 512 | 1280 to 1582 | 1278 to 1566 | −19% to +22% |
 //!
 //! Not modelled: at width 4096 DDP keeps one more fc1-sized f32 tensor than counted (some
 //! gradient copy) and FSDP per layer one less; level 3's rank 0 grew by a further 250 to 400 MiB

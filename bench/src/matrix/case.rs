@@ -270,7 +270,16 @@ mod tests {
         let names: Vec<&str> = Replication::value_variants().iter().map(|r| r.name()).collect();
         assert_eq!(
             names,
-            ["single", "ddp", "zero1", "fsdp-full-shard", "fsdp-shard-grad-op", "fsdp-no-shard", "fsdp-hybrid-shard", "fsdp-hybrid-shard-zero2"]
+            [
+                "single",
+                "ddp",
+                "zero1",
+                "fsdp-full-shard",
+                "fsdp-shard-grad-op",
+                "fsdp-no-shard",
+                "fsdp-hybrid-shard",
+                "fsdp-hybrid-shard-zero2"
+            ]
         );
         let zero: Replication = "ZeRO-1".parse().unwrap();
         assert_eq!((zero.name(), zero.is_zero1(), zero.is_ddp(), zero.strategy().map(|s| s.name())), ("zero1", true, false, Some("ddp")));

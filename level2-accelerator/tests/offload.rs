@@ -91,6 +91,9 @@ fn offloaded_optimizer_trains_the_same_weights_at_two_processes() {
     }
 }
 
+/// A run's flags and variables.
+type Case<'a> = (&'a [&'a str], &'a [(&'a str, &'a str)]);
+
 /// One process, no data read: the offload's bad settings each end the run before training
 /// with one line naming the setting, its value and where it was given.
 #[test]
@@ -99,7 +102,7 @@ fn bad_offload_settings_are_refused_before_training() {
     let file = dir.path().join("offload.yaml");
     std::fs::write(&file, "offload_optimizer_device: nvme\noffload_optimizer_nvme_path: /nonexistent/ladder\n").unwrap();
     let config = file.display().to_string();
-    let cases: [(&[&str], &[(&str, &str)]); 5] = [
+    let cases: [Case; 5] = [
         (&["--offload-optimizer-device", "nvme"], &[]),
         (&["--offload-optimizer-device", "nvme", "--offload-optimizer-nvme-path", "/dev/null"], &[]),
         (&[], &[("ACCELERATE_DEEPSPEED_OFFLOAD_OPTIMIZER_DEVICE", "nvme")]),

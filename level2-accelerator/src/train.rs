@@ -13,7 +13,7 @@ use ladder_core::eval::EvalSums;
 use ladder_core::metrics::{EpochFigures, LocalFigures, Report};
 use ladder_core::model::{BasicNet, BasicNetConfig};
 use ladder_core::optim::AdamWConfig;
-use ladder_core::parallel::{BackwardPrefetch, Precision, Strategy, StrategyOptions};
+use ladder_core::parallel::{BackwardPrefetch, OffloadDevice, Precision, Strategy, StrategyOptions};
 use ladder_core::recipe::TrainArgs;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeSet;
@@ -71,6 +71,17 @@ pub struct Config {
     /// fsdp-full-shard, 0 = off. Default: the launcher's or config file's, else none.
     #[arg(long, value_name = "STAGE", value_parser = clap::value_parser!(u8).range(0..=3))]
     pub zero_stage: Option<u8>,
+    /// Optimizer offload (Accelerate's deepspeed_config.offload_optimizer_device): nvme keeps
+    /// AdamW's moments in a file per process under --offload-optimizer-nvme-path, streamed
+    /// through a bounded buffer at each step (the same weights, bit for bit); cpu is refused.
+    /// Default: the launcher's or config file's, else none.
+    #[arg(long, value_parser = ladder_core::cli::spelling::<OffloadDevice>(), value_name = "DEVICE")]
+    pub offload_optimizer_device: Option<OffloadDevice>,
+    /// Directory of the moments' files (Accelerate's
+    /// deepspeed_config.offload_optimizer_nvme_path), checked writable before training.
+    /// Default: the launcher's or config file's, else none.
+    #[arg(long, value_name = "DIR")]
+    pub offload_optimizer_nvme_path: Option<PathBuf>,
     /// Experiment tracker (Accelerate's log_with): tensorboard writes event files into
     /// --project-dir/level2-accelerator/ on the main process — train_loss and lr every
     /// --log-interval batches, eval_loss and accuracy after each evaluation,
@@ -224,6 +235,8 @@ impl Config {
             fsdp_forward_prefetch: self.fsdp_forward_prefetch,
             fsdp_activation_checkpointing: self.fsdp_activation_checkpointing,
             zero_stage: self.zero_stage.map(usize::from),
+            offload_optimizer_device: self.offload_optimizer_device,
+            offload_optimizer_nvme_path: self.offload_optimizer_nvme_path.clone(),
             seed: self.seed_given().then_some(self.train.seed),
             log_with: self.log_with,
             project_dir: self.project_dir.clone(),
@@ -299,8 +312,17 @@ fn name_flags(e: crate::Error) -> crate::Error {
     };
     match e {
         crate::Error::Conflict { first, second, why } => crate::Error::Conflict { first: by_flag(first), second: by_flag(second), why },
-        crate::Error::InvalidSetting { setting, value, origin, expected } if origin.starts_with("builder setting ") => {
-            crate::Error::InvalidSetting { origin: format!("flag {}", flag_of(&setting)), setting, value, expected }
+        crate::Error::InvalidSetting { setting, value, origin, expected } => {
+            let origin = if origin.starts_with("builder setting ") || origin == "set by the program" {
+                format!("flag {}", flag_of(&setting))
+            } else if let Some(head) = origin.strip_suffix(", set by the program") {
+                // "needed by offload_optimizer_device nvme, set by the program": that setting's flag.
+                let other = head.split(' ').find(|w| w.contains('_')).unwrap_or(&setting);
+                format!("{head}, flag {}", flag_of(other))
+            } else {
+                origin
+            };
+            crate::Error::InvalidSetting { setting, value, origin, expected }
         }
         other => other,
     }

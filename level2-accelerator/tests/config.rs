@@ -293,6 +293,8 @@ fn full_config() -> AcceleratorConfig {
         fsdp_activation_checkpointing: Some(true),
         parallelism_config_dp_shard_size: Some(2),
         zero_stage: Some(0),
+        offload_optimizer_device: Some(ladder_core::parallel::OffloadDevice::Nvme),
+        offload_optimizer_nvme_path: Some("/local_nvme".into()),
         split_batches: Some(false),
         even_batches: Some(true),
         seed: Some(42),

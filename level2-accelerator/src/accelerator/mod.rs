@@ -57,7 +57,8 @@ use ladder_core::eval::EvalSums;
 use ladder_core::metrics::{gather_report, LocalFigures, Report};
 use ladder_core::model::BasicNet;
 use ladder_core::optim::AdamWConfig;
-use ladder_core::parallel::{Precision, Strategy, WrapConfig, WrappedModel};
+use ladder_core::optim::OffloadStats;
+use ladder_core::parallel::{OptimizerOffload, Precision, Strategy, WrapConfig, WrappedModel};
 use ladder_core::timing::{Phase, StepTimer, StepTiming};
 use optimizer::StepGuard;
 use serde::{Deserialize, Serialize};
@@ -88,6 +89,8 @@ pub struct Accelerator {
     shared: Rc<Shared>,
     config: ResolvedConfig,
     wrap: WrapConfig,
+    /// Where the prepared optimizer keeps its moments (`offload_optimizer_device`).
+    offload: OptimizerOffload,
     local_rank: usize,
     local_world_size: usize,
     /// The group was created here (and is destroyed with the Accelerator).
@@ -117,7 +120,8 @@ impl Accelerator {
     /// and picks the device: CPU when `cpu` is set or no GPU exists, else `cuda:LOCAL_RANK`.
     ///
     /// # Errors
-    /// Invalid settings (named with their source); `fp16` without a GPU; process-group errors.
+    /// Invalid settings (named with their source: an `offload_optimizer_nvme_path` that is not
+    /// a writable directory among them); `fp16` without a GPU; process-group errors.
     pub fn new(builder: AcceleratorConfig) -> Result<Self> {
         Self::with_kwargs(builder, DistributedDataParallelKwargs::default())
     }
@@ -178,6 +182,7 @@ impl Accelerator {
         };
         check_training_settings(&config, use_cuda)?;
         crate::tracking::check_settings(&config)?;
+        let offload = config.optimizer_offload()?;
         let env = DistEnv::from_env()?;
         let owns_group = group.is_none();
         let pg = match group {
@@ -196,6 +201,7 @@ impl Accelerator {
         let acc = Self {
             shared,
             wrap: config.wrap_config(ddp),
+            offload,
             config,
             local_rank: env.local_rank,
             local_world_size: env.local_world_size,
@@ -307,13 +313,16 @@ impl Accelerator {
     }
 
     /// AdamW over what this rank owns of `model` (all parameters for DDP, its shards for FSDP),
-    /// stepping only at accumulation boundaries.
+    /// stepping only at accumulation boundaries. With `offload_optimizer_device` nvme its
+    /// moments live in this process's file under `offload_optimizer_nvme_path` (DeepSpeed's
+    /// ZeRO-Infinity optimizer offload; see [`ladder_core::parallel::offload`]), removed when
+    /// the Accelerator is dropped.
     ///
     /// # Errors
-    /// A second optimizer; an out-of-range hyper-parameter.
+    /// A second optimizer; an out-of-range hyper-parameter; the moments' file cannot be created.
     pub fn prepare_optimizer(&self, model: &PreparedModel, config: AdamWConfig) -> Result<AcceleratedOptimizer> {
         self.shared.ensure_no_optimizer()?;
-        let opt = model.inner().borrow().optimizer(config)?;
+        let opt = model.inner().borrow().optimizer_with_offload(config, &self.offload)?;
         self.shared.set_optimizer(opt)?;
         Ok(AcceleratedOptimizer { shared: self.shared.clone() })
     }
@@ -429,7 +438,11 @@ impl Accelerator {
     /// Gathers every process's figures into the run's report (the same JSON as level 1's,
     /// plus `mixed_precision`, `gradient_accumulation_steps` and `num_processes`); the step
     /// figures are the Accelerator's own ([`step_timing`](Self::step_timing)) unless `local`
-    /// brings some. Collective.
+    /// brings some. `local.model_state` is the prepared model's
+    /// [`memory`](PreparedModel::memory): the prepared optimizer places it (the moments'
+    /// bytes on disk when offloaded), and adds, as level 1 does, `offload_optimizer`
+    /// (`device`, `nvme_path`, this process's mean `per_step` bytes read and written and
+    /// seconds), printed by the main process. Collective.
     ///
     /// # Errors
     /// Collective errors.
@@ -438,10 +451,21 @@ impl Accelerator {
         if local.timing.steps == 0 {
             local.timing = self.step_timing().unwrap_or_default();
         }
+        let stats = self.shared.optimizer("gather_report").ok().map(|opt| {
+            let opt = opt.borrow();
+            local.model_state = opt.placed(local.model_state);
+            opt.offload_stats()
+        });
         let mut report = gather_report(self.shared.pg, &local, eval, self.global_step(), self.wrap.strategy.name(), wall_s)?;
         report.extra.insert("mixed_precision".into(), self.config.mixed_precision.to_string().into());
         report.extra.insert("gradient_accumulation_steps".into(), self.gradient_accumulation_steps().into());
         report.extra.insert("num_processes".into(), self.num_processes().into());
+        if let (Some(Some((_, total))), OptimizerOffload::Nvme(o)) = (stats, &self.offload) {
+            let per_step = OffloadStats::per_step(&total);
+            let entry = serde_json::json!({ "device": "nvme", "nvme_path": o.nvme_path, "per_step": per_step });
+            report.extra.insert("offload_optimizer".into(), entry);
+            self.print(per_step.summary());
+        }
         Ok(report)
     }
 

@@ -215,7 +215,7 @@ pub fn run(args: &LaunchArgs) -> CmdResult {
         None => AcceleratorConfig::default(),
     };
     let cfg = flags.merged_over(&file);
-    cfg.validate(&Origin::Launch { flags: flags.clone(), file: file_path.clone() })?;
+    cfg.validate(&Origin::Launch { flags: Box::new(flags.clone()), file: file_path.clone() })?;
 
     let num_processes = cfg.num_processes.unwrap_or(1);
     let num_machines = cfg.num_machines.unwrap_or(1);

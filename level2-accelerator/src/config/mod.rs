@@ -112,7 +112,7 @@ pub enum Origin {
     /// whichever gave it).
     Launch {
         /// The settings given as flags.
-        flags: AcceleratorConfig,
+        flags: Box<AcceleratorConfig>,
         /// The config file read, if any.
         file: Option<PathBuf>,
     },

@@ -3,7 +3,7 @@
 
 use super::{fp16_cpu_conflict, AcceleratorConfig, DistributedType, Origin, ResolvedConfig, Source, CONFIG_FILE_VAR, SETTINGS};
 use crate::{Error, Result};
-use ladder_core::parallel::{DdpOptions, FsdpOptions, Precision, ShardingStrategy, Strategy, WrapConfig};
+use ladder_core::parallel::{DdpOptions, FsdpOptions, OptimizerOffload, Precision, ShardingStrategy, Strategy, WrapConfig};
 use std::path::PathBuf;
 
 impl AcceleratorConfig {
@@ -155,6 +155,33 @@ impl ResolvedConfig {
             fsdp => fsdp,
         };
         WrapConfig { strategy, mixed_precision: self.mixed_precision, activation_checkpointing: self.fsdp_activation_checkpointing }
+    }
+
+    /// Where the prepared optimizer keeps AdamW's moments: `offload_optimizer_device` with
+    /// `offload_optimizer_nvme_path` (DeepSpeed's `offload_optimizer: {"device", "nvme_path"}`),
+    /// the directory checked as [`OptimizerOffload::validate`] does (it exists, is a directory,
+    /// a file can be created in it). What
+    /// [`Accelerator::prepare_optimizer`](crate::Accelerator::prepare_optimizer) uses.
+    ///
+    /// # Errors
+    /// [`Error::InvalidSetting`] naming `offload_optimizer_nvme_path` and where it (or, when it
+    /// is missing, the device nvme) was given.
+    pub fn optimizer_offload(&self) -> Result<OptimizerOffload> {
+        const PATH: &str = "offload_optimizer_nvme_path";
+        let offload = OptimizerOffload::new(self.offload_optimizer_device, self.offload_optimizer_nvme_path.clone());
+        let origin = |given: bool| match given {
+            true => self.describe_source(PATH),
+            false => format!("needed by offload_optimizer_device nvme, {}", self.describe_source("offload_optimizer_device")),
+        };
+        offload.and_then(|o| o.validate().map(|()| o)).map_err(|e| match e {
+            ladder_core::Error::InvalidValue { value, expected, .. } => Error::InvalidSetting {
+                setting: PATH.into(),
+                value: if self.offload_optimizer_nvme_path.is_some() { value } else { "not set".into() },
+                origin: origin(self.offload_optimizer_nvme_path.is_some()),
+                expected,
+            },
+            other => other.into(),
+        })
     }
 
     /// Where `setting` came from (`Source::Default` for a name that is not a setting).

@@ -11,7 +11,7 @@
 
 use super::table::parse;
 use super::{DistributedType, LogWith};
-use ladder_core::parallel::{BackwardPrefetch, Precision, ShardingStrategy};
+use ladder_core::parallel::{BackwardPrefetch, OffloadDevice, Precision, ShardingStrategy};
 use std::path::PathBuf;
 
 settings! {
@@ -125,6 +125,25 @@ settings! {
         #[arg(value_name = "STAGE")]
         zero_stage: usize => Option<usize> = None,
             env "ACCELERATE_DEEPSPEED_ZERO_STAGE", parse parse::zero_stage;
+
+        /// DeepSpeed optimizer offload: none, or nvme (AdamW's moments in a file per process under offload_optimizer_nvme_path) [default: none].
+        ///
+        /// Accelerate's `deepspeed_config.offload_optimizer_device` (a top-level key here),
+        /// DeepSpeed's `offload_optimizer.device`; `cpu` is refused by name (see
+        /// [`OffloadDevice`]). Works with every strategy; the weights are bit-identical to the
+        /// run without.
+        #[arg(value_name = "DEVICE")]
+        offload_optimizer_device: OffloadDevice => OffloadDevice = OffloadDevice::None,
+            env "ACCELERATE_DEEPSPEED_OFFLOAD_OPTIMIZER_DEVICE", parse parse::choice;
+
+        /// Directory of the offloaded optimizer's moment files, with offload_optimizer_device nvme [default: none].
+        ///
+        /// Accelerate's `deepspeed_config.offload_optimizer_nvme_path` (a top-level key here),
+        /// DeepSpeed's `offload_optimizer.nvme_path`: an existing, writable directory, checked
+        /// before training; each process creates its file there and removes it at the end.
+        #[arg(value_name = "DIR")]
+        offload_optimizer_nvme_path: PathBuf => Option<PathBuf> = None,
+            env "ACCELERATE_DEEPSPEED_OFFLOAD_OPTIMIZER_NVME_PATH", parse parse::path;
 
         /// The loader's batch size is global, split between the processes [default: false].
         ///

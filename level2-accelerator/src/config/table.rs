@@ -4,7 +4,7 @@
 //! the launcher's variables ([`SETTINGS`](super::SETTINGS)), and one parser per setting that
 //! reads a variable, reads a flag, and checks a value given by the program or a file.
 
-use ladder_core::parallel::{BackwardPrefetch, Choice, ChoiceError, Precision, ShardingStrategy};
+use ladder_core::parallel::{BackwardPrefetch, Choice, ChoiceError, OffloadDevice, Precision, ShardingStrategy};
 
 /// A setting's value as text: what the banner shows and the launcher exports, in the spelling
 /// the setting's parser reads back (`bf16`, `4`, `true`, `FULL_SHARD`; `not set` for a seed
@@ -23,7 +23,19 @@ macro_rules! show_by_display {
         }
     )*};
 }
-show_by_display!(bool, u16, u64, usize, String, Precision, ShardingStrategy, BackwardPrefetch, super::DistributedType, super::LogWith);
+show_by_display!(
+    bool,
+    u16,
+    u64,
+    usize,
+    String,
+    Precision,
+    ShardingStrategy,
+    BackwardPrefetch,
+    OffloadDevice,
+    super::DistributedType,
+    super::LogWith
+);
 
 impl Show for std::path::PathBuf {
     fn show(&self) -> String {
@@ -81,7 +93,7 @@ macro_rules! flag_by_spelling {
         }
     )*};
 }
-flag_by_spelling!(Precision, ShardingStrategy, BackwardPrefetch, super::DistributedType, super::LogWith);
+flag_by_spelling!(Precision, ShardingStrategy, BackwardPrefetch, OffloadDevice, super::DistributedType, super::LogWith);
 
 /// The parsers of the table: each returns what was expected on bad text.
 pub mod parse {

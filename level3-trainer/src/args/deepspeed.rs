@@ -1,12 +1,14 @@
 //! Transformers' `deepspeed` argument: a DeepSpeed JSON config, of which this Trainer honours
 //! the ZeRO stage (run on the core's strategies) and refuses every key it would ignore, by name.
 
+use ladder_core::parallel::{OffloadDevice, OptimizerOffload};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 /// The DeepSpeed keys honoured, with what each means here (`--help` and errors list them).
 pub const HONOURED_KEYS: &str = "zero_optimization.stage (0 off, 1 ZeRO-1: DDP with the optimizer state sharded, \
-     2 fsdp shard_grad_op, 3 fsdp full_shard), zero_optimization.offload_optimizer.device (\"none\"); \
+     2 fsdp shard_grad_op, 3 fsdp full_shard), zero_optimization.offload_optimizer.device (\"none\", or \"nvme\" \
+     with offload_optimizer.nvme_path: AdamW's moments in a file per rank; its other keys at DeepSpeed's defaults only); \
      and, with the value \"auto\" (take the TrainingArguments'), train_batch_size, train_micro_batch_size_per_gpu, \
      gradient_accumulation_steps, gradient_clipping, bf16.enabled, fp16.enabled";
 
@@ -22,16 +24,25 @@ const AUTO_KEYS: &[&str] = &[
 
 /// What a DeepSpeed config asks of this Trainer (`TrainingArguments.deepspeed`). In an
 /// arguments file: the path of a DeepSpeed JSON file, or the DeepSpeed object itself (written
-/// back as `{"zero_optimization": {"stage": N}}`).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+/// back as `{"zero_optimization": {"stage": N}}`, with `"offload_optimizer": {"device":
+/// "nvme", "nvme_path": DIR}` when offloaded).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct DeepSpeedConfig {
     /// `zero_optimization.stage`: 0..=3 (absent: 0).
     pub zero_stage: u8,
+    /// `zero_optimization.offload_optimizer`: `device` `"none"` (absent: none) or `"nvme"` with
+    /// `nvme_path` (see [`ladder_core::parallel::offload`]); the directory is checked by
+    /// [`TrainingArguments::validate`](super::TrainingArguments::validate).
+    pub offload_optimizer: OptimizerOffload,
 }
 
 impl Serialize for DeepSpeedConfig {
     fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
-        serde_json::json!({ "zero_optimization": { "stage": self.zero_stage } }).serialize(s)
+        let mut zero = serde_json::json!({ "stage": self.zero_stage });
+        if let OptimizerOffload::Nvme(o) = &self.offload_optimizer {
+            zero["offload_optimizer"] = serde_json::json!({ "device": "nvme", "nvme_path": o.nvme_path });
+        }
+        serde_json::json!({ "zero_optimization": zero }).serialize(s)
     }
 }
 
@@ -71,6 +82,7 @@ impl DeepSpeedConfig {
         let mut leaves = Vec::new();
         flatten("", value, &mut leaves)?;
         let mut cfg = DeepSpeedConfig::default();
+        let (mut device, mut nvme_path) = (OffloadDevice::None, None);
         for (key, v) in leaves {
             match key.as_str() {
                 "zero_optimization.stage" => {
@@ -79,14 +91,24 @@ impl DeepSpeedConfig {
                         _ => return Err(format!("zero_optimization.stage is {v}, expected 0, 1, 2 or 3")),
                     }
                 }
-                "zero_optimization.offload_optimizer.device" => match v.as_str() {
-                    Some("none") => {}
-                    _ => {
-                        return Err(format!(
-                            "zero_optimization.offload_optimizer.device {v} is not supported by this Trainer (expected \"none\")"
-                        ))
-                    }
+                "zero_optimization.offload_optimizer.device" => {
+                    let refused = |why: &str| {
+                        format!("zero_optimization.offload_optimizer.device {v} is not supported by this Trainer: expected {why}")
+                    };
+                    let text = v.as_str().ok_or_else(|| refused("\"none\" or \"nvme\""))?;
+                    device = text.parse().map_err(|e: ladder_core::parallel::ChoiceError| refused(&e.names))?;
+                }
+                "zero_optimization.offload_optimizer.nvme_path" => match v.as_str() {
+                    Some(p) if !p.trim().is_empty() => nvme_path = Some(std::path::PathBuf::from(p)),
+                    _ => return Err(format!("zero_optimization.offload_optimizer.nvme_path is {v}, expected a directory path")),
                 },
+                k if k.starts_with("zero_optimization.offload_optimizer.") => {
+                    let sub = &k["zero_optimization.offload_optimizer.".len()..];
+                    OptimizerOffload::check_deepspeed_key(sub, &v.to_string()).map_err(|e| match e {
+                        ladder_core::Error::InvalidValue { expected, .. } => format!("{k} is {v}: this Trainer takes only {expected}"),
+                        other => format!("{k}: {other}"),
+                    })?;
+                }
                 k if AUTO_KEYS.contains(&k) => {
                     if v.as_str() != Some("auto") {
                         return Err(format!("{k} is {v}: this Trainer takes it from its TrainingArguments; give \"auto\" or leave it out"));
@@ -95,6 +117,10 @@ impl DeepSpeedConfig {
                 k => return Err(format!("unknown DeepSpeed key {k}: this Trainer honours only {HONOURED_KEYS}")),
             }
         }
+        cfg.offload_optimizer = OptimizerOffload::new(device, nvme_path).map_err(|_| {
+            "zero_optimization.offload_optimizer.device \"nvme\" needs offload_optimizer.nvme_path, the directory of the moments' files"
+                .to_string()
+        })?;
         Ok(cfg)
     }
 }
@@ -134,6 +160,17 @@ mod tests {
         assert!(e.contains("zero_optimization.stage is 4"), "{e}");
         let e = DeepSpeedConfig::from_arg(r#"{"train_batch_size": 64}"#).unwrap_err();
         assert!(e.contains("train_batch_size is 64"), "{e}");
+        let nvme = r#"{"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "nvme", "nvme_path": "/local_nvme", "buffer_count": 4}}}"#;
+        let ok = DeepSpeedConfig::from_arg(nvme).unwrap();
+        assert_eq!(ok.offload_optimizer, OptimizerOffload::Nvme(ladder_core::parallel::NvmeOffload::new("/local_nvme")));
+        let back = serde_json::to_value(&ok).unwrap();
+        assert_eq!(
+            back,
+            serde_json::json!({"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "nvme", "nvme_path": "/local_nvme"}}})
+        );
+        assert_eq!(DeepSpeedConfig::from_json(&back).unwrap(), ok, "written back, read again");
+        let e = DeepSpeedConfig::from_arg(r#"{"zero_optimization": {"offload_optimizer": {"ratio": 0.5}}}"#).unwrap_err();
+        assert!(e.contains("zero_optimization.offload_optimizer.ratio is 0.5: this Trainer takes only 1"), "{e}");
         let e = DeepSpeedConfig::from_arg("/nonexistent/ds.json").unwrap_err();
         assert!(e.contains("cannot read DeepSpeed config /nonexistent/ds.json"), "{e}");
     }

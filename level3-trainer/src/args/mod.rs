@@ -223,7 +223,9 @@ pub struct TrainingArguments {
     /// A DeepSpeed JSON config (a file, or an object inline). Honoured:
     /// zero_optimization.stage — 1 is ZeRO-1 (DDP with the AdamW state sharded over ranks), 2
     /// fsdp shard_grad_op, 3 fsdp full_shard, run on the Accelerator's strategies —
-    /// zero_optimization.offload_optimizer.device "none", and "auto" for train_batch_size,
+    /// zero_optimization.offload_optimizer.device "none" or "nvme" with nvme_path (DeepSpeed's
+    /// optimizer offload: AdamW's moments in a file per rank there, the same weights bit for
+    /// bit; the directory is checked before training), and "auto" for train_batch_size,
     /// train_micro_batch_size_per_gpu, gradient_accumulation_steps, gradient_clipping,
     /// bf16.enabled and fp16.enabled. Any other key is refused by name. Not with fsdp.
     #[arg(long, value_name = "FILE|JSON", value_parser = DeepSpeedConfig::from_arg)]

@@ -34,14 +34,14 @@ impl TrainingArguments {
         self.validate_optimizer()?;
         self.validate_intervals()?;
         self.validate_best_model()?;
-        if let (Some(ds), Some(fsdp)) = (self.deepspeed.filter(|d| d.zero_stage > 0), self.fsdp) {
+        if let (Some(ds), Some(fsdp)) = (self.deepspeed.as_ref().filter(|d| d.zero_stage > 0), self.fsdp) {
             return Err(Error::invalid(
                 "deepspeed",
                 format!("zero_optimization.stage {} together with fsdp {fsdp}", ds.zero_stage),
                 "either deepspeed or fsdp (DeepSpeed's stage 2 is fsdp shard_grad_op, stage 3 full_shard)",
             ));
         }
-        if self.deepspeed.is_some_and(|d| d.zero_stage == 1) && self.bf16 {
+        if self.deepspeed.as_ref().is_some_and(|d| d.zero_stage == 1) && self.bf16 {
             return Err(Error::invalid(
                 "deepspeed",
                 "zero_optimization.stage 1 together with bf16",
@@ -59,13 +59,21 @@ impl TrainingArguments {
                     "DDP (FSDP has no gradient buckets)",
                 ));
             }
-            if self.deepspeed.is_some_and(|d| d.zero_stage > 1) {
+            if self.deepspeed.as_ref().is_some_and(|d| d.zero_stage > 1) {
                 return Err(Error::invalid(
                     "ddp_bucket_cap_mb",
                     format!("{mb} together with deepspeed"),
                     "DDP or ZeRO-1 (stages 2 and 3 run on FSDP)",
                 ));
             }
+        }
+        if let Some(ds) = &self.deepspeed {
+            ds.offload_optimizer.validate().map_err(|e| match e {
+                ladder_core::Error::InvalidValue { value, expected, .. } => {
+                    Error::invalid("deepspeed", format!("zero_optimization.offload_optimizer.nvme_path {value}"), expected)
+                }
+                other => other.into(),
+            })?;
         }
         if self.dp_shard_size == Some(0) {
             return Err(Error::invalid("dp_shard_size", 0, "at least 1 rank per shard group (a divisor of the world size)"));

@@ -28,7 +28,7 @@ impl Trainer {
     /// with fsdp, FSDP, its sharding strategy, auto-wrap threshold and HSDP's dp_shard_size
     /// (when given) and fsdp_config's prefetch settings (as Transformers exports `fsdp_config` over the
     /// launcher's variables); activation checkpointing when gradient_checkpointing is true; the
-    /// ZeRO stage of a `deepspeed` config; the seed; output_dir as the Accelerator's
+    /// ZeRO stage and optimizer offload of a `deepspeed` config; the seed; output_dir as the Accelerator's
     /// project_dir (the Trainer writes its TensorBoard files itself, in logging_dir: see
     /// report_to). Left to the launcher's variables (and then the defaults): everything the
     /// arguments leave at its default.
@@ -45,7 +45,12 @@ impl Trainer {
             fsdp_forward_prefetch: fsdp.then_some(args.fsdp_config.forward_prefetch),
             parallelism_config_dp_shard_size: args.dp_shard_size.filter(|_| fsdp),
             fsdp_activation_checkpointing: args.gradient_checkpointing.then_some(true),
-            zero_stage: args.deepspeed.map(|d| usize::from(d.zero_stage)),
+            zero_stage: args.deepspeed.as_ref().map(|d| usize::from(d.zero_stage)),
+            offload_optimizer_device: args.deepspeed.as_ref().map(|d| d.offload_optimizer.device()),
+            offload_optimizer_nvme_path: args.deepspeed.as_ref().and_then(|d| match &d.offload_optimizer {
+                ladder_core::parallel::OptimizerOffload::Nvme(o) => Some(o.nvme_path.clone()),
+                ladder_core::parallel::OptimizerOffload::None => None,
+            }),
             seed: Some(args.seed),
             project_dir: Some(args.output_dir.clone()),
             ..AcceleratorConfig::default()

@@ -210,6 +210,16 @@ pub struct Case {
     pub tuned_peer: Option<Peer>,
 }
 
+/// Whether two cells run the same world size, width, precision, batch size and activation
+/// checkpointing (their level and strategy may differ): the twins a ratio compares.
+pub fn same_setting(a: &Case, b: &Case) -> bool {
+    a.world_size == b.world_size
+        && a.width == b.width
+        && a.precision == b.precision
+        && a.batch_size == b.batch_size
+        && a.activation_checkpointing == b.activation_checkpointing
+}
+
 /// Samples per rank per step unless a cell says otherwise: the levels' default `--batch-size`.
 pub const BATCH_SIZE: usize = 64;
 

@@ -267,13 +267,7 @@ pub fn aggregate(cases: &[Case], ours: &Ours, theirs: &Theirs) -> Vec<Row> {
     let over = |x: Option<f64>, d: Option<f64>| x.zip(d.filter(|&d| d > 0.0)).map(|(x, d)| x / d);
     for row in &mut rows {
         let (c, ours) = (&row.case, median(row));
-        let same = |o: &Case| {
-            o.world_size == c.world_size
-                && o.width == c.width
-                && o.precision == c.precision
-                && o.batch_size == c.batch_size
-                && o.activation_checkpointing == c.activation_checkpointing
-        };
+        let same = |o: &Case| super::case::same_setting(o, c);
         if c.level.is_some_and(|l| l > 1) {
             row.vs_level1 = over(ours, twin(&|o| o.level == Some(1) && o.strategy == c.strategy && same(o)).and_then(median));
         }
@@ -288,11 +282,8 @@ pub fn aggregate(cases: &[Case], ours: &Ours, theirs: &Theirs) -> Vec<Row> {
             let fp32 = twin(&|o| {
                 o.level == c.level
                     && o.strategy == c.strategy
-                    && o.world_size == c.world_size
-                    && o.width == c.width
-                    && o.batch_size == c.batch_size
-                    && o.activation_checkpointing == c.activation_checkpointing
                     && o.precision == Precision::No
+                    && super::case::same_setting(o, &Case { precision: Precision::No, ..c.clone() })
             });
             row.vs_fp32 = over(ours, fp32.and_then(median));
         }

@@ -1,6 +1,6 @@
 //! The targets of issues #10, #11, #23 and #25, checked against a run's rows.
 
-use super::case::{label, Case, Peer};
+use super::case::{label, same_setting, Case, Peer};
 use super::rows::Row;
 use ladder_core::parallel::ShardingStrategy;
 use serde::{Deserialize, Serialize};
@@ -96,9 +96,9 @@ pub fn targets(rows: &[Row]) -> Vec<Target> {
 /// The same cell without activation checkpointing, for a checkpointed one.
 pub fn without_checkpointing<'a>(r: &Row, rows: &'a [Row]) -> Option<&'a Row> {
     let c = &r.case;
-    c.activation_checkpointing
-        .then(|| rows.iter().find(|o| o.case == Case { activation_checkpointing: false, id: o.case.id.clone(), ..c.clone() }))
-        .flatten()
+    let plain = Case { activation_checkpointing: false, ..c.clone() };
+    let twin = |o: &&Row| o.case.level == c.level && o.case.strategy == c.strategy && same_setting(&o.case, &plain);
+    c.activation_checkpointing.then(|| rows.iter().find(twin)).flatten()
 }
 
 /// #23's targets for the options: activation checkpointing at batch ≥ 512, training-phase RSS
@@ -114,17 +114,7 @@ fn option_targets(r: &Row, rows: &[Row]) -> Vec<Target> {
         }
     }
     if c.strategy.is_zero1() && c.width >= 4096 && c.world_size > 1 {
-        let ddp = rows.iter().find(|o| {
-            o.case.strategy.is_ddp()
-                && o.case
-                    == Case {
-                        strategy: o.case.strategy,
-                        id: o.case.id.clone(),
-                        peer: o.case.peer,
-                        tuned_peer: o.case.tuned_peer,
-                        ..c.clone()
-                    }
-        });
+        let ddp = rows.iter().find(|o| o.case.level == c.level && o.case.strategy.is_ddp() && same_setting(&o.case, c));
         let w = c.world_size as f64;
         let sharded_mib = ladder_core::memory::mib(8 * ladder_core::memory::layout::num_parameters(c.width) as u64) * (w - 1.0) / w;
         if let (Some(ddp), Some(zero)) = (ddp.and_then(|d| d.train_rss_growth_median), r.train_rss_growth_median) {

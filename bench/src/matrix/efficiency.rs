@@ -86,6 +86,7 @@ rows (and a tuned peer that chose bf16 autocast) of the bf16 peak where the CPU 
 (bench/reference/tuned.py, one process at 1 rank, DDP over gloo under torchrun above) is the loop a speed-minded \
 PyTorch user writes: images decoded and normalised once into one tensor, batches by index from a per-epoch \
 permutation (DistributedSampler's rule), AdamW(fused=True) where the build has it, zero_grad(set_to_none=True), and \
-each of channels_last, torch.compile and bf16 autocast that a short timed trial at start-up measures faster — what \
-it chose is in the last column. Levels 2 and 3 are measured against the same loop (it has no Accelerate or Trainer \
+each of channels_last, torch.compile and bf16 autocast that a short timed trial at start-up measures faster and whose \
+gradients agree with eager fp32's (PyTorch 2.13.0's compiled BasicNet on CPU gets zero conv gradients and is \
+rejected) — what it chose is in the last column. Levels 2 and 3 are measured against the same loop (it has no Accelerate or Trainer \
 layer).";

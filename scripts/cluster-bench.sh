@@ -59,8 +59,8 @@ lines = [
     f"| 2 hosts × 1 rank, 1 core each | Open MPI TCP over veth | {statistics.median(two):,.0f} ({', '.join(f'{v:,.0f}' for v in two)}) | {acc('two'):.2%} |",
     f"| 1 host × 2 ranks, 2 cores | Open MPI shared memory | {statistics.median(one):,.0f} ({', '.join(f'{v:,.0f}' for v in one)}) | {acc('one'):.2%} |",
     "",
-    f"Two hosts reach **{statistics.median(ratios):.2f}×** the samples/s of one (per repeat: "
-    f"{', '.join(f'{r:.2f}' for r in ratios)}). All-reduce (f32, Sum, `ProcessGroup::all_reduce`) at 2 ranks, "
+    f"In this run two hosts reached {statistics.median(ratios):.2f}× the samples/s of one (per repeat: "
+    f"{', '.join(f'{r:.2f}' for r in ratios)}; a ratio of this run only, at its load and build). All-reduce (f32, Sum, `ProcessGroup::all_reduce`) at 2 ranks, "
     "busbw = algbw × 2(n−1)/n:",
     "",
     "| bytes | " + " | ".join(size(b) for b in sorted(ar["two"])) + " |",

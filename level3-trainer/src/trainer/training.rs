@@ -15,6 +15,7 @@ use crate::state::{LogEntry, Metrics, TrainerState};
 use ladder_core::data::Dataset;
 use ladder_core::memory::ModelStateBytes;
 use ladder_core::model::BasicNet;
+use ladder_core::timing::StepTiming;
 use level2_accelerator::DataLoaderOptions;
 use std::path::PathBuf;
 use std::time::Instant;
@@ -49,6 +50,10 @@ pub struct TrainOutput {
     pub comm_s: f64,
     /// This rank's persistent model-state bytes.
     pub model_state: ModelStateBytes,
+    /// This rank's step figures, frozen when `train()` returns: its training phase (and the
+    /// training-phase peak RSS) ends there, before `save_model()` gathers and serialises the
+    /// weights on the main process.
+    pub timing: StepTiming,
 }
 
 /// One `train()` call's running figures — what Transformers keeps as the locals of
@@ -412,6 +417,7 @@ impl Trainer {
             train_s,
             comm_s: self.model.comm_seconds(),
             model_state: self.model.memory(),
+            timing: self.accelerator.step_timing().unwrap_or_default(),
         })
     }
 

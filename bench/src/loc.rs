@@ -172,6 +172,15 @@ mod tests {
         assert_eq!(count_between_anchors(text, "user_code", Path::new("x.rs")).unwrap(), 2);
     }
 
+    /// A span cut around the harness's lines and continued (`// ANCHOR: user_code (continued)`,
+    /// as book-check joins them): the user's lines count, the cut ones do not.
+    #[test]
+    fn a_continued_span_counts_the_user_lines_only() {
+        let text = "    // ANCHOR: user_code\n    let loss = model.forward(&x);\n    // ANCHOR_END: user_code\n    timer.lap(Phase::Forward);\n    \
+                    // ANCHOR: user_code (continued)\n    model.backward(&loss);\n    // ANCHOR_END: user_code\n";
+        assert_eq!(count_between_anchors(text, "user_code", Path::new("x.rs")).unwrap(), 2);
+    }
+
     #[test]
     fn missing_anchors_name_the_file() {
         let e = count_between_anchors("fn main() {}\n", "user_code", Path::new("level9/src/lib.rs")).unwrap_err();

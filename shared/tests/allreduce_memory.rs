@@ -4,10 +4,9 @@
 //! reduction, where one bucket (at width ≥ 128, fc1's weight: most of the model) is all-reduced
 //! in place.
 //!
-//! Open MPI 4.1's `tuned` component picks Rabenseifner's algorithm for large messages on few
-//! ranks (a reduce-scatter by recursive halving, then an all-gather): at W = 2 each rank
-//! receives the half of the message it reduces into a scratch buffer, so half the message
-//! becomes resident; the all-gather writes straight into the result.
+//! Measured (Open MPI 4.1.4, 2-core Intel Xeon): 0.494 to 0.498 of a 64 MiB message on every
+//! rank at W = 2 and at W = 3 — the large-message algorithms reduce-scatter first, receiving
+//! the part a rank reduces into a scratch buffer; the all-gather writes into the result.
 
 mod common;
 

@@ -53,24 +53,35 @@
 //! The closed forms of the model state are exact (tests/estimate.rs checks them against the
 //! accounting for every strategy at W = 1, 2, 3). The rest is what is alive, turned into
 //! resident bytes with two fitted constants, [`RESIDENT_PER_LIVE`] (1.44 resident bytes per
-//! live activation byte) and [`RUNTIME_BYTES`] (50 MiB). Against the measured training-phase
+//! live activation byte) and [`RUNTIME_BYTES`] (50 MiB), and one measured one, Open MPI's
+//! all-reduce scratch ([`allreduce_scratch_bytes`]). Against the measured training-phase
 //! growth of the largest rank (the fit sweep of `make book-data`: level 1, W = 2, fp32, commit
-//! 90e4753, 2-core AMD EPYC Zen 3 at load ≤ 3), the residual error is not yet within the issue's
-//! 10% everywhere:
+//! cdce0c2, 2-core Intel Xeon, measured on a loaded machine: load 6.7 to 7.7), 18 of the 24
+//! cells are within the 10% (9 before the causes below were put in, on another CPU):
 //!
 //! | cells | measured MiB | estimated MiB | error |
 //! |---|---|---|---|
-//! | every strategy, width 128, batch 512 | 448 to 489 | 482 to 488 | −1% to +9% |
-//! | DDP, ZeRO-1, width 128, batch 64 | 109, 124 | 117, 115 | +7%, −7% |
-//! | FSDP per layer, width 128, batch 64 | 134, 140 | 110 | −18%, −21% |
-//! | DDP, ZeRO-1, width 4096 / 8192, batch 64 | 756, 694 / 1404, 1262 | 651, 579 / 1231, 1086 | −14% to −17% |
-//! | FSDP per layer, width 4096 / 8192, batch 64 | 609 to 620 / 1113, 1116 | 723 / 1374 | +17% to +23% |
-//! | width 8192, batch 512 | 1280 to 1582 | 1278 to 1566 | −19% to +22% |
+//! | width 128, batch 64 | 119 to 138 | 110 to 117 | −8% to −15% |
+//! | width 128, batch 512 | 443 to 477 | 481 to 488 | +1% to +10% |
+//! | width 4096, batch 64 | 596 to 747 | 555 to 699 | −3% to −7% |
+//! | width 4096, batch 512 | 748 to 893 | 751 to 907 | −5% to +2% |
+//! | width 8192, batch 64 | 1110 to 1390 | 1060 to 1348 | −3% to −5% |
+//! | width 8192, batch 512 | 1288 to 1622 | 1134 to 1423 | −2% (FSDP) to −12% (DDP, ZeRO-1) |
 //!
-//! Not modelled: at width 4096 DDP keeps one more fc1-sized f32 tensor than counted (some
-//! gradient copy) and FSDP per layer one less; level 3's rank 0 grew by a further 250 to 400 MiB
-//! at width 4096 (rank 0 only: likely the Trainer's end-of-training save, not modelled); the
-//! two ranks of one run differ by up to 30% at width 128 (glibc's reuse of freed memory).
+//! What was measured and is now counted: Open MPI's all-reduce scratch (half the message, at
+//! W = 2 and 3), which DDP's reduction of fc1's bucket adds beside the bucket's copy; FSDP's
+//! flat gradient, allocated after a unit's first gradients (it was counted from the start of
+//! the unit's backward: fc1's twice with one unit per layer); ZeRO-1's gradient pieces, which
+//! were copies of the flat gradient and are views of it now.
+//!
+//! Not modelled: at width 128 and batch 64 the ranks grow by more than the estimate, and by
+//! up to 30% apart from each other (rank 0 and 1 of one ZeRO-1 run: 128 and 94 MiB) — glibc's
+//! heap keeps the activations a step frees (they are under its 32 MiB mmap threshold there)
+//! and how much of it is reused depends on the order of the allocations; at width 8192 and
+//! batch 512 DDP and ZeRO-1 grow by a half to two-thirds of an fc1-sized f32 tensor more than
+//! counted (154 and 199 MiB); level
+//! 3's rank 0 grows by a further 250 to 400 MiB at width 4096 (the Trainer's end-of-training
+//! save, rank 0 only).
 
 use super::layout::{self, Engine, UnitSize, MASTER_BYTES};
 use super::ModelStateBytes;
@@ -92,12 +103,12 @@ pub const RESIDENT_PER_LIVE: f64 = 1.44;
 pub const RUNTIME_BYTES: u64 = 50 << 20;
 
 /// Resident bytes Open MPI's all-reduce of a `message`-byte buffer adds while it runs, at
-/// `world_size` ranks (Open MPI 4.1, `tuned` component, shared memory): 0 at one rank; half the
-/// message at W = 2 — Rabenseifner's algorithm, which large messages on few ranks get,
-/// receives the half a rank reduces into a scratch buffer before the all-gather (measured at
-/// W = 2 and 3 by `shared/tests/allreduce_memory.rs`: 0.50 of a 64 MiB message). DDP
-/// all-reduces each bucket in place, so in its gradient reduction this comes on top of the
-/// bucket's copy.
+/// `world_size` ranks (Open MPI 4.1.4, `tuned` component, shared memory): 0 at one rank, half
+/// the message at W = 2 and 3 — measured by `shared/tests/allreduce_memory.rs` (0.494 to 0.498
+/// of a 64 MiB f32 message on every rank, Intel Xeon, at W = 2 and 3; larger world sizes are
+/// not measured and assumed the same). Open MPI's large-message algorithms reduce-scatter
+/// first, receiving the part a rank reduces into a scratch buffer. DDP all-reduces each
+/// bucket in place, so in its gradient reduction this comes on top of the bucket's copy.
 pub fn allreduce_scratch_bytes(message: u64, world_size: usize) -> u64 {
     if world_size <= 1 {
         0

@@ -158,7 +158,7 @@ impl<M: Segmented> FullyShardedDataParallel<'_, M> {
             self.comm_bytes += bytes;
             let out = out.to_kind(shard.kind());
             match &mut self.offload {
-                Some(o) => o.to_host(&out),
+                Some(o) => o.copy_to_host(&out),
                 None => Ok(out),
             }
         })?;

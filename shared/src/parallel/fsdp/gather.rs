@@ -65,7 +65,7 @@ impl<M: Segmented> FullyShardedDataParallel<'_, M> {
             // CPU offload's copy to the compute device.
             let (pkind, shard) = (self.param_kind(u), self.shards[u].detach());
             let (shard, copied) = match &mut self.offload {
-                Some(o) => (tch::no_grad(|| o.to_device(&shard))?, true),
+                Some(o) => (tch::no_grad(|| o.copy_to_device(&shard))?, true),
                 None => (shard, false),
             };
             let bytes = self.units[u].numel as u64 * pkind.elt_size_in_bytes() as u64;
@@ -102,7 +102,7 @@ impl<M: Segmented> FullyShardedDataParallel<'_, M> {
         let (rank, pkind, device) = (self.shard_pg.rank(), self.param_kind(u), self.shard_pg.device());
         let shard = self.shards[u].detach();
         let shard = match &mut self.offload {
-            Some(o) => tch::no_grad(|| o.to_device(&shard))?,
+            Some(o) => tch::no_grad(|| o.copy_to_device(&shard))?,
             None => shard,
         };
         let mut storage = match self.gathered[u].take() {

@@ -17,7 +17,7 @@
 //! gradient. The optimizer steps the host shards: its state never reaches the device.
 //!
 //! On `--device cpu` host and device are one memory, yet the copies are made all the same
-//! (real host-to-host copies, [`CpuOffload::to_device`] and [`CpuOffload::to_host`]), so that
+//! (real host-to-host copies, [`CpuOffload::copy_to_device`] and [`CpuOffload::copy_to_host`]), so that
 //! the code path runs and is counted: its results must be bit-identical to the run without,
 //! and its bytes match closed forms ([`CpuOffloadStats`]). What it saves is GPU memory, which
 //! only a GPU run can measure.
@@ -154,7 +154,7 @@ impl CpuOffload {
     ///
     /// # Errors
     /// [`Error::Fsdp`] when libtorch cannot allocate or copy it.
-    pub(super) fn to_device(&mut self, shard: &Tensor) -> Result<Tensor> {
+    pub(super) fn copy_to_device(&mut self, shard: &Tensor) -> Result<Tensor> {
         let on_device = shard.f_to_device_(self.compute, shard.kind(), self.pinned, true).map_err(|e| self.failed("to the device", &e))?;
         let bytes = (shard.numel() * shard.kind().elt_size_in_bytes()) as u64;
         if self.eval {
@@ -171,7 +171,7 @@ impl CpuOffload {
     ///
     /// # Errors
     /// [`Error::Fsdp`] when libtorch cannot allocate or copy it.
-    pub(super) fn to_host(&mut self, grad: &Tensor) -> Result<Tensor> {
+    pub(super) fn copy_to_host(&mut self, grad: &Tensor) -> Result<Tensor> {
         let host = self.home(grad)?;
         self.stats.d2h_bytes += (grad.numel() * grad.kind().elt_size_in_bytes()) as u64;
         self.stats.d2h_copies += 1;
@@ -194,14 +194,14 @@ mod tests {
         let shard = Tensor::from_slice(&[1f32, 2., 3.]);
         let home = o.home(&shard).unwrap();
         assert_ne!(home.data_ptr(), shard.data_ptr(), "a copy, not the same memory");
-        let dev = o.to_device(&home).unwrap();
+        let dev = o.copy_to_device(&home).unwrap();
         assert_ne!(dev.data_ptr(), home.data_ptr(), "host to host, still a copy");
         assert!(dev.equal(&shard));
         o.set_eval(true);
-        let _ = o.to_device(&home).unwrap();
+        let _ = o.copy_to_device(&home).unwrap();
         o.set_eval(false);
         let g = Tensor::from_slice(&[0.5f64, 0.25]);
-        let back = o.to_host(&g).unwrap();
+        let back = o.copy_to_host(&g).unwrap();
         assert!(back.equal(&g) && back.kind() == Kind::Double);
         o.step_done();
         let s = o.stats();

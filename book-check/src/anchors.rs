@@ -1,5 +1,11 @@
 //! mdBook anchors: `// ANCHOR: name` … `// ANCHOR_END: name`, read as mdBook 0.5 reads them
 //! (`ANCHOR:\s*([\w_-]+)` anywhere on the line; anchor lines themselves are never shown).
+//!
+//! A span opened by `// ANCHOR: name (continued)` continues the span of that name before it:
+//! code that must stay out of a listing (the harness's step timer between a user's forward and
+//! backward) is cut out by closing the span and continuing it after. mdBook reads the marker
+//! as one more span of `name` (its regex stops at the name), which is why the book includes
+//! such listings as generated files ([`joined_dedented`]), never by the anchor.
 
 /// Every span of anchor `name` in `text`, in order: the 1-based line of its `ANCHOR:` comment and
 /// its body lines (anchor comment lines of any name dropped, as mdBook drops them). A span whose
@@ -19,7 +25,7 @@ pub fn spans<'a>(text: &'a str, name: &str) -> Vec<Span<'a>> {
             }
             None => {
                 if anchor_name(line, "ANCHOR:") == Some(name) {
-                    open = Some(Span { start_line: i + 1, lines: Vec::new(), closed: false });
+                    open = Some(Span { start_line: i + 1, lines: Vec::new(), closed: false, continues: is_continuation(line) });
                 }
             }
         }
@@ -37,6 +43,8 @@ pub struct Span<'a> {
     pub lines: Vec<&'a str>,
     /// Whether an `ANCHOR_END` closed it.
     pub closed: bool,
+    /// Whether its `ANCHOR:` comment says `(continued)`: it goes on from the span before it.
+    pub continues: bool,
 }
 
 impl Span<'_> {
@@ -63,16 +71,30 @@ pub fn anchor_name<'a>(line: &'a str, marker: &str) -> Option<&'a str> {
     None
 }
 
-/// The lines of every span, each span dedented by its own common indentation, concatenated
-/// with one blank line between spans.
+/// True when the `ANCHOR:` comment on `line` marks a continuation: `(continued)` after the name.
+pub fn is_continuation(line: &str) -> bool {
+    line.split_once("ANCHOR:").is_some_and(|(_, rest)| rest.contains("(continued)"))
+}
+
+/// The lines of every span, concatenated. A span and the continuations after it
+/// ([`Span::continues`]) form one piece: joined line to line and dedented together by the
+/// piece's common indentation, so a loop cut around a timer line keeps its nesting. Pieces are
+/// dedented each by its own indentation and separated by one blank line.
 pub fn joined_dedented(spans: &[Span<'_>]) -> Vec<String> {
+    let mut pieces: Vec<Vec<&str>> = Vec::new();
+    for span in spans {
+        match pieces.last_mut() {
+            Some(piece) if span.continues => piece.extend(&span.lines),
+            _ => pieces.push(span.lines.clone()),
+        }
+    }
     let mut out = Vec::new();
-    for (k, span) in spans.iter().enumerate() {
+    for (k, piece) in pieces.iter().enumerate() {
         if k > 0 {
             out.push(String::new());
         }
-        let indent = span.lines.iter().filter(|l| !l.trim().is_empty()).map(|l| l.len() - l.trim_start().len()).min().unwrap_or(0);
-        out.extend(span.lines.iter().map(|l| if l.trim().is_empty() { String::new() } else { l[indent..].trim_end().to_string() }));
+        let indent = piece.iter().filter(|l| !l.trim().is_empty()).map(|l| l.len() - l.trim_start().len()).min().unwrap_or(0);
+        out.extend(piece.iter().map(|l| if l.trim().is_empty() { String::new() } else { l[indent..].trim_end().to_string() }));
     }
     out
 }
@@ -85,7 +107,7 @@ mod tests {
     fn one_span_drops_nested_anchor_lines() {
         let text = "a\n// ANCHOR: x\nb\n  // ANCHOR: y\nc\n  // ANCHOR_END: y\n// ANCHOR_END: x\nd\n";
         let s = spans(text, "x");
-        assert_eq!(s, vec![Span { start_line: 2, lines: vec!["b", "c"], closed: true }]);
+        assert_eq!(s, vec![Span { start_line: 2, lines: vec!["b", "c"], closed: true, continues: false }]);
         assert_eq!(spans(text, "y")[0].lines, vec!["c"]);
         assert!(spans(text, "z").is_empty());
     }
@@ -107,6 +129,22 @@ mod tests {
         assert_eq!(anchor_name("// ANCHOR: ", "ANCHOR:"), None);
         let s = spans("// ANCHOR: user_code_extra\nx\n// ANCHOR_END: user_code_extra\n", "user_code");
         assert!(s.is_empty());
+    }
+
+    #[test]
+    fn a_continuation_joins_its_span_without_a_gap_and_keeps_the_nesting() {
+        // A loop with a timer line cut out: the pieces read as one loop, indented as in the source.
+        let text = "fn f() {\n    // ANCHOR: u\n    for b in xs {\n        fwd(b);\n        // ANCHOR_END: u\n        timer.lap();\n        \
+                    // ANCHOR: u (continued)\n        bwd(b);\n    }\n    // ANCHOR_END: u\n    report();\n    // ANCHOR: u\n    cleanup();\n    \
+                    // ANCHOR_END: u\n}\n";
+        let s = spans(text, "u");
+        assert_eq!(s.iter().map(|s| s.continues).collect::<Vec<_>>(), [false, true, false]);
+        assert_eq!(joined_dedented(&s), ["for b in xs {", "    fwd(b);", "    bwd(b);", "}", "", "cleanup();"]);
+        // Without the marker, the same cut is two pieces: a blank line in the middle of the loop.
+        let plain = text.replace(" (continued)", "");
+        assert_eq!(joined_dedented(&spans(&plain, "u"))[..5], ["for b in xs {", "    fwd(b);", "", "    bwd(b);", "}"]);
+        assert!(is_continuation("  // ANCHOR: user_code (continued)") && !is_continuation("// ANCHOR: user_code"));
+        assert_eq!(anchor_name("// ANCHOR: user_code (continued)", "ANCHOR:"), Some("user_code"));
     }
 
     #[test]

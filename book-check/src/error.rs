@@ -31,6 +31,16 @@ pub enum Error {
         /// The anchor name.
         anchor: String,
     },
+    /// A `// ANCHOR: {anchor} (continued)` span with no span of that name before it.
+    #[error("{file}:{line}: `ANCHOR: {anchor} (continued)` continues nothing: no `ANCHOR: {anchor}` span comes before it")]
+    AnchorContinuesNothing {
+        /// The source file.
+        file: PathBuf,
+        /// 1-based line of the continuation's comment.
+        line: usize,
+        /// The anchor name.
+        anchor: String,
+    },
     /// A command-line value out of range.
     #[error("{what}: expected {expected}")]
     Invalid {

@@ -57,7 +57,7 @@ pub fn outputs(root: &Path) -> Result<Vec<Output>> {
         out.push(Output { path: gen.join("q-fit.md"), text: figures::fit::fit_tables(&fit)?, from: "the fit sweep (generated/fit.md)" });
     }
     if let Some(run) = figures::load(&root.join(&gen))? {
-        let counts = diff::LEVELS.iter().map(|l| diff::user_code(root, l).map(|c| diff::code_lines(&c))).collect::<Result<Vec<_>>>()?;
+        let counts = user_code_counts(root)?;
         let demo_md = std::fs::read_to_string(root.join(&gen).join("demo.md")).unwrap_or_default();
         for (name, mut text) in figures::generated(&run)? {
             if name == "demo-table.md" {
@@ -69,11 +69,32 @@ pub fn outputs(root: &Path) -> Result<Vec<Output>> {
         if let Ok(demo) = std::fs::read_to_string(&demo_file) {
             let readme_file = root.join("README.md");
             let readme = std::fs::read_to_string(&readme_file).map_err(|e| Error::io(&readme_file, e))?;
-            let text = provenance::replace_block(&readme, "demo", &provenance::demo_block(&run.line, &demo), Path::new("README.md"))?;
+            let text = provenance::replace_block(&readme, "demo", &readme_demo_block(&run.line, &demo, &counts), Path::new("README.md"))?;
             out.push(Output { path: "README.md".into(), text, from: "the reference run (generated/demo.md)" });
         }
     }
     Ok(out)
+}
+
+/// The user-code lines of levels 1, 2 and 3 as the code is now (what `bench demo` counts).
+///
+/// # Errors
+/// An unreadable source, a missing or unclosed anchor.
+pub fn user_code_counts(root: &Path) -> Result<Vec<usize>> {
+    diff::LEVELS.iter().map(|l| diff::user_code(root, l).map(|c| diff::code_lines(&c))).collect()
+}
+
+/// The README's `make demo` block: the run's `line` and `demo.md` ([`provenance::demo_block`]),
+/// then — when the code's user-code lines (`counts`, levels 1 to 3) are no longer those the run
+/// measured — the note that says so ([`figures::line_count_note`]), until the next
+/// `make book-data`.
+pub fn readme_demo_block(line: &str, demo_md: &str, counts: &[usize]) -> String {
+    let mut block = provenance::demo_block(line, demo_md);
+    if let Some(note) = figures::line_count_note(demo_md, counts) {
+        block.push('\n');
+        block.push_str(&note);
+    }
+    block
 }
 
 /// Writes every output whose file differs; returns the paths written.
@@ -108,7 +129,7 @@ pub fn stale(root: &Path, outputs: &[Output]) -> Vec<String> {
                 let first = |text: &str| provenance::block(text, "demo").and_then(|b| b.lines().next()).unwrap_or("(no block)").to_string();
                 let (has, wants) = (first(&t), first(&o.text));
                 if has == wants {
-                    problems.push(format!("{}: the `make demo` block is not generated/demo.md of the reference run", o.path.display()));
+                    problems.push(format!("{}: the `make demo` block is not generated/demo.md of the reference run with the note on the user-code lines the code counts now", o.path.display()));
                 } else {
                     problems.push(format!(
                         "{}: the `make demo` block comes from another run than the book's tables:\n  README:            {has}\n  book (provenance): {wants}",

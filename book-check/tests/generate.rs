@@ -68,6 +68,8 @@ fn generate_writes_everything_and_check_then_finds_it_fresh() {
     let block = provenance::block(&readme, "demo").unwrap();
     assert!(block.starts_with("Measured by `make book-data` on 2026-12-01T19:40:22Z, AMD EPYC, 2 cores (commit `7573123`)"), "{block}");
     assert!(block.contains("| 1 · raw DDP"), "{block}");
+    // The fixture's code counts 3, 2, 1 user-code lines; the run measured 99, 71, 38: said under the table.
+    assert!(block.ends_with("its spans count 3, 2, 1 lines now (levels 1, 2, 3; `book-check generate` counts them), against 99, 71, 38 in the table. The next `make book-data` measures the code as it is.*"), "{block}");
     assert!(readme.ends_with("<!-- generated:demo:end -->\n\nmore\n"), "{readme}");
 }
 
@@ -80,10 +82,11 @@ fn a_changed_source_makes_its_generated_file_stale() {
     std::fs::write(root.join(diff::LEVELS[1].file), "// ANCHOR: user_code\nlet acc = Accelerator::new()?;\n// ANCHOR_END: user_code\n")
         .unwrap();
     let err = check_fresh(root).unwrap_err().to_string();
-    // The four listings and diffs of level 2, the snapshot's copy, and the demo table, whose
-    // user-code line counts no longer match the code.
-    assert!(err.starts_with("6 generated file(s) out of date"), "{err}");
+    // The four listings and diffs of level 2, the snapshot's copy, and the demo table and the
+    // README's block, whose notes give the user-code line counts of the code.
+    assert!(err.starts_with("7 generated file(s) out of date"), "{err}");
     assert!(err.contains("book/src/generated/demo-table.md: differs"), "{err}");
+    assert!(err.contains("README.md: the `make demo` block is not generated/demo.md of the reference run with the note on the user-code lines the code counts now"), "{err}");
     assert!(err.contains("book/src/generated/snapshots/shared/data_errors__checksum.txt: differs from what `book-check generate` writes now (from the test's snapshot)"), "{err}");
     assert!(
         err.contains(
@@ -136,7 +139,12 @@ fn the_readme_and_the_book_show_one_run() {
     let block = provenance::block(&readme, "demo").expect("README.md has a generated:demo block");
     assert_eq!(block.lines().next(), Some(line.as_str()), "README.md's `make demo` block comes from another run");
     let demo = std::fs::read_to_string(gen.join("demo.md")).unwrap();
-    assert_eq!(block, provenance::demo_block(&line, &demo).trim(), "README.md's `make demo` block is not generated/demo.md");
+    let counts = book_check::generate::user_code_counts(&root).unwrap();
+    assert_eq!(
+        block,
+        book_check::generate::readme_demo_block(&line, &demo, &counts).trim(),
+        "README.md's `make demo` block is not generated/demo.md (with the note on the user-code lines the code counts now)"
+    );
     // The "Will it fit?" sweep is a run of its own, with its own provenance.
     let fit_prov = gen.join("fit-provenance.md");
     let fit_line = std::fs::read_to_string(&fit_prov).ok().map(|p| provenance::line(&p, &fit_prov).unwrap());

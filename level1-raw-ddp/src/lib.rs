@@ -252,8 +252,10 @@ impl Plan {
 }
 
 /// The tutorial's `train_ddp`: what a level-1 user writes is between the `user_code` anchors
-/// (the book's listing, the demo's line count); [`finish`] does what the harness adds between
-/// the last evaluation and `cleanup()`.
+/// (the book's listing, the demo's line count; a `(continued)` span goes on from the one
+/// before). What the harness adds is cut out of the spans, as at every level: the flag checks,
+/// `--explain`, the step timer and its laps, and [`finish`] between the last evaluation and
+/// `cleanup()`.
 fn train_ddp(cfg: &Config, args: &TrainArgs, plan: &Plan, start: Instant) -> Result<Report> {
     // ANCHOR: user_code
     // 1. setup(): the process group. Every rank runs this same code.
@@ -264,17 +266,22 @@ fn train_ddp(cfg: &Config, args: &TrainArgs, plan: &Plan, start: Instant) -> Res
     // 2. The model, the same seed everywhere (DDP also broadcasts rank 0's weights).
     tch::manual_seed(args.seed as i64);
     let mnist = args.load_mnist()?;
-    args.check_batch_size(mnist.train.len(), world_size)?;
+    // ANCHOR_END: user_code
+    args.check_batch_size(mnist.train.len(), world_size)?; // the binary's checks of its flags
     args.check_batch_memory(cfg.width, env.local_world_size, device)?; // fits in free memory
+                                                                       // ANCHOR: user_code (continued)
     let (train, test) = (mnist.train.to_device(device), mnist.test.to_device(device));
     let vs = nn::VarStore::new(device);
     let net = BasicNet::new(&vs.root(), BasicNetConfig { width: cfg.width, ..Default::default() });
 
     // 3. Wrap it. DDP: broadcast from rank 0, gradient buckets. FSDP: FlatParameters, shards.
     let mut model = WrappedModel::new(vs, net, pg, &plan.wrap)?;
+
+    // ANCHOR_END: user_code
     if cfg.explain && rank == 0 {
         println!("{}\n", model.explain());
     }
+    // ANCHOR: user_code (continued)
     // 4. The optimizer over the wrapped model's parameters (for FSDP: this rank's shards only).
     let mut optimizer = model.optimizer_with_offload(AdamWConfig { lr: args.lr, ..AdamWConfig::default() }, &plan.offload)?;
 
@@ -282,23 +289,35 @@ fn train_ddp(cfg: &Config, args: &TrainArgs, plan: &Plan, start: Instant) -> Res
     let sampler =
         DistributedSampler::new(train.len(), world_size, rank, DistributedSamplerOptions { seed: args.seed, ..Default::default() })?;
     let mut loader = DataLoader::new(&train, args.batch_size, Box::new(sampler))?;
+    // ANCHOR_END: user_code
     ladder_core::recipe::check_batch_counts(pg, loader.len())?; // every rank runs as many steps
+                                                                // ANCHOR: user_code (continued)
 
     // 6. The loop: zero_grad → forward → backward + gradient all-reduce → step; after every
     //    epoch, test() — exact evaluation: disjoint slices, counts all-reduced.
     let (mut steps, mut train_loss, mut history, mut eval) = (0usize, 0.0, Vec::new(), EvalSums::default());
-    let mut timer = StepTimer::start(device); // step times by phase, communication apart
+    // ANCHOR_END: user_code
+    let mut timer = StepTimer::start(device); // the harness's clock: step times by phase, communication apart
+                                              // ANCHOR: user_code (continued)
     for epoch in 1..=args.epochs {
         loader.set_epoch(epoch as u64 - 1);
         let (mut loss_sum, mut n, mut stop) = (0.0, 0usize, false);
-        for (batch_idx, (images, labels)) in timer.timed(loader.iter(), model.comm()).enumerate() {
+        let batches = loader.iter();
+        // ANCHOR_END: user_code
+        let batches = timer.timed(batches, model.comm()); // each batch one timed step
+                                                          // ANCHOR: user_code (continued)
+        for (batch_idx, (images, labels)) in batches.enumerate() {
             // Dropout masks: a function of (seed, rank, batch), different on every rank.
             seed_batch(args.seed, rank, steps as u64);
             optimizer.zero_grad();
             let loss = model.forward_t(&images, true)?.nll_loss(&labels);
+            // ANCHOR_END: user_code
             timer.lap(Phase::Forward, model.comm());
+            // ANCHOR: user_code (continued)
             model.backward(&loss)?;
+            // ANCHOR_END: user_code
             timer.lap(Phase::Backward, model.comm());
+            // ANCHOR: user_code (continued)
             let l = loss.double_value(&[]);
             if !args.allow_non_finite {
                 model.check_finite(steps as u64 + 1, l)?; // a NaN/inf stops every rank
@@ -326,9 +345,10 @@ fn train_ddp(cfg: &Config, args: &TrainArgs, plan: &Plan, start: Instant) -> Res
             break;
         }
     }
+
     // ANCHOR_END: user_code
     let report = finish(cfg, pg, (&model, &optimizer), &timer, Trained { steps, train_loss, eval, history }, start)?;
-    // ANCHOR: user_code
+    // ANCHOR: user_code (continued)
     // 8. cleanup()
     cleanup(pg);
     // ANCHOR_END: user_code

@@ -365,10 +365,32 @@ struct Trained {
     train_s: f64,
 }
 
-/// The tutorial's loop: what a level-2 user writes.
+// ANCHOR: user_code
+/// Evaluation: every process takes a share; gather_for_metrics drops the padding. The figures
+/// go to the tracker (with --log-with) at the optimizer step reached.
+fn evaluate(accelerator: &Accelerator, model: &PreparedModel, test_loader: &AcceleratedDataLoader) -> Result<EvalSums> {
+    let mut eval = EvalSums::default();
+    for (images, labels) in test_loader.iter() {
+        let output = tch::no_grad(|| model.forward_t(&images, false))?;
+        let losses = output.nll_loss_nd::<tch::Tensor>(&labels, None, tch::Reduction::None, -100);
+        let correct = output.argmax(-1, false).eq_tensor(&labels);
+        let (losses, correct) = (accelerator.gather_for_metrics(&losses)?, accelerator.gather_for_metrics(&correct)?);
+        eval.loss_sum += losses.to_kind(Kind::Double).sum(Kind::Double).double_value(&[]);
+        eval.correct += correct.sum(Kind::Int64).int64_value(&[]);
+        eval.count += losses.size()[0];
+    }
+    accelerator.log([("eval_loss", eval.mean_loss()), ("accuracy", eval.accuracy())], Some(accelerator.global_step()))?;
+    Ok(eval)
+}
+// ANCHOR_END: user_code
+
+/// The tutorial's loop: what a level-2 user writes is between the `user_code` anchors (with
+/// [`evaluate`] before it and `end_training()` in [`finish`]); what the harness adds is cut out,
+/// as at every level: the flag checks and the throughput counters (`t0`, `train_s`, `samples`).
 fn train(cfg: &Config, settings: ResolvedConfig, kwargs: DistributedDataParallelKwargs) -> Result<Trained> {
     let args = &cfg.train;
-    // ANCHOR: user_code
+    let (mut samples, mut train_s) = (0usize, 0.0f64); // the harness's throughput counters
+                                                       // ANCHOR: user_code
     let init = InitProcessGroupKwargs { timeout: Some(args.collective_timeout()) };
     let accelerator = Accelerator::with_resolved(settings, kwargs, init)?;
     // --seed, else the launcher's or the config file's seed, else the recipe's (1).
@@ -376,8 +398,10 @@ fn train(cfg: &Config, settings: ResolvedConfig, kwargs: DistributedDataParallel
     accelerator.set_check_finite(!args.allow_non_finite);
     accelerator.init_trackers("level2-accelerator", cfg)?; // with --log-with tensorboard
     let mnist = accelerator.main_process_first(|| args.load_mnist())??;
-    args.check_batch_size(mnist.train.len(), accelerator.num_processes())?;
+    // ANCHOR_END: user_code
+    args.check_batch_size(mnist.train.len(), accelerator.num_processes())?; // the binary's checks of its flags
     args.check_batch_memory(cfg.width, accelerator.local_num_processes(), accelerator.device())?;
+    // ANCHOR: user_code (continued)
 
     let vs = nn::VarStore::new(accelerator.device());
     let net = BasicNet::new(&vs.root(), BasicNetConfig { width: cfg.width, ..Default::default() });
@@ -390,9 +414,11 @@ fn train(cfg: &Config, settings: ResolvedConfig, kwargs: DistributedDataParallel
     if let Some(dir) = cfg.resume_dir() {
         (first_epoch, skipped, so_far) = resume(&accelerator, &dir)?;
     }
-    let (mut samples, mut train_s, mut history, mut eval) = (0usize, 0.0f64, Vec::new(), EvalSums::default());
+    let (mut history, mut eval) = (Vec::new(), EvalSums::default());
     for epoch in first_epoch..=args.epochs {
+        // ANCHOR_END: user_code
         let t0 = Instant::now();
+        // ANCHOR: user_code (continued)
         // The epoch's micro-batches so far: a resumed epoch counts those before the checkpoint.
         let ((mut loss_sum, mut n), mut stop) = (std::mem::take(&mut so_far), false);
         for (batch_idx, (images, labels)) in train_loader.iter().enumerate() {
@@ -403,7 +429,10 @@ fn train(cfg: &Config, settings: ResolvedConfig, kwargs: DistributedDataParallel
                 optimizer.zero_grad();
                 Ok(loss.double_value(&[]))
             })?;
-            (loss_sum, n, samples) = (loss_sum + loss, n + 1, samples + images.size()[0] as usize);
+            (loss_sum, n) = (loss_sum + loss, n + 1);
+            // ANCHOR_END: user_code
+            samples += images.size()[0] as usize;
+            // ANCHOR: user_code (continued)
             let step = accelerator.global_step();
             if args.log_interval > 0 && batch_idx % args.log_interval == 0 {
                 accelerator.print(format!(
@@ -420,7 +449,9 @@ fn train(cfg: &Config, settings: ResolvedConfig, kwargs: DistributedDataParallel
                 break;
             }
         }
+        // ANCHOR_END: user_code
         train_s += t0.elapsed().as_secs_f64();
+        // ANCHOR: user_code (continued)
         skipped = 0;
         if let Some(dir) = &cfg.save_state {
             accelerator.save_state_with(dir, epoch_loss_extra(&accelerator, loss_sum, n)?, &[])?;
@@ -497,25 +528,6 @@ fn resume(accelerator: &Accelerator, dir: &std::path::Path) -> Result<(usize, us
     Ok((state.epoch as usize + 1, state.step_in_epoch as usize, so_far))
 }
 
-// ANCHOR: user_code
-/// Evaluation: every process takes a share; gather_for_metrics drops the padding. The figures
-/// go to the tracker (with --log-with) at the optimizer step reached.
-fn evaluate(accelerator: &Accelerator, model: &PreparedModel, test_loader: &AcceleratedDataLoader) -> Result<EvalSums> {
-    let mut eval = EvalSums::default();
-    for (images, labels) in test_loader.iter() {
-        let output = tch::no_grad(|| model.forward_t(&images, false))?;
-        let losses = output.nll_loss_nd::<tch::Tensor>(&labels, None, tch::Reduction::None, -100);
-        let correct = output.argmax(-1, false).eq_tensor(&labels);
-        let (losses, correct) = (accelerator.gather_for_metrics(&losses)?, accelerator.gather_for_metrics(&correct)?);
-        eval.loss_sum += losses.to_kind(Kind::Double).sum(Kind::Double).double_value(&[]);
-        eval.correct += correct.sum(Kind::Int64).int64_value(&[]);
-        eval.count += losses.size()[0];
-    }
-    accelerator.log([("eval_loss", eval.mean_loss()), ("accuracy", eval.accuracy())], Some(accelerator.global_step()))?;
-    Ok(eval)
-}
-// ANCHOR_END: user_code
-
 /// After the loop: the saved weights, the sync check, the report (gathered from every
 /// process, written by the main one), the end of training.
 fn finish(cfg: &Config, trained: Trained, start: Instant) -> Result<Report> {
@@ -547,6 +559,8 @@ fn finish(cfg: &Config, trained: Trained, start: Instant) -> Result<Report> {
         args.write_metrics_json(&report)?;
     }
     accelerator.wait_for_everyone()?;
+    // ANCHOR: user_code
     accelerator.end_training();
+    // ANCHOR_END: user_code
     Ok(report)
 }

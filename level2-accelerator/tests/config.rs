@@ -449,6 +449,36 @@ fn zero_stage_and_activation_checkpointing_reach_the_wrap_config() {
     assert_eq!((w.strategy, w.activation_checkpointing), (Strategy::Ddp(kw), true));
 }
 
+/// Accelerate's config files nest the DeepSpeed settings under `deepspeed_config:`: the
+/// honoured ones are read from there as from the top level, in YAML, JSON and TOML.
+#[test]
+fn deepspeed_config_section_is_read_as_accelerate_writes_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let nvme = dir.path().display().to_string();
+    let yaml = format!(
+        "deepspeed_config:\n  zero_stage: 1\n  offload_optimizer_device: nvme\n  offload_optimizer_nvme_path: {nvme}\nnum_processes: 2\n"
+    );
+    let json = format!(
+        "{{\"num_processes\": 2, \"deepspeed_config\": {{\"zero_stage\": 1, \"offload_optimizer_device\": \"nvme\", \"offload_optimizer_nvme_path\": \"{nvme}\"}}}}"
+    );
+    let toml = format!("num_processes = 2\n[deepspeed_config]\nzero_stage = 1\noffload_optimizer_device = \"nvme\"\noffload_optimizer_nvme_path = \"{nvme}\"\n");
+    let top = AcceleratorConfig {
+        num_processes: Some(2),
+        zero_stage: Some(1),
+        offload_optimizer_device: Some(ladder_core::parallel::OffloadDevice::Nvme),
+        offload_optimizer_nvme_path: Some(dir.path().to_path_buf()),
+        ..Default::default()
+    };
+    for (name, text) in [("c.yaml", &yaml), ("c.json", &json), ("c.toml", &toml)] {
+        let cfg = AcceleratorConfig::load(write(dir.path(), name, text)).unwrap();
+        assert_eq!(cfg, top, "{name}");
+    }
+    // And through the resolution, to the strategy: ZeRO-1.
+    let kw = DistributedDataParallelKwargs::default();
+    let w = resolve_with(&AcceleratorConfig::default(), &[], Some("deepspeed_config:\n  zero_stage: 1\n")).wrap_config(kw);
+    assert_eq!(w.strategy, Strategy::Ddp(DistributedDataParallelKwargs { zero_redundancy_optimizer: true, ..kw }));
+}
+
 #[test]
 fn banner_names_every_source() {
     let dir = tempfile::tempdir().unwrap();
@@ -524,6 +554,16 @@ fn error_messages() {
         resolve_err(&none, &[("ACCELERATE_DEEPSPEED_ZERO_STAGE", "2")], Some(("c.yaml", "use_fsdp: true\n"))),
     );
     case("ZeRO stage 1 with bf16", resolve_err(&none, &[], Some(("c.yaml", "zero_stage: 1\nmixed_precision: bf16\n"))));
+    case(
+        "DeepSpeed key not honoured under deepspeed_config",
+        resolve_err(&none, &[], Some(("c.yaml", "deepspeed_config:\n  zero_stage: 2\n  offload_param_device: none\n"))),
+    );
+    case(
+        "zero_stage at the top level and under deepspeed_config",
+        resolve_err(&none, &[], Some(("c.json", "{\"zero_stage\": 1, \"deepspeed_config\": {\"zero_stage\": 2}}"))),
+    );
+    case("deepspeed_config not a mapping", resolve_err(&none, &[], Some(("c.yaml", "deepspeed_config: 2\n"))));
+    case("ZeRO stage 4 under deepspeed_config", resolve_err(&none, &[], Some(("c.yaml", "deepspeed_config:\n  zero_stage: 4\n"))));
     case("activation checkpointing not a bool", resolve_err(&none, &[("FSDP_ACTIVATION_CHECKPOINTING", "sometimes")], None));
     case("missing file", resolve_err(&none, &[("ACCELERATE_CONFIG_FILE", "/nonexistent/ddp-ladder/c.yaml")], None));
     case("empty ACCELERATE_CONFIG_FILE", resolve_err(&none, &[("ACCELERATE_CONFIG_FILE", "")], None));

@@ -65,7 +65,7 @@ fn json_carries_the_librarys_figures_and_the_budget_names_the_cheapest_fit() {
 
 #[test]
 fn bad_input_is_refused_with_the_flag_named() {
-    let cases: [(&str, &[&str]); 9] = [
+    let cases: [(&str, &[&str]); 10] = [
         ("unknown strategy", &["--strategy", "zero3"]),
         ("unknown sharding strategy", &["--strategy", "ddp,fsdp-hybrid"]),
         ("zero1 with bf16", &["--strategy", "zero1", "--mixed-precision", "bf16"]),
@@ -75,6 +75,7 @@ fn bad_input_is_refused_with_the_flag_named() {
         ("batch size 0", &["--batch-size", "0"]),
         ("no processes", &["--num-processes", "0"]),
         ("fp8", &["--mixed-precision", "fp8"]),
+        ("offload to cpu", &["--offload-optimizer", "cpu"]),
     ];
     let mut report = Vec::new();
     for (title, args) in cases {

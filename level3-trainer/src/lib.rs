@@ -97,12 +97,12 @@ fn run_named(cfg: &Config) -> Result<Report> {
     // The launcher's settings: used where the arguments leave them; one given both ways differently, refused.
     Trainer::check_launcher_settings(&args, |field| cfg.set_by(field), |k| std::env::var(k).ok())?;
     let train_args = cfg.train_args();
-    let mnist = train_args.load_mnist()?;
     // A checkpoint on SIGTERM, armed before the process group exists (see ladder_core::preempt).
     ladder_core::preempt::watch()?;
 
     // ANCHOR: user_code
     set_seed(args.seed);
+    let mnist = train_args.load_mnist()?;
     let vs = nn::VarStore::new(Device::Cpu);
     let model = BasicNet::new(&vs.root(), BasicNetConfig { width: cfg.width, ..Default::default() });
     let mut trainer = Trainer::new(vs, model, args, Some(mnist.train), Some(mnist.test.shallow_clone()), collate_fn, MyTrainer)?;

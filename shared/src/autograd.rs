@@ -31,6 +31,19 @@ pub fn grad(y: &Tensor, g: &Tensor, inputs: &[Tensor]) -> Result<Vec<Tensor>> {
     Ok(results)
 }
 
+/// `t.grad = g` (PyTorch's `.grad` setter): `g` itself — not a copy — becomes `t`'s gradient,
+/// so `g` may be a view of a larger buffer (ZeRO-1 points every parameter's and every shard
+/// piece's gradient into one flat buffer, [`crate::parallel::zero`]). A later backward
+/// accumulates into it in place (libtorch's `AccumulateGrad` adds into a defined gradient
+/// outside grad mode), so the buffer receives it. Every handle of `t` sees the new gradient.
+///
+/// # Errors
+/// [`crate::Error::Torch`] with the setter's message when `g`'s shape, dtype or device differs
+/// from `t`'s.
+pub fn set_grad(t: &Tensor, g: &Tensor) -> Result<()> {
+    crate::ffi::autograd::set_grad(t, g).map_err(|msg| tch::TchError::Torch(msg).into())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -69,6 +82,28 @@ mod tests {
         let h = Tensor::randn([8], (Kind::Float, Device::Cpu));
         backward_with_grad(&leaf, &h).unwrap();
         assert!(leaf.grad().equal(&h));
+    }
+
+    #[test]
+    fn set_grad_makes_a_view_the_gradient_and_backward_accumulates_into_it() {
+        let flat = Tensor::zeros([20], (Kind::Float, Device::Cpu));
+        let w = Tensor::randn([4, 4], (Kind::Float, Device::Cpu)).set_requires_grad(true);
+        let view = flat.narrow(0, 2, 16).view([4, 4]);
+        set_grad(&w, &view).unwrap();
+        assert_eq!(w.grad().data_ptr(), view.data_ptr(), "the view itself, not a copy");
+        let x = Tensor::randn([3, 4], (Kind::Float, Device::Cpu));
+        x.matmul(&w).sum(Kind::Float).backward();
+        x.matmul(&w).sum(Kind::Float).backward();
+        let once = x.sum_dim_intlist([0i64].as_slice(), false, Kind::Float).unsqueeze(1).expand([4, 4], false);
+        assert!(flat.narrow(0, 2, 16).view([4, 4]).allclose(&(&once * 2.0), 1e-6, 1e-6, false), "accumulated in the buffer");
+        assert_eq!(w.grad().data_ptr(), view.data_ptr(), "still the view after two backwards");
+        assert_eq!(f64::try_from(flat.narrow(0, 0, 2).abs().sum(Kind::Float)).unwrap(), 0.0, "nothing outside the view");
+        // As Python's setter: another shape, dtype or device is refused, the gradient unchanged.
+        for wrong in [Tensor::zeros([16], (Kind::Float, Device::Cpu)), Tensor::zeros([4, 4], (Kind::Double, Device::Cpu))] {
+            let e = set_grad(&w, &wrong).unwrap_err().to_string();
+            assert!(e.contains("assigned grad has data of a different"), "{e}");
+        }
+        assert_eq!(w.grad().data_ptr(), view.data_ptr());
     }
 
     #[test]

@@ -50,7 +50,9 @@ impl<E: ValueEnum + Clone + Send + Sync + 'static> TypedValueParser for Choice<E
 /// clap value parser for a choice of the vocabulary ([`crate::parallel::Choice`]: strategy,
 /// sharding strategy, backward prefetch, precision): every spelling the references use is
 /// read, in any case, `_` and `-` alike ([`crate::parallel::choice::parse`]); `--help` and a
-/// wrong value list the command-line spellings, as [`choice`] does. Use it as
+/// wrong value list the command-line spellings, as [`choice`] does, and a spelling the
+/// references know but ddp-ladder refuses (offload device `cpu`) gets the reason
+/// ([`Choice::unsupported`](crate::parallel::Choice::unsupported)) as a tip. Use it as
 /// `#[arg(long, value_parser = ladder_core::cli::spelling::<Precision>())]`.
 pub fn spelling<T: crate::parallel::Choice>() -> Spelling<T> {
     Spelling { among: T::value_variants() }
@@ -75,7 +77,15 @@ impl<T: crate::parallel::Choice> TypedValueParser for Spelling<T> {
     fn parse_ref(&self, cmd: &clap::Command, arg: Option<&clap::Arg>, value: &OsStr) -> Result<T, clap::Error> {
         let text = value.to_string_lossy();
         let found = crate::parallel::choice::parse::<T>(&text).ok().filter(|v| self.among.contains(v));
-        found.ok_or_else(|| invalid_value(cmd, arg, &text, self.among))
+        found.ok_or_else(|| {
+            let mut err = invalid_value(cmd, arg, &text, self.among);
+            // A spelling the references know but ddp-ladder refuses: say why.
+            if let Some(why) = T::unsupported(&text) {
+                let why = format!("'{}' is refused: {why}", text.trim());
+                err.insert(ContextKind::Suggested, ContextValue::StyledStrs(vec![why.into()]));
+            }
+            err
+        })
     }
 
     fn possible_values(&self) -> Option<Box<dyn Iterator<Item = PossibleValue> + '_>> {
@@ -128,5 +138,25 @@ mod tests {
         );
         // clap's own parser would have added "tip: a similar value exists: 'fsdp-no-shard'".
         assert!(!err.render().to_string().contains("tip"));
+    }
+
+    #[derive(Debug, Parser)]
+    struct Offload {
+        #[arg(long, value_parser = spelling::<crate::parallel::OffloadDevice>(), hide_possible_values = true)]
+        offload: crate::parallel::OffloadDevice,
+    }
+
+    #[test]
+    fn a_refused_spelling_gets_its_reason() {
+        assert_eq!(Offload::try_parse_from(["t", "--offload", "NVMe"]).unwrap().offload, crate::parallel::OffloadDevice::Nvme);
+        let err = Offload::try_parse_from(["t", "--offload", "cpu"]).unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::InvalidValue);
+        let text = err.render().to_string();
+        let why = <crate::parallel::OffloadDevice as crate::parallel::Choice>::unsupported("cpu").unwrap();
+        assert!(text.starts_with("error: invalid value 'cpu' for '--offload <OFFLOAD>'\n  [possible values: none, nvme]\n"), "{text}");
+        assert!(text.contains(&format!("tip: 'cpu' is refused: {why}")), "{text}");
+        // An unknown spelling gets no reason.
+        let text = Offload::try_parse_from(["t", "--offload", "disk"]).unwrap_err().render().to_string();
+        assert!(!text.contains("tip"), "{text}");
     }
 }

@@ -97,6 +97,10 @@ fn rank_zero1() {
     let names = zero.optimizer_param_names();
     assert!(!names.is_empty() && names.iter().all(|n| n.ends_with("._zero_shard")), "{names:?}");
     train(&*pg, &mut zero, &mut zopt, 0..STEPS);
+    // No gradient copies: every piece's gradient lies in one buffer laid out as the
+    // parameters' flat buffer (the same distance from its parameter for every piece).
+    let gaps: Vec<i64> = zopt.params().iter().map(|p| p.grad().data_ptr() as i64 - p.data_ptr() as i64).collect();
+    assert!(!gaps.is_empty() && gaps.iter().all(|&g| g == gaps[0]), "rank {rank}: pieces' gradients {gaps:?}");
     zero.check_parameters_in_sync().unwrap();
     let zero_state = state(&zero, &zopt);
     if rank == 0 {
@@ -125,7 +129,7 @@ fn rank_zero1() {
     assert_eq!(m.parameters, 4 * padded, "rank {rank}: the flat buffer");
     assert_eq!(m.optimizer, 8 * mine, "rank {rank}: two moments of this rank's share");
     assert!(m.optimizer <= 8 * shard && 8 * shard <= (8 * psi).div_ceil(w) + 8 * 64 * 9, "rank {rank}: 1/W of DDP's + padding");
-    assert_eq!(m.gradients, 4 * psi + 4 * mine, "rank {rank}: the parameters' gradients and the pieces'");
+    assert_eq!(m.gradients, 4 * padded, "rank {rank}: one flat gradient buffer, the pieces' gradients views of it");
     assert_eq!(ddp_memory.optimizer, 8 * psi);
     // The optimizer really holds this rank's share: its own moments, as libtorch allocated them.
     let local = zopt.state_dict(&names);

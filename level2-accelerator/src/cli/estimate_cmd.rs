@@ -50,7 +50,7 @@ pub struct EstimateArgs {
     /// Where AdamW's moments live: none (in memory), or nvme — on disk, as DeepSpeed's
     /// offload_optimizer (Accelerate's offload_optimizer_device): only an 8 MiB buffer resident.
     #[arg(long = "offload-optimizer", alias = "offload_optimizer_device", value_name = "DEVICE", default_value = "none",
-          value_parser = ladder_core::cli::choice::<OffloadDevice>(), hide_possible_values = true)]
+          value_parser = ladder_core::cli::spelling::<OffloadDevice>(), hide_possible_values = true)]
     pub offload_optimizer: OffloadDevice,
     /// Memory per process, e.g. 8GiB, 512MiB, 1.5GB: says which strategies fit (total ≤ SIZE)
     /// and names the cheapest that does.

@@ -1,5 +1,9 @@
 //! Config files: YAML (Accelerate's format), TOML or JSON by extension, read with the key and
 //! the line of a bad value named, written atomically with exactly the given settings.
+//!
+//! Accelerate nests the DeepSpeed plugin's settings under `deepspeed_config:`; the ones
+//! honoured here ([`DEEPSPEED_KEYS`]) are read from there as from the top level (a file with
+//! that section has its errors named by key, without a line), the others are refused by name.
 
 use super::AcceleratorConfig;
 use super::Origin;
@@ -61,10 +65,49 @@ impl AcceleratorConfig {
             AcceleratorConfig::default()
         } else {
             match format {
-                ConfigFormat::Yaml => serde_norway::from_str(&text).map_err(|e| parse_err(e.to_string()))?,
-                ConfigFormat::Toml => toml::from_str(&text)
-                    .map_err(|e| parse_err(e.message().trim().replace('\n', "; ") + &toml_location(&text, e.span())))?,
-                ConfigFormat::Json => serde_json::from_str(&text).map_err(|e| parse_err(e.to_string()))?,
+                ConfigFormat::Yaml => match serde_norway::from_str::<serde_norway::Value>(&text) {
+                    // Accelerate's `deepspeed_config:` section: lifted to the top level first.
+                    Ok(serde_norway::Value::Mapping(mut map)) if map.contains_key(DEEPSPEED_SECTION) => {
+                        let section = map.remove(DEEPSPEED_SECTION).expect("checked");
+                        let serde_norway::Value::Mapping(section) = section else { return Err(parse_err(not_a_mapping())) };
+                        for (key, value) in section {
+                            let key = key.as_str().map(str::to_string).unwrap_or_else(|| format!("{key:?}"));
+                            check_deepspeed_key(&key, map.contains_key(key.as_str())).map_err(parse_err)?;
+                            map.insert(serde_norway::Value::String(key), value);
+                        }
+                        serde_norway::from_value(serde_norway::Value::Mapping(map)).map_err(|e| parse_err(e.to_string()))?
+                    }
+                    _ => serde_norway::from_str(&text).map_err(|e| parse_err(e.to_string()))?,
+                },
+                ConfigFormat::Toml => match toml::from_str::<toml::Table>(&text) {
+                    Ok(mut map) if map.contains_key(DEEPSPEED_SECTION) => {
+                        let toml::Value::Table(section) = map.remove(DEEPSPEED_SECTION).expect("checked") else {
+                            return Err(parse_err(not_a_mapping()));
+                        };
+                        for (key, value) in section {
+                            check_deepspeed_key(&key, map.contains_key(&key)).map_err(parse_err)?;
+                            map.insert(key, value);
+                        }
+                        toml::Value::Table(map)
+                            .try_into()
+                            .map_err(|e: toml::de::Error| parse_err(e.message().trim().replace('\n', "; ")))?
+                    }
+                    _ => toml::from_str(&text)
+                        .map_err(|e| parse_err(e.message().trim().replace('\n', "; ") + &toml_location(&text, e.span())))?,
+                },
+                ConfigFormat::Json => match serde_json::from_str::<serde_json::Value>(&text) {
+                    Ok(serde_json::Value::Object(mut map)) if map.contains_key(DEEPSPEED_SECTION) => {
+                        let serde_json::Value::Object(section) = map.remove(DEEPSPEED_SECTION).expect("checked") else {
+                            return Err(parse_err(not_a_mapping()));
+                        };
+                        for (key, value) in section {
+                            check_deepspeed_key(&key, map.contains_key(&key)).map_err(parse_err)?;
+                            map.insert(key, value);
+                        }
+                        serde_json::from_value(serde_json::Value::Object(map)).map_err(|e| parse_err(e.to_string()))?
+                    }
+                    _ => serde_json::from_str(&text).map_err(|e| parse_err(e.to_string()))?,
+                },
             }
         };
         cfg.validate(&Origin::File(path.to_path_buf()))?;
@@ -97,6 +140,35 @@ impl AcceleratorConfig {
             ConfigFormat::Json => serde_json::to_string_pretty(self).map(|s| s + "\n").map_err(|e| e.to_string()),
         }
     }
+}
+
+/// The section of Accelerate's config files that holds the DeepSpeed plugin's settings
+/// (`accelerate config` writes `deepspeed_config: {zero_stage: 2, offload_optimizer_device:
+/// none, …}`).
+pub const DEEPSPEED_SECTION: &str = "deepspeed_config";
+
+/// The keys of [`DEEPSPEED_SECTION`] honoured here: read as the top-level settings of the same
+/// name. Accelerate's other DeepSpeed keys are refused by name.
+pub const DEEPSPEED_KEYS: [&str; 3] = ["zero_stage", "offload_optimizer_device", "offload_optimizer_nvme_path"];
+
+/// Whether `deepspeed_config.key` may be lifted to the top level: one of [`DEEPSPEED_KEYS`],
+/// not also given at the top level (`at_top`).
+fn check_deepspeed_key(key: &str, at_top: bool) -> std::result::Result<(), String> {
+    if !DEEPSPEED_KEYS.contains(&key) {
+        return Err(format!(
+            "key {DEEPSPEED_SECTION}.{key} is not honoured: ddp-ladder runs DeepSpeed's ZeRO on its own strategies and \
+             reads only {} under {DEEPSPEED_SECTION} (remove the others)",
+            DEEPSPEED_KEYS.join(", ")
+        ));
+    }
+    if at_top {
+        return Err(format!("{key} is given twice, at the top level and under {DEEPSPEED_SECTION}; keep one"));
+    }
+    Ok(())
+}
+
+fn not_a_mapping() -> String {
+    format!("{DEEPSPEED_SECTION} must be a mapping of DeepSpeed settings ({})", DEEPSPEED_KEYS.join(", "))
 }
 
 /// ` at line L, column C` for a TOML error span.

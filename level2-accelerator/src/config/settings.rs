@@ -128,17 +128,18 @@ settings! {
 
         /// DeepSpeed ZeRO stage: 1 shards the optimizer state over DDP, 2 is FSDP shard-grad-op, 3 full-shard [default: none].
         ///
-        /// Accelerate's `deepspeed_config.zero_stage` (a top-level key here), run on the core's
+        /// Accelerate's `deepspeed_config.zero_stage` (read there or as a top-level key), run on the core's
         /// strategies: 1 → DDP with ZeroRedundancyOptimizer (ZeRO-1), 2 → FSDP SHARD_GRAD_OP
-        /// (ZeRO-2), 3 → FSDP FULL_SHARD (ZeRO-3); 0 is plain DDP. The only DeepSpeed setting
-        /// honoured; it excludes use_fsdp.
+        /// (ZeRO-2), 3 → FSDP FULL_SHARD (ZeRO-3); 0 is plain DDP. With the two offload_optimizer
+        /// settings, the only DeepSpeed settings honoured (the other keys of deepspeed_config
+        /// are refused by name); it excludes use_fsdp.
         #[arg(value_name = "STAGE")]
         zero_stage: usize => Option<usize> = None,
             env "ACCELERATE_DEEPSPEED_ZERO_STAGE", parse parse::zero_stage;
 
         /// DeepSpeed optimizer offload: none, or nvme (AdamW's moments in a file per process under offload_optimizer_nvme_path) [default: none].
         ///
-        /// Accelerate's `deepspeed_config.offload_optimizer_device` (a top-level key here),
+        /// Accelerate's `deepspeed_config.offload_optimizer_device` (read there or as a top-level key),
         /// DeepSpeed's `offload_optimizer.device`; `cpu` is refused by name (see
         /// [`OffloadDevice`]). Works with every strategy; the weights are bit-identical to the
         /// run without.
@@ -148,7 +149,7 @@ settings! {
 
         /// Directory of the offloaded optimizer's moment files, with offload_optimizer_device nvme [default: none].
         ///
-        /// Accelerate's `deepspeed_config.offload_optimizer_nvme_path` (a top-level key here),
+        /// Accelerate's `deepspeed_config.offload_optimizer_nvme_path` (read there or as a top-level key),
         /// DeepSpeed's `offload_optimizer.nvme_path`: an existing, writable directory, checked
         /// before training; each process creates its file there and removes it at the end.
         #[arg(value_name = "DIR")]

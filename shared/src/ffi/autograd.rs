@@ -1,4 +1,5 @@
-//! `autograd_shim.cpp`: backward from a tensor with a given gradient (see [`crate::autograd`]).
+//! `autograd_shim.cpp`: backward from a tensor with a given gradient, and setting a tensor's
+//! `.grad` (see [`crate::autograd`]).
 
 use std::ffi::{c_char, c_int, c_void};
 use tch::Tensor;
@@ -28,6 +29,13 @@ extern "C" {
         err: *mut c_char,
         errlen: usize,
     ) -> c_int;
+
+    /// `t.grad = g`: `g` itself (not a copy) becomes `t`'s gradient, after the checks of
+    /// Python's setter (same shape, dtype and device). Returns 0, or 1 with the message in `err`.
+    ///
+    /// # Safety
+    /// `t` and `g` are live tensor handles; `err` points to `errlen` writable bytes.
+    fn ladder_set_grad(t: *const c_void, g: *const c_void, err: *mut c_char, errlen: usize) -> c_int;
 }
 
 /// `y.backward(g)` through the shim; libtorch's message on failure.
@@ -50,4 +58,12 @@ pub(crate) fn grad(y: &Tensor, g: &Tensor, inputs: &[Tensor], results: &mut [Ten
     super::call(|err, len| unsafe {
         ladder_autograd_grad(y.as_ptr().cast(), g.as_ptr().cast(), ins.as_ptr(), ins.len(), outs.as_ptr(), err, len)
     })
+}
+
+/// `t.grad = g` through the shim; libtorch's message on failure.
+pub(crate) fn set_grad(t: &Tensor, g: &Tensor) -> Result<(), String> {
+    // SAFETY: live tensor handles (borrowed for the call); the shim replaces the gradient slot
+    // of `t`'s TensorImpl (shared by every handle of it, which tch allows through `&`, as its
+    // own `zero_grad`) and writes at most `len` bytes into `err`.
+    super::call(|err, len| unsafe { ladder_set_grad(t.as_ptr().cast(), g.as_ptr().cast(), err, len) })
 }

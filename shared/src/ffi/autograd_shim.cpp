@@ -1,8 +1,9 @@
 // Backward from a tensor with a given gradient — `torch.autograd.backward([y], [g])` and
 // `torch.autograd.grad([y], inputs, [g])` — which tch cannot express: its `run_backward` takes
 // no grad_outputs, so a segment's backward had to start from the root `(y * g).sum()`, two extra
-// passes over the segment's output forward and two more backward. See src/autograd.rs (declared in
-// src/ffi/autograd.rs).
+// passes over the segment's output forward and two more backward. And `t.grad = g`, which tch
+// cannot express either (ZeRO-1's gradients as views of one flat buffer). See src/autograd.rs
+// (declared in src/ffi/autograd.rs).
 #include <ATen/core/Tensor.h>
 #include <ATen/core/grad_mode.h>
 #include <torch/csrc/autograd/autograd.h>
@@ -49,5 +50,22 @@ extern "C" int ladder_autograd_grad(const at::Tensor *y, const at::Tensor *g, co
     auto grads = torch::autograd::grad({*y}, in, {*g}, /*retain_graph=*/false, /*create_graph=*/false,
                                        /*allow_unused=*/true);
     for (size_t i = 0; i < n; ++i) *results[i] = grads[i];
+  });
+}
+
+// `t.grad = g` (Python's setter): makes `g` the `.grad` of `t` itself, not a copy — so that a
+// gradient can be a view of a larger buffer (ZeRO-1's flat gradient); later backwards
+// accumulate into it in place. Checked as Python's setter checks it: the same shape, dtype and
+// device as `t`. Returns 0, or 1 with the message.
+extern "C" int ladder_set_grad(const at::Tensor *t, const at::Tensor *g, char *err, size_t errlen) {
+  return ladder::guarded(err, errlen, [&] {
+    TORCH_CHECK(g->sizes() == t->sizes(), "assigned grad has data of a different size: ", g->sizes(), " for a tensor of size ",
+                t->sizes());
+    TORCH_CHECK(g->scalar_type() == t->scalar_type(), "assigned grad has data of a different type: ", g->scalar_type(),
+                " for a tensor of type ", t->scalar_type());
+    TORCH_CHECK(g->device() == t->device(), "assigned grad has data located on a different device: ", g->device(),
+                " for a tensor on ", t->device());
+    // `mutable_grad` is the grad slot of `t`'s TensorImpl, shared by every handle of it.
+    t->mutable_grad() = *g;
   });
 }

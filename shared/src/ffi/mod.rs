@@ -4,7 +4,7 @@
 //!
 //! | shim | declared in | what for | safe wrapper |
 //! |---|---|---|---|
-//! | `autograd_shim.cpp` | [`autograd`] | backward from a tensor with a given gradient | [`crate::autograd`] |
+//! | `autograd_shim.cpp` | [`autograd`] | backward from a tensor with a given gradient; `t.grad = g` | [`crate::autograd`] |
 //! | `optim_shim.cpp` | [`optim`] | AdamW's step through `at::_fused_adamw_` | [`crate::optim::AdamW`] |
 //! | `model_shim.cpp` | [`model`] | dropout's noise and a 2×2 max-pool on CPU | [`crate::model::dropout`], [`crate::model::max_pool2d_2x2`] |
 //! | `storage_shim.cpp` | [`storage`] | freeing and refilling a storage in place (FSDP) | `parallel::fsdp::storage` |

@@ -15,8 +15,13 @@
 //!   intermediate, outgoing), and its parameters' fresh gradients (libtorch computes a new
 //!   tensor and adds it into `.grad`); FSDP: gathered parameters and the unit's unsharded flat
 //!   gradient;
-//! - **gradient reduction**: DDP's bucket copy (`cat` of one bucket's gradients), ZeRO-1's
-//!   piece copies; FSDP's reduce-scatter input (cast to fp32 under mixed precision) and output;
+//! - **FSDP's flat gradient**: after a unit's first segment's backward, its gradients are
+//!   added into the unit's unsharded flat gradient (allocated then, the gathered parameters
+//!   freed just before when sharded);
+//! - **gradient reduction**: DDP's bucket copy (`cat` of one bucket's gradients) and Open MPI's
+//!   scratch while it is all-reduced ([`allreduce_scratch_bytes`]; ZeRO-1's pieces are views of
+//!   the flat gradient, no copy); FSDP's reduce-scatter input (cast to fp32 under mixed
+//!   precision) and output, or NO_SHARD's all-reduce with its scratch;
 //! - **non-finite check** (every level, unless `--allow-non-finite`): each gradient the
 //!   optimizer steps is summed in f64 piece by piece, through an f64 copy of one piece
 //!   ([`FINITE_CHECK_CHUNK`](crate::parallel::wrapped::FINITE_CHECK_CHUNK) elements).
@@ -85,6 +90,21 @@ pub const RESIDENT_PER_LIVE: f64 = 1.44;
 /// glibc's heap. Fitted to the bench's DDP cells at width 128 (30 steps: levels 1–3 grew by
 /// 98 to 132 MiB per rank); 6-step runs grew 22 to 28 MiB less.
 pub const RUNTIME_BYTES: u64 = 50 << 20;
+
+/// Resident bytes Open MPI's all-reduce of a `message`-byte buffer adds while it runs, at
+/// `world_size` ranks (Open MPI 4.1, `tuned` component, shared memory): 0 at one rank; half the
+/// message at W = 2 — Rabenseifner's algorithm, which large messages on few ranks get,
+/// receives the half a rank reduces into a scratch buffer before the all-gather (measured at
+/// W = 2 and 3 by `shared/tests/allreduce_memory.rs`: 0.50 of a 64 MiB message). DDP
+/// all-reduces each bucket in place, so in its gradient reduction this comes on top of the
+/// bucket's copy.
+pub fn allreduce_scratch_bytes(message: u64, world_size: usize) -> u64 {
+    if world_size <= 1 {
+        0
+    } else {
+        message / 2
+    }
+}
 
 /// What to estimate: how the model is wrapped, the ranks, fc1's width and the batch per rank.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
@@ -261,11 +281,16 @@ fn ddp_moments(input: &EstimateInput, bucket_cap_mb: f64, overlap: bool, zero_ra
             transient: fresh,
         });
     }
+    // One bucket's `cat` copy, all-reduced in place with Open MPI's scratch beside it (every
+    // bucket's copy when overlapped: all may be in flight). ZeRO-1's pieces are views of the
+    // flat gradient: nothing more.
     let buckets = layout::bucket_bytes(width, bucket_cap_mb);
-    let mut reduce = if overlap { buckets.iter().sum() } else { buckets.iter().copied().max().unwrap_or(0) };
-    if let Some(rank) = zero_rank {
-        reduce = reduce.max(MASTER_BYTES * layout::zero_mine(width, input.world_size, rank).1 as u64);
-    }
+    let w = input.world_size;
+    let reduce = if overlap {
+        buckets.iter().sum::<u64>() + buckets.iter().map(|&b| allreduce_scratch_bytes(b, w)).max().unwrap_or(0)
+    } else {
+        buckets.iter().map(|&b| b + allreduce_scratch_bytes(b, w)).max().unwrap_or(0)
+    };
     out.push(Moment { what: "gradient reduction".into(), activations: b * input_bytes_per_sample(MASTER_BYTES), transient: reduce });
     let largest = match zero_rank {
         Some(rank) => layout::zero_mine(width, input.world_size, rank).1,
@@ -349,11 +374,14 @@ fn fsdp_moments(input: &EstimateInput, units: &[UnitSize], strategy: ShardingStr
         let u = unit_of(s);
         if let Some(u) = u {
             g.gather(u);
-            flat[u] = true;
         }
         if bp == BackwardPrefetch::BackwardPre && sharded {
             g.prefetch((0..s).rev().filter_map(unit_of), u);
         }
+        // The segment's gradients are computed with the unit's flat gradient alive only if an
+        // earlier segment of the unit made it: FSDP allocates it after the unit's first
+        // gradients (counting it from the start of the unit's backward counted fc1's flat
+        // gradient twice with one unit per layer).
         let fresh = cb * layout::segment_numel(width, s) as u64;
         let transient = sum(&g.live, &unit_bytes) + sum(&flat, &flat_bytes) + fresh;
         out.push(Moment {
@@ -361,19 +389,31 @@ fn fsdp_moments(input: &EstimateInput, units: &[UnitSize], strategy: ShardingStr
             activations: activations(&segs, s, true, ckpt, cb, b),
             transient,
         });
-        let Some(u) = u.filter(|&u| units[u].segments.first() == Some(&s)) else { continue };
-        if sharded {
+        let done = u.filter(|&u| units[u].segments.first() == Some(&s));
+        if let Some(u) = done.filter(|_| sharded) {
+            // The unit's backward is over: its gathered parameters are freed before its
+            // gradients go into the flat gradient.
             g.free(u);
             if bp == BackwardPrefetch::BackwardPost {
                 g.prefetch((0..s).rev().filter_map(unit_of), Some(u));
             }
         }
+        if let Some(u) = u.filter(|_| fresh > 0) {
+            flat[u] = true;
+            let kept = if s == 0 { b * input_bytes_per_sample(cb) } else { activations(&segs, s - 1, false, ckpt, cb, b) };
+            let transient = sum(&g.live, &unit_bytes) + sum(&flat, &flat_bytes) + fresh;
+            out.push(Moment { what: format!("flat gradient of {}", segs[s].name), activations: kept, transient });
+        }
+        let Some(u) = done else { continue };
         flat[u] = false;
         let unit = &units[u];
         let reduce = match (cb == MASTER_BYTES, sharded) {
             (false, _) => (cb + MASTER_BYTES) * unit.padded as u64,
             (true, true) => MASTER_BYTES * (unit.padded + unit.shard) as u64,
-            (true, false) => MASTER_BYTES * unit.padded as u64,
+            // NO_SHARD all-reduces the flat gradient in place, Open MPI's scratch beside it.
+            (true, false) => {
+                MASTER_BYTES * unit.padded as u64 + allreduce_scratch_bytes(MASTER_BYTES * unit.padded as u64, input.world_size)
+            }
         };
         let kept = if s == 0 { b * input_bytes_per_sample(cb) } else { activations(&segs, s - 1, false, ckpt, cb, b) };
         let transient = sum(&g.live, &unit_bytes) + sum(&flat, &flat_bytes) + reduce;

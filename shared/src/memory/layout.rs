@@ -162,7 +162,7 @@ pub fn gathered_peak(units: &[UnitSize], o: &FsdpOptions, compute_bytes: u64) ->
 /// | engine | parameters | gradients | optimizer | gathered peak |
 /// |---|---|---|---|---|
 /// | DDP | 4Ψ | 4Ψ | 8Ψ | 0 |
-/// | ZeRO-1 | 4P (P: the aligned, padded flat buffer) | 4Ψ + 4m | 8m (m: parameter elements in the rank's shard) | 0 |
+/// | ZeRO-1 | 4P (P: the aligned, padded flat buffer) | 4P (one flat buffer; the shard's pieces are views of it) | 8m (m: parameter elements in the rank's shard) | 0 |
 /// | FSDP | 4·Σ shard | 4·Σ shard | 8·Σ shard | [`gathered_peak`] |
 ///
 /// (FSDP: shard = ⌈numel/W⌉ per unit, `numel` for `NO_SHARD`, ⌈numel/S⌉ for HSDP with shard
@@ -178,7 +178,7 @@ pub fn model_state(wrap: &WrapConfig, width: i64, world_size: usize, rank: usize
             let mine = mine as u64;
             ModelStateBytes {
                 parameters: MASTER_BYTES * padded as u64,
-                gradients: MASTER_BYTES * (psi + mine),
+                gradients: MASTER_BYTES * padded as u64,
                 optimizer: 2 * MASTER_BYTES * mine,
                 gathered_peak: 0,
                 optimizer_on_disk: 0,

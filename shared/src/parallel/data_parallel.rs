@@ -172,6 +172,10 @@ pub fn clip_grad_norm(grads: &[Tensor], max_norm: f64, sharded_over: Option<&dyn
 impl<M: Segmented> DataParallel for DistributedDataParallel<'_, M> {
     fn forward(&mut self, xs: &Tensor, train: bool) -> Result<Tensor> {
         self.sync_parameters()?;
+        if let Some(zero) = self.zero().filter(|_| train && grad_enabled()) {
+            // ZeRO-1: backward accumulates straight into the flat gradient buffer.
+            zero.attach_gradients(self.named_parameters())?;
+        }
         if (self.options().overlap || self.activation_checkpointing()) && train {
             self.forward_segmented(xs, train)
         } else {

@@ -80,6 +80,15 @@ pub struct Config {
     #[arg(long, value_name = "N")]
     #[serde(default)]
     pub dp_shard_size: Option<usize>,
+    /// FSDP CPU offload, as PyTorch's CPUOffload(offload_params=True): the parameter shards,
+    /// their gradients and AdamW's moments live in host memory (pinned with --device cuda) and
+    /// the optimizer steps there; each unit's shard is copied to the device before each
+    /// all-gather and the reduced gradient shard back after it — less GPU memory for host-device
+    /// traffic (on --device cpu, host-to-host copies: the same weights, counted in the metrics
+    /// JSON's cpu_offload) [FSDP strategies only].
+    #[arg(long)]
+    #[serde(default)]
+    pub cpu_offload: bool,
     /// Output features of BasicNet's fc1 (the tutorial's 128; 4096 gives ~38M parameters, for
     /// memory comparisons).
     #[arg(long, default_value_t = 128)]
@@ -130,6 +139,7 @@ pub const FLAG_NAMES: &[(&str, &str)] = &[
     ("forward_prefetch", "--fsdp-forward-prefetch"),
     ("zero_redundancy_optimizer", "--zero-redundancy-optimizer"),
     ("dp_shard_size", "--dp-shard-size"),
+    ("offload_params", "--cpu-offload"),
 ];
 
 impl Config {
@@ -146,6 +156,7 @@ impl Config {
             forward_prefetch: self.fsdp_forward_prefetch.then_some(true),
             zero_redundancy_optimizer: self.zero_redundancy_optimizer.then_some(true),
             dp_shard_size: self.dp_shard_size,
+            offload_params: self.cpu_offload.then_some(true),
         };
         let strategy = self.strategy.with_options(&given).map_err(|e| match e.named_by(FLAG_NAMES) {
             Error::OptionNotForStrategy { option, belongs_to, .. } => {
@@ -358,7 +369,7 @@ struct Trained {
 
 /// What the harness adds after the last evaluation, before `cleanup()`: `--check-sync`,
 /// `--save-model`, and every rank's figures gathered into the report (with an offloaded
-/// optimizer, its per-step transfers, printed too), which rank 0 writes to `--metrics-json`.
+/// optimizer or FSDP's CPU offload, the per-step transfers, printed too), which rank 0 writes to `--metrics-json`.
 /// Collective.
 ///
 /// # Errors
@@ -397,6 +408,12 @@ fn finish(
     let wall_s = start.elapsed().as_secs_f64();
     let mut report = gather_report(pg, &local, &trained.eval, trained.steps as u64, cfg.strategy.name(), wall_s)?;
     report.history = trained.history;
+    if let Some((entry, line)) = model.cpu_offload_report() {
+        report.extra.insert("cpu_offload".into(), entry);
+        if pg.rank() == 0 {
+            println!("{line}");
+        }
+    }
     if let (Some((_, total)), Some(dir)) = (optimizer.offload_stats(), &cfg.offload_optimizer_nvme_path) {
         let per_step = OffloadStats::per_step(&total);
         report.extra.insert("offload_optimizer".into(), serde_json::json!({ "device": "nvme", "nvme_path": dir, "per_step": per_step }));

@@ -200,6 +200,10 @@ fn bad_flags_are_clear_errors() {
             "error: --zero-redundancy-optimizer does not apply to --mixed-precision bf16: it is an option of ddp in fp32",
         ),
         (
+            vec!["--cpu-offload"],
+            "error: --cpu-offload does not apply to --strategy ddp: it is an option of the FSDP strategies (fsdp-full-shard, fsdp-shard-grad-op, fsdp-no-shard, fsdp-hybrid-shard, fsdp-hybrid-shard-zero2): CPUOffload(offload_params=True)",
+        ),
+        (
             vec!["--strategy", "ddp", "--dp-shard-size", "2"],
             "error: --dp-shard-size does not apply to --strategy ddp: it is an option of the FSDP strategies",
         ),
@@ -400,4 +404,38 @@ fn offloaded_optimizer_trains_the_same_weights() {
         }
         assert_eq!(std::fs::read_dir(&nvme).unwrap().count(), 0, "the moments' files are removed");
     }
+}
+
+/// `--cpu-offload` (FSDP's CPUOffload(offload_params=True)) at 2 ranks, FULL_SHARD with one unit
+/// per layer: the weights equal the run without, bit for bit; the metrics JSON's
+/// `cpu_offload.per_step` holds the closed forms — every unit's shard copied to the device
+/// before each of FULL_SHARD's two all-gathers, the gradient shard copied back once — in rank
+/// 0's shard bytes (its model state's parameters); the line is printed.
+#[test]
+fn cpu_offload_trains_the_same_weights() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = |name: &str, offload: bool| {
+        let (weights, json) = (dir.path().join(format!("{name}.safetensors")), dir.path().join(format!("{name}.json")));
+        let mut cmd = mpirun(2);
+        cmd.arg(BIN).args(["--device", "cpu", "--max-steps", "3", "--log-interval", "0", "--no-eval"]);
+        cmd.args(["--strategy", "fsdp-full-shard", "--fsdp-min-num-params", "0"]);
+        cmd.arg("--save-model").arg(&weights).arg("--metrics-json").arg(&json);
+        if offload {
+            cmd.arg("--cpu-offload");
+        }
+        let text = run_ok(cmd);
+        (weights, serde_json::from_str::<serde_json::Value>(&std::fs::read_to_string(&json).unwrap()).unwrap(), text)
+    };
+    let (in_memory, plain, _) = run("memory", false);
+    let (offloaded, report, text) = run("offloaded", true);
+    common::assert_bit_identical("--cpu-offload vs without", &offloaded, &in_memory);
+    assert!(plain.get("cpu_offload").is_none(), "{plain}");
+    assert!(text.contains("cpu_offload (offload_params): per step"), "{text}");
+    let shard = report["ranks"][0]["model_state"]["parameters"].as_u64().unwrap();
+    assert!(shard * 2 >= 1_199_882 * 4 && shard * 2 <= 1_199_882 * 4 + 4 * 4 * 2, "half the model: {shard}");
+    let entry = &report["cpu_offload"];
+    assert_eq!(entry["per_step"]["h2d_bytes"], 2 * shard, "{entry}");
+    assert_eq!(entry["per_step"]["d2h_bytes"], shard, "{entry}");
+    assert_eq!(entry["total"]["steps"], 3, "{entry}");
+    assert_eq!(entry["host_bytes"], 4 * shard, "shards, gradients and both moments: {entry}");
 }

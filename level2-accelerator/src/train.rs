@@ -61,6 +61,12 @@ pub struct Config {
     /// Default: the launcher's or config file's, else false.
     #[arg(long, value_name = "BOOL", num_args = 0..=1, require_equals = true, default_missing_value = "true", value_parser = crate::config::str_to_bool)]
     pub fsdp_forward_prefetch: Option<bool>,
+    /// FSDP CPU offload (Accelerate's fsdp_offload_params, PyTorch's
+    /// CPUOffload(offload_params=True)): parameter shards, gradients and AdamW's moments in host
+    /// memory, each unit's shard copied to the device before its all-gather (FSDP strategies
+    /// only); alone it means true. Default: the launcher's or config file's, else false.
+    #[arg(long, value_name = "BOOL", num_args = 0..=1, require_equals = true, default_missing_value = "true", value_parser = crate::config::str_to_bool)]
+    pub fsdp_offload_params: Option<bool>,
     /// Activation checkpointing: keep each layer's input, recompute the rest in backward
     /// (Accelerate's fsdp_activation_checkpointing; DDP too); alone it means true. Default: the
     /// launcher's or config file's, else false.
@@ -233,6 +239,7 @@ impl Config {
             fsdp_min_num_params: self.fsdp_min_num_params,
             fsdp_backward_prefetch: self.fsdp_backward_prefetch,
             fsdp_forward_prefetch: self.fsdp_forward_prefetch,
+            fsdp_offload_params: self.fsdp_offload_params,
             fsdp_activation_checkpointing: self.fsdp_activation_checkpointing,
             zero_stage: self.zero_stage.map(usize::from),
             offload_optimizer_device: self.offload_optimizer_device,

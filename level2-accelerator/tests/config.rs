@@ -290,6 +290,7 @@ fn full_config() -> AcceleratorConfig {
         fsdp_min_num_params: Some(0),
         fsdp_backward_prefetch: Some(BackwardPrefetch::BackwardPost),
         fsdp_forward_prefetch: Some(true),
+        fsdp_offload_params: Some(true),
         fsdp_activation_checkpointing: Some(true),
         parallelism_config_dp_shard_size: Some(2),
         zero_stage: Some(0),

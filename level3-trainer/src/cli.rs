@@ -271,7 +271,7 @@ impl Config {
             None => {}
         }
         if let Some(s) = &l.strategy {
-            a.fsdp = s.sharding();
+            a.fsdp = s.sharding().map(crate::args::FsdpArg::from);
         }
         if let Some(p) = l.fsdp_backward_prefetch {
             a.fsdp_config.backward_prefetch = p;

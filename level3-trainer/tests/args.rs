@@ -166,7 +166,7 @@ fn fsdp_config_prefetch_keys() {
         (o.sharding_strategy, o.backward_prefetch, o.forward_prefetch),
         (ShardingStrategy::FullShard, BackwardPrefetch::BackwardPost, false)
     );
-    let full_shard = TrainingArguments { fsdp: Some(ShardingStrategy::FullShard), ..TrainingArguments::default() };
+    let full_shard = TrainingArguments { fsdp: Some(ShardingStrategy::FullShard.into()), ..TrainingArguments::default() };
     let (cfg, w) = wrap_of(&full_shard, &[("FSDP_BACKWARD_PREFETCH", "BACKWARD_PRE")]);
     assert_eq!(cfg.fsdp_backward_prefetch, Some(BackwardPrefetch::NoPrefetch));
     let o = fsdp_options(w.strategy);

@@ -171,11 +171,11 @@ fn recipe_and_transformers_defaults_map_onto_training_arguments() {
         .training_arguments()
         .unwrap();
     assert_eq!(t.learning_rate, 2e-4);
-    assert_eq!(t.fsdp, Some(ladder_core::parallel::ShardingStrategy::FullShard));
+    assert_eq!(t.fsdp, Some(ladder_core::parallel::ShardingStrategy::FullShard.into()));
 
     let n =
         parse(&["--strategy", "fsdp-no-shard", "--fsdp-min-num-params", "0", "--mixed-precision", "bf16"]).training_arguments().unwrap();
-    assert_eq!((n.fsdp, n.fsdp_min_num_params, n.bf16), (Some(ladder_core::parallel::ShardingStrategy::NoShard), Some(0), true));
+    assert_eq!((n.fsdp, n.fsdp_min_num_params, n.bf16), (Some(ladder_core::parallel::ShardingStrategy::NoShard.into()), Some(0), true));
     // Level 1's prefetch flags become fsdp_config's keys; not given: Transformers' default.
     assert_eq!(n.fsdp_config, level3_trainer::args::FsdpConfig::default());
     let p = parse(&["--strategy", "fsdp-full-shard", "--fsdp-backward-prefetch", "backward-post", "--fsdp-forward-prefetch"])

@@ -246,7 +246,7 @@ fn launcher_settings_are_honoured_where_the_arguments_leave_them_and_contradicti
     let same = TrainingArguments {
         gradient_accumulation_steps: 2,
         bf16: true,
-        fsdp: Some(ladder_core::parallel::ShardingStrategy::FullShard),
+        fsdp: Some(ladder_core::parallel::ShardingStrategy::FullShard.into()),
         ..TrainingArguments::default()
     };
     Trainer::check_launcher_settings(&same, |_| Some("--flag".into()), launcher).unwrap();

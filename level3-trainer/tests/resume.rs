@@ -49,7 +49,7 @@ fn resume_body() {
         seed: 3,
         disable_tqdm: true,
         use_cpu: true,
-        fsdp,
+        fsdp: fsdp.map(Into::into),
         fsdp_min_num_params: fsdp.map(|_| 0),
         ..TrainingArguments::new(&out)
     };

@@ -442,7 +442,9 @@ impl Accelerator {
     /// [`memory`](PreparedModel::memory): the prepared optimizer places it (the moments'
     /// bytes on disk when offloaded), and adds, as level 1 does, `offload_optimizer`
     /// (`device`, `nvme_path`, this process's mean `per_step` bytes read and written and
-    /// seconds), printed by the main process. Collective.
+    /// seconds) and, with `fsdp_offload_params`, `cpu_offload` (see
+    /// [`WrappedModel::cpu_offload_report`](ladder_core::parallel::WrappedModel::cpu_offload_report)),
+    /// each printed by the main process. Collective.
     ///
     /// # Errors
     /// Collective errors.
@@ -460,6 +462,10 @@ impl Accelerator {
         report.extra.insert("mixed_precision".into(), self.config.mixed_precision.to_string().into());
         report.extra.insert("gradient_accumulation_steps".into(), self.gradient_accumulation_steps().into());
         report.extra.insert("num_processes".into(), self.num_processes().into());
+        if let Some((entry, line)) = self.shared.model("gather_report").ok().and_then(|m| m.borrow().cpu_offload_report()) {
+            report.extra.insert("cpu_offload".into(), entry);
+            self.print(line);
+        }
         if let (Some(Some((_, total))), OptimizerOffload::Nvme(o)) = (stats, &self.offload) {
             let per_step = OffloadStats::per_step(&total);
             let entry = serde_json::json!({ "device": "nvme", "nvme_path": o.nvme_path, "per_step": per_step });

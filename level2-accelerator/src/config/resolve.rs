@@ -109,6 +109,19 @@ impl ResolvedConfig {
                     .into(),
             });
         }
+        if resolved.fsdp_offload_params && resolved.strategy().sharding().is_none() {
+            let second = match resolved.zero_stage {
+                Some(stage) if stage > 0 => format!("zero_stage {stage} ({})", resolved.describe_source("zero_stage")),
+                _ => format!("use_fsdp false ({})", resolved.describe_source("use_fsdp")),
+            };
+            return Err(Error::Conflict {
+                first: format!("fsdp_offload_params true ({})", resolved.describe_source("fsdp_offload_params")),
+                second,
+                why: "CPU offload of the parameters is FSDP's (PyTorch's CPUOffload(offload_params=True)): the strategy ddp keeps a \
+                      full replica on the device; use use_fsdp true (or zero_stage 2 or 3), or drop fsdp_offload_params"
+                    .into(),
+            });
+        }
         if resolved.zero_stage == Some(1) && resolved.mixed_precision != Precision::No {
             return Err(Error::Conflict {
                 first: format!("zero_stage 1 ({})", resolved.describe_source("zero_stage")),
@@ -122,8 +135,8 @@ impl ResolvedConfig {
     }
 
     /// How the model is wrapped: DDP (PyTorch's options), or FSDP with
-    /// `fsdp_sharding_strategy`, `fsdp_min_num_params`, `fsdp_backward_prefetch` and
-    /// `fsdp_forward_prefetch` when `use_fsdp`; DeepSpeed's `zero_stage` 1 is DDP with ZeRO-1,
+    /// `fsdp_sharding_strategy`, `fsdp_min_num_params`, `fsdp_backward_prefetch`,
+    /// `fsdp_forward_prefetch` and `fsdp_offload_params` when `use_fsdp`; DeepSpeed's `zero_stage` 1 is DDP with ZeRO-1,
     /// 2 and 3 FSDP `SHARD_GRAD_OP` and `FULL_SHARD` with the FSDP settings' other values.
     pub fn strategy(&self) -> Strategy {
         let sharding_strategy = match self.zero_stage {
@@ -139,6 +152,7 @@ impl ResolvedConfig {
             backward_prefetch: self.fsdp_backward_prefetch,
             forward_prefetch: self.fsdp_forward_prefetch,
             dp_shard_size: self.parallelism_config_dp_shard_size,
+            offload_params: self.fsdp_offload_params,
             ..FsdpOptions::default()
         })
     }

@@ -99,6 +99,16 @@ settings! {
         fsdp_forward_prefetch: bool => bool = false,
             env "FSDP_FORWARD_PREFETCH", parse parse::bool;
 
+        /// FSDP CPU offload: parameter shards, gradients and optimizer state in host memory, each unit copied to the device for its all-gather [default: false].
+        ///
+        /// Accelerate's `fsdp_offload_params` (PyTorch's `CPUOffload(offload_params=True)`):
+        /// the host memory is pinned under CUDA, the optimizer steps on the host, the reduced
+        /// gradient shard is copied back after each reduce-scatter. FSDP only (use_fsdp, or
+        /// zero_stage 2 or 3): refused by name with DDP.
+        #[arg(value_name = "BOOL", num_args = 0..=1, require_equals = true, default_missing_value = "true")]
+        fsdp_offload_params: bool => bool = false,
+            env "FSDP_OFFLOAD_PARAMS", parse parse::bool;
+
         /// HSDP's shard-group size: hybrid-shard(-zero2) shard over runs of N consecutive ranks [default: LOCAL_WORLD_SIZE].
         ///
         /// Accelerate's `parallelism_config.parallelism_config_dp_shard_size` (a top-level key

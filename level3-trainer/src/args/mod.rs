@@ -13,16 +13,18 @@
 //! flags, renamed fields, list forms); `validate` the checks.
 
 mod deepspeed;
+mod fsdp_arg;
 mod fsdp_config;
 mod sources;
 pub mod spellings;
 mod validate;
 
 pub use deepspeed::{DeepSpeedConfig, HONOURED_KEYS as DEEPSPEED_HONOURED_KEYS};
+pub use fsdp_arg::FsdpArg;
 pub use fsdp_config::FsdpConfig;
 
 use clap::Parser;
-use ladder_core::parallel::{ShardingStrategy, Strategy};
+use ladder_core::parallel::Strategy;
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 
@@ -201,9 +203,14 @@ pub struct TrainingArguments {
     #[arg(long, value_enum, value_parser = ladder_core::cli::choice::<ReportTo>(), default_value_t = ReportTo::None)]
     #[serde(deserialize_with = "spellings::report_to_one_or_list")]
     pub report_to: ReportTo,
-    /// Shard the model with FSDP instead of replicating it with DDP.
-    #[arg(long, value_parser = ladder_core::cli::spelling::<ShardingStrategy>())]
-    pub fsdp: Option<ShardingStrategy>,
+    /// Shard the model with FSDP instead of replicating it with DDP: Transformers' fsdp, a
+    /// sharding strategy — full_shard (ZeRO-3), shard_grad_op (ZeRO-2), no_shard, hybrid_shard,
+    /// hybrid_shard_zero2 — with, space-separated, offload (FSDP's CPU offload: parameter
+    /// shards, gradients and optimizer state in host memory, PyTorch's
+    /// CPUOffload(offload_params=True)) and auto_wrap (accepted; units follow
+    /// fsdp_min_num_params), e.g. "full_shard offload".
+    #[arg(long, value_name = "OPTIONS", value_parser = FsdpArg::from_arg)]
+    pub fsdp: Option<FsdpArg>,
     /// FSDP auto-wrap: a layer with at least this many parameters becomes its own unit
     /// (Transformers' `fsdp_min_num_params` / `fsdp_config.min_num_params`; default: the
     /// Accelerator's, 1e8, i.e. one unit for BasicNet). 0 wraps every layer.
@@ -327,9 +334,10 @@ impl TrainingArguments {
         }
     }
 
-    /// The replication strategy: DDP, or FSDP with the sharding strategy `fsdp` names.
+    /// The replication strategy: DDP, or FSDP with the sharding strategy `fsdp` names (and
+    /// its CPU offload with `offload`).
     pub fn strategy(&self) -> Strategy {
-        self.fsdp.map_or_else(Strategy::default, Strategy::fsdp)
+        self.fsdp.map_or_else(Strategy::default, |f| f.strategy())
     }
 
     /// AdamW's hyper-parameters (`learning_rate` is the schedule's peak).

@@ -25,7 +25,7 @@ pub const LAUNCHER_SETTINGS: &[(&str, &str)] = &[
 impl Trainer {
     /// The Accelerator settings these arguments set (Transformers builds its `Accelerator` the
     /// same way). Set: use_cpu when true; bf16 when true; the accumulation steps when not 1;
-    /// with fsdp, FSDP, its sharding strategy, auto-wrap threshold and HSDP's dp_shard_size
+    /// with fsdp, FSDP, its sharding strategy, CPU offload (`offload`), auto-wrap threshold and HSDP's dp_shard_size
     /// (when given) and fsdp_config's prefetch settings (as Transformers exports `fsdp_config` over the
     /// launcher's variables); activation checkpointing when gradient_checkpointing is true; the
     /// ZeRO stage and optimizer offload of a `deepspeed` config; the seed; output_dir as the Accelerator's
@@ -39,7 +39,8 @@ impl Trainer {
             mixed_precision: args.bf16.then_some(Precision::Bf16),
             gradient_accumulation_steps: (args.gradient_accumulation_steps != 1).then_some(args.gradient_accumulation_steps),
             use_fsdp: fsdp.then_some(true),
-            fsdp_sharding_strategy: args.fsdp,
+            fsdp_sharding_strategy: args.fsdp.map(|f| f.sharding_strategy),
+            fsdp_offload_params: args.fsdp.map(|f| f.offload),
             fsdp_min_num_params: args.fsdp_min_num_params.filter(|_| fsdp),
             fsdp_backward_prefetch: fsdp.then_some(args.fsdp_config.backward_prefetch),
             fsdp_forward_prefetch: fsdp.then_some(args.fsdp_config.forward_prefetch),
@@ -118,7 +119,8 @@ impl Trainer {
         args.gradient_accumulation_steps = resolved.gradient_accumulation_steps;
         args.bf16 = resolved.mixed_precision == Precision::Bf16;
         if let Strategy::Fsdp(o) = resolved.strategy() {
-            args.fsdp = Some(o.sharding_strategy);
+            let auto_wrap = args.fsdp.is_some_and(|f| f.auto_wrap);
+            args.fsdp = Some(crate::args::FsdpArg { sharding_strategy: o.sharding_strategy, offload: o.offload_params, auto_wrap });
             args.fsdp_min_num_params = Some(o.min_num_params);
             args.fsdp_config.backward_prefetch = o.backward_prefetch;
             args.fsdp_config.forward_prefetch = o.forward_prefetch;

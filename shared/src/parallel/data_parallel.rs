@@ -4,7 +4,7 @@
 //! [`WrappedModel`]: super::WrappedModel
 
 use super::ddp::DistributedDataParallel;
-use super::fsdp::FullyShardedDataParallel;
+use super::fsdp::{CpuOffloadStats, FullyShardedDataParallel};
 use crate::dist::{ProcessGroup, ReduceOp};
 use crate::memory::ModelStateBytes;
 use crate::model::Segmented;
@@ -77,6 +77,12 @@ pub trait DataParallel: GradSync {
 
     /// Cumulative communication since wrapping: seconds inside collectives and payload bytes.
     fn comm(&self) -> Comm;
+
+    /// FSDP's CPU offload (`offload_params`): what it copied since wrapping, and whether the
+    /// host memory is pinned. Default `None`: nothing offloaded.
+    fn cpu_offload(&self) -> Option<(CpuOffloadStats, bool)> {
+        None
+    }
 
     /// The unwrapped model's weights on rank 0 (`conv1.weight`, …, definition order, BasicNet's
     /// shapes, the parameters' dtype), `None` on other ranks. Collective.
@@ -259,6 +265,9 @@ impl<M: Segmented> DataParallel for FullyShardedDataParallel<'_, M> {
     }
     fn comm(&self) -> Comm {
         Comm { seconds: self.comm_seconds(), bytes: self.comm_bytes() }
+    }
+    fn cpu_offload(&self) -> Option<(CpuOffloadStats, bool)> {
+        FullyShardedDataParallel::cpu_offload(self).map(|s| (s, self.cpu_offload_pinned()))
     }
     fn full_state_dict(&self) -> Result<Option<Vec<(String, Tensor)>>> {
         FullyShardedDataParallel::full_state_dict(self)

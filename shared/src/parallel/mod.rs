@@ -301,6 +301,14 @@ pub struct FsdpOptions {
     /// Ignored by the other strategies.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub dp_shard_size: Option<usize>,
+    /// CPU offload of the parameters, as PyTorch's `CPUOffload(offload_params=True)`
+    /// (Accelerate's `fsdp_offload_params`, Transformers' `fsdp="full_shard offload"`): the
+    /// sharded parameters, their gradients and the optimizer state live in host memory
+    /// (pinned when the compute device is CUDA) and the optimizer steps there; a unit's shard
+    /// is copied to the compute device before each all-gather, and the reduced gradient shard
+    /// back to the host. Default false, PyTorch's. See [`fsdp`]'s `offload` room.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub offload_params: bool,
 }
 
 impl FsdpOptions {
@@ -313,6 +321,7 @@ impl FsdpOptions {
             forward_prefetch: false,
             sync_module_states: true,
             dp_shard_size: None,
+            offload_params: false,
         }
     }
 }
@@ -454,7 +463,7 @@ impl Strategy {
     /// # Errors
     /// [`Error::OptionNotForStrategy`] naming the first option that belongs to the other kind
     /// of strategy (`bucket_cap_mb` or `zero_redundancy_optimizer` with FSDP; `min_num_params`, `backward_prefetch`,
-    /// `forward_prefetch` or `dp_shard_size` with DDP); [`Error::InvalidValue`] for a `dp_shard_size` of 0; [`Error::InvalidValue`] for a `bucket_cap_mb` that is not
+    /// `forward_prefetch`, `dp_shard_size` or `offload_params` with DDP); [`Error::InvalidValue`] for a `dp_shard_size` of 0; [`Error::InvalidValue`] for a `bucket_cap_mb` that is not
     /// a positive, finite number of MiB.
     pub fn with_options(self, given: &StrategyOptions) -> Result<Self> {
         let misplaced = |option: &'static str, belongs_to: &'static str| Error::OptionNotForStrategy {
@@ -472,6 +481,14 @@ impl Strategy {
                 ];
                 if let Some((option, _)) = fsdp_only.into_iter().find(|(_, g)| *g) {
                     return Err(misplaced(option, "the FSDP strategies (fsdp-full-shard, fsdp-shard-grad-op, fsdp-no-shard, fsdp-hybrid-shard, fsdp-hybrid-shard-zero2)"));
+                }
+                if given.offload_params == Some(true) {
+                    return Err(misplaced(
+                        "offload_params",
+                        "the FSDP strategies (fsdp-full-shard, fsdp-shard-grad-op, fsdp-no-shard, fsdp-hybrid-shard, \
+                         fsdp-hybrid-shard-zero2): CPUOffload(offload_params=True) moves FSDP's parameter shards to the host; \
+                         DDP keeps a full replica on the compute device",
+                    ));
                 }
                 o.zero_redundancy_optimizer = given.zero_redundancy_optimizer.unwrap_or(o.zero_redundancy_optimizer);
                 if let Some(cap) = given.bucket_cap_mb {
@@ -495,6 +512,7 @@ impl Strategy {
                 o.min_num_params = given.min_num_params.unwrap_or(o.min_num_params);
                 o.backward_prefetch = given.backward_prefetch.unwrap_or(o.backward_prefetch);
                 o.forward_prefetch = given.forward_prefetch.unwrap_or(o.forward_prefetch);
+                o.offload_params = given.offload_params.unwrap_or(o.offload_params);
                 if let Some(size) = given.dp_shard_size {
                     if size == 0 {
                         return Err(Error::invalid("dp_shard_size", size, "at least 1 rank per shard group"));
@@ -523,6 +541,8 @@ pub struct StrategyOptions {
     pub zero_redundancy_optimizer: Option<bool>,
     /// HSDP's shard-group size ([`FsdpOptions::dp_shard_size`]).
     pub dp_shard_size: Option<usize>,
+    /// FSDP's CPU offload of the parameters ([`FsdpOptions::offload_params`]).
+    pub offload_params: Option<bool>,
 }
 
 /// How to wrap the model: the strategy with its options, and the precision it computes in.

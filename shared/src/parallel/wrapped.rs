@@ -365,6 +365,22 @@ impl<'pg> WrappedModel<'pg> {
         self.inner.comm()
     }
 
+    /// FSDP's CPU offload (`offload_params`): what it copied since wrapping (see
+    /// [`CpuOffloadStats`](super::fsdp::CpuOffloadStats) for the closed forms); `None` without
+    /// it.
+    pub fn cpu_offload(&self) -> Option<super::fsdp::CpuOffloadStats> {
+        self.inner.cpu_offload().map(|(s, _)| s)
+    }
+
+    /// With FSDP's CPU offload, the report's `cpu_offload` entry (`offload_params`, `pinned`,
+    /// `host_bytes` — this rank's shards, gradients and moments in host memory — and the
+    /// `per_step` and `total` bytes each way, this process's) and a line for the output; `None`
+    /// without it. Every level adds both to its report.
+    pub fn cpu_offload_report(&self) -> Option<(serde_json::Value, String)> {
+        let (stats, pinned) = self.inner.cpu_offload()?;
+        Some((stats.report_entry(pinned, &self.memory()), stats.summary()))
+    }
+
     /// Bytes of model state this rank holds (AdamW: two state tensors per parameter element).
     // ANCHOR: wrapped_memory
     pub fn memory(&self) -> ModelStateBytes {

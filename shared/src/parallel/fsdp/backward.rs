@@ -33,6 +33,9 @@ impl<M: Segmented> FullyShardedDataParallel<'_, M> {
                     .into(),
             });
         };
+        if let Some(o) = &mut self.offload {
+            o.set_eval(false);
+        }
         tch::with_grad(|| loss.f_backward())?;
         let mut g = out.grad();
         if !g.defined() {
@@ -89,7 +92,8 @@ impl<M: Segmented> FullyShardedDataParallel<'_, M> {
             if let Some(u) = unit {
                 let unit_ref = &self.units[u];
                 let pkind = self.param_kind(u);
-                let fg = self.full_grads[u].get_or_insert_with(|| Tensor::zeros([unit_ref.padded_numel], (pkind, self.shards[u].device())));
+                let device = self.shard_pg.device(); // the compute device, also with CPU offload
+                let fg = self.full_grads[u].get_or_insert_with(|| Tensor::zeros([unit_ref.padded_numel], (pkind, device)));
                 tch::no_grad(|| {
                     for (k, &p) in self.seg_params[i].iter().enumerate() {
                         if let Some(gp) = grad_of(usize::from(want_x) + k) {
@@ -112,11 +116,17 @@ impl<M: Segmented> FullyShardedDataParallel<'_, M> {
                 self.reduce_unit(u)?;
             }
         }
+        if self.require_backward_grad_sync {
+            if let Some(o) = &mut self.offload {
+                o.step_done();
+            }
+        }
         self.finish_prefetch()
     }
 
     /// A unit's gradient is complete: reduce it into the shard's gradient, unless under
-    /// `no_sync` (then it stays in `full_grads`, accumulating across backwards).
+    /// `no_sync` (then it stays in `full_grads`, accumulating across backwards). With CPU
+    /// offload the reduced shard, cast to the shard's dtype, is copied to the host first.
     fn reduce_unit(&mut self, u: usize) -> Result<()> {
         if !self.require_backward_grad_sync {
             return Ok(());
@@ -146,7 +156,11 @@ impl<M: Segmented> FullyShardedDataParallel<'_, M> {
             };
             self.comm += t0.elapsed();
             self.comm_bytes += bytes;
-            Ok(out.to_kind(shard.kind()))
+            let out = out.to_kind(shard.kind());
+            match &mut self.offload {
+                Some(o) => o.copy_to_host(&out),
+                None => Ok(out),
+            }
         })?;
         // Accumulate into shard.grad (defined or not — zero_grad sets it to None), as autograd
         // accumulates into a leaf: shard.backward(reduced).

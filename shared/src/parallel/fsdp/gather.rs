@@ -61,13 +61,19 @@ impl<M: Segmented> FullyShardedDataParallel<'_, M> {
         // Another unit's prefetch: complete it first (collectives complete in issue order).
         self.finish_prefetch()?;
         let gathered = if !self.config.sharding_strategy.is_sharded() {
-            // NoShard: the "shard" is the whole flat parameter; only a dtype cast copies.
+            // NoShard: the "shard" is the whole flat parameter; only a dtype cast copies — and
+            // CPU offload's copy to the compute device.
             let (pkind, shard) = (self.param_kind(u), self.shards[u].detach());
+            let (shard, copied) = match &mut self.offload {
+                Some(o) => (tch::no_grad(|| o.copy_to_device(&shard))?, true),
+                None => (shard, false),
+            };
+            let bytes = self.units[u].numel as u64 * pkind.elt_size_in_bytes() as u64;
             tch::no_grad(|| {
                 if pkind == shard.kind() {
-                    Gathered::Local(shard, 0)
+                    Gathered::Local(shard, if copied { bytes } else { 0 })
                 } else {
-                    Gathered::Local(shard.to_kind(pkind), self.units[u].numel as u64 * pkind.elt_size_in_bytes() as u64)
+                    Gathered::Local(shard.to_kind(pkind), bytes)
                 }
             })
         } else {
@@ -87,16 +93,21 @@ impl<M: Segmented> FullyShardedDataParallel<'_, M> {
     /// What an all-gather of sharded unit `u` needs: the unit's flat storage, allocated (a
     /// storage released after forward is refilled in place, for forward's graph views it),
     /// the buffer to gather into (a view of that storage) and the shard cast to the compute
-    /// dtype.
+    /// dtype (with CPU offload, first copied to the compute device in its own dtype, as
+    /// PyTorch's `_mp_shard.copy_(_local_shard.to(device))`).
     ///
     /// # Errors
-    /// [`Error::Fsdp`] if the storage cannot be allocated.
+    /// [`Error::Fsdp`] if the storage cannot be allocated or the shard copied.
     fn gather_buffers(&mut self, u: usize) -> Result<(FlatStorage, Tensor, Tensor)> {
-        let (rank, pkind) = (self.shard_pg.rank(), self.param_kind(u));
+        let (rank, pkind, device) = (self.shard_pg.rank(), self.param_kind(u), self.shard_pg.device());
         let shard = self.shards[u].detach();
+        let shard = match &mut self.offload {
+            Some(o) => tch::no_grad(|| o.copy_to_device(&shard))?,
+            None => shard,
+        };
         let mut storage = match self.gathered[u].take() {
             Some(Gathered::Flat(released)) => released,
-            _ => FlatStorage::new(self.units[u].padded_numel, pkind, shard.device()),
+            _ => FlatStorage::new(self.units[u].padded_numel, pkind, device),
         };
         let full = storage.refill(rank)?.shallow_clone();
         let input = tch::no_grad(|| shard.to_kind(pkind).contiguous());

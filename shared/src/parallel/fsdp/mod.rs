@@ -50,6 +50,10 @@
 //! segment (above) to reduce and prefetch between layers; the root unit is resharded after
 //! forward like every other unit (PyTorch keeps the root unsharded as an optimisation).
 //!
+//! CPU offload (`offload_params`, see [`offload`]): the shards, their gradients and the
+//! optimizer state live in host memory; each gather starts with a copy of the shard to the
+//! compute device, each reduction ends with a copy of the gradient shard to the host.
+//!
 //! Mixed precision (`MixedPrecision`): shards stay in the model's dtype (fp32 master weights);
 //! they are cast to `param_dtype` before the all-gather, so forward and backward run in
 //! `param_dtype` (the root input is cast too, as FSDP's `cast_root_forward_inputs`); gradients
@@ -58,10 +62,12 @@
 mod backward;
 mod gather;
 pub mod mesh;
+pub mod offload;
 mod plan;
 mod state_dict;
 mod storage;
 
+pub use offload::{CpuOffloadPerStep, CpuOffloadStats};
 pub use plan::{explain_units, plan_units, FlatParamUnit};
 
 use crate::dist::ProcessGroup;
@@ -73,6 +79,7 @@ use crate::parallel::ddp::check_in_sync;
 use crate::parallel::{FsdpOptions, GradSync, MixedPrecision};
 use crate::{Error, Result};
 use gather::{Gathered, Inflight};
+use offload::CpuOffload;
 use plan::{flatten_padded, segment_params};
 use std::time::Duration;
 use tch::nn::{self, OptimizerConfig};
@@ -139,6 +146,8 @@ pub struct FullyShardedDataParallel<'pg, M: Segmented> {
     inflight: Option<Inflight<'pg>>,
     /// All-gathers started ahead of need since construction.
     prefetches: u64,
+    /// CPU offload of the shards (`offload_params`), with its copy counts.
+    offload: Option<CpuOffload>,
 }
 
 /// FSDP's gradient reduction after backward: on by default; under `no_sync` the unsharded
@@ -202,7 +211,9 @@ impl<'pg, M: Segmented> FullyShardedDataParallel<'pg, M> {
             let mut ts: Vec<Tensor> = params.iter().map(|(_, t)| t.detach()).collect();
             tch::no_grad(|| world.broadcast_coalesced(&mut ts, 0))?;
         }
-        let shard_vs = nn::VarStore::new(pg.device());
+        let offload = config.offload_params.then(|| CpuOffload::new(pg.device(), rank));
+        // With CPU offload the shards (and so the optimizer) live in host memory.
+        let shard_vs = nn::VarStore::new(if offload.is_some() { tch::Device::Cpu } else { pg.device() });
         let mut shards = Vec::with_capacity(units.len());
         for unit in &units {
             let flat = tch::no_grad(|| {
@@ -210,7 +221,10 @@ impl<'pg, M: Segmented> FullyShardedDataParallel<'pg, M> {
                 flatten_padded(&pieces, unit)
             });
             let (start, len) = unit.shard_range(rank, config.sharding_strategy);
-            let shard = tch::no_grad(|| flat.narrow(0, start, len).copy());
+            let shard = match &offload {
+                Some(o) => tch::no_grad(|| o.home(&flat.narrow(0, start, len)))?,
+                None => tch::no_grad(|| flat.narrow(0, start, len).copy()),
+            };
             let key = unit.key();
             let mut path = shard_vs.root();
             let mut comps: Vec<&str> = key.split('.').collect();
@@ -262,6 +276,7 @@ impl<'pg, M: Segmented> FullyShardedDataParallel<'pg, M> {
             comm_bytes: 0,
             inflight: None,
             prefetches: 0,
+            offload,
         })
     }
 
@@ -370,6 +385,24 @@ impl<'pg, M: Segmented> FullyShardedDataParallel<'pg, M> {
         self.comm_bytes
     }
 
+    /// What the CPU offload copied since construction (`None` without `offload_params`): bytes
+    /// host → device for training and evaluation, device → host, and optimizer steps; see
+    /// [`CpuOffloadStats`] for the closed forms.
+    pub fn cpu_offload(&self) -> Option<CpuOffloadStats> {
+        self.offload.as_ref().map(CpuOffload::stats)
+    }
+
+    /// Whether the offloaded shards are in pinned host memory (`false` without offload).
+    pub fn cpu_offload_pinned(&self) -> bool {
+        self.offload.as_ref().is_some_and(CpuOffload::pinned)
+    }
+
+    /// `t` on the compute device, uncounted: a no-op unless offloaded shards must meet a
+    /// device collective (state dicts, the sync check).
+    fn on_compute_device(&self, t: &Tensor) -> Tensor {
+        t.to_device(self.shard_pg.device())
+    }
+
     /// All-gathers started ahead of need since construction (`forward_prefetch`,
     /// `backward_prefetch`): per step with `min_num_params = 0` and U units, U − 1 in forward
     /// with `forward_prefetch`, and U − 1 in `FullShard`'s backward with a `backward_prefetch`.
@@ -404,6 +437,9 @@ impl<'pg, M: Segmented> FullyShardedDataParallel<'pg, M> {
         // Shards may have changed since the last gather (an optimizer step): gather afresh.
         self.free_all()?;
         let grad = grad_enabled();
+        if let Some(o) = &mut self.offload {
+            o.set_eval(!grad);
+        }
         let strategy = self.config.sharding_strategy;
         let mut x = match self.mixed_precision {
             Some(mp) if xs.is_floating_point() => xs.to_kind(mp.param_dtype.kind()),
@@ -494,7 +530,8 @@ impl<'pg, M: Segmented> FullyShardedDataParallel<'pg, M> {
                 .collect();
             check_in_sync(self.world, &layout)
         } else {
-            let named: Vec<(String, Tensor)> = self.units.iter().zip(&self.shards).map(|(u, s)| (u.key(), s.detach())).collect();
+            let named: Vec<(String, Tensor)> =
+                self.units.iter().zip(&self.shards).map(|(u, s)| (u.key(), self.on_compute_device(&s.detach()))).collect();
             check_in_sync(self.shard_pg, &named)
         }
     }

@@ -48,7 +48,8 @@ impl<M: Segmented> FullyShardedDataParallel<'_, M> {
         let mut per_param: Vec<Option<Tensor>> = (0..self.params.len()).map(|_| None).collect();
         tch::no_grad(|| -> Result<()> {
             for (u, unit) in self.units.iter().enumerate() {
-                let shard = per_unit[u].detach().contiguous();
+                // CPU offload: host shards meet the device's collective on the device.
+                let shard = self.on_compute_device(&per_unit[u].detach()).contiguous();
                 let full = if self.config.sharding_strategy.is_sharded() {
                     let mut full = Tensor::empty([unit.padded_numel], (shard.kind(), shard.device()));
                     self.shard_pg.all_gather(&mut full, &shard)?;

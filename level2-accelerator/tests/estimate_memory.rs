@@ -87,3 +87,31 @@ fn bad_input_is_refused_with_the_flag_named() {
     }
     insta::assert_snapshot!(report.join("\n\n"));
 }
+
+/// `--offload-params` (FSDP's CPU offload): the FSDP strategies' figures are those without it
+/// (on a CPU host and device are one memory), each rank's `host` is its parameters, gradients
+/// and optimizer state, said in one placement line per strategy; ddp and zero1 are left out,
+/// and refused when asked for by name.
+#[test]
+fn offload_params_places_the_model_state_on_the_host() {
+    insta::assert_snapshot!("estimate_offload_params_w4096", stdout(&["--width", "4096", "--offload-params"]));
+    let json = |extra: &[&str]| -> serde_json::Value {
+        let mut args = vec!["--width", "4096", "--json", "--strategy", "fsdp-full-shard,fsdp-no-shard"];
+        args.extend(extra);
+        serde_json::from_str(&stdout(&args)).unwrap()
+    };
+    let (with, without) = (json(&["--offload-params"]), json(&[]));
+    assert_eq!(with["offload_params"], true);
+    for (s, plain) in with["strategies"].as_array().unwrap().iter().zip(without["strategies"].as_array().unwrap()) {
+        for (r, p) in s["ranks"].as_array().unwrap().iter().zip(plain["ranks"].as_array().unwrap()) {
+            let m = &r["model_state"];
+            let state = ["parameters", "gradients", "optimizer"].iter().map(|k| m[k].as_u64().unwrap()).sum::<u64>();
+            assert_eq!(r["host"].as_u64(), Some(state), "{}", s["strategy"]);
+            assert_eq!((&r["total"], &r["peak_growth"]), (&p["total"], &p["peak_growth"]), "{}", s["strategy"]);
+            assert!(p.get("host").is_none(), "no host bytes without offload");
+        }
+    }
+    let out = run(&["--strategy", "ddp", "--offload-params"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("--strategy ddp") && err.contains("--offload-params"), "{err}");
+}

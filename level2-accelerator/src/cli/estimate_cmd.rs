@@ -10,7 +10,7 @@ use super::CmdResult;
 use comfy_table::{presets::ASCII_MARKDOWN, Table};
 use ladder_core::memory::estimate::{self, EstimateInput, RankEstimate};
 use ladder_core::memory::size::{format_mib, format_size, parse_size};
-use ladder_core::parallel::{OffloadDevice, Precision, Strategy, WrapConfig};
+use ladder_core::parallel::{FsdpOptions, OffloadDevice, Precision, Strategy, WrapConfig};
 use level2_accelerator::{Error, Result};
 use serde::Serialize;
 
@@ -20,7 +20,7 @@ use serde::Serialize;
 most parameters gathered at once (FSDP), the activations and their gradients at the step's peak, the expected \
 training-phase peak RSS growth (gradients + optimizer + activations + transients: what `bench run` measures) and \
 the total (parameters + peak growth). The process's own memory (libtorch, the dataset, MPI: a few hundred MiB on \
-CPU) is not included. With --offload-optimizer nvme (DeepSpeed's offload_optimizer) the optimizer column is the buffer the moments stream through, the moments being on disk.\n\nExamples:\n  ladder-accelerate estimate-memory \
+CPU) is not included. With --offload-optimizer nvme (DeepSpeed's offload_optimizer) the optimizer column is the buffer the moments stream through, the moments being on disk. With --offload-params (FSDP's CPU offload) a placement line per strategy says what is in host memory (parameters, gradients, optimizer state) and what the device holds; on a CPU both are one memory.\n\nExamples:\n  ladder-accelerate estimate-memory \
 --width 4096 --num-processes 2\n  ladder-accelerate estimate-memory --width 8192 --batch-size 512 --budget 1GiB\n  \
 ladder-accelerate estimate-memory --strategy fsdp-full-shard --mixed-precision bf16 --activation-checkpointing --json")]
 pub struct EstimateArgs {
@@ -52,6 +52,11 @@ pub struct EstimateArgs {
     #[arg(long = "offload-optimizer", alias = "offload_optimizer_device", value_name = "DEVICE", default_value = "none",
           value_parser = ladder_core::cli::spelling::<OffloadDevice>(), hide_possible_values = true)]
     pub offload_optimizer: OffloadDevice,
+    /// FSDP's CPU offload (PyTorch's CPUOffload(offload_params=True), Accelerate's
+    /// fsdp_offload_params): parameters, gradients and optimizer state in host memory, said in
+    /// a placement line per strategy; FSDP strategies only (ddp and zero1 are not estimated).
+    #[arg(long = "offload-params", alias = "offload_params", alias = "fsdp_offload_params")]
+    pub offload_params: bool,
     /// Memory per process, e.g. 8GiB, 512MiB, 1.5GB: says which strategies fit (total ≤ SIZE)
     /// and names the cheapest that does.
     #[arg(long, value_name = "SIZE", value_parser = parse_size)]
@@ -79,6 +84,9 @@ struct Report {
     num_processes: u64,
     mixed_precision: &'static str,
     activation_checkpointing: bool,
+    /// FSDP's CPU offload (`--offload-params`): each rank's `host` bytes.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    offload_params: bool,
     #[serde(skip_serializing_if = "Option::is_none")]
     budget: Option<u64>,
     strategies: Vec<StrategyEstimate>,
@@ -106,8 +114,23 @@ fn build(args: &EstimateArgs) -> Result<Report> {
     let strategies = if explicit { args.strategy.clone() } else { estimate::default_strategies() };
     let (mut out, mut skipped) = (Vec::new(), Vec::new());
     for strategy in strategies {
-        let wrap = WrapConfig { strategy, mixed_precision: args.mixed_precision, activation_checkpointing: args.activation_checkpointing };
         let label = estimate::strategy_label(strategy);
+        let strategy = match strategy {
+            Strategy::Fsdp(o) => Strategy::Fsdp(FsdpOptions { offload_params: args.offload_params, ..o }),
+            _ if args.offload_params => {
+                if explicit {
+                    return Err(Error::Conflict {
+                        first: format!("--strategy {label}"),
+                        second: "--offload-params".into(),
+                        why: "CPU offload of the parameters is FSDP's (CPUOffload(offload_params=True)); DDP keeps a full replica on the device".into(),
+                    });
+                }
+                skipped.push(format!("{label}: --offload-params is FSDP's"));
+                continue;
+            }
+            ddp => ddp,
+        };
+        let wrap = WrapConfig { strategy, mixed_precision: args.mixed_precision, activation_checkpointing: args.activation_checkpointing };
         if !estimate::combines(&wrap) {
             if explicit {
                 return Err(Error::Conflict {
@@ -137,6 +160,7 @@ fn build(args: &EstimateArgs) -> Result<Report> {
         num_processes: args.num_processes,
         mixed_precision: args.mixed_precision.label(),
         activation_checkpointing: args.activation_checkpointing,
+        offload_params: args.offload_params,
         budget: args.budget,
         strategies: out,
         skipped,
@@ -187,6 +211,16 @@ fn render(report: &Report) -> String {
     );
     for s in &report.skipped {
         text.push_str(&format!("\nnot estimated: {s}"));
+    }
+    for s in report.strategies.iter().filter(|s| s.ranks.iter().any(|r| r.host > 0)) {
+        let (host, device) =
+            (s.ranks.iter().map(|r| r.host).max().unwrap_or(0), s.ranks.iter().map(|r| r.total - r.host).max().unwrap_or(0));
+        text.push_str(&format!(
+            "\nplacement, {}: {} on the host (model state), {} on the device",
+            s.strategy,
+            format_size(host),
+            format_size(device)
+        ));
     }
     if let Some(b) = report.budget {
         text.push('\n');

@@ -159,6 +159,18 @@ pub struct RankEstimate {
     /// Parameters + expected peak growth: the model's and training's bytes at the peak,
     /// without the process's own (libtorch, the dataset, MPI).
     pub total: u64,
+    /// Of `total`, the bytes in host memory under FSDP's CPU offload (`offload_params`): the
+    /// parameter shards, their gradients and the optimizer state; the compute device holds
+    /// `total − host`. 0 without offload. On a CPU both are one memory. Not modelled: the
+    /// copies to the device — one unit's shard at a time, and under `NO_SHARD` the whole
+    /// parameters, kept from forward to backward (on a GPU, device bytes `total − host` leaves
+    /// out).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub host: u64,
+}
+
+fn is_zero(b: &u64) -> bool {
+    *b == 0
 }
 
 /// Per-sample compute elements of one segment (see the module docs' table).
@@ -246,6 +258,8 @@ fn estimate_rank(input: &EstimateInput, rank: usize) -> RankEstimate {
     let peak = moments.into_iter().max_by_key(|m| resident(m) + m.transient).expect("a step has moments");
     let activations = resident(&peak);
     let peak_growth = model_state.gradients + model_state.optimizer + activations + peak.transient + RUNTIME_BYTES;
+    let offloaded = matches!(Engine::of(wrap), Engine::Fsdp(o) if o.offload_params);
+    let host = if offloaded { model_state.parameters + model_state.gradients + model_state.optimizer } else { 0 };
     RankEstimate {
         rank,
         model_state,
@@ -255,6 +269,7 @@ fn estimate_rank(input: &EstimateInput, rank: usize) -> RankEstimate {
         peak_at: peak.what,
         peak_growth,
         total: model_state.parameters + peak_growth,
+        host,
     }
 }
 

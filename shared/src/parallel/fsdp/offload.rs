@@ -155,7 +155,9 @@ impl CpuOffload {
     /// # Errors
     /// [`Error::Fsdp`] when libtorch cannot allocate or copy it.
     pub(super) fn copy_to_device(&mut self, shard: &Tensor) -> Result<Tensor> {
-        let on_device = shard.f_to_device_(self.compute, shard.kind(), self.pinned, true).map_err(|e| self.failed("to the device", &e))?;
+        // Blocking: the collective that reads it may run on another CUDA stream (PyTorch copies
+        // non-blocking and orders its streams; untested here without a GPU, so kept simple).
+        let on_device = shard.f_to_device_(self.compute, shard.kind(), false, true).map_err(|e| self.failed("to the device", &e))?;
         let bytes = (shard.numel() * shard.kind().elt_size_in_bytes()) as u64;
         if self.eval {
             self.stats.eval_h2d_bytes += bytes;

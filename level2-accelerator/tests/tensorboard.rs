@@ -94,6 +94,8 @@ fn log_with_needs_a_writable_project_dir() {
     error: invalid value 'wandb' for '--log-with <TRACKER>'
       [possible values: tensorboard]
 
+      tip: 'wandb' is refused: Accelerate's other trackers are not implemented here
+
     For more information, try '--help'.
     ");
 }

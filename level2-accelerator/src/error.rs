@@ -33,6 +33,15 @@ pub enum Error {
         /// Why it cannot be written.
         problem: String,
     },
+    /// A config file holds one of Accelerate's keys with a value, or in a place, that this
+    /// project does not implement (see `config::file`).
+    #[error("config file {file}: {problem}")]
+    ConfigKey {
+        /// The file.
+        file: PathBuf,
+        /// The key, its value, why it is refused and what would be accepted.
+        problem: String,
+    },
     /// A config file is not valid YAML / TOML / JSON, or holds a key or value that does not fit.
     #[error("config file {file}: malformed {format}: {problem}")]
     ConfigParse {

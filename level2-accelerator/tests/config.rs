@@ -607,3 +607,101 @@ fn env_vars_for_launch_read_back_to_the_same_values() {
     // Nothing given, nothing exported.
     assert!(AcceleratorConfig::default().to_env_vars().is_empty());
 }
+
+/// An FSDP config file as Accelerate 1.16's `accelerate config` writes it (FSDP1, CPU).
+const ACCELERATE_FSDP_YAML: &str = "compute_environment: LOCAL_MACHINE
+debug: false
+distributed_type: FSDP
+downcast_bf16: 'no'
+enable_cpu_affinity: false
+fsdp_config:
+  fsdp_activation_checkpointing: false
+  fsdp_auto_wrap_policy: SIZE_BASED_WRAP
+  fsdp_backward_prefetch: BACKWARD_PRE
+  fsdp_cpu_ram_efficient_loading: true
+  fsdp_forward_prefetch: false
+  fsdp_min_num_params: 100000
+  fsdp_offload_params: true
+  fsdp_reshard_after_forward: FULL_SHARD
+  fsdp_state_dict_type: FULL_STATE_DICT
+  fsdp_sync_module_states: true
+  fsdp_use_orig_params: true
+  fsdp_version: 1
+machine_rank: 0
+main_training_function: main
+mixed_precision: 'no'
+num_machines: 1
+num_processes: 2
+rdzv_backend: static
+same_network: true
+tpu_env: []
+tpu_use_cluster: false
+tpu_use_sudo: false
+use_cpu: true
+";
+
+/// The files `accelerate config` writes are read as written: the settings nested under
+/// `fsdp_config:` as the flat keys of the same name (`fsdp_reshard_after_forward` as the
+/// sharding strategy), the informational keys accepted at the value implemented here, and
+/// refused by name, with the reason, at another.
+#[test]
+fn accelerates_own_files_are_read_as_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let load = |name: &str, text: &str| AcceleratorConfig::load(write(dir.path(), name, text));
+    // `accelerate config default --config_file c.json` (Accelerate 1.16), verbatim.
+    let default = r#"{
+  "compute_environment": "LOCAL_MACHINE",
+  "debug": false,
+  "distributed_type": "NO",
+  "downcast_bf16": false,
+  "enable_cpu_affinity": false,
+  "machine_rank": 0,
+  "main_training_function": "main",
+  "mixed_precision": "no",
+  "num_machines": 1,
+  "num_processes": 1,
+  "rdzv_backend": "static",
+  "same_network": false,
+  "tpu_use_cluster": false,
+  "tpu_use_sudo": false,
+  "use_cpu": true
+}"#;
+    let flat =
+        r#"{"distributed_type": "NO", "machine_rank": 0, "mixed_precision": "no", "num_machines": 1, "num_processes": 1, "use_cpu": true}"#;
+    assert_eq!(load("default.json", default).unwrap(), load("flat.json", flat).unwrap());
+    let flat_fsdp = "distributed_type: FSDP\nfsdp_activation_checkpointing: false\nfsdp_backward_prefetch: BACKWARD_PRE\n\
+                     fsdp_forward_prefetch: false\nfsdp_min_num_params: 100000\nfsdp_offload_params: true\n\
+                     fsdp_sharding_strategy: FULL_SHARD\nmachine_rank: 0\nmixed_precision: 'no'\nnum_machines: 1\n\
+                     num_processes: 2\nuse_cpu: true\n";
+    let fsdp = load("fsdp.yaml", ACCELERATE_FSDP_YAML).unwrap();
+    assert_eq!(fsdp, load("flat.yaml", flat_fsdp).unwrap());
+    assert_eq!(fsdp.fsdp_offload_params, Some(true));
+    // FSDP2's boolean spelling: reshard after forward or not (ZeRO-3 or ZeRO-2).
+    for (b, strategy) in [("true", "FULL_SHARD"), ("false", "SHARD_GRAD_OP")] {
+        let nested = load("b.toml", &format!("[fsdp_config]\nfsdp_reshard_after_forward = {b}\n")).unwrap();
+        assert_eq!(nested, load("s.toml", &format!("fsdp_sharding_strategy = \"{strategy}\"\n")).unwrap());
+    }
+    // parallelism_config's one key.
+    let p = load("p.yaml", "parallelism_config:\n  parallelism_config_dp_shard_size: 2\n").unwrap();
+    assert_eq!(p, load("q.yaml", "parallelism_config_dp_shard_size: 2\n").unwrap());
+    let refused: Vec<String> = [
+        ("compute_environment: LOCAL_MACHINE", "compute_environment: AMAZON_SAGEMAKER"),
+        ("fsdp_state_dict_type: FULL_STATE_DICT", "fsdp_state_dict_type: SHARDED_STATE_DICT"),
+        ("fsdp_version: 1", "fsdp_version: 2"),
+        ("fsdp_auto_wrap_policy: SIZE_BASED_WRAP", "fsdp_auto_wrap_policy: TRANSFORMER_BASED_WRAP"),
+        ("fsdp_sync_module_states: true", "fsdp_sync_module_states: false"),
+        ("fsdp_use_orig_params: true", "fsdp_transformer_layer_cls_to_wrap: BertLayer"),
+        ("enable_cpu_affinity: false", "enable_cpu_affinity: true"),
+        ("tpu_env: []", "tpu_env: [A=1]"),
+        ("num_machines: 1", "num_machines: 1\nfsdp_offload_params: false"),
+        ("fsdp_config:\n", "fsdp_config: 3\nx:\n"),
+    ]
+    .iter()
+    .map(|(from, to)| {
+        assert!(ACCELERATE_FSDP_YAML.contains(from), "{from}");
+        let err = load("c.yaml", &ACCELERATE_FSDP_YAML.replacen(from, to, 1)).unwrap_err().to_string();
+        format!("{to:?}\n  {}", err.replace(&dir.path().display().to_string(), "[DIR]"))
+    })
+    .collect();
+    insta::assert_snapshot!(refused.join("\n"));
+}

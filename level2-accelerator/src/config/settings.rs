@@ -111,8 +111,8 @@ settings! {
 
         /// HSDP's shard-group size: hybrid-shard(-zero2) shard over runs of N consecutive ranks [default: LOCAL_WORLD_SIZE].
         ///
-        /// Accelerate's `parallelism_config.parallelism_config_dp_shard_size` (a top-level key
-        /// here; `dp_replicate_size` is the world size over it, which it must divide). Used by
+        /// Accelerate's `parallelism_config.parallelism_config_dp_shard_size` (read there or as
+        /// a top-level key; `dp_replicate_size` is the world size over it, which it must divide). Used by
         /// the hybrid sharding strategies only.
         #[arg(value_name = "N")]
         parallelism_config_dp_shard_size: usize => Option<usize> = None,

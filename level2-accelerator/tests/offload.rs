@@ -18,24 +18,9 @@ fn two_processes() -> Command {
         .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
         .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
         .env("OMP_NUM_THREADS", "1");
-    strip_settings(&mut cmd);
+    common::without_accelerate_settings(&mut cmd);
     cmd.arg(BIN).args(["--device", "cpu", "--max-steps", "3", "--log-interval", "0", "--no-eval"]);
     cmd
-}
-
-/// Removes the Accelerate variables this process may have inherited.
-fn strip_settings(cmd: &mut Command) {
-    for (k, _) in std::env::vars() {
-        if k.starts_with("ACCELERATE_") || k.starts_with("FSDP_") {
-            cmd.env_remove(k);
-        }
-    }
-}
-
-/// Runs `cmd`; its success and its output.
-fn output(cmd: &mut Command) -> (bool, String) {
-    let out = cmd.output().expect("spawn");
-    (out.status.success(), format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr)))
 }
 
 /// At 2 processes, with DDP (the offload asked for by the launcher's variables) and with
@@ -65,7 +50,7 @@ fn offloaded_optimizer_trains_the_same_weights_at_two_processes() {
                     cmd.args(["--offload-optimizer-device", "nvme", "--offload-optimizer-nvme-path"]).arg(&nvme);
                 }
             }
-            let (ok, text) = output(&mut cmd);
+            let (ok, text) = common::output_of(&mut cmd);
             assert!(ok, "{strategy:?} offload {offload}:\n{text}");
             (weights, serde_json::from_str::<serde_json::Value>(&std::fs::read_to_string(&json).unwrap()).unwrap(), text)
         };
@@ -112,9 +97,9 @@ fn bad_offload_settings_are_refused_before_training() {
     let mut all = String::new();
     for (args, envs) in cases {
         let mut cmd = Command::new(BIN);
-        strip_settings(&mut cmd);
+        common::without_accelerate_settings(&mut cmd);
         cmd.args(["--device", "cpu", "--max-steps", "1", "--log-interval", "0"]).args(args).envs(envs.iter().copied());
-        let (ok, text) = output(&mut cmd);
+        let (ok, text) = common::output_of(&mut cmd);
         assert!(!ok && !text.contains("Train Epoch"), "{args:?} {envs:?}: refused before training:\n{text}");
         all += &format!("$ {envs:?} {args:?}\n{}\n", text.trim()).replace(&config, "[CONFIG]");
     }
@@ -124,7 +109,7 @@ fn bad_offload_settings_are_refused_before_training() {
 /// The flag takes the vocabulary's values: `cpu` is refused by the flag parser, which lists them.
 #[test]
 fn the_flag_lists_none_and_nvme() {
-    let (ok, text) = output(Command::new(BIN).args(["--offload-optimizer-device", "cpu"]));
+    let (ok, text) = common::output_of(Command::new(BIN).args(["--offload-optimizer-device", "cpu"]));
     assert!(!ok && text.contains("invalid value 'cpu' for '--offload-optimizer-device <DEVICE>'"), "{text}");
     assert!(text.contains("[possible values: none, nvme]"), "{text}");
 }

@@ -13,13 +13,9 @@ const BIN: &str = env!("CARGO_BIN_EXE_level3-trainer");
 
 /// Runs `cmd` with no Accelerate setting inherited; its success and its output.
 fn run_bin(cmd: &mut Command) -> (bool, String) {
-    for (k, _) in std::env::vars() {
-        if k.starts_with("ACCELERATE_") || k.starts_with("FSDP_") {
-            cmd.env_remove(k);
-        }
-    }
-    let out = cmd.env("OMPI_ALLOW_RUN_AS_ROOT", "1").env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1").output().expect("spawn");
-    (out.status.success(), format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr)))
+    common::output_of(
+        common::without_accelerate_settings(cmd).env("OMPI_ALLOW_RUN_AS_ROOT", "1").env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1"),
+    )
 }
 
 /// `level3-trainer` for 3 steps without evaluation or checkpoints, its output_dir and files in
@@ -62,14 +58,7 @@ fn full_shard_offload_trains_the_same_weights_at_two_ranks() {
             &dir.path().join(format!("{name}.safetensors")),
             &dir.path().join("memory.safetensors"),
         );
-        assert!(text.contains("cpu_offload (offload_params): per step"), "{text}");
-        let shard = report["ranks"][0]["model_state"]["parameters"].as_u64().unwrap();
-        let entry = &report["cpu_offload"];
-        assert_eq!(
-            (entry["per_step"]["h2d_bytes"].as_u64(), entry["per_step"]["d2h_bytes"].as_u64()),
-            (Some(2 * shard), Some(shard)),
-            "{entry}"
-        );
+        common::assert_full_shard_offload_copies(report, text);
         let written: serde_json::Value =
             serde_json::from_str(&std::fs::read_to_string(dir.path().join(name).join("training_args.json")).unwrap()).unwrap();
         assert_eq!(written["fsdp"], "FULL_SHARD offload", "training_args.json says what ran");

@@ -13,13 +13,9 @@ const BIN: &str = env!("CARGO_BIN_EXE_level3-trainer");
 
 /// Runs `cmd` with no Accelerate setting inherited; its success and its output.
 fn run_bin(cmd: &mut Command) -> (bool, String) {
-    for (k, _) in std::env::vars() {
-        if k.starts_with("ACCELERATE_") || k.starts_with("FSDP_") {
-            cmd.env_remove(k);
-        }
-    }
-    let out = cmd.env("OMPI_ALLOW_RUN_AS_ROOT", "1").env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1").output().expect("spawn");
-    (out.status.success(), format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr)))
+    common::output_of(
+        common::without_accelerate_settings(cmd).env("OMPI_ALLOW_RUN_AS_ROOT", "1").env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1"),
+    )
 }
 
 /// `level3-trainer` for 3 steps without evaluation, with `deepspeed` as given, its output_dir

@@ -222,3 +222,34 @@ pub fn sigterm_when(
     assert!(!pids.is_empty(), "{what}: no process to signal");
     sigterm_and_wait(child, &pids, 2)
 }
+
+/// Removes the Accelerate and FSDP variables this process may have inherited from `cmd`'s
+/// environment, so that a level-2 or level-3 run sees only the settings a test gives it.
+pub fn without_accelerate_settings(cmd: &mut Command) -> &mut Command {
+    for (k, _) in std::env::vars() {
+        if k.starts_with("ACCELERATE_") || k.starts_with("FSDP_") {
+            cmd.env_remove(k);
+        }
+    }
+    cmd
+}
+
+/// Runs `cmd`: whether it succeeded, and its stdout then stderr.
+pub fn output_of(cmd: &mut Command) -> (bool, String) {
+    let out = cmd.output().expect("spawn");
+    (out.status.success(), format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr)))
+}
+
+/// A FULL_SHARD run's `cpu_offload` entry holds the closed form in rank 0's shard bytes (two
+/// copies to the device per step — forward's and backward's all-gathers — and one back) and
+/// the run printed its summary line.
+pub fn assert_full_shard_offload_copies(report: &serde_json::Value, text: &str) {
+    assert!(text.contains("cpu_offload (offload_params): per step"), "{text}");
+    let shard = report["ranks"][0]["model_state"]["parameters"].as_u64().unwrap();
+    let entry = &report["cpu_offload"];
+    assert_eq!(
+        (entry["per_step"]["h2d_bytes"].as_u64(), entry["per_step"]["d2h_bytes"].as_u64()),
+        (Some(2 * shard), Some(shard)),
+        "{entry}"
+    );
+}

@@ -201,10 +201,7 @@ fn run(
     let mut model = WrappedModel::new(vs, net, pg, wrap).unwrap();
     let mut opt = model.optimizer_with_offload(AdamWConfig::default(), offload).unwrap();
     if let Some(state) = resume {
-        let (weights, optim): (Vec<_>, Vec<_>) =
-            state.iter().map(|(n, t)| (n.clone(), t.shallow_clone())).partition(|(n, _)| !n.contains(".exp_avg") && !n.ends_with(".step"));
-        model.load_full_state_dict(&weights).unwrap();
-        model.load_optimizer_state_dict(&mut opt, &optim).unwrap();
+        common::load_training_state(&mut model, &mut opt, state);
     }
     let (rank, w) = (pg.rank() as i64, pg.world_size() as i64);
     let batches = common::global_batches(w, B, STEPS);

@@ -253,3 +253,16 @@ pub fn assert_full_shard_offload_copies(report: &serde_json::Value, text: &str) 
         "{entry}"
     );
 }
+
+/// Loads a state dict saved as weights and AdamW state together (the optimizer's entries are
+/// the `.exp_avg`, `.exp_avg_sq` and `.step` keys) into `model` and `opt`: a resume.
+pub fn load_training_state(
+    model: &mut ladder_core::parallel::WrappedModel,
+    opt: &mut ladder_core::optim::AdamW,
+    state: &[(String, Tensor)],
+) {
+    let (weights, optim): (Vec<_>, Vec<_>) =
+        state.iter().map(|(n, t)| (n.clone(), t.shallow_clone())).partition(|(n, _)| !n.contains(".exp_avg") && !n.ends_with(".step"));
+    model.load_full_state_dict(&weights).unwrap();
+    model.load_optimizer_state_dict(opt, &optim).unwrap();
+}

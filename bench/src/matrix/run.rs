@@ -91,7 +91,7 @@ pub fn run_matrix(args: &RunArgs) -> Result<MatrixSummary> {
     // The load is read once every flag and file has been checked, so an error is the first
     // (and only) thing a user with a mistyped flag or an unbuilt binary sees.
     let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
-    let load_at_start = Machine::load_warning(Machine::load_average(), cores, "at the start of the run");
+    let load_at_start = Machine::load_warning(Machine::load_average(), cores, 0, "at the start of the run");
     if let Some(w) = &load_at_start {
         eprintln!("{w}");
     }
@@ -168,8 +168,10 @@ pub fn run_matrix(args: &RunArgs) -> Result<MatrixSummary> {
     };
     let rows = aggregate(&cases, &ours, &theirs);
     let targets = super::targets(&rows);
+    // The last minute's average holds the bench's own ranks: at most the most it runs at once.
+    let own = cases.iter().map(|c| c.world_size).chain((!args.no_allreduce).then_some(args.allreduce_ranks)).max().unwrap_or(0);
     let load_warnings: Vec<String> =
-        load_at_start.into_iter().chain(Machine::load_warning(Machine::load_average(), cores, "at the end of the run")).collect();
+        load_at_start.into_iter().chain(Machine::load_warning(Machine::load_average(), cores, own, "at the end of the run")).collect();
     let summary = MatrixSummary {
         machine,
         repeats: args.repeats,

@@ -13,14 +13,7 @@ const BIN: &str = env!("CARGO_BIN_EXE_level2-accelerator");
 /// `level2-accelerator` on 2 processes under mpirun, no Accelerate setting inherited: 3 steps,
 /// no evaluation.
 fn two_processes() -> Command {
-    let mut cmd = Command::new("mpirun");
-    cmd.args(["-n", "2", "--oversubscribe", "--bind-to", "none"])
-        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
-        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
-        .env("OMP_NUM_THREADS", "1");
-    common::without_accelerate_settings(&mut cmd);
-    cmd.arg(BIN).args(["--device", "cpu", "--max-steps", "3", "--log-interval", "0", "--no-eval"]);
-    cmd
+    common::level2_on_two_processes(BIN)
 }
 
 /// At 2 processes, with DDP (the offload asked for by the launcher's variables) and with

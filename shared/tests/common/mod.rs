@@ -266,3 +266,17 @@ pub fn load_training_state(
     model.load_full_state_dict(&weights).unwrap();
     model.load_optimizer_state_dict(opt, &optim).unwrap();
 }
+
+/// `bin` on 2 processes under mpirun (oversubscribed, unbound, one intra-op thread each, root
+/// allowed), no Accelerate setting inherited: a level-2 run for 3 steps without evaluation or
+/// logging; the caller adds its own flags.
+pub fn level2_on_two_processes(bin: &str) -> Command {
+    let mut cmd = Command::new("mpirun");
+    cmd.args(["-n", "2", "--oversubscribe", "--bind-to", "none"])
+        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+        .env("OMP_NUM_THREADS", "1");
+    without_accelerate_settings(&mut cmd);
+    cmd.arg(bin).args(["--device", "cpu", "--max-steps", "3", "--log-interval", "0", "--no-eval"]);
+    cmd
+}

@@ -93,13 +93,12 @@ impl<M: Segmented> FullyShardedDataParallel<'_, M> {
                 let unit_ref = &self.units[u];
                 let pkind = self.param_kind(u);
                 let device = self.shard_pg.device(); // the compute device, also with CPU offload
-                let fg = self.full_grads[u].get_or_insert_with(|| Tensor::zeros([unit_ref.padded_numel], (pkind, device)));
+                let fg = self.full_grads[u].get_or_insert_with(|| FlatGrad::new(unit_ref, pkind, device));
                 tch::no_grad(|| {
                     for (k, &p) in self.seg_params[i].iter().enumerate() {
                         if let Some(gp) = grad_of(usize::from(want_x) + k) {
                             let j = unit_ref.params.iter().position(|&q| q == p).expect("segment params are in the unit");
-                            let n: i64 = unit_ref.shapes[j].iter().product();
-                            let _ = fg.narrow(0, unit_ref.offsets[j], n).view(unit_ref.shapes[j].as_slice()).f_add_(gp)?;
+                            fg.accumulate(unit_ref, j, gp)?;
                         }
                     }
                     Ok::<(), tch::TchError>(())
@@ -135,12 +134,14 @@ impl<M: Segmented> FullyShardedDataParallel<'_, M> {
         let rkind = self.reduce_kind(u);
         let shard = self.shards[u].shallow_clone();
         let reduced = tch::no_grad(|| -> Result<Tensor> {
+            let fg = fg.finish(&self.units[u])?;
             let mut input = fg.to_kind(rkind).contiguous();
             drop(fg); // `input` may be `fg` itself (no cast): nothing else reads it
             let bytes = (input.numel() * input.kind().elt_size_in_bytes()) as u64;
             let t0 = Instant::now();
             let out = if self.config.sharding_strategy.is_sharded() {
-                let mut out = Tensor::zeros([self.units[u].shard_numel], (rkind, input.device()));
+                // Every element is written by the collective.
+                let mut out = Tensor::empty([self.units[u].shard_numel], (rkind, input.device()));
                 // The flat gradient is a temporary: the backend may reduce it in place.
                 self.shard_pg.run(Collective::reduce_scatter(&mut out, input, ReduceOp::Avg))?;
                 if let Some(replicate) = self.replicate {
@@ -162,9 +163,66 @@ impl<M: Segmented> FullyShardedDataParallel<'_, M> {
                 None => Ok(out),
             }
         })?;
-        // Accumulate into shard.grad (defined or not — zero_grad sets it to None), as autograd
-        // accumulates into a leaf: shard.backward(reduced).
-        crate::autograd::backward_with_grad(&shard, &reduced)?;
+        // Accumulate into shard.grad as PyTorch's FSDP does (`_accumulate_sharded_grad`): with
+        // no gradient yet (zero_grad sets it to None) the reduced tensor becomes it — no copy;
+        // otherwise it is added in place.
+        let grad = shard.grad();
+        if grad.defined() {
+            let _ = tch::no_grad(|| grad.detach().f_add_(&reduced))?;
+        } else {
+            crate::autograd::set_grad(&shard, &reduced)?;
+        }
         Ok(())
+    }
+}
+
+/// A unit's unsharded flat gradient while backward fills it (PyTorch's `flat_param.grad`
+/// before the reduce-scatter): `[padded_numel]` in the compute dtype. A parameter's first
+/// gradient is copied into its slot and later ones added, so a fresh buffer is neither
+/// zero-filled first nor summed into (one pass over each slot, not three); the slots nothing
+/// wrote and the padding are zeroed once, by [`finish`](Self::finish), before it is read.
+pub(super) struct FlatGrad {
+    flat: Tensor,
+    /// Per parameter of the unit: its slot holds a gradient.
+    written: Vec<bool>,
+}
+
+impl FlatGrad {
+    /// An uninitialised buffer for `unit`, nothing written.
+    fn new(unit: &super::plan::FlatParamUnit, kind: tch::Kind, device: tch::Device) -> Self {
+        Self { flat: Tensor::empty([unit.padded_numel], (kind, device)), written: vec![false; unit.params.len()] }
+    }
+
+    /// Adds `grad` (parameter `j`'s shape; cast to the buffer's dtype if it differs) into
+    /// parameter `j`'s slot — a copy when the slot is unwritten.
+    fn accumulate(&mut self, unit: &super::plan::FlatParamUnit, j: usize, grad: &Tensor) -> std::result::Result<(), tch::TchError> {
+        let n: i64 = unit.shapes[j].iter().product();
+        let mut slot = self.flat.narrow(0, unit.offsets[j], n).view(unit.shapes[j].as_slice());
+        if self.written[j] {
+            let _ = slot.f_add_(grad)?;
+        } else {
+            slot.f_copy_(grad)?;
+            self.written[j] = true;
+        }
+        Ok(())
+    }
+
+    /// The buffer, with every unwritten slot and the padding zeroed.
+    fn finish(self, unit: &super::plan::FlatParamUnit) -> std::result::Result<Tensor, tch::TchError> {
+        for (j, &written) in self.written.iter().enumerate() {
+            if !written {
+                let n: i64 = unit.shapes[j].iter().product();
+                let _ = self.flat.narrow(0, unit.offsets[j], n).f_zero_()?;
+            }
+        }
+        if unit.padded_numel > unit.numel {
+            let _ = self.flat.narrow(0, unit.numel, unit.padded_numel - unit.numel).f_zero_()?;
+        }
+        Ok(self.flat)
+    }
+
+    /// The buffer (for memory accounting).
+    pub(super) fn tensor(&self) -> &Tensor {
+        &self.flat
     }
 }

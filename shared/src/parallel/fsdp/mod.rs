@@ -117,7 +117,7 @@ pub struct FullyShardedDataParallel<'pg, M: Segmented> {
     gathered: Vec<Option<Gathered>>,
     /// Per unit: the unsharded gradient being accumulated during backward (and across
     /// backwards under `no_sync`).
-    full_grads: Vec<Option<Tensor>>,
+    full_grads: Vec<Option<backward::FlatGrad>>,
     /// Per segment of the last grad-mode forward: its input and graph (or, checkpointed, what
     /// recomputes the graph; see [`crate::parallel::checkpointing`]).
     saved: Vec<SavedSegment>,
@@ -564,7 +564,7 @@ impl<'pg, M: Segmented> FullyShardedDataParallel<'pg, M> {
                 }
             })
             .sum::<u64>()
-            + self.full_grads.iter().flatten().map(bytes).sum::<u64>();
+            + self.full_grads.iter().flatten().map(|g| bytes(g.tensor())).sum::<u64>();
         ModelStateBytes { parameters, gradients, optimizer: 2 * parameters, gathered_peak: self.peak_gathered, optimizer_on_disk: 0 }
     }
     // ANCHOR_END: fsdp_memory

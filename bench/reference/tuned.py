@@ -19,7 +19,7 @@ What a performance-minded user changes:
   gives eager fp32's gradients (GRAD_TOLERANCE): a faster configuration that computes something
   else is rejected, with the parameter and error in "trial";
 --precision fp32|bf16|fp16 fixes the precision instead (bf16 then leaves the trial; fp16 adds a
-GradScaler). Prints one JSON line (rank 0), as the other peers, plus "tuned" (what it chose) and
+GradScaler); `bench run` always passes its row's, so that an fp32 row meets an fp32 peer. Prints one JSON line (rank 0), as the other peers, plus "tuned" (what it chose) and
 "trial" (median ms per step of each configuration tried, or why it was rejected); on CUDA "cuda_peak_mib" and "gpu".
 """
 import gzip

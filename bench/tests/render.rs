@@ -42,7 +42,7 @@ fn matrix_tables_from_fixed_json() {
     summary.machine.cpu_peak = zen4_peak();
     // The tuned peer beside the first row with a peer: 3 repeats, ours / tuned per repeat.
     let row = summary.rows.iter_mut().find(|r| r.case.peer.is_some()).unwrap();
-    row.case.tuned_peer = Some(bench::matrix::Peer::Tuned { world_size: row.case.world_size });
+    row.case.tuned_peer = Some(bench::matrix::Peer::Tuned { world_size: row.case.world_size, bf16: false });
     row.tuned_samples_per_s = Some(bench::stats::Spread { median: 1176.0, min: 1136.0, max: 1240.0, n: 3 });
     row.tuned_ratio = Some(bench::stats::Spread { median: 1.16, min: 1.1, max: 1.2, n: 3 });
     row.tuned_accuracy = Some(0.9712);

@@ -140,23 +140,29 @@ pub enum Peer {
     },
     /// `bench/reference/tuned.py`: the loop a speed-minded PyTorch user writes (tensors
     /// preloaded, index batching, fused AdamW, set-to-none gradients, and whichever of
-    /// channels_last / torch.compile / bf16 autocast a start-up trial measures faster); one
-    /// process at W = 1, DDP over gloo under `torchrun --standalone --nproc-per-node W` above.
+    /// channels_last / torch.compile a start-up trial measures faster); one process at W = 1,
+    /// DDP over gloo under `torchrun --standalone --nproc-per-node W` above. In the row's
+    /// precision (`--precision fp32` or `bf16`, bf16 autocast): a peer that switched an fp32
+    /// row to bf16 would compare another computation, and the fastest.
     Tuned {
         /// Processes.
         world_size: usize,
+        /// bf16 autocast (a bf16 row's peer); fp32 otherwise.
+        #[serde(default)]
+        bf16: bool,
     },
 }
 
 impl Peer {
-    /// `pytorch-tutorial`, `pytorch-ddp-gloo-w2`.
+    /// `pytorch-tutorial`, `pytorch-ddp-gloo-w2`, `pytorch-tuned-w2-bf16`.
     pub fn id(self) -> String {
         match self {
             Peer::Tutorial => "pytorch-tutorial".into(),
             Peer::DdpGloo { world_size } => format!("pytorch-ddp-gloo-w{world_size}"),
             Peer::Accelerate { world_size } => format!("hf-accelerate-w{world_size}"),
             Peer::Trainer { world_size } => format!("hf-trainer-w{world_size}"),
-            Peer::Tuned { world_size } => format!("pytorch-tuned-w{world_size}"),
+            Peer::Tuned { world_size, bf16: false } => format!("pytorch-tuned-w{world_size}"),
+            Peer::Tuned { world_size, bf16: true } => format!("pytorch-tuned-w{world_size}-bf16"),
         }
     }
 

@@ -54,9 +54,9 @@ pub(super) fn efficiency_table(summary: &MatrixSummary, markdown: bool) -> Table
             super::case::precision_and_options(c),
             format!("{:.2}", training_flops_per_sample(c.width) as f64 / 1e6),
             cell(c.width, median(r.samples_per_s), peak, bf16),
-            // The tutorial peers train in fp32; the tuned one in bf16 when it chose bf16 autocast.
+            // The tutorial peers train in fp32; the tuned one in the row's precision.
             cell(c.width, median(r.peer_samples_per_s), peak, false),
-            cell(c.width, median(r.tuned_samples_per_s), peak, r.tuned_choice.as_deref().is_some_and(|t| t.contains("bf16"))),
+            cell(c.width, median(r.tuned_samples_per_s), peak, bf16),
             r.tuned_accuracy.map_or("—".into(), |a| format!("{:.2}%", 100.0 * a)),
             r.tuned_choice.clone().unwrap_or_else(|| "—".into()),
         ]);
@@ -82,11 +82,11 @@ const EXPLAIN_EFFICIENCY: &str = "Training FLOPs per sample, counted from BasicN
 multiply-accumulate of conv1, conv2, fc1 and fc2, forward once and backward twice (weight and input gradients; conv1 \
 has no input gradient) — 71.57 MFLOP at width 128; biases, activations, pooling, dropout, the loss and the optimizer \
 are left out (< 1%). GFLOP/s: that × the median samples/s over all ranks. % of peak: of the fp32 peak, or for bf16 \
-rows (and a tuned peer that chose bf16 autocast) of the bf16 peak where the CPU has bf16 instructions. The tuned peer \
+rows (ours and the tuned peer's) of the bf16 peak where the CPU has bf16 instructions. The tuned peer \
 (bench/reference/tuned.py, one process at 1 rank, DDP over gloo under torchrun above) is the loop a speed-minded \
 PyTorch user writes: images decoded and normalised once into one tensor, batches by index from a per-epoch \
-permutation (DistributedSampler's rule), AdamW(fused=True) where the build has it, zero_grad(set_to_none=True), and \
-each of channels_last, torch.compile and bf16 autocast that a short timed trial at start-up measures faster and whose \
-gradients agree with eager fp32's (PyTorch 2.13.0's compiled BasicNet on CPU gets zero conv gradients and is \
+permutation (DistributedSampler's rule), AdamW(fused=True) where the build has it, zero_grad(set_to_none=True), in the \
+row's precision (fp32, or bf16 autocast for a bf16 row), and each of channels_last and torch.compile that a short \
+timed trial at start-up measures faster and whose gradients agree with eager fp32's (PyTorch 2.13.0's compiled BasicNet on CPU gets zero conv gradients and is \
 rejected) — what it chose is in the last column. Levels 2 and 3 are measured against the same loop (it has no Accelerate or Trainer \
 layer).";

@@ -56,9 +56,11 @@ pub struct RunArgs {
     #[arg(long)]
     pub install_peers: bool,
     /// What the tuned PyTorch peer (`bench/reference/tuned.py --tune`) may try at start-up and
-    /// keep when a short timed trial measures it faster: some of `channels_last`, `bf16`
-    /// (autocast), `compile` (torch.compile, the slowest to try), comma-separated, or `none`.
-    #[arg(long, default_value = "channels_last,bf16,compile")]
+    /// keep when a short timed trial measures it faster: some of `channels_last`, `compile`
+    /// (torch.compile, the slowest to try), comma-separated, or `none`. The peer runs in the
+    /// row's precision: fp32 rows against an fp32 peer, bf16 rows against one under bf16
+    /// autocast.
+    #[arg(long, default_value = "channels_last,compile")]
     pub tuned_trial: String,
     /// Leave the all-reduce bandwidth and DDP bucket measurements out.
     #[arg(long)]
@@ -136,7 +138,7 @@ pub fn plan(args: &RunArgs) -> Result<(Vec<Case>, Vec<String>)> {
                         batch_size: BATCH_SIZE,
                         activation_checkpointing: false,
                         peer: (!args.no_peers).then_some(Peer::Tutorial),
-                        tuned_peer: (!args.no_peers).then_some(Peer::Tuned { world_size: 1 }),
+                        tuned_peer: (!args.no_peers).then_some(Peer::Tuned { world_size: 1, bf16: false }),
                     });
                 }
             }
@@ -215,8 +217,9 @@ impl Cell {
             batch_size,
             activation_checkpointing,
             peer,
-            // The strongest PyTorch loop at the same world size, for every level.
-            tuned_peer: peer.map(|_| Peer::Tuned { world_size }),
+            // The strongest PyTorch loop at the same world size and precision, for every level.
+            tuned_peer: (!args.no_peers && strategy.is_ddp() && width == 128 && plain)
+                .then_some(Peer::Tuned { world_size, bf16: precision == Precision::Bf16 }),
         }
     }
 }
@@ -248,8 +251,12 @@ fn check(args: &RunArgs) -> Result<()> {
     if args.steps == 0 || args.wide_steps == 0 {
         return invalid("--steps", format!("{} / --wide-steps {}", args.steps, args.wide_steps), "at least 1 step");
     }
-    if args.tuned_trial.split(',').any(|t| !["channels_last", "bf16", "compile", "none"].contains(&t)) {
-        return invalid("--tuned-trial", args.tuned_trial.clone(), "some of channels_last, bf16, compile (comma-separated), or none");
+    if args.tuned_trial.split(',').any(|t| !["channels_last", "compile", "none"].contains(&t)) {
+        return invalid(
+            "--tuned-trial",
+            args.tuned_trial.clone(),
+            "some of channels_last, compile (comma-separated), or none (bf16 is not a trial: a row's precision is the peer's, bf16 rows get a peer under bf16 autocast)",
+        );
     }
     if args.repeats == 0 || args.wide_repeats == 0 {
         return invalid("--repeats", format!("{} / --wide-repeats {}", args.repeats, args.wide_repeats), "at least 1 repeat");
@@ -279,13 +286,21 @@ mod tests {
         // baseline 1 + levels 1, 2 and 3: 3 strategies × 3 world sizes × 2 widths × 2 precisions.
         assert_eq!(cases.len(), 1 + 3 * 36);
         assert_eq!(cases[0].id, "baseline-w1-128-fp32");
-        assert_eq!((cases[0].peer, cases[0].tuned_peer), (Some(Peer::Tutorial), Some(Peer::Tuned { world_size: 1 })));
+        assert_eq!((cases[0].peer, cases[0].tuned_peer), (Some(Peer::Tutorial), Some(Peer::Tuned { world_size: 1, bf16: false })));
         // Peers: ddp at width 128 in fp32, per level and world size.
         let with_peer: Vec<&str> = cases.iter().filter(|c| c.level.is_some() && c.peer.is_some()).map(|c| c.id.as_str()).collect();
         assert_eq!(with_peer.len(), 9);
         assert!(with_peer.contains(&"l3-ddp-w4-128-fp32"));
-        // Every row with a peer has the tuned peer at its world size too.
-        assert!(cases.iter().all(|c| c.tuned_peer == c.peer.map(|_| Peer::Tuned { world_size: c.world_size })));
+        // Every DDP row at width 128 has the tuned peer at its world size and in its precision
+        // (the tutorial peers are fp32 only): the 9 fp32 rows with a peer and their 9 bf16 twins.
+        for c in cases.iter().filter(|c| c.level.is_some()) {
+            let bf16 = c.precision == Precision::Bf16;
+            let expected = (c.strategy.is_ddp() && c.width == 128).then_some(Peer::Tuned { world_size: c.world_size, bf16 });
+            assert_eq!(c.tuned_peer, expected, "{}", c.id);
+            assert_eq!(c.peer.is_some(), expected.is_some() && !bf16, "{}", c.id);
+        }
+        assert_eq!(cases.iter().filter(|c| matches!(c.tuned_peer, Some(Peer::Tuned { bf16: true, .. }))).count(), 9);
+        assert_eq!(Peer::Tuned { world_size: 2, bf16: true }.id(), "pytorch-tuned-w2-bf16");
         assert!(cases.iter().all(|c| c.steps == if c.width == 128 { 300 } else { 20 }));
         assert_eq!(cases.iter().filter(|c| c.level == Some(1) && c.precision == Precision::Bf16).count(), 18);
         assert_eq!(

@@ -332,12 +332,12 @@ fn run_ours(case: &Case, repeat: usize, paths: &Paths, timeout: Duration) -> std
 fn run_peer(peer: Peer, steps: usize, repeat: usize, paths: &Paths, timeout: Duration, tune: &str) -> Result<RunFigures> {
     let reference = paths.root.join("bench").join("reference");
     let mut cmd = match peer {
-        Peer::Tutorial | Peer::Tuned { world_size: 1 } => {
+        Peer::Tutorial | Peer::Tuned { world_size: 1, .. } => {
             let mut c = Command::new(&paths.python);
             c.arg(reference.join(if peer == Peer::Tutorial { "tutorial.py" } else { "tuned.py" }));
             c
         }
-        Peer::Tuned { world_size } => {
+        Peer::Tuned { world_size, .. } => {
             let mut c = Command::new(&paths.python);
             c.args(["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", &world_size.to_string()]);
             c.arg(reference.join("tuned.py"));
@@ -367,8 +367,8 @@ fn run_peer(peer: Peer, steps: usize, repeat: usize, paths: &Paths, timeout: Dur
         }
     };
     cmd.args(["--max-steps", &steps.to_string()]).current_dir(&paths.root);
-    if matches!(peer, Peer::Tuned { .. }) {
-        cmd.args(["--tune", tune]);
+    if let Peer::Tuned { bf16, .. } = peer {
+        cmd.args(["--tune", tune, "--precision", if bf16 { "bf16" } else { "fp32" }]);
     }
     let id = peer.id();
     let log = paths.out_dir.join("logs").join(format!("{id}-r{repeat}.log"));

@@ -44,11 +44,24 @@ provenance() { # provenance ROWS...: the machine and commit, then one `| name | 
     for row in "$@"; do echo "$row"; done
 }
 
+# The one-minute load average decays for a minute after a run ends: before each measurement, wait
+# (at most 2 minutes) until the previous one's ranks no longer count, so that the bench's
+# start-of-run load check sees this machine, not the run before.
+wait_for_idle() {
+    local waited=0
+    while awk -v c="$(nproc)" '{ exit !($1 >= c / 2) }' /proc/loadavg && (( waited < 120 )); do
+        sleep 5
+        waited=$((waited + 5))
+    done
+    echo "book-data: load average $(cut -d' ' -f1 /proc/loadavg) after waiting ${waited} s"
+}
+
 # The "Will it fit?" sweep: memory per strategy × width × batch, its own provenance.
 fit_status=0
 if [[ "$BOOK_DATA_ONLY" == "" || "$BOOK_DATA_ONLY" == fit ]]; then
     rm -rf "$WORK/fit"
     fit_cmd="$RELEASE/bench run $BOOK_FIT_ARGS --out-dir $WORK/fit"
+    wait_for_idle
     echo "book-data: $fit_cmd"
     $fit_cmd || fit_status=$?
     if [[ -f "$WORK/fit/bench.md" ]]; then
@@ -76,11 +89,13 @@ if [[ "$BOOK_REUSE_DEMO" == 1 && -f "$WORK/demo/demo.md" && -f "$WORK/demo/comma
     echo "book-data: reusing the demo of $(date -u -r "$WORK/demo/demo.md" +%Y-%m-%dT%H:%M:%SZ): $demo_cmd"
 else
     rm -rf "$WORK/demo"
+    wait_for_idle
     echo "book-data: $demo_cmd"
     $demo_cmd || demo_status=$?
     echo "$demo_cmd" > "$WORK/demo/command"
     echo "$demo_status" > "$WORK/demo/status"
 fi
+wait_for_idle
 echo "book-data: $bench_cmd"
 bench_status=0
 $bench_cmd || bench_status=$?

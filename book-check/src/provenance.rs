@@ -76,7 +76,17 @@ pub fn demo_block(line: &str, demo_md: &str) -> String {
         Some(rest) => rest.split_once('\n').map_or("", |(_, b)| b).trim_start(),
         None => body,
     };
-    format!("{line}\n\n{body}")
+    // The block sits under a heading of the page that includes it: the demo's own section
+    // headings (`## Compute efficiency`) become bold lines, not headings of that page and its
+    // sidebar.
+    let body: Vec<String> = body
+        .lines()
+        .map(|l| match l.trim_start_matches('#').strip_prefix(' ') {
+            Some(title) if l.starts_with('#') => format!("**{}**", title.trim()),
+            _ => l.to_string(),
+        })
+        .collect();
+    format!("{line}\n\n{}", body.join("\n"))
 }
 
 #[cfg(test)]
@@ -93,6 +103,12 @@ mod tests {
         );
         let err = line("| CPU | x |\n", Path::new("p.md")).unwrap_err().to_string();
         assert_eq!(err, "p.md: no `| date (UTC) | … |` row (the table `make book-data` writes)");
+    }
+
+    #[test]
+    fn the_demo_block_drops_the_title_and_keeps_sections_as_bold_lines() {
+        let demo = "# ddp-ladder: the three levels side by side\n\nmachine\n\n| a |\n\n## Compute efficiency\n\n| b |\n";
+        assert_eq!(demo_block("LINE", demo), "LINE\n\nmachine\n\n| a |\n\n**Compute efficiency**\n\n| b |");
     }
 
     #[test]

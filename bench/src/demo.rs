@@ -185,7 +185,7 @@ pub fn render_efficiency(summary: &DemoSummary, markdown: bool) -> String {
 /// The notes under the table: what each column means, line-count problems and failures.
 pub fn render_notes(summary: &DemoSummary) -> String {
     let mut s = format!(
-        "Each level: one run at {} ranks over MPI with DDP (ladder-run --nproc-per-node {}). user code lines: \
+        "Each level: one run at {} ranks over MPI with DDP (`ladder-run --nproc-per-node {}`). user code lines: \
          non-blank, non-comment lines between `// ANCHOR: user_code` and `// ANCHOR_END: user_code`. \
          wall s: launch to exit. train samples/s: over all ranks, training loop only. peak RSS: whole-process \
          high-water mark of each rank.\n",

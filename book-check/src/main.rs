@@ -100,7 +100,7 @@ fn main() -> ExitCode {
             }),
         Command::Rendered { book } => book_check::rendered::check(book).map(|s| {
             println!(
-                "book-check: {} rendered pages under {}: {} headings, all the chapters' own; no stray fence, raw {{{{#, snapshot header or stale page",
+                "book-check: {} rendered pages under {}: {} headings, all the chapters' own; no stray fence, raw {{{{#, snapshot header, flag turned into a dash or stale page",
                 s.pages,
                 book.join("book").display(),
                 s.headings

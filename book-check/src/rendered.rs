@@ -11,6 +11,8 @@
 //!   page (include `generated/snapshots/…`, see [`crate::snapshots`]);
 //! * **a heading from an included file**: a heading on the page (and so in the sidebar) that the
 //!   chapter's own Markdown does not have;
+//! * **a flag turned into a dash**: `--flag` written outside code, which mdBook's smart
+//!   punctuation renders as `–flag` (a reader who copies it gets an en dash, not a flag);
 //! * **a stale page**: a page older than its chapter or a file the chapter includes (the book
 //!   was not rebuilt after the change).
 
@@ -183,6 +185,17 @@ pub fn problems_of(name: &str, md: &str, page: &str) -> Vec<String> {
             break;
         }
     }
+    // `--flag` outside code: smart punctuation makes it an en dash glued to the word.
+    let chars: Vec<char> = text.chars().collect();
+    if let Some(i) = (1..chars.len().saturating_sub(1))
+        .find(|&i| chars[i] == '–' && (chars[i - 1].is_whitespace() || chars[i - 1] == '(') && chars[i + 1].is_ascii_lowercase())
+    {
+        let flag: String = chars[i..].iter().take_while(|c| !c.is_whitespace() && !matches!(c, ')' | ',' | '.')).collect();
+        out.push(format!(
+            "{name}: \"{flag}\" on the page: a `--{}` outside code, which mdBook's smart punctuation turned into a dash — put it in backticks",
+            &flag['–'.len_utf8()..]
+        ));
+    }
     let own: Vec<String> = markdown_headings(md).into_iter().map(|(_, t)| normalised(&t)).collect();
     let mut unmatched = own.clone();
     for (level, heading) in html_headings(main) {
@@ -285,6 +298,17 @@ mod tests {
         let html = "<main><h1 id=\"t\"><a class=\"header\" href=\"#t\">Title</a></h1><p>x</p><h2 id=\"d\"><a href=\"#d\">The <code>DistributedSampler</code>, and why</a></h2><hr></main>";
         assert_eq!(html_headings(main_html(html)), vec![(1, "Title".to_string()), (2, "The DistributedSampler, and why".to_string())]);
         assert!(problems_of("p", md, html).is_empty());
+    }
+
+    #[test]
+    fn a_flag_outside_code_is_caught_as_the_dash_it_became() {
+        let md = "# T\n";
+        let page = "<main><h1>T</h1><p>run (ladder-run –nproc-per-node 2) now</p></main>";
+        let problems = problems_of("t.html", md, page);
+        assert_eq!(problems.len(), 1, "{problems:?}");
+        assert!(problems[0].contains("\"–nproc-per-node\"") && problems[0].contains("`--nproc-per-node`"), "{}", problems[0]);
+        // A dash between words, and the flag in code, are fine.
+        assert!(problems_of("t.html", md, "<main><h1>T</h1><p>10–20 ms – fine <code>--nproc-per-node</code></p></main>").is_empty());
     }
 
     #[test]

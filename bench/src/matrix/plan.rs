@@ -197,8 +197,10 @@ impl Cell {
             2 => Peer::Accelerate { world_size },
             _ => Peer::Trainer { world_size },
         };
-        let plain = batch_size == BATCH_SIZE && !activation_checkpointing;
-        let peer = (!args.no_peers && strategy.is_ddp() && width == 128 && precision == Precision::No && plain).then_some(twin);
+        // The PyTorch peers run DDP at the tutorial's width, batch and no checkpointing; the
+        // tutorial's programs in fp32 only, the tuned one in the row's precision.
+        let with_peers = !args.no_peers && strategy.is_ddp() && width == 128 && batch_size == BATCH_SIZE && !activation_checkpointing;
+        let peer = (with_peers && precision == Precision::No).then_some(twin);
         let mut id = format!("l{level}-{}-w{world_size}-{width}-{}", strategy.name(), precision.label());
         if batch_size != BATCH_SIZE {
             id.push_str(&format!("-b{batch_size}"));
@@ -218,8 +220,7 @@ impl Cell {
             activation_checkpointing,
             peer,
             // The strongest PyTorch loop at the same world size and precision, for every level.
-            tuned_peer: (!args.no_peers && strategy.is_ddp() && width == 128 && plain)
-                .then_some(Peer::Tuned { world_size, bf16: precision == Precision::Bf16 }),
+            tuned_peer: with_peers.then_some(Peer::Tuned { world_size, bf16: precision == Precision::Bf16 }),
         }
     }
 }

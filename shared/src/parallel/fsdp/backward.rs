@@ -196,8 +196,7 @@ impl FlatGrad {
     /// Adds `grad` (parameter `j`'s shape; cast to the buffer's dtype if it differs) into
     /// parameter `j`'s slot — a copy when the slot is unwritten.
     fn accumulate(&mut self, unit: &super::plan::FlatParamUnit, j: usize, grad: &Tensor) -> std::result::Result<(), tch::TchError> {
-        let n: i64 = unit.shapes[j].iter().product();
-        let mut slot = self.flat.narrow(0, unit.offsets[j], n).view(unit.shapes[j].as_slice());
+        let mut slot = unit.param_view(&self.flat, j);
         if self.written[j] {
             let _ = slot.f_add_(grad)?;
         } else {
@@ -211,8 +210,7 @@ impl FlatGrad {
     fn finish(self, unit: &super::plan::FlatParamUnit) -> std::result::Result<Tensor, tch::TchError> {
         for (j, &written) in self.written.iter().enumerate() {
             if !written {
-                let n: i64 = unit.shapes[j].iter().product();
-                let _ = self.flat.narrow(0, unit.offsets[j], n).f_zero_()?;
+                let _ = unit.param_view(&self.flat, j).f_zero_()?;
             }
         }
         if unit.padded_numel > unit.numel {

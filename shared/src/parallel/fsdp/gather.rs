@@ -134,9 +134,7 @@ impl<M: Segmented> FullyShardedDataParallel<'_, M> {
         };
         let unit = &self.units[u];
         for (k, &p) in unit.params.iter().enumerate() {
-            let n: i64 = unit.shapes[k].iter().product();
-            let view = full.narrow(0, unit.offsets[k], n).view(unit.shapes[k].as_slice());
-            self.params[p].1.f_set_data(&view)?;
+            self.params[p].1.f_set_data(&unit.param_view(&full, k))?;
         }
         Ok(())
     }

@@ -67,6 +67,13 @@ impl FlatParamUnit {
     pub fn shard_bytes(&self) -> u64 {
         self.shard_numel as u64 * self.elt_size as u64
     }
+
+    /// Parameter `k`'s slot in `flat` (this unit's flat parameter or gradient, `[numel]` or
+    /// `[padded_numel]`): a view of `flat`, in the parameter's shape.
+    pub(super) fn param_view(&self, flat: &Tensor, k: usize) -> Tensor {
+        let n: i64 = self.shapes[k].iter().product();
+        flat.narrow(0, self.offsets[k], n).view(self.shapes[k].as_slice())
+    }
 }
 
 /// Groups `module`'s parameters into units as `size_based_auto_wrap_policy(min_num_params)`

@@ -59,8 +59,7 @@ impl<M: Segmented> FullyShardedDataParallel<'_, M> {
                 };
                 if rank == 0 {
                     for (k, &p) in unit.params.iter().enumerate() {
-                        let n: i64 = unit.shapes[k].iter().product();
-                        per_param[p] = Some(full.narrow(0, unit.offsets[k], n).view(unit.shapes[k].as_slice()).copy());
+                        per_param[p] = Some(unit.param_view(&full, k).copy());
                     }
                 }
             }

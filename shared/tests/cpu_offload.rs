@@ -206,8 +206,14 @@ fn rank_cpu_offload() {
     println!("rank {}: every offloaded case bit-identical to in memory, copies as the closed forms", pg.rank());
 }
 
+/// The in-process tests below seed and draw from libtorch's one default CPU generator (weights,
+/// batches, dropout): run in parallel threads they interleave their draws, and two runs meant
+/// to be identical differ (seen once under load). Each holds this while it trains.
+static GENERATOR: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 #[test]
 fn offloaded_fsdp_matches_in_memory_at_world_size_1() {
+    let _generator = GENERATOR.lock().unwrap_or_else(|e| e.into_inner());
     let pg = LocalGroup::new(Backend::Mpi, Device::Cpu);
     let dir = tempfile::tempdir().unwrap();
     check_cases(&pg, dir.path());
@@ -215,6 +221,7 @@ fn offloaded_fsdp_matches_in_memory_at_world_size_1() {
 
 #[test]
 fn evaluation_copies_are_counted_apart() {
+    let _generator = GENERATOR.lock().unwrap_or_else(|e| e.into_inner());
     let pg = LocalGroup::new(Backend::Mpi, Device::Cpu);
     let case = cases()[0];
     tch::manual_seed(1);

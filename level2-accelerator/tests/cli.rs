@@ -380,10 +380,11 @@ fn error_messages() {
 fn config_prompts_on_a_terminal() {
     // `script` (util-linux / bsdutils) gives the command a pseudo-terminal; the keys are queued
     // on it before the first question: ↓ Enter (multi-CPU), 1 machine, FSDP yes, ↓ Enter
-    // (SHARD_GRAD_OP), min_num_params 0, ↑ Enter (BACKWARD_POST: NO_PREFETCH, what --default
-    // writes, is preselected), forward prefetch yes, 2 processes, Enter (mixed precision: no).
+    // (SHARD_GRAD_OP), CPU offload yes, min_num_params 0, ↓ Enter (BACKWARD_POST: BACKWARD_PRE
+    // is preselected, as by `accelerate config`), forward prefetch yes, activation
+    // checkpointing no, 2 processes, Enter (mixed precision: no).
     let sb = Sandbox::new();
-    let keys = "\x1b[B\r1\ry\x1b[B\r0\r\x1b[A\ry2\r\r";
+    let keys = "\x1b[B\r1\ry\x1b[B\ry0\r\x1b[B\ryn2\r\r";
     let mut child = Command::new("script")
         .args(["-qfc", &format!("{BIN} config"), "/dev/null"])
         .env("HOME", sb.dir.path())
@@ -403,8 +404,10 @@ fn config_prompts_on_a_terminal() {
         "How many machines will you use (more than 1 for multi-node training)?",
         "Do you want to use FullyShardedDataParallel? yes",
         "What should be your sharding strategy?: SHARD_GRAD_OP",
+        "Do you want to offload parameters and gradients to CPU? yes",
         "What should be your FSDP's backward prefetch policy?: BACKWARD_POST",
         "Do you want to enable FSDP's forward prefetch policy? yes",
+        "Do you want to enable FSDP activation checkpointing? no",
         "How many processes in total will you use? (all machines together)",
         "Do you wish to use mixed precision? (fp16 needs a GPU",
     ] {
@@ -415,7 +418,8 @@ fn config_prompts_on_a_terminal() {
         written,
         "distributed_type: FSDP\nnum_processes: 2\nnum_machines: 1\nmachine_rank: 0\nmixed_precision: no\ncpu: true\n\
          use_fsdp: true\nfsdp_sharding_strategy: SHARD_GRAD_OP\nfsdp_min_num_params: 0\n\
-         fsdp_backward_prefetch: BACKWARD_POST\nfsdp_forward_prefetch: true\n"
+         fsdp_backward_prefetch: BACKWARD_POST\nfsdp_forward_prefetch: true\nfsdp_offload_params: true\n\
+         fsdp_activation_checkpointing: false\n"
     );
 }
 

@@ -157,7 +157,8 @@ fn check_count(min: usize) -> impl Fn(&str) -> std::result::Result<(), String> {
 
 /// The questions `accelerate config` asks, for what ddp-ladder runs: the kind of machine,
 /// the machines (rank, main process address and port when several), FSDP and its settings
-/// (sharding strategy, auto-wrap threshold, backward and forward prefetch),
+/// (sharding strategy, CPU offload, auto-wrap threshold, backward and forward prefetch,
+/// activation checkpointing),
 /// the number of processes, CPU-only training, mixed precision.
 pub fn ask(p: &mut dyn Prompter, machine: &Machine) -> Result<AcceleratorConfig> {
     let kinds = ["No distributed training", "multi-CPU (mpi)", "multi-GPU (nccl)"];
@@ -253,25 +254,29 @@ fn ask_machines(p: &mut dyn Prompter, cfg: &mut AcceleratorConfig) -> Result<usi
     Ok(machines)
 }
 
-/// FSDP's settings: sharding strategy, auto-wrap threshold, backward and forward prefetch.
+/// FSDP's settings, in Accelerate's order: sharding strategy, CPU offload of the parameters,
+/// auto-wrap threshold, backward and forward prefetch, activation checkpointing.
 fn ask_fsdp(p: &mut dyn Prompter, cfg: &mut AcceleratorConfig) -> Result<()> {
     let strategies = [ShardingStrategy::FullShard, ShardingStrategy::ShardGradOp, ShardingStrategy::NoShard];
     let names: Vec<&str> = strategies.iter().map(|s| ladder_core::parallel::Choice::name(*s)).collect();
     let i = p.select("What should be your sharding strategy?", &names, 0)?;
     cfg.fsdp_sharding_strategy = Some(strategies[i]);
+    cfg.fsdp_offload_params = Some(p.confirm("Do you want to offload parameters and gradients to CPU?", false)?);
     let n = p.input(
         "FSDP's auto-wrap policy: minimum number of parameters per unit?",
         &default_fsdp_min_num_params().to_string(),
         &check_count(0),
     )?;
     cfg.fsdp_min_num_params = n.trim().parse().ok();
-    // Accelerate's order; the answer preselected is the plugin's default when nothing is given,
-    // NO_PREFETCH, which --default writes too (PyTorch's own default is BACKWARD_PRE).
+    // Accelerate's order and preselection: `accelerate config` proposes the first item,
+    // BACKWARD_PRE (PyTorch's own default). A file without the key, and --default, get the
+    // plugin's default instead, NO_PREFETCH.
     let prefetches = [BackwardPrefetch::BackwardPre, BackwardPrefetch::BackwardPost, BackwardPrefetch::NoPrefetch];
     let names: Vec<&str> = prefetches.iter().map(|p| ladder_core::parallel::Choice::name(*p)).collect();
-    let i = p.select("What should be your FSDP's backward prefetch policy?", &names, 2)?;
+    let i = p.select("What should be your FSDP's backward prefetch policy?", &names, 0)?;
     cfg.fsdp_backward_prefetch = Some(prefetches[i]);
     cfg.fsdp_forward_prefetch = Some(p.confirm("Do you want to enable FSDP's forward prefetch policy?", false)?);
+    cfg.fsdp_activation_checkpointing = Some(p.confirm("Do you want to enable FSDP activation checkpointing?", false)?);
     Ok(())
 }
 
@@ -356,7 +361,22 @@ mod tests {
     fn every_question_fits_80_columns() {
         let paths: [&[&'static str]; 2] = [
             &["No distributed training", "yes", "bf16"],
-            &["multi-CPU (mpi)", "2", "0", "10.0.0.1", "29500", "yes", "SHARD_GRAD_OP", "0", "BACKWARD_POST", "yes", "4", "bf16"],
+            &[
+                "multi-CPU (mpi)",
+                "2",
+                "0",
+                "10.0.0.1",
+                "29500",
+                "yes",
+                "SHARD_GRAD_OP",
+                "no",
+                "0",
+                "BACKWARD_POST",
+                "yes",
+                "no",
+                "4",
+                "bf16",
+            ],
         ];
         for answers in paths {
             let mut s = Script::new(answers);
@@ -369,7 +389,7 @@ mod tests {
 
     #[test]
     fn multi_cpu_fsdp_two_processes() {
-        let mut s = Script::new(&["multi-CPU (mpi)", "1", "yes", "SHARD_GRAD_OP", "0", "BACKWARD_POST", "yes", "2", "no"]);
+        let mut s = Script::new(&["multi-CPU (mpi)", "1", "yes", "SHARD_GRAD_OP", "yes", "0", "BACKWARD_POST", "yes", "yes", "2", "no"]);
         let cfg = ask(&mut s, &Machine { gpus: 0, cpu_lacks_bf16: false }).unwrap();
         assert_eq!(
             cfg,
@@ -384,6 +404,8 @@ mod tests {
                 fsdp_min_num_params: Some(0),
                 fsdp_backward_prefetch: Some(BackwardPrefetch::BackwardPost),
                 fsdp_forward_prefetch: Some(true),
+                fsdp_offload_params: Some(true),
+                fsdp_activation_checkpointing: Some(true),
                 mixed_precision: Some(Precision::No),
                 ..Default::default()
             }

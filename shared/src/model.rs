@@ -106,7 +106,7 @@ impl Model for BasicNet {
     }
 }
 
-/// `max_pool2d(x, 2)` of an NCHW tensor `[b, c, h, w]` (even `h`, `w`) → `[b, c, h/2, w/2]`:
+/// `max_pool2d(x, 2)` of a tensor `[b, c, h, w]` (even `h`, `w`; NCHW or channels-last) → `[b, c, h/2, w/2]`:
 /// the same values and the same gradients, bit for bit, as libtorch's `max_pool2d`, ties and
 /// NaNs included (tests/model_math.rs), and on CPU about seven times faster.
 ///
@@ -116,8 +116,11 @@ impl Model for BasicNet {
 /// the compiler vectorises (the first maximum, or the last NaN, compared as libtorch's kernel
 /// compares) and saves a 1-byte code per window (libtorch saves an 8-byte index); the backward
 /// writes the input gradient in one pass (each window's gradient to its maximum, 0 elsewhere).
-/// Output and input gradient are contiguous NCHW whatever `x`'s layout (libtorch keeps a
-/// channels-last layout; the values are the same), and it has no double backward.
+/// A channels-last `x` (what BasicNet's channels-last conv2 writes, see [`channels_last`]) runs a
+/// kernel that selects along the channels and gets its input gradient channels-last, as the
+/// convolution's backward wants it; any other layout is made contiguous NCHW first. The output
+/// is contiguous NCHW either way (libtorch keeps a channels-last layout; the values are the
+/// same), and it has no double backward.
 /// Forward + backward ~2 ms instead of ~11 (one core, f32 and bf16). On other devices (cuDNN),
 /// and for odd sizes or non-floating dtypes, the native op runs.
 pub fn max_pool2d_2x2(x: &Tensor) -> Tensor {
@@ -128,6 +131,30 @@ pub fn max_pool2d_2x2(x: &Tensor) -> Tensor {
     }
     let mut out = Tensor::empty([0], (x.kind(), tch::Device::Cpu));
     crate::ffi::model::max_pool_2x2(x, &mut out).unwrap_or_else(|msg| panic!("max_pool2d_2x2 of a {:?} tensor {size:?}: {msg}", x.kind()));
+    out
+}
+
+/// `x` (`[b, c, h, w]`, any dtype and device) in channels-last memory order (`[b, h, w, c]`,
+/// `torch.channels_last`): `x` itself when its strides already say so, otherwise
+/// `x.clone(memory_format=torch.channels_last)` (differentiable; the gradient comes back in
+/// `x`'s layout). Same shape and values; only the strides change.
+///
+/// Why: on CPU, oneDNN's convolutions are much faster channels-last than NCHW, forward and
+/// backward (BasicNet's `[conv2, pool, relu]` at batch 64, one thread of an Intel Xeon with
+/// AMX, `examples/layer_times` in the bench crate: forward 17.3 → 11.5 ms, backward 30.7 →
+/// 24.6 ms), and a convolution whose input is channels-last writes a channels-last output, so
+/// converting the input image once makes both convolutions channels-last — what PyTorch's
+/// performance guide has users do (`model.to(memory_format=torch.channels_last)` and the same
+/// for the input). A one-channel image is a clone, not `contiguous`: libtorch counts a
+/// one-channel NCHW tensor as channels-last contiguous already but still suggests NCHW to the
+/// convolution.
+///
+/// # Panics
+/// When `x` is not 4-d (the model only calls it on its `[b, 1, 28, 28]` input, which
+/// `forward_t`'s callers check).
+pub fn channels_last(x: &Tensor) -> Tensor {
+    let mut out = Tensor::empty([0], (x.kind(), x.device()));
+    crate::ffi::model::channels_last(x, &mut out).unwrap_or_else(|msg| panic!("channels_last of a {:?} tensor: {msg}", x.size()));
     out
 }
 
@@ -192,6 +219,9 @@ impl Segmented for BasicNet {
     fn segment_forward(&self, i: usize, xs: &Tensor, train: bool) -> Tensor {
         let drop = train && self.config.dropout;
         match i {
+            // On CPU both convolutions run channels-last (see `channels_last`): conv1's output
+            // keeps its input's layout, the pool takes it channels-last and gives NCHW.
+            0 if xs.device() == tch::Device::Cpu && xs.dim() == 4 => channels_last(xs).apply(&self.conv1).relu(),
             0 => xs.apply(&self.conv1).relu(),
             // The tutorial's relu → max_pool2d(2), as max_pool2d(2) → relu: ReLU is monotone,
             // so the max of the ReLUs is the ReLU of the max, bit for bit, and the gradient goes
@@ -326,11 +356,12 @@ mod tests {
             // tests use concurrently: that case is covered by dropout_switch_… above.)
             for train in [false, true].into_iter().filter(|&t| !(t && dropout)) {
                 let ours = net.forward_t(&x, train);
-                // The tutorial's Net.forward, written out with the layers' own tensors.
+                // The tutorial's Net.forward, written out with the layers' own tensors, on the
+                // input in channels-last order (as PyTorch's performance guide has it).
                 let drop = train && dropout;
                 let lin = |x: &Tensor, l: &nn::Linear| x.linear(&l.ws, l.bs.as_ref());
                 let conv = |x: &Tensor, c: &nn::Conv2D| x.conv2d(&c.ws, c.bs.as_ref(), [1, 1], [0, 0], [1, 1], 1);
-                let y = conv(&conv(&x, &net.conv1).relu(), &net.conv2).relu().max_pool2d_default(2).dropout(0.25, drop);
+                let y = conv(&conv(&channels_last(&x), &net.conv1).relu(), &net.conv2).relu().max_pool2d_default(2).dropout(0.25, drop);
                 let y = lin(&lin(&y.flatten(1, -1), &net.fc1).relu().dropout(0.5, drop), &net.fc2).log_softmax(1, Kind::Float);
                 assert!(ours.equal(&y), "dropout {dropout} train {train}: forward differs from the tutorial's chain");
             }

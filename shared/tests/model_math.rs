@@ -3,15 +3,16 @@
 //! without dropout; and evaluation in pieces of `EVAL_PIECE` images gives the whole batch's
 //! log-probabilities, loss and count.
 
-use ladder_core::model::{dropout, BasicNet, BasicNetConfig, Model};
+use ladder_core::model::{channels_last, dropout, BasicNet, BasicNetConfig, Model};
 use tch::nn::{self, ModuleT};
 use tch::{Device, Kind, Tensor};
 
 /// The tutorial's `Net.forward`, op for op, with `net`'s own weights (and the model's dropout,
-/// whose masks are its own; see dropout.rs).
+/// whose masks are its own; see dropout.rs), on the input in channels-last order, as PyTorch's
+/// performance guide has it and as the model runs on CPU.
 fn tutorial_forward(net: &BasicNet, x: &Tensor, drop: bool) -> Tensor {
     let p: Vec<Tensor> = net.named_parameters().into_iter().map(|(_, t)| t).collect();
-    let y = x.conv2d(&p[0], Some(&p[1]), [1, 1], [0, 0], [1, 1], 1).relu();
+    let y = channels_last(x).conv2d(&p[0], Some(&p[1]), [1, 1], [0, 0], [1, 1], 1).relu();
     let y = y.conv2d(&p[2], Some(&p[3]), [1, 1], [0, 0], [1, 1], 1).relu().max_pool2d_default(2);
     let y = dropout(&y, 0.25, drop).flatten(1, -1).linear(&p[4], Some(&p[5])).relu();
     let y = dropout(&y, 0.5, drop);
@@ -88,9 +89,9 @@ fn evaluation_in_pieces_equals_the_whole_batch() {
     assert_eq!(sums.loss_sum, whole.nll_loss(&y).double_value(&[]) * 1000.0, "the whole batch's loss, bit for bit");
 }
 
-/// `max_pool2d_2x2` (model_shim.cpp's autograd function) against libtorch's NCHW
-/// `max_pool2d(2)`: the same values and the same input gradient, bit for bit, in f32, bf16, f16
-/// and f64 — on random values; on small integers where windows hold ties (the first maximum of
+/// `max_pool2d_2x2` (model_shim.cpp's autograd function), on an NCHW and on a channels-last
+/// input (its two kernels), against libtorch's NCHW `max_pool2d(2)`: the same values and the
+/// same input gradient, bit for bit, in f32, bf16, f16 and f64 — on random values; on small integers where windows hold ties (the first maximum of
 /// a window must get the gradient, as libtorch's kernel gives it); and on special values (NaN,
 /// ±∞, ±0) with special gradients (NaN, ±0), where a NaN wins its window and −0 gradients
 /// arrive as +0, as in libtorch. Bits are compared, so NaN payloads and zero signs count.
@@ -129,17 +130,23 @@ fn max_pool_equals_libtorch_max_pool_with_ties_and_special_values() {
                         .to_kind(kind),
                 ),
             };
-            let grad_of = |pool: &dyn Fn(&Tensor) -> Tensor| {
+            let grad_of = |x: &Tensor, pool: &dyn Fn(&Tensor) -> Tensor| {
                 let x = x.detach().set_requires_grad(true);
                 let y = pool(&x);
                 (&y * &g).sum(kind).backward(); // d/dy = g exactly (1 · g, NaN and −0 included)
                 (y.detach(), x.grad())
             };
-            let (ours, ours_grad) = grad_of(&|x| ladder_core::model::max_pool2d_2x2(x));
-            let (theirs, theirs_grad) = grad_of(&|x| x.max_pool2d_default(2));
-            assert_eq!(ours.size(), [4, 8, 12, 12]);
-            assert!(as_bits(&ours).equal(&as_bits(&theirs)), "{kind:?} {input}: values differ");
-            assert!(as_bits(&ours_grad).equal(&as_bits(&theirs_grad)), "{kind:?} {input}: gradients differ");
+            let (theirs, theirs_grad) = grad_of(&x, &|x| x.max_pool2d_default(2));
+            for layout in ["NCHW", "channels-last"] {
+                let laid_out = if layout == "NCHW" { x.shallow_clone() } else { channels_last(&x) };
+                let (ours, ours_grad) = grad_of(&laid_out, &|x| ladder_core::model::max_pool2d_2x2(x));
+                assert_eq!(ours.size(), [4, 8, 12, 12]);
+                assert!(ours.is_contiguous(), "{layout}: the output is contiguous NCHW");
+                // The input gradient comes in the input's layout (what conv2's backward wants).
+                assert_eq!(ours_grad.stride(), laid_out.stride(), "{kind:?} {input}: {layout} gradient's strides");
+                assert!(as_bits(&ours).equal(&as_bits(&theirs)), "{kind:?} {input} {layout}: values differ");
+                assert!(as_bits(&ours_grad).equal(&as_bits(&theirs_grad)), "{kind:?} {input} {layout}: gradients differ");
+            }
             if input == "special" {
                 // Not vacuous: NaNs won windows, and −0 gradients were given.
                 assert_eq!(theirs.isnan().any().int64_value(&[]), 1);

@@ -1,5 +1,5 @@
 //! `model_shim.cpp`: two CPU kernels of BasicNet (see [`crate::model::dropout`] and
-//! [`crate::model::max_pool2d_2x2`]).
+//! [`crate::model::max_pool2d_2x2`]) and the channels-last conversion ([`crate::model::channels_last`]).
 
 use std::ffi::{c_char, c_int, c_void};
 use tch::Tensor;
@@ -19,6 +19,14 @@ extern "C" {
     /// # Safety
     /// `x` and `out` are live tensor handles; `err` points to `errlen` writable bytes.
     fn ladder_max_pool_2x2(x: *const c_void, out: *mut c_void, err: *mut c_char, errlen: usize) -> c_int;
+
+    /// `x` in channels-last memory order (itself, or a differentiable clone), assigned to the
+    /// tensor of handle `out`; the shim checks that `x` is 4-d. Returns 0, or 1 with the
+    /// message in `err`.
+    ///
+    /// # Safety
+    /// `x` and `out` are live tensor handles; `err` points to `errlen` writable bytes.
+    fn ladder_channels_last(x: *const c_void, out: *mut c_void, err: *mut c_char, errlen: usize) -> c_int;
 
     /// Stores the state of a device's default generator (`device_type` 0: CPU, 1: CUDA
     /// `device_index`) into the tensor of handle `out`. Returns 0, or 1 with the message in `err`.
@@ -73,4 +81,11 @@ pub(crate) fn max_pool_2x2(x: &Tensor, out: &mut Tensor) -> Result<(), String> {
     // SAFETY: both are live tensor handles borrowed for the call; the shim checks x's layout and
     // replaces `out`'s tensor by assignment (tch keeps owning the handle).
     super::call(|err, len| unsafe { ladder_max_pool_2x2(x.as_ptr().cast(), out.as_mut_ptr().cast(), err, len) })
+}
+
+/// `x` in channels-last memory order into `out` (its tensor replaced); the shim's message on failure.
+pub(crate) fn channels_last(x: &Tensor, out: &mut Tensor) -> Result<(), String> {
+    // SAFETY: both are live tensor handles borrowed for the call; the shim only reads `x` and
+    // replaces `out`'s tensor by assignment (tch keeps owning the handle).
+    super::call(|err, len| unsafe { ladder_channels_last(x.as_ptr().cast(), out.as_mut_ptr().cast(), err, len) })
 }

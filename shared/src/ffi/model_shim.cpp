@@ -107,6 +107,25 @@ void max_pool_2x2_forward(const T *x, T *out, uint8_t *code, int64_t planes, int
   });
 }
 
+// The bits of `v + 0` computed in opmath, as libtorch's max-pool backward stores a gradient (it
+// adds it to a zero-filled tensor): −0 becomes +0, a bf16 or f16 NaN comes back canonical.
+template <typename T, typename bits_t>
+inline bits_t plus_zero_bits(T v) {
+  using opmath_t = at::opmath_type<T>;
+  bits_t vb;
+  if constexpr (std::is_same_v<T, c10::BFloat16>) {
+    // The same without converting to f32 and back: −0 → +0, and a NaN becomes c10's
+    // canonical bf16 NaN (0x7FC0), as the conversion from f32 makes it.
+    std::memcpy(&vb, &v, sizeof vb);
+    vb = static_cast<bits_t>(vb & static_cast<bits_t>(-static_cast<bits_t>((vb & 0x7FFF) != 0)));
+    vb = (vb & 0x7FFF) > 0x7F80 ? bits_t(0x7FC0) : vb;
+  } else {
+    const T s = static_cast<T>(static_cast<opmath_t>(v) + opmath_t(0));
+    std::memcpy(&vb, &s, sizeof vb);
+  }
+  return vb;
+}
+
 // The input gradient: each window's output gradient goes to the element its `code` names, the
 // other three get +0 — what libtorch's max-pool backward computes (windows do not overlap, so
 // an element receives at most one gradient; libtorch adds it to a zero-filled tensor, so −0
@@ -114,7 +133,6 @@ void max_pool_2x2_forward(const T *x, T *out, uint8_t *code, int64_t planes, int
 // scatter; the selection is by bit masks, not branches (they would mispredict).
 template <typename T>
 void max_pool_2x2_backward(const T *g, const uint8_t *code, T *gx, int64_t planes, int64_t h, int64_t w) {
-  using opmath_t = at::opmath_type<T>;
   using bits_t = std::conditional_t<sizeof(T) == 2, uint16_t, std::conditional_t<sizeof(T) == 4, uint32_t, uint64_t>>;
   static_assert(sizeof(T) == sizeof(bits_t), "a 2-, 4- or 8-byte floating type");
   const int64_t oh = h / 2, ow = w / 2, n = oh * ow;
@@ -127,17 +145,7 @@ void max_pool_2x2_backward(const T *g, const uint8_t *code, T *gx, int64_t plane
         bits_t *r0 = out + 2 * i * w;
         bits_t *r1 = r0 + w;
         for (int64_t j = 0; j < ow; ++j) {
-          bits_t vb;
-          if constexpr (std::is_same_v<T, c10::BFloat16>) {
-            // The same without converting to f32 and back: −0 → +0, and a NaN becomes c10's
-            // canonical bf16 NaN (0x7FC0), as the conversion from f32 makes it.
-            std::memcpy(&vb, &gp[i * ow + j], sizeof vb);
-            vb = static_cast<bits_t>(vb & static_cast<bits_t>(-static_cast<bits_t>((vb & 0x7FFF) != 0)));
-            vb = (vb & 0x7FFF) > 0x7F80 ? bits_t(0x7FC0) : vb;
-          } else {
-            const T v = static_cast<T>(static_cast<opmath_t>(gp[i * ow + j]) + opmath_t(0));
-            std::memcpy(&vb, &v, sizeof vb);
-          }
+          const bits_t vb = plus_zero_bits<T, bits_t>(gp[i * ow + j]);
           const uint8_t q = k[i * ow + j];
           r0[2 * j] = vb & static_cast<bits_t>(-static_cast<bits_t>(q == 0));
           r0[2 * j + 1] = vb & static_cast<bits_t>(-static_cast<bits_t>(q == 1));
@@ -149,20 +157,115 @@ void max_pool_2x2_backward(const T *g, const uint8_t *code, T *gx, int64_t plane
   });
 }
 
+// The same two kernels for a channels-last input (memory order [b, h, w, c], what a
+// channels-last convolution writes): each window's four rows of `c` channels are contiguous,
+// so the selection runs along the channels, vectorised, with the same comparisons in the same
+// order (a, b, c, d as above) as the NCHW kernel. The output and its code are first written
+// image by image into a small window-major tile ([oh·ow, c]), then transposed into `out`'s
+// NCHW order, so everything after the pool is as for an NCHW input. `code` stays window-major:
+// [b, oh·ow, c], read by the backward below.
+template <typename T>
+void max_pool_2x2_forward_nhwc(const T *x, T *out, uint8_t *code, int64_t images, int64_t channels, int64_t h, int64_t w) {
+  using opmath_t = at::opmath_type<T>;
+  const int64_t oh = h / 2, ow = w / 2, n = oh * ow, c = channels;
+  at::parallel_for(0, images, 1, [&](int64_t begin, int64_t end) {
+    std::vector<T> tile(n * c);
+    for (int64_t img = begin; img < end; ++img) {
+      const T *in = x + img * h * w * c;
+      uint8_t *k = code + img * n * c;
+      for (int64_t i = 0; i < oh; ++i) {
+        for (int64_t j = 0; j < ow; ++j) {
+          const T *pa = in + (2 * i * w + 2 * j) * c;
+          const T *pb = pa + c;
+          const T *pc = pa + w * c;
+          const T *pd = pc + c;
+          T *o = tile.data() + (i * ow + j) * c;
+          uint8_t *q = k + (i * ow + j) * c;
+          for (int64_t ch = 0; ch < c; ++ch) {
+            opmath_t m = static_cast<opmath_t>(pa[ch]);
+            uint8_t s = 0;
+            const opmath_t vb = static_cast<opmath_t>(pb[ch]), vc = static_cast<opmath_t>(pc[ch]), vd = static_cast<opmath_t>(pd[ch]);
+            const bool tb = (vb > m) | (vb != vb);
+            m = tb ? vb : m;
+            s = tb ? 1 : s;
+            const bool tc = (vc > m) | (vc != vc);
+            m = tc ? vc : m;
+            s = tc ? 2 : s;
+            const bool td = (vd > m) | (vd != vd);
+            m = td ? vd : m;
+            s = td ? 3 : s;
+            o[ch] = static_cast<T>(m);
+            q[ch] = s;
+          }
+        }
+      }
+      T *dst = out + img * c * n;
+      for (int64_t ch = 0; ch < c; ++ch)
+        for (int64_t e = 0; e < n; ++e) dst[ch * n + e] = tile[e * c + ch];
+    }
+  });
+}
+
+// The input gradient of the channels-last forward above, written channels-last ([b, h, w, c]
+// in memory): the output gradient `g` (NCHW) is first transposed, image by image, into a
+// window-major tile, then each window's four rows are written along the channels, each
+// element the gradient (+0 added, as above) or +0, by the same bit masks.
+template <typename T>
+void max_pool_2x2_backward_nhwc(const T *g, const uint8_t *code, T *gx, int64_t images, int64_t channels, int64_t h, int64_t w) {
+  using opmath_t = at::opmath_type<T>;
+  using bits_t = std::conditional_t<sizeof(T) == 2, uint16_t, std::conditional_t<sizeof(T) == 4, uint32_t, uint64_t>>;
+  static_assert(sizeof(T) == sizeof(bits_t), "a 2-, 4- or 8-byte floating type");
+  const int64_t oh = h / 2, ow = w / 2, n = oh * ow, c = channels;
+  at::parallel_for(0, images, 1, [&](int64_t begin, int64_t end) {
+    std::vector<bits_t> tile(n * c);
+    for (int64_t img = begin; img < end; ++img) {
+      const T *gi = g + img * c * n;
+      for (int64_t ch = 0; ch < c; ++ch)
+        for (int64_t e = 0; e < n; ++e) tile[e * c + ch] = plus_zero_bits<T, bits_t>(gi[ch * n + e]);
+      const uint8_t *k = code + img * n * c;
+      bits_t *base = reinterpret_cast<bits_t *>(gx + img * h * w * c);
+      for (int64_t i = 0; i < oh; ++i) {
+        for (int64_t j = 0; j < ow; ++j) {
+          bits_t *ra = base + (2 * i * w + 2 * j) * c;
+          bits_t *rb = ra + c;
+          bits_t *rc = ra + w * c;
+          bits_t *rd = rc + c;
+          const bits_t *v = tile.data() + (i * ow + j) * c;
+          const uint8_t *q = k + (i * ow + j) * c;
+          for (int64_t ch = 0; ch < c; ++ch) {
+            ra[ch] = v[ch] & static_cast<bits_t>(-static_cast<bits_t>(q[ch] == 0));
+            rb[ch] = v[ch] & static_cast<bits_t>(-static_cast<bits_t>(q[ch] == 1));
+            rc[ch] = v[ch] & static_cast<bits_t>(-static_cast<bits_t>(q[ch] == 2));
+            rd[ch] = v[ch] & static_cast<bits_t>(-static_cast<bits_t>(q[ch] == 3));
+          }
+        }
+      }
+    }
+  });
+}
+
 // max_pool2d(x, 2) as an autograd function: forward saves the uint8 window codes (1 byte per
 // output element, where libtorch saves int64 indices), backward spreads the gradient by them.
+// A channels-last input (BasicNet's conv2 output on CPU, src/model.rs) runs the channels-last
+// kernels and gets its input gradient channels-last, as the convolution's backward wants it;
+// any other layout is made contiguous NCHW. The output is contiguous NCHW either way.
 struct MaxPool2x2 : public torch::autograd::Function<MaxPool2x2> {
   static at::Tensor forward(torch::autograd::AutogradContext *ctx, const at::Tensor &x) {
-    const at::Tensor in = x.contiguous();
+    const bool nhwc = x.suggest_memory_format() == at::MemoryFormat::ChannelsLast;
+    const at::Tensor in = x.contiguous(nhwc ? at::MemoryFormat::ChannelsLast : at::MemoryFormat::Contiguous);
     const int64_t b = in.size(0), c = in.size(1), h = in.size(2), w = in.size(3);
     at::Tensor out = at::empty({b, c, h / 2, w / 2}, in.options());
     at::Tensor code = at::empty({b, c, h / 2, w / 2}, in.options().dtype(at::kByte));
     AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, in.scalar_type(), "ladder_max_pool_2x2", [&] {
-      max_pool_2x2_forward<scalar_t>(in.data_ptr<scalar_t>(), out.data_ptr<scalar_t>(), code.data_ptr<uint8_t>(), b * c, h, w);
+      if (nhwc)
+        max_pool_2x2_forward_nhwc<scalar_t>(in.data_ptr<scalar_t>(), out.data_ptr<scalar_t>(), code.data_ptr<uint8_t>(), b, c, h, w);
+      else
+        max_pool_2x2_forward<scalar_t>(in.data_ptr<scalar_t>(), out.data_ptr<scalar_t>(), code.data_ptr<uint8_t>(), b * c, h, w);
     });
     ctx->save_for_backward({code});
     ctx->saved_data["h"] = h;
     ctx->saved_data["w"] = w;
+    ctx->saved_data["nhwc"] = nhwc;
     return out;
   }
 
@@ -172,10 +275,14 @@ struct MaxPool2x2 : public torch::autograd::Function<MaxPool2x2> {
     const at::Tensor code = ctx->get_saved_variables()[0];
     const at::Tensor g = grads[0].contiguous();
     const int64_t h = ctx->saved_data["h"].toInt(), w = ctx->saved_data["w"].toInt();
+    const bool nhwc = ctx->saved_data["nhwc"].toBool();
     const int64_t b = g.size(0), c = g.size(1);
-    at::Tensor gx = at::empty({b, c, h, w}, g.options());
+    at::Tensor gx = at::empty({b, c, h, w}, g.options().memory_format(nhwc ? at::MemoryFormat::ChannelsLast : at::MemoryFormat::Contiguous));
     AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, g.scalar_type(), "ladder_max_pool_2x2_backward", [&] {
-      max_pool_2x2_backward<scalar_t>(g.data_ptr<scalar_t>(), code.data_ptr<uint8_t>(), gx.data_ptr<scalar_t>(), b * c, h, w);
+      if (nhwc)
+        max_pool_2x2_backward_nhwc<scalar_t>(g.data_ptr<scalar_t>(), code.data_ptr<uint8_t>(), gx.data_ptr<scalar_t>(), b, c, h, w);
+      else
+        max_pool_2x2_backward<scalar_t>(g.data_ptr<scalar_t>(), code.data_ptr<uint8_t>(), gx.data_ptr<scalar_t>(), b * c, h, w);
     });
     return {gx};
   }
@@ -183,13 +290,13 @@ struct MaxPool2x2 : public torch::autograd::Function<MaxPool2x2> {
 
 }  // namespace
 
-// `max_pool2d(x, 2)` of `x` (a CPU NCHW tensor `[b, c, h, w]` of a floating dtype, even h and
-// w), differentiable: stores the result `[b, c, h/2, w/2]` into the tensor handle `out` (tch's
+// `max_pool2d(x, 2)` of `x` (a CPU tensor `[b, c, h, w]` of a floating dtype, even h and w,
+// NCHW or channels-last), differentiable: stores the result `[b, c, h/2, w/2]` into the tensor handle `out` (tch's
 // `at::Tensor *`, replaced by assignment). Returns 0, or 1 with a message in `err`.
 extern "C" int ladder_max_pool_2x2(const at::Tensor *x, at::Tensor *out, char *err, size_t errlen) {
   return ladder::guarded(err, errlen, [&] {
     const at::Tensor &in = *x;
-    TORCH_CHECK(in.dim() == 4 && in.device().is_cpu(), "x must be a CPU NCHW tensor");
+    TORCH_CHECK(in.dim() == 4 && in.device().is_cpu(), "x must be a 4-d CPU tensor [b, c, h, w]");
     TORCH_CHECK(in.size(2) % 2 == 0 && in.size(3) % 2 == 0, "x's height and width must be even, got ", in.size(2), " × ",
                 in.size(3));
     *out = MaxPool2x2::apply(in);
@@ -246,5 +353,19 @@ extern "C" int ladder_rng_set_state(int device_type, int device_index, const at:
     at::Generator gen = at::globalContext().defaultGenerator(device);
     std::lock_guard<std::mutex> lock(gen.mutex());
     gen.set_state(*state);
+  });
+}
+
+// `x` (a CPU or CUDA tensor `[b, c, h, w]`) in channels-last memory order ([b, h, w, c]),
+// differentiable, assigned to the tensor handle `out`: `x` itself when it already is (its
+// suggested memory format), else `x.clone(memory_format=torch.channels_last)` — a clone, not
+// `contiguous`, because a one-channel NCHW tensor already counts as channels-last contiguous
+// and `contiguous` would return it unchanged, still suggesting NCHW to the convolution.
+// Returns 0, or 1 with a message in `err`.
+extern "C" int ladder_channels_last(const at::Tensor *x, at::Tensor *out, char *err, size_t errlen) {
+  return ladder::guarded(err, errlen, [&] {
+    const at::Tensor &in = *x;
+    TORCH_CHECK(in.dim() == 4, "channels-last needs a 4-d tensor [b, c, h, w], got ", in.dim(), " dimensions");
+    *out = in.suggest_memory_format() == at::MemoryFormat::ChannelsLast ? in : in.clone(at::MemoryFormat::ChannelsLast);
   });
 }

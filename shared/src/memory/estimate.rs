@@ -31,20 +31,21 @@
 //!
 //! | segment | keeps (besides its input) | only while it runs forward | its backward holds |
 //! |---|---|---|---|
-//! | 0 conv1, relu | relu's result 32·26·26 = 21,632 | conv1's output twice, 2 × 21,632 | 2 × 21,632 |
-//! | 1 conv2, max_pool2d, relu | relu's result 9,216; 9,216 one-byte window codes | conv2's output twice, 2 × 36,864 | conv2's output gradient and input gradient, each twice: 2 × (36,864 + 21,632) |
+//! | 0 conv1, relu | relu's result 32·26·26 = 21,632 | conv1's output 21,632 | 2 × 21,632 |
+//! | 1 conv2, max_pool2d, relu | relu's result 9,216; 9,216 one-byte window codes | conv2's output 36,864 and the pool's 9,216 | conv2's output gradient and input gradient, 36,864 + 21,632 |
 //! | 2 dropout 0.25, flatten | the mask 9,216, the output 9,216 | — | 2 × 9,216 |
 //! | 3 fc1, relu | relu's result `width` | fc1's output `width` | `width` + 9,216 |
 //! | 4 dropout 0.5 | the mask and the output, `width` each | — | 2 · `width` |
 //! | 5 fc2, log_softmax | the result 10 | fc2's output 10 | 20 + `width` |
 //!
-//! "Twice": libtorch runs CPU convolutions through oneDNN, which computes in its blocked layout
-//! and reorders into the NCHW tensor autograd sees, so a convolution's output (forward) and
-//! its output and input gradients (backward) are each alive twice while it runs (measured:
-//! conv2's forward at batch 512 grows the RSS by 73,664 f32 per sample, its backward by 80,048
-//! beyond its incoming gradient).
+//! The convolutions run channels-last on CPU ([`crate::model::channels_last`]), and oneDNN then
+//! computes in the tensors' own layout, without the reorder copies NCHW needs (measured with
+//! libtorch 2.13, batch 512, one thread: conv2's forward grows the RSS by 36,866 f32 per sample,
+//! its output, and its backward by 21,634 beyond its incoming gradient, its input gradient; on
+//! NCHW tensors 73,664 and 80,048, the output and the gradients alive twice).
 //!
-//! plus the batch (784 f32 per image, its cast under mixed precision). With activation
+//! plus the batch: 784 f32 per image and its label, the image's cast under mixed precision and
+//! its channels-last copy in the compute dtype (what conv1 keeps). With activation
 //! checkpointing a segment keeps only its input: the forward's tensors are the segments'
 //! outputs, and a segment's saved tensors live again only while backward recomputes it.
 //!
@@ -193,7 +194,7 @@ fn segments(width: i64) -> [SegmentActs; 6] {
     let s = |name, out, saved, saved_bytes, forward, backward| SegmentActs { name, out, saved, saved_bytes, forward, backward };
     [
         s("conv1", 21_632, 0, 0, 21_632, 2 * 21_632),
-        s("conv2", 9216, 0, 9216, 2 * 36_864 - 9216, 2 * (36_864 + 21_632)),
+        s("conv2", 9216, 0, 9216, 36_864 + 9216, 36_864 + 21_632),
         s("dropout 0.25", 9216, 9216, 0, 0, 2 * 9216),
         s("fc1", width, 0, 0, width, width + 9216),
         s("dropout 0.5", width, width, 0, 0, 2 * width),
@@ -201,10 +202,11 @@ fn segments(width: i64) -> [SegmentActs; 6] {
     ]
 }
 
-/// Bytes of the batch per sample: the f32 image from the loader and its i64 label, plus the
-/// image's cast to the compute dtype under mixed precision.
+/// Bytes of the batch per sample: the f32 image from the loader and its i64 label, the
+/// image's cast to the compute dtype under mixed precision, and its channels-last copy in the
+/// compute dtype (conv1's saved input).
 fn input_bytes_per_sample(cb: u64) -> u64 {
-    784 * 4 + 8 + if cb == MASTER_BYTES { 0 } else { 784 * cb }
+    784 * 4 + 8 + 784 * cb + if cb == MASTER_BYTES { 0 } else { 784 * cb }
 }
 
 /// A moment of the step: activation bytes and other transient bytes alive.
@@ -514,9 +516,9 @@ mod tests {
         let at = |b| estimate(&input(Strategy::default(), b, false)).unwrap().remove(0);
         let large = at(512);
         assert_eq!(large.peak_at, "backward of conv2");
-        // Backward of conv2: the batch, conv1's relu, conv2's kept tensors, its gradients
-        // (twice: oneDNN's reorders).
-        let per_sample = 784 * 4 + 8 + 4 * 21_632 + 4 * 9216 + 9216 + 4 * 2 * (36_864 + 21_632);
+        // Backward of conv2: the batch (image, label, channels-last copy), conv1's relu,
+        // conv2's kept tensors, its output and input gradients.
+        let per_sample = 784 * 4 + 8 + 784 * 4 + 4 * 21_632 + 4 * 9216 + 9216 + 4 * (36_864 + 21_632);
         assert_eq!(large.activations, (512.0 * per_sample as f64 * RESIDENT_PER_LIVE) as u64);
         assert_eq!(large.transient, 4 * 18_496, "conv2's fresh gradients");
         let m = large.model_state;

@@ -69,11 +69,12 @@ pub fn mib(bytes: u64) -> f64 {
 /// | fc2 output, log_softmax | 10, twice |
 ///
 /// that is `F = 117,012 + 4·width` elements; plus max_pool2d's window codes (9,216 × 1 byte,
-/// [`crate::model::max_pool2d_2x2`]) and the input image (784 elements). Backward then holds at most one gradient per f32
-/// activation (`F` more elements): gradients are freed as backward walks back, so this too is
-/// an upper bound. In bytes:
+/// [`crate::model::max_pool2d_2x2`]) and the input image with its channels-last copy (784
+/// elements each, [`crate::model::channels_last`]). Backward then holds at most one gradient
+/// per f32 activation (`F` more elements): gradients are freed as backward walks back, so this
+/// too is an upper bound. In bytes:
 ///
-/// `4·784 + 9,216 + 2·4·F = 948,448 + 32·width` (0.91 MiB per sample at width 128).
+/// `2·4·784 + 9,216 + 2·4·F = 951,584 + 32·width` (0.91 MiB per sample at width 128).
 ///
 /// Parameters, their gradients and the optimizer state are not included (they do not grow with
 /// the batch). Measured (peak RSS growth of one step, one thread, CPU, libtorch 2.13): ~80 % of
@@ -84,7 +85,7 @@ pub fn activation_bytes_per_sample(width: i64) -> u64 {
     const POOL_CODES_BYTES: u64 = 64 * 12 * 12; // uint8, one per window
     let w = width.max(0) as u64;
     let f32_activations = 2 * 32 * 26 * 26 + 64 * 24 * 24 + 4 * 64 * 12 * 12 + 4 * w + 2 * 10;
-    4 * INPUT + POOL_CODES_BYTES + 2 * 4 * f32_activations
+    2 * 4 * INPUT + POOL_CODES_BYTES + 2 * 4 * f32_activations
 }
 
 /// The memory the kernel says can be allocated without swapping (`MemAvailable` of
@@ -158,7 +159,7 @@ mod tests {
 
     #[test]
     fn activation_bytes_follow_the_layer_shapes() {
-        assert_eq!(activation_bytes_per_sample(128), 948_448 + 32 * 128);
+        assert_eq!(activation_bytes_per_sample(128), 951_584 + 32 * 128);
         assert_eq!(activation_bytes_per_sample(4096) - activation_bytes_per_sample(128), 32 * (4096 - 128));
         assert!(mem_available_bytes().is_some_and(|b| b > 0));
     }

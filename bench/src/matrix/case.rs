@@ -209,6 +209,10 @@ pub struct Case {
     /// `--fsdp-activation-checkpointing`, level 3 `--gradient-checkpointing`).
     #[serde(default)]
     pub activation_checkpointing: bool,
+    /// FSDP's CPU offload of the parameters (level 1 `--cpu-offload`, level 2
+    /// `--fsdp-offload-params`, level 3 `--fsdp "<STRATEGY> offload"`).
+    #[serde(default)]
+    pub cpu_offload: bool,
     /// The PyTorch twin, if any.
     pub peer: Option<Peer>,
     /// The tuned PyTorch peer (`bench/reference/tuned.py`) at the same world size, if any.
@@ -216,14 +220,16 @@ pub struct Case {
     pub tuned_peer: Option<Peer>,
 }
 
-/// Whether two cells run the same world size, width, precision, batch size and activation
-/// checkpointing (their level and strategy may differ): the twins a ratio compares.
+/// Whether two cells run the same world size, width, precision, batch size, activation
+/// checkpointing and CPU offload (their level and strategy may differ): the twins a ratio
+/// compares.
 pub fn same_setting(a: &Case, b: &Case) -> bool {
     a.world_size == b.world_size
         && a.width == b.width
         && a.precision == b.precision
         && a.batch_size == b.batch_size
         && a.activation_checkpointing == b.activation_checkpointing
+        && a.cpu_offload == b.cpu_offload
 }
 
 /// Samples per rank per step unless a cell says otherwise: the levels' default `--batch-size`.
@@ -234,15 +240,15 @@ fn default_batch_size() -> usize {
 }
 
 /// `L2 fsdp-full-shard ×4 fc1 4096 bf16` / `baseline single ×1 fc1 128 fp32`; a batch size
-/// other than [`BATCH_SIZE`] and activation checkpointing are appended: `L1 ddp ×2 fc1 128 fp32
-/// batch 512 ckpt`.
+/// other than [`BATCH_SIZE`], activation checkpointing and CPU offload are appended: `L1 ddp ×2
+/// fc1 128 fp32 batch 512 ckpt`, `L1 fsdp-full-shard ×2 fc1 4096 fp32 offload`.
 pub fn label(case: &Case) -> String {
     let who = case.level.map_or("baseline".to_string(), |l| format!("L{l}"));
     format!("{who} {} ×{} fc1 {} {}", case.strategy.name(), case.world_size, case.width, precision_and_options(case))
 }
 
 /// The precision, then the options a cell sets apart from its strategy: `fp32`,
-/// `fp32 batch 512 ckpt` (tables put it in their precision column).
+/// `fp32 batch 512 ckpt`, `fp32 offload` (tables put it in their precision column).
 pub fn precision_and_options(case: &Case) -> String {
     let mut out = case.precision.label().to_string();
     if case.batch_size != BATCH_SIZE {
@@ -250,6 +256,9 @@ pub fn precision_and_options(case: &Case) -> String {
     }
     if case.activation_checkpointing {
         out.push_str(" ckpt");
+    }
+    if case.cpu_offload {
+        out.push_str(" offload");
     }
     out
 }
@@ -270,6 +279,7 @@ mod tests {
             steps: 3,
             batch_size: BATCH_SIZE,
             activation_checkpointing: false,
+            cpu_offload: false,
             peer: None,
             tuned_peer: None,
         };
@@ -301,6 +311,8 @@ mod tests {
         assert_eq!((zero.name(), zero.is_zero1(), zero.is_ddp(), zero.strategy().map(|s| s.name())), ("zero1", true, false, Some("ddp")));
         let wide = Case { batch_size: 512, activation_checkpointing: true, strategy: zero, ..case.clone() };
         assert_eq!(label(&wide), "L1 zero1 ×2 fc1 128 bf16 batch 512 ckpt");
+        let offloaded = Case { cpu_offload: true, ..case.clone() };
+        assert_eq!(label(&offloaded), "L1 fsdp-full-shard ×2 fc1 128 bf16 offload");
         let err = "zero3".parse::<Replication>().unwrap_err().to_string();
         assert!(err.starts_with("invalid strategy \"zero3\": expected single, ddp, zero1, fsdp-full-shard"), "{err}");
     }

@@ -34,6 +34,13 @@ pub struct RunArgs {
     /// `--gradient-checkpointing`. Checkpointed cells run no PyTorch peer.
     #[arg(long, value_delimiter = ',', default_values_t = [false], action = clap::ArgAction::Set)]
     pub activation_checkpointing: Vec<bool>,
+    /// FSDP's CPU offload of the parameters off, on, or both (`false,true`): level 1
+    /// `--cpu-offload`, level 2 `--fsdp-offload-params`, level 3 `--fsdp "FULL_SHARD offload"`.
+    /// FSDP strategies only (the others run without, and say so); offloaded cells run no
+    /// PyTorch peer. On a CPU the host is the device: it measures what the copies cost, not a
+    /// saving.
+    #[arg(long, value_delimiter = ',', default_values_t = [false], action = clap::ArgAction::Set)]
+    pub cpu_offload: Vec<bool>,
     /// Optimizer steps per rank for width-128 runs at batch size 64 (938 is one epoch at one
     /// process).
     #[arg(long, default_value_t = 300)]
@@ -110,9 +117,9 @@ pub fn plan(args: &RunArgs) -> Result<(Vec<Case>, Vec<String>)> {
                 skipped.push("single: runs at world size 1 only, not among --world-sizes".into());
                 continue;
             }
-            if args.batch_sizes != [BATCH_SIZE] || args.activation_checkpointing != [false] {
+            if args.batch_sizes != [BATCH_SIZE] || args.activation_checkpointing != [false] || args.cpu_offload != [false] {
                 skipped.push(format!(
-                    "single at other batch sizes or with activation checkpointing: ladder-baseline is the tutorial's loop (batch {BATCH_SIZE}, no checkpointing) only"
+                    "single at other batch sizes, with activation checkpointing or with CPU offload: ladder-baseline is the tutorial's loop (batch {BATCH_SIZE}, no checkpointing, no offload) only"
                 ));
             }
             for &width in &args.widths {
@@ -124,7 +131,10 @@ pub fn plan(args: &RunArgs) -> Result<(Vec<Case>, Vec<String>)> {
                         ));
                         continue;
                     }
-                    if !args.batch_sizes.contains(&BATCH_SIZE) || !args.activation_checkpointing.contains(&false) {
+                    if !args.batch_sizes.contains(&BATCH_SIZE)
+                        || !args.activation_checkpointing.contains(&false)
+                        || !args.cpu_offload.contains(&false)
+                    {
                         continue;
                     }
                     cases.push(Case {
@@ -137,6 +147,7 @@ pub fn plan(args: &RunArgs) -> Result<(Vec<Case>, Vec<String>)> {
                         steps: steps_for(width, BATCH_SIZE),
                         batch_size: BATCH_SIZE,
                         activation_checkpointing: false,
+                        cpu_offload: false,
                         peer: (!args.no_peers).then_some(Peer::Tutorial),
                         tuned_peer: (!args.no_peers).then_some(Peer::Tuned { world_size: 1, bf16: false }),
                     });
@@ -144,6 +155,15 @@ pub fn plan(args: &RunArgs) -> Result<(Vec<Case>, Vec<String>)> {
             }
             continue;
         }
+        // CPU offload is FSDP's: the other strategies run only without it.
+        let offloads: Vec<bool> = if strategy.sharding().is_some() {
+            args.cpu_offload.clone()
+        } else {
+            if args.cpu_offload.contains(&true) {
+                skipped.push(format!("{} with CPU offload: FSDP's option (PyTorch's CPUOffload), FSDP strategies only", strategy.name()));
+            }
+            args.cpu_offload.iter().copied().filter(|&o| !o).collect()
+        };
         for level in &levels {
             for &world_size in &args.world_sizes {
                 for &width in &args.widths {
@@ -155,16 +175,19 @@ pub fn plan(args: &RunArgs) -> Result<(Vec<Case>, Vec<String>)> {
                         }
                         for &batch_size in &args.batch_sizes {
                             for &activation_checkpointing in &args.activation_checkpointing {
-                                let cell = Cell {
-                                    level: level.number,
-                                    strategy,
-                                    world_size,
-                                    width,
-                                    precision,
-                                    batch_size,
-                                    activation_checkpointing,
-                                };
-                                cases.push(cell.case(args, steps_for(width, batch_size)));
+                                for &cpu_offload in &offloads {
+                                    let cell = Cell {
+                                        level: level.number,
+                                        strategy,
+                                        world_size,
+                                        width,
+                                        precision,
+                                        batch_size,
+                                        activation_checkpointing,
+                                        cpu_offload,
+                                    };
+                                    cases.push(cell.case(args, steps_for(width, batch_size)));
+                                }
                             }
                         }
                     }
@@ -184,14 +207,16 @@ struct Cell {
     precision: Precision,
     batch_size: usize,
     activation_checkpointing: bool,
+    cpu_offload: bool,
 }
 
 impl Cell {
     /// The case: id `l1-ddp-w2-128-fp32` (`-b512` for another batch size, `-ckpt` with
-    /// checkpointing); each level's twin (PyTorch DDP, 🤗 Accelerate, 🤗 Trainer) and the tuned
-    /// peer for DDP at width 128, fp32, batch 64, without checkpointing.
+    /// checkpointing, `-offload` with CPU offload); each level's twin (PyTorch DDP, 🤗
+    /// Accelerate, 🤗 Trainer) and the tuned peer for DDP at width 128, fp32, batch 64, without
+    /// checkpointing.
     fn case(self, args: &RunArgs, steps: usize) -> Case {
-        let Cell { level, strategy, world_size, width, precision, batch_size, activation_checkpointing } = self;
+        let Cell { level, strategy, world_size, width, precision, batch_size, activation_checkpointing, cpu_offload } = self;
         let twin = match level {
             1 => Peer::DdpGloo { world_size },
             2 => Peer::Accelerate { world_size },
@@ -208,6 +233,9 @@ impl Cell {
         if activation_checkpointing {
             id.push_str("-ckpt");
         }
+        if cpu_offload {
+            id.push_str("-offload");
+        }
         Case {
             id,
             level: Some(level),
@@ -218,6 +246,7 @@ impl Cell {
             steps,
             batch_size,
             activation_checkpointing,
+            cpu_offload,
             peer,
             // The strongest PyTorch loop at the same world size and precision, for every level.
             tuned_peer: with_peers.then_some(Peer::Tuned { world_size, bf16: precision == Precision::Bf16 }),
@@ -245,6 +274,9 @@ fn check(args: &RunArgs) -> Result<()> {
     }
     if args.activation_checkpointing.is_empty() {
         return invalid("--activation-checkpointing", String::new(), "false, true or both");
+    }
+    if args.cpu_offload.is_empty() {
+        return invalid("--cpu-offload", String::new(), "false, true or both");
     }
     if args.widths.is_empty() || args.widths.iter().any(|&w| w < 1) {
         return invalid("--widths", format!("{:?}", args.widths), "one or more fc1 widths of at least 1");
@@ -337,7 +369,7 @@ mod tests {
         assert!(cases.iter().all(|c| c.steps == if c.batch_size == 64 { 300 } else { 20 }));
         assert!(cases.iter().skip(1).all(|c| c.peer.is_none() && c.tuned_peer.is_none()));
         assert!(skipped.contains(&"L1 zero1 ×2 fc1 128 bf16: ZeRO-1 runs in fp32 only".to_string()), "{skipped:?}");
-        assert!(skipped[0].starts_with("single at other batch sizes or with activation checkpointing"), "{skipped:?}");
+        assert!(skipped[0].starts_with("single at other batch sizes, with activation checkpointing"), "{skipped:?}");
         // DDP at batch 64 without checkpointing keeps its peers.
         let flags = "--levels 2 --strategies ddp --world-sizes 2 --widths 128 --precisions fp32 --batch-sizes 64,128";
         let (cases, _) = plan(&args(&flags.split(' ').collect::<Vec<_>>())).unwrap();
@@ -345,5 +377,41 @@ mod tests {
         assert_eq!(peers, [("l2-ddp-w2-128-fp32", true), ("l2-ddp-w2-128-fp32-b128", false)]);
         let err = plan(&args(&["--batch-sizes", "64,0"])).unwrap_err().to_string();
         assert!(err.contains("--batch-sizes") && err.contains("[64, 0]"), "{err}");
+    }
+
+    #[test]
+    fn cpu_offload_is_a_dimension_of_the_fsdp_cells_only() {
+        let flags = "--levels 1,2,3 --strategies ddp,zero1,fsdp-full-shard --world-sizes 2 --widths 4096 --precisions fp32 --cpu-offload false,true";
+        let (cases, skipped) = plan(&args(&flags.split(' ').collect::<Vec<_>>())).unwrap();
+        // 3 levels × (ddp, zero1: without only; FULL_SHARD: without and with).
+        assert_eq!(cases.len(), 3 * 4);
+        let offloaded: Vec<&str> = cases.iter().filter(|c| c.cpu_offload).map(|c| c.id.as_str()).collect();
+        assert_eq!(
+            offloaded,
+            [
+                "l1-fsdp-full-shard-w2-4096-fp32-offload",
+                "l2-fsdp-full-shard-w2-4096-fp32-offload",
+                "l3-fsdp-full-shard-w2-4096-fp32-offload"
+            ]
+        );
+        assert_eq!(
+            skipped,
+            [
+                "ddp with CPU offload: FSDP's option (PyTorch's CPUOffload), FSDP strategies only",
+                "zero1 with CPU offload: FSDP's option (PyTorch's CPUOffload), FSDP strategies only"
+            ]
+        );
+        // An offloaded cell runs no peer, and compares with its twin without.
+        let flags = "--levels 1 --strategies ddp --world-sizes 2 --widths 128 --precisions fp32 --cpu-offload true";
+        let (cases, skipped) = plan(&args(&flags.split(' ').collect::<Vec<_>>())).unwrap();
+        assert!(cases.is_empty() && skipped.len() == 1, "{cases:?} {skipped:?}");
+        let on = Case {
+            cpu_offload: true,
+            ..plan(&args(&["--levels", "1", "--strategies", "fsdp-full-shard", "--world-sizes", "2"])).unwrap().0[0].clone()
+        };
+        assert!(
+            super::super::case::same_setting(&on, &on)
+                && !super::super::case::same_setting(&on, &Case { cpu_offload: false, ..on.clone() })
+        );
     }
 }

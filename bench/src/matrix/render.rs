@@ -315,6 +315,7 @@ pub(super) fn buckets_table(summary: &MatrixSummary, markdown: bool) -> Option<T
 
 pub(super) fn render_notes(summary: &MatrixSummary) -> String {
     let mut s = checkpointing_costs(&summary.rows);
+    s.push_str(&offload_costs(&summary.rows));
     for r in summary.rows.iter().filter(|r| !r.errors.is_empty()) {
         s.push_str(&format!("\n{} FAILED ({} of {} repeats):\n{}\n", label(&r.case), r.errors.len(), summary.repeats, r.errors[0]));
     }
@@ -336,9 +337,20 @@ pub(super) fn render_notes(summary: &MatrixSummary) -> String {
 /// What activation checkpointing costs and saves, per checkpointed cell run beside the same
 /// cell without: samples/s and training-phase RSS growth (medians), as ratios.
 pub(super) fn checkpointing_costs(rows: &[Row]) -> String {
+    option_costs(rows, targets::without_checkpointing, "Activation checkpointing (recompute in backward)")
+}
+
+/// The same for FSDP's CPU offload, each offloaded cell beside the same cell without.
+pub(super) fn offload_costs(rows: &[Row]) -> String {
+    option_costs(rows, targets::without_offload, "CPU offload (parameter shards, gradients and optimizer state on the host)")
+}
+
+/// Per cell that `twin` pairs with the same cell without the option: samples/s and
+/// training-phase RSS growth (medians), as ratios, under `title`.
+fn option_costs(rows: &[Row], twin: for<'a> fn(&Row, &'a [Row]) -> Option<&'a Row>, title: &str) -> String {
     let mut s = String::new();
     for r in rows {
-        let Some(plain) = targets::without_checkpointing(r, rows) else { continue };
+        let Some(plain) = twin(r, rows) else { continue };
         let over =
             |a: Option<f64>, b: Option<f64>| a.zip(b.filter(|&b| b > 0.0)).map_or("—".to_string(), |(a, b)| format!("{:.2}×", a / b));
         let speed = over(r.samples_per_s.map(|x| x.median), plain.samples_per_s.map(|x| x.median));
@@ -348,7 +360,7 @@ pub(super) fn checkpointing_costs(rows: &[Row]) -> String {
     if s.is_empty() {
         s
     } else {
-        format!("\nActivation checkpointing (recompute in backward):\n{s}")
+        format!("\n{title}:\n{s}")
     }
 }
 
@@ -463,6 +475,7 @@ pub fn render_csv(summary: &MatrixSummary) -> String {
         "activation_checkpointing",
         "train_rss_growth_mib_median",
         "estimated_growth_mib",
+        "cpu_offload",
     ];
     let f = |v: Option<f64>| v.map_or(String::new(), |x| format!("{x}"));
     let mut out = header.join(",") + "\n";
@@ -523,6 +536,7 @@ pub fn render_csv(summary: &MatrixSummary) -> String {
             c.activation_checkpointing.to_string(),
             f(r.train_rss_growth_median),
             f(r.estimated_growth_mib()),
+            c.cpu_offload.to_string(),
         ];
         out.push_str(&cells.join(","));
         out.push('\n');

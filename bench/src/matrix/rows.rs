@@ -111,7 +111,7 @@ impl Row {
 
 /// What `ladder_core::memory::estimate` expects a cell's training phase to add to a rank's
 /// RSS, MiB (the largest rank's): the cell's strategy (ZeRO-1 among DDP's), world size, width,
-/// precision, batch size and activation checkpointing, FSDP with one unit per layer
+/// precision, batch size, activation checkpointing and CPU offload, FSDP with one unit per layer
 /// (`--fsdp-min-num-params 0`, as the bench runs it). The single-process baseline is estimated
 /// as DDP at W = 1 (the same tensors, less one bucket's copy).
 pub fn estimate_growth_mib(case: &Case) -> Option<f64> {
@@ -119,7 +119,7 @@ pub fn estimate_growth_mib(case: &Case) -> Option<f64> {
     let strategy = match case.strategy {
         super::case::Replication::Single => Strategy::default(),
         super::case::Replication::Parallel(Strategy::Fsdp(o)) => {
-            Strategy::Fsdp(ladder_core::parallel::FsdpOptions { min_num_params: 0, ..o })
+            Strategy::Fsdp(ladder_core::parallel::FsdpOptions { min_num_params: 0, offload_params: case.cpu_offload, ..o })
         }
         super::case::Replication::Parallel(s) => s,
     };

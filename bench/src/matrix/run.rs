@@ -248,11 +248,21 @@ fn needed_flags(case: &Case) -> Vec<String> {
 /// The level's own flags for `case`'s strategy and options (level 1's names, Accelerate's at
 /// level 2, Transformers' at level 3): `--strategy ddp`, ZeRO-1 (`--zero-redundancy-optimizer`,
 /// `--zero-stage 1`, `--deepspeed` with `zero_optimization.stage` 1), `--fsdp-min-num-params 0`,
-/// `--width`, `--mixed-precision`, the batch size and activation checkpointing.
+/// `--width`, `--mixed-precision`, the batch size, activation checkpointing and CPU offload
+/// (level 3 names the strategy and the offload in one `--fsdp "FULL_SHARD offload"`, as
+/// Transformers' `fsdp` argument).
 fn level_args(case: &Case) -> Vec<String> {
     let level = case.level.unwrap_or(1);
     let Some(strategy) = case.strategy.strategy() else { return Vec::new() };
-    let mut a: Vec<String> = vec!["--strategy".into(), ladder_core::parallel::Choice::name(strategy).into()];
+    let mut a: Vec<String> = match (case.cpu_offload, case.strategy.sharding()) {
+        (true, Some(sharding)) if level == 3 => {
+            vec!["--fsdp".into(), format!("{} offload", ladder_core::parallel::Choice::name(sharding))]
+        }
+        _ => vec!["--strategy".into(), ladder_core::parallel::Choice::name(strategy).into()],
+    };
+    if case.cpu_offload && level < 3 {
+        a.push(if level == 1 { "--cpu-offload" } else { "--fsdp-offload-params" }.into());
+    }
     if case.strategy.is_zero1() {
         a.extend(match level {
             1 => vec!["--zero-redundancy-optimizer".to_string()],
@@ -420,4 +430,38 @@ fn run_allreduce(ranks: usize, paths: &Paths, timeout: Duration) -> Result<AllRe
     process::run_logged("all-reduce", &mut cmd, &log, timeout)?;
     let text = std::fs::read_to_string(&json).map_err(Error::io(&json))?;
     serde_json::from_str(&text).map_err(|source| Error::Json { path: json, source })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::matrix::case::{Replication, BATCH_SIZE};
+    use ladder_core::parallel::{ShardingStrategy, Strategy};
+
+    /// Each level's spelling of CPU offload: level 1's `--cpu-offload`, Accelerate's
+    /// `--fsdp-offload-params`, Transformers' `--fsdp "FULL_SHARD offload"` (which names the
+    /// strategy too, so no `--strategy`).
+    #[test]
+    fn each_level_spells_cpu_offload_its_own_way() {
+        let case = |level: u8| Case {
+            id: String::new(),
+            level: Some(level),
+            strategy: Replication::from(Strategy::fsdp(ShardingStrategy::ShardGradOp)),
+            world_size: 2,
+            width: 128,
+            precision: Precision::No,
+            steps: 1,
+            batch_size: BATCH_SIZE,
+            activation_checkpointing: false,
+            cpu_offload: true,
+            peer: None,
+            tuned_peer: None,
+        };
+        let args = |level| level_args(&case(level)).join(" ");
+        assert_eq!(args(1), "--strategy fsdp-shard-grad-op --cpu-offload --fsdp-min-num-params 0");
+        assert_eq!(args(2), "--strategy fsdp-shard-grad-op --fsdp-offload-params --fsdp-min-num-params 0");
+        assert_eq!(args(3), "--fsdp SHARD_GRAD_OP offload --fsdp-min-num-params 0");
+        let plain = Case { cpu_offload: false, ..case(3) };
+        assert_eq!(level_args(&plain).join(" "), "--strategy fsdp-shard-grad-op --fsdp-min-num-params 0");
+    }
 }

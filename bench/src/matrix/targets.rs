@@ -93,12 +93,20 @@ pub fn targets(rows: &[Row]) -> Vec<Target> {
     out
 }
 
+/// The cell among `rows` that `r` would be without an option: `plain` (`r`'s case with the
+/// option off), at the same level and strategy.
+fn twin<'a>(r: &Row, rows: &'a [Row], plain: Case) -> Option<&'a Row> {
+    rows.iter().find(|o| o.case.level == r.case.level && o.case.strategy == r.case.strategy && same_setting(&o.case, &plain))
+}
+
 /// The same cell without activation checkpointing, for a checkpointed one.
 pub fn without_checkpointing<'a>(r: &Row, rows: &'a [Row]) -> Option<&'a Row> {
-    let c = &r.case;
-    let plain = Case { activation_checkpointing: false, ..c.clone() };
-    let twin = |o: &&Row| o.case.level == c.level && o.case.strategy == c.strategy && same_setting(&o.case, &plain);
-    c.activation_checkpointing.then(|| rows.iter().find(twin)).flatten()
+    r.case.activation_checkpointing.then(|| twin(r, rows, Case { activation_checkpointing: false, ..r.case.clone() })).flatten()
+}
+
+/// The same cell without CPU offload, for an offloaded one.
+pub fn without_offload<'a>(r: &Row, rows: &'a [Row]) -> Option<&'a Row> {
+    r.case.cpu_offload.then(|| twin(r, rows, Case { cpu_offload: false, ..r.case.clone() })).flatten()
 }
 
 /// #23's targets for the options: activation checkpointing at batch ≥ 512, training-phase RSS

@@ -162,10 +162,9 @@ pub struct RankEstimate {
     pub total: u64,
     /// Of `total`, the bytes in host memory under FSDP's CPU offload (`offload_params`): the
     /// parameter shards, their gradients and the optimizer state; the compute device holds
-    /// `total − host`. 0 without offload. On a CPU both are one memory. Not modelled: the
-    /// copies to the device — one unit's shard at a time, and under `NO_SHARD` the whole
-    /// parameters, kept from forward to backward (on a GPU, device bytes `total − host` leaves
-    /// out).
+    /// `total − host`. 0 without offload. On a CPU both are one memory. The copies to the device
+    /// are in `transient` (one unit's shard while it is all-gathered; under `NO_SHARD` the
+    /// whole parameters while they are gathered), not in `host`.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub host: u64,
 }
@@ -253,7 +252,8 @@ fn estimate_rank(input: &EstimateInput, rank: usize) -> RankEstimate {
     let moments = match Engine::of(wrap) {
         Engine::Ddp(o) => ddp_moments(input, o.bucket_cap_mb, o.overlap, o.zero_redundancy_optimizer.then_some(rank)),
         Engine::Fsdp(o) => {
-            fsdp_moments(input, &layout::fsdp_units(width, &o, w), o.sharding_strategy, o.backward_prefetch, o.forward_prefetch)
+            let units = layout::fsdp_units(width, &o, w);
+            fsdp_moments(input, &units, o.sharding_strategy, (o.backward_prefetch, o.forward_prefetch), o.offload_params)
         }
     };
     let resident = |m: &Moment| (m.activations as f64 * RESIDENT_PER_LIVE) as u64;
@@ -366,32 +366,63 @@ impl Gathers {
 /// parameters are gathered (a low-precision copy for `NO_SHARD` under mixed precision), each
 /// unit's unsharded flat gradient from its first backward segment to its reduction, the fresh
 /// gradients of a segment's parameters, and the reduction's input (cast to fp32) and output.
-fn fsdp_moments(input: &EstimateInput, units: &[UnitSize], strategy: ShardingStrategy, bp: BackwardPrefetch, fp: bool) -> Vec<Moment> {
+fn fsdp_moments(
+    input: &EstimateInput,
+    units: &[UnitSize],
+    strategy: ShardingStrategy,
+    (bp, fp): (BackwardPrefetch, bool),
+    offload: bool,
+) -> Vec<Moment> {
     let (width, b, ckpt) = (input.width, input.batch_size as u64, input.wrap.activation_checkpointing);
     let cb = layout::compute_bytes(&input.wrap);
     let segs = segments(width);
     let unit_of = |s: usize| units.iter().position(|u| u.segments.contains(&s));
-    // Bytes a gathered unit adds: nothing for NO_SHARD in fp32 (the shard is the parameter).
+    // Bytes a gathered unit adds: nothing for NO_SHARD in fp32 (the shard is the parameter),
+    // unless CPU offload copied it to the compute device.
     let unit_bytes = |u: usize| match strategy {
-        ShardingStrategy::NoShard if cb == MASTER_BYTES => 0,
+        ShardingStrategy::NoShard if cb == MASTER_BYTES && !offload => 0,
         ShardingStrategy::NoShard => units[u].numel as u64 * cb,
         _ => units[u].padded as u64 * cb,
     };
+    // CPU offload: what a gather of unit `u` holds besides the gathered parameters until its
+    // all-gather has run — the shard copied to the compute device (fp32) and its cast to the
+    // compute dtype (under NO_SHARD the copy is the gathered parameters in fp32; in bf16 the
+    // fp32 copy lives until it is cast).
+    let copy_bytes = |u: usize| match (offload, strategy) {
+        (false, _) => 0,
+        (true, ShardingStrategy::NoShard) => {
+            if cb == MASTER_BYTES {
+                0
+            } else {
+                units[u].numel as u64 * MASTER_BYTES
+            }
+        }
+        (true, _) => units[u].shard as u64 * (MASTER_BYTES + if cb == MASTER_BYTES { 0 } else { cb }),
+    };
+    let kept_before = |s: usize| if s == 0 { b * input_bytes_per_sample(cb) } else { activations(&segs, s - 1, false, ckpt, cb, b) };
     let sum = |set: &[bool], bytes: &dyn Fn(usize) -> u64| set.iter().enumerate().filter(|(_, &x)| x).map(|(u, _)| bytes(u)).sum::<u64>();
     let flat_bytes = |u: usize| units[u].padded as u64 * cb;
+    // The gathered units' parameters, and the device copy of a prefetch still in flight (its
+    // all-gather reads it until it completes).
+    let gathered = |g: &Gathers| sum(&g.live, &unit_bytes) + g.inflight.map_or(0, copy_bytes);
     let sharded = strategy.is_sharded();
     let mut g = Gathers { live: vec![false; units.len()], inflight: None };
     let mut out = Vec::new();
     for s in 0..segs.len() {
         let u = unit_of(s);
         if let Some(u) = u {
+            let fresh_gather = !g.live[u];
             g.gather(u);
+            if fresh_gather && copy_bytes(u) > 0 {
+                let what = format!("all-gather for {} (offloaded shard on the device)", segs[s].name);
+                out.push(Moment { what, activations: kept_before(s), transient: gathered(&g) + copy_bytes(u) });
+            }
         }
         if fp && sharded {
             g.prefetch((s + 1..segs.len()).filter_map(unit_of), u);
         }
         let what = format!("forward of {}", segs[s].name);
-        out.push(Moment { what, activations: activations(&segs, s, false, ckpt, cb, b), transient: sum(&g.live, &unit_bytes) });
+        out.push(Moment { what, activations: activations(&segs, s, false, ckpt, cb, b), transient: gathered(&g) });
         if let Some(u) = u.filter(|&u| strategy.reshard_after_forward() && units[u].segments.last() == Some(&s)) {
             g.free(u);
         }
@@ -401,7 +432,15 @@ fn fsdp_moments(input: &EstimateInput, units: &[UnitSize], strategy: ShardingStr
     for s in (0..segs.len()).rev() {
         let u = unit_of(s);
         if let Some(u) = u {
+            let fresh_gather = !g.live[u];
             g.gather(u);
+            if fresh_gather && copy_bytes(u) > 0 {
+                out.push(Moment {
+                    what: format!("all-gather for the backward of {} (offloaded shard on the device)", segs[s].name),
+                    activations: activations(&segs, s, false, ckpt, cb, b),
+                    transient: gathered(&g) + sum(&flat, &flat_bytes) + copy_bytes(u),
+                });
+            }
         }
         if bp == BackwardPrefetch::BackwardPre && sharded {
             g.prefetch((0..s).rev().filter_map(unit_of), u);
@@ -411,7 +450,7 @@ fn fsdp_moments(input: &EstimateInput, units: &[UnitSize], strategy: ShardingStr
         // gradients (counting it from the start of the unit's backward counted fc1's flat
         // gradient twice with one unit per layer).
         let fresh = cb * layout::segment_numel(width, s) as u64;
-        let transient = sum(&g.live, &unit_bytes) + sum(&flat, &flat_bytes) + fresh;
+        let transient = gathered(&g) + sum(&flat, &flat_bytes) + fresh;
         out.push(Moment {
             what: format!("backward of {}", segs[s].name),
             activations: activations(&segs, s, true, ckpt, cb, b),
@@ -428,8 +467,8 @@ fn fsdp_moments(input: &EstimateInput, units: &[UnitSize], strategy: ShardingStr
         }
         if let Some(u) = u.filter(|_| fresh > 0) {
             flat[u] = true;
-            let kept = if s == 0 { b * input_bytes_per_sample(cb) } else { activations(&segs, s - 1, false, ckpt, cb, b) };
-            let transient = sum(&g.live, &unit_bytes) + sum(&flat, &flat_bytes) + fresh;
+            let kept = kept_before(s);
+            let transient = gathered(&g) + sum(&flat, &flat_bytes) + fresh;
             out.push(Moment { what: format!("flat gradient of {}", segs[s].name), activations: kept, transient });
         }
         let Some(u) = done else { continue };
@@ -443,8 +482,8 @@ fn fsdp_moments(input: &EstimateInput, units: &[UnitSize], strategy: ShardingStr
                 MASTER_BYTES * unit.padded as u64 + allreduce_scratch_bytes(MASTER_BYTES * unit.padded as u64, input.world_size)
             }
         };
-        let kept = if s == 0 { b * input_bytes_per_sample(cb) } else { activations(&segs, s - 1, false, ckpt, cb, b) };
-        let transient = sum(&g.live, &unit_bytes) + sum(&flat, &flat_bytes) + reduce;
+        let kept = kept_before(s);
+        let transient = gathered(&g) + sum(&flat, &flat_bytes) + reduce;
         out.push(Moment { what: "gradient reduction".into(), activations: kept, transient });
     }
     out.push(finite_check(input, units.iter().map(|u| u.shard).max().unwrap_or(0)));
@@ -509,6 +548,36 @@ mod tests {
     fn input(strategy: Strategy, batch_size: usize, activation_checkpointing: bool) -> EstimateInput {
         let wrap = WrapConfig { strategy, mixed_precision: Precision::No, activation_checkpointing };
         EstimateInput { wrap, world_size: 2, width: 128, batch_size, offload_optimizer: OffloadDevice::None }
+    }
+
+    /// CPU offload: each gather holds the unit's shard copied to the device beside the gathered
+    /// parameters until its all-gather has run — with one unit per layer at width 4096, fc1's
+    /// gather holds its padded parameters and its shard, both fp32, and that is the peak.
+    #[test]
+    fn offload_counts_the_shard_copied_to_the_device_during_its_gather() {
+        let fsdp = |offload_params| {
+            Strategy::Fsdp(crate::parallel::FsdpOptions {
+                min_num_params: 0,
+                offload_params,
+                ..crate::parallel::FsdpOptions::with_sharding(ShardingStrategy::FullShard)
+            })
+        };
+        let at = |offload| EstimateInput { width: 4096, ..input(fsdp(offload), 64, false) };
+        let on = at(true);
+        let Engine::Fsdp(o) = Engine::of(&on.wrap) else { panic!("FSDP") };
+        let units = layout::fsdp_units(4096, &o, 2);
+        let moments = fsdp_moments(&on, &units, ShardingStrategy::FullShard, (o.backward_prefetch, o.forward_prefetch), true);
+        let fc1 = units.iter().find(|u| u.segments == [3]).expect("fc1's unit");
+        let gather = moments.iter().find(|m| m.what == "all-gather for fc1 (offloaded shard on the device)").expect("fc1's gather");
+        assert_eq!(gather.transient, 4 * (fc1.padded + fc1.shard) as u64);
+        // One gather per unit in forward; in backward only those not prefetched (their copies
+        // count while the prefetch is in flight).
+        assert_eq!(moments.iter().filter(|m| m.what.starts_with("all-gather for") && !m.what.contains("backward")).count(), units.len());
+        let (with, without) = (estimate(&on).unwrap().remove(0), estimate(&at(false)).unwrap().remove(0));
+        assert!(with.peak_growth > without.peak_growth);
+        // Without offload no gather moment is added.
+        let plain = fsdp_moments(&at(false), &units, ShardingStrategy::FullShard, (o.backward_prefetch, o.forward_prefetch), false);
+        assert!(plain.iter().all(|m| !m.what.starts_with("all-gather")));
     }
 
     #[test]

@@ -66,6 +66,27 @@ void fill(T *out, int64_t n, uint64_t key, uint64_t threshold, T kept) {
 // control flow that the compiler vectorises (compares and blends): on real data the
 // comparisons are coin flips, and a branch on each mispredicts half the time. Writes each
 // window's maximum to `out` and its position to `code` (0 = a, 1 = b, 2 = c, 3 = d).
+// One window's selection, shared by both layouts' kernels: its maximum, written to `*o`, and
+// its position (0 = a, 1 = b, 2 = c, 3 = d) to `*k`; without branches, so that the loops
+// calling it vectorise.
+template <typename T, typename opmath_t>
+inline void select_window(opmath_t a, opmath_t b, opmath_t c, opmath_t d, T *o, uint8_t *k) {
+  opmath_t m = a;
+  uint8_t q = 0;
+  const bool tb = (b > m) | (b != b);
+  m = tb ? b : m;
+  q = tb ? 1 : q;
+  const bool tc = (c > m) | (c != c);
+  m = tc ? c : m;
+  q = tc ? 2 : q;
+  const bool td = (d > m) | (d != d);
+  m = td ? d : m;
+  q = td ? 3 : q;
+  *o = static_cast<T>(m);  // an element of x, converted there and back: exact (a bf16 or f16
+                           // NaN comes back canonical, as from libtorch's kernel)
+  *k = q;
+}
+
 template <typename T>
 void max_pool_2x2_forward(const T *x, T *out, uint8_t *code, int64_t planes, int64_t h, int64_t w) {
   using opmath_t = at::opmath_type<T>;
@@ -88,20 +109,7 @@ void max_pool_2x2_forward(const T *x, T *out, uint8_t *code, int64_t planes, int
       T *o = out + p * n;
       uint8_t *k = code + p * n;
       for (int64_t e = 0; e < n; ++e) {
-        opmath_t m = a[e];
-        uint8_t q = 0;
-        const bool tb = (b[e] > m) | (b[e] != b[e]);
-        m = tb ? b[e] : m;
-        q = tb ? 1 : q;
-        const bool tc = (c[e] > m) | (c[e] != c[e]);
-        m = tc ? c[e] : m;
-        q = tc ? 2 : q;
-        const bool td = (d[e] > m) | (d[e] != d[e]);
-        m = td ? d[e] : m;
-        q = td ? 3 : q;
-        o[e] = static_cast<T>(m);  // an element of x, converted there and back: exact (a bf16 or
-                                   // f16 NaN comes back canonical, as from libtorch's kernel)
-        k[e] = q;
+        select_window<T, opmath_t>(a[e], b[e], c[e], d[e], o + e, k + e);
       }
     }
   });
@@ -182,20 +190,8 @@ void max_pool_2x2_forward_nhwc(const T *x, T *out, uint8_t *code, int64_t images
           T *o = tile.data() + (i * ow + j) * c;
           uint8_t *q = k + (i * ow + j) * c;
           for (int64_t ch = 0; ch < c; ++ch) {
-            opmath_t m = static_cast<opmath_t>(pa[ch]);
-            uint8_t s = 0;
-            const opmath_t vb = static_cast<opmath_t>(pb[ch]), vc = static_cast<opmath_t>(pc[ch]), vd = static_cast<opmath_t>(pd[ch]);
-            const bool tb = (vb > m) | (vb != vb);
-            m = tb ? vb : m;
-            s = tb ? 1 : s;
-            const bool tc = (vc > m) | (vc != vc);
-            m = tc ? vc : m;
-            s = tc ? 2 : s;
-            const bool td = (vd > m) | (vd != vd);
-            m = td ? vd : m;
-            s = td ? 3 : s;
-            o[ch] = static_cast<T>(m);
-            q[ch] = s;
+            select_window<T, opmath_t>(static_cast<opmath_t>(pa[ch]), static_cast<opmath_t>(pb[ch]), static_cast<opmath_t>(pc[ch]),
+                                       static_cast<opmath_t>(pd[ch]), o + ch, q + ch);
           }
         }
       }

@@ -405,18 +405,22 @@ fn fsdp_moments(
     // The gathered units' parameters, and the device copy of a prefetch still in flight (its
     // all-gather reads it until it completes).
     let gathered = |g: &Gathers| sum(&g.live, &unit_bytes) + g.inflight.map_or(0, copy_bytes);
+    // Gathers unit `u`, if any; the bytes of its device copy when that took a
+    // copy: the unit was not gathered (nor prefetched) yet and its shard is offloaded.
+    let gather = |g: &mut Gathers, u: Option<usize>| {
+        let u = u?;
+        let fresh = !g.live[u];
+        g.gather(u);
+        Some(copy_bytes(u)).filter(|&c| fresh && c > 0)
+    };
     let sharded = strategy.is_sharded();
     let mut g = Gathers { live: vec![false; units.len()], inflight: None };
     let mut out = Vec::new();
     for s in 0..segs.len() {
         let u = unit_of(s);
-        if let Some(u) = u {
-            let fresh_gather = !g.live[u];
-            g.gather(u);
-            if fresh_gather && copy_bytes(u) > 0 {
-                let what = format!("all-gather for {} (offloaded shard on the device)", segs[s].name);
-                out.push(Moment { what, activations: kept_before(s), transient: gathered(&g) + copy_bytes(u) });
-            }
+        if let Some(copy) = gather(&mut g, u) {
+            let what = format!("all-gather for {} (offloaded shard on the device)", segs[s].name);
+            out.push(Moment { what, activations: kept_before(s), transient: gathered(&g) + copy });
         }
         if fp && sharded {
             g.prefetch((s + 1..segs.len()).filter_map(unit_of), u);
@@ -431,16 +435,12 @@ fn fsdp_moments(
     let mut flat = vec![false; units.len()];
     for s in (0..segs.len()).rev() {
         let u = unit_of(s);
-        if let Some(u) = u {
-            let fresh_gather = !g.live[u];
-            g.gather(u);
-            if fresh_gather && copy_bytes(u) > 0 {
-                out.push(Moment {
-                    what: format!("all-gather for the backward of {} (offloaded shard on the device)", segs[s].name),
-                    activations: activations(&segs, s, false, ckpt, cb, b),
-                    transient: gathered(&g) + sum(&flat, &flat_bytes) + copy_bytes(u),
-                });
-            }
+        if let Some(copy) = gather(&mut g, u) {
+            out.push(Moment {
+                what: format!("all-gather for the backward of {} (offloaded shard on the device)", segs[s].name),
+                activations: activations(&segs, s, false, ckpt, cb, b),
+                transient: gathered(&g) + sum(&flat, &flat_bytes) + copy,
+            });
         }
         if bp == BackwardPrefetch::BackwardPre && sharded {
             g.prefetch((0..s).rev().filter_map(unit_of), u);

@@ -14,6 +14,8 @@ const STRATEGY_COLOURS: [(&str, RGBColor); 4] = [
     ("fsdp-no-shard", RGBColor(148, 103, 189)),
 ];
 const PEER_COLOUR: RGBColor = RGBColor(150, 150, 150);
+/// The tuned PyTorch peer's bars: darker than the tutorial peers'.
+const TUNED_COLOUR: RGBColor = RGBColor(90, 90, 90);
 const KIND_COLOURS: [RGBColor; 5] =
     [RGBColor(31, 119, 180), RGBColor(100, 170, 230), RGBColor(44, 160, 44), RGBColor(230, 120, 20), RGBColor(205, 205, 205)];
 const FONT: &str = "sans-serif";
@@ -95,7 +97,9 @@ fn bars(title: &str, x_desc: &str, bars: &[Bar], legend: &[(String, RGBColor)]) 
         for (name, colour) in legend {
             legend_area.draw(&Rectangle::new([(x, 12), (x + 16, 28)], colour.filled())).map_err(plot_error)?;
             legend_area.draw(&Text::new(name.clone(), (x + 22, 13), (FONT, 15))).map_err(plot_error)?;
-            x += 30 + 8 * name.chars().count() as i32;
+            // At 15 px, capitals and `_` are ~10 px wide, the rest ~8 (FULL_SHARD's name ran
+            // into the next swatch at 8 for all).
+            x += 30 + name.chars().map(|c| if c.is_ascii_uppercase() || c == '_' { 10 } else { 8 }).sum::<i32>();
         }
         root.present().map_err(plot_error)?;
     }
@@ -103,7 +107,8 @@ fn bars(title: &str, x_desc: &str, bars: &[Bar], legend: &[(String, RGBColor)]) 
 }
 
 /// Training samples/s of every level and strategy at the tutorial's width in fp32, with each
-/// level's PyTorch peer, one bar per run made (the world sizes in the labels).
+/// level's PyTorch peer and the tuned PyTorch peer (once per world size), one bar per run made
+/// (the world sizes in the labels).
 ///
 /// # Errors
 /// A plotting failure.
@@ -143,6 +148,16 @@ pub fn throughput(t: &Table, _line: &str) -> Result<String> {
             }
         }
     }
+    // The tuned peer (bench/reference/tuned.py) is one loop for every level: one bar per world
+    // size, after the levels.
+    let mut tuned_ranks: Vec<String> = Vec::new();
+    for r in t.select(&[("fc1", &width), ("precision", precision)]) {
+        let ranks = t.get(r, "ranks").unwrap_or("?");
+        if let Some(v) = t.get(r, "tuned peer samples/s").and_then(number).filter(|_| !tuned_ranks.iter().any(|x| x == ranks)) {
+            tuned_ranks.push(ranks.to_string());
+            out.push(Bar { label: format!("PyTorch tuned · {ranks} ranks"), parts: vec![(v, TUNED_COLOUR)], value: format!("{v:.0}") });
+        }
+    }
     let mut legend: Vec<(String, RGBColor)> = Vec::new();
     for r in t.select(&[("fc1", &width), ("precision", precision)]) {
         let s = t.get(r, "strategy").unwrap_or("?");
@@ -151,6 +166,9 @@ pub fn throughput(t: &Table, _line: &str) -> Result<String> {
         }
     }
     legend.push(("PyTorch peer".into(), PEER_COLOUR));
+    if !tuned_ranks.is_empty() {
+        legend.push(("PyTorch tuned".into(), TUNED_COLOUR));
+    }
     let title = format!("Training samples/s, fc1 {width}, {precision}, at {} ranks (the world sizes run)", ranks_seen.join(", "));
     bars(&title, "samples/s over all ranks (higher is better)", &out, &legend)
 }
@@ -183,4 +201,31 @@ pub fn memory(m: &Table, _line: &str) -> Result<String> {
         .collect::<Vec<_>>();
     let ranks = m.rows.first().and_then(|r| m.get(r, "ranks")).unwrap_or("?");
     bars(&format!("Rank 0's memory, level 1, fp32, {ranks} ranks: model state and peak RSS"), "MiB", &out, &legend)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Two levels at 2 ranks with their peers and the same tuned peer, one width-4096 row: one
+    /// bar per level, one per tutorial peer, the tuned peer once, nothing at width 4096.
+    #[test]
+    fn throughput_has_each_level_its_peer_and_the_tuned_peer_once() {
+        let md = "\
+| level | strategy | ranks | fc1 | precision | samples/s (median, min–max) | peer | peer samples/s | tuned peer samples/s |
+|---|---|---|---|---|---|---|---|---|
+| 1 | ddp | 2 | 128 | fp32 | 2586 | PyTorch DDP | 1290 | 1372 |
+| 2 | ddp | 2 | 128 | fp32 | 2113 | HF Accelerate | 1196 | 1372 |
+| 1 | ddp | 2 | 4096 | fp32 | 100 | PyTorch DDP | 50 | 60 |
+";
+        let t = Table::all(md).remove(0);
+        let svg = throughput(&t, "").unwrap();
+        let count = |s: &str| svg.matches(s).count();
+        assert_eq!((count("level 1 · "), count("level 2 · ")), (1, 1), "one bar per level");
+        assert_eq!((count("PyTorch DDP · 2 ranks"), count("HF Accelerate · 2 ranks")), (1, 1));
+        assert_eq!(count("PyTorch tuned · 2 ranks"), 1, "the tuned peer once");
+        let text_lines = |s: &str| svg.lines().filter(|l| l.trim() == s).count();
+        assert_eq!((text_lines("1372"), text_lines("60")), (1, 0), "its value, width 128 only");
+        assert_eq!(count("PyTorch tuned"), 2, "its bar and its legend entry");
+    }
 }

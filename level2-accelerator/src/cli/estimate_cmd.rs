@@ -9,7 +9,7 @@
 use super::CmdResult;
 use comfy_table::{presets::ASCII_MARKDOWN, Table};
 use ladder_core::memory::estimate::{self, EstimateInput, RankEstimate};
-use ladder_core::memory::size::{format_mib, format_size, parse_size};
+use ladder_core::memory::size::{format_size, parse_size};
 use ladder_core::parallel::{FsdpOptions, OffloadDevice, Precision, Strategy, WrapConfig};
 use level2_accelerator::{Error, Result};
 use serde::Serialize;
@@ -172,7 +172,12 @@ fn build(args: &EstimateArgs) -> Result<Report> {
 fn cells(strategy: &str, rank: &str, r: &RankEstimate, budget: Option<u64>) -> Vec<String> {
     let m = r.model_state;
     let mut row = vec![strategy.to_string(), rank.to_string()];
-    row.extend([m.parameters, m.gradients, m.optimizer, m.gathered_peak, r.activations, r.peak_growth, r.total].map(format_mib));
+    // MiB (the title says so), two decimals, no unit in the cells: the table stays about 100
+    // characters wide.
+    row.extend(
+        [m.parameters, m.gradients, m.optimizer, m.gathered_peak, r.activations, r.peak_growth, r.total]
+            .map(|b| format!("{:.2}", ladder_core::memory::mib(b))),
+    );
     if let Some(b) = budget {
         row.push(if r.total <= b { "yes" } else { "no" }.into());
     }
@@ -201,30 +206,33 @@ fn render(report: &Report) -> String {
             table.add_row(row);
         }
     }
-    let mut text = format!(
-        "Memory per rank: BasicNet fc1 {}, batch {} per process, {} processes, {}{}\n{table}",
+    let text = format!(
+        "Memory per rank, MiB: BasicNet fc1 {}, batch {} per process, {} processes, {}{}\n\n{table}",
         report.width,
         report.batch_size,
         report.num_processes,
         report.mixed_precision,
         if report.activation_checkpointing { ", activation checkpointing" } else { "" },
     );
+    // The lines after the table, as a paragraph of their own: a blank line first, so that the
+    // output is Markdown whose table ends where it should (a renderer reads a line right after a
+    // table as one more row).
+    let mut notes: Vec<String> = Vec::new();
     for s in &report.skipped {
-        text.push_str(&format!("\nnot estimated: {s}"));
+        notes.push(format!("not estimated: {s}"));
     }
     for s in report.strategies.iter().filter(|s| s.ranks.iter().any(|r| r.host > 0)) {
         let (host, device) =
             (s.ranks.iter().map(|r| r.host).max().unwrap_or(0), s.ranks.iter().map(|r| r.total - r.host).max().unwrap_or(0));
-        text.push_str(&format!(
-            "\nplacement, {}: {} on the host (model state), {} on the device",
+        notes.push(format!(
+            "placement, {}: {} on the host (model state), {} on the device",
             s.strategy,
             format_size(host),
             format_size(device)
         ));
     }
     if let Some(b) = report.budget {
-        text.push('\n');
-        text.push_str(&match report.cheapest_fit {
+        notes.push(match report.cheapest_fit {
             Some(name) => format!("Within {} per process: {name} is the cheapest strategy that fits (fastest first: ddp, zero1, fsdp-shard-grad-op, fsdp-full-shard).", format_size(b)),
             None => {
                 let least = report.strategies.iter().min_by_key(|s| s.ranks.iter().map(|r| r.total).max());
@@ -236,5 +244,9 @@ fn render(report: &Report) -> String {
             }
         });
     }
-    text
+    if notes.is_empty() {
+        text
+    } else {
+        format!("{text}\n\n{}", notes.join("\n"))
+    }
 }

@@ -23,11 +23,12 @@ fn main() {
 /// The C++ shims over libtorch for what tch has no binding for, all in src/ffi/ beside the Rust
 /// declarations of their entry points (src/ffi/*.rs): FSDP's storage shim (storage_shim.cpp:
 /// frees and re-allocates a storage in place, see src/parallel/fsdp/storage.rs), AdamW's fused
-/// step (optim_shim.cpp, see src/optim.rs), two CPU kernels of the model (model_shim.cpp:
-/// dropout's noise and a 2×2 max-pool, see src/model.rs) and backward with a given gradient
-/// (autograd_shim.cpp, see src/autograd.rs). Compiled against the headers of the libtorch that
-/// tch links (`LIBTORCH`, set by .cargo/config.toml), with its C++ ABI (`LIBTORCH_CXX11_ABI`,
-/// default 1, as torch-sys).
+/// step (optim_shim.cpp, see src/optim.rs), CPU kernels of the model (model_shim.cpp:
+/// dropout's noise, a 2×2 max-pool and a channels-last clone, see src/model.rs) and backward
+/// with a given gradient (autograd_shim.cpp, see src/autograd.rs). Compiled against the headers
+/// of the libtorch that tch links (`LIBTORCH`, set by .cargo/config.toml), with its C++ ABI
+/// (`LIBTORCH_CXX11_ABI`, default 1, as torch-sys) and with OpenMP, linked to libtorch's own
+/// runtime.
 fn libtorch_shims() {
     const SHIMS: [&str; 4] = ["src/ffi/storage_shim.cpp", "src/ffi/optim_shim.cpp", "src/ffi/model_shim.cpp", "src/ffi/autograd_shim.cpp"];
     for file in SHIMS.iter().chain(&["src/ffi/shim.h"]) {
@@ -48,6 +49,34 @@ fn libtorch_shims() {
         // test builds too (workspace members build at -O0 there).
         .opt_level(3)
         .flag_if_supported("-w")
+        // OpenMP, as libtorch is built: `at::parallel_for` in a header compiled without it
+        // (no `_OPENMP`) runs its whole range on the calling thread, so the shims' kernels
+        // (max-pool, dropout's noise) ran on one core whatever `torch.set_num_threads` said.
+        .flag("-fopenmp")
         .files(SHIMS)
         .compile("ladder_libtorch_shims");
+    link_libtorch_openmp(std::path::Path::new(&libtorch));
+}
+
+/// Links the OpenMP runtime that libtorch itself loads (the pip wheel's `torch/lib/libgomp.so.1`,
+/// or a libtorch archive's `libgomp-<hash>.so.1`) by its file name, so that the process has one
+/// OpenMP runtime and one thread pool, the one `at::set_num_threads` sizes. Without one in
+/// `LIBTORCH/lib` (libtorch linked to the system's), the compiler's `libgomp`.
+fn link_libtorch_openmp(libtorch: &std::path::Path) {
+    let lib = libtorch.join("lib");
+    let bundled = std::fs::read_dir(&lib).ok().and_then(|entries| {
+        let mut names: Vec<String> = entries
+            .filter_map(|e| e.ok()?.file_name().into_string().ok())
+            .filter(|n| n.starts_with("libgomp") && n.contains(".so"))
+            .collect();
+        names.sort();
+        names.into_iter().next()
+    });
+    match bundled {
+        Some(name) => {
+            println!("cargo:rustc-link-search=native={}", lib.display());
+            println!("cargo:rustc-link-lib=dylib:+verbatim={name}");
+        }
+        None => println!("cargo:rustc-link-lib=dylib=gomp"),
+    }
 }

@@ -195,3 +195,40 @@ fn max_pool_equals_libtorch_on_other_layouts_and_shapes() {
         }
     }
 }
+
+/// The max-pool's kernels split their work over libtorch's intra-op threads (OpenMP, as
+/// libtorch's own; a shim compiled without it ran them on one thread): at 1, 2 and 4 threads,
+/// on BasicNet's channels-last shape and on NCHW planes (more than one grain of 8 planes per
+/// thread), in f32 and bf16, the same bits as libtorch's max-pool, values and gradients.
+#[test]
+fn max_pool_is_libtorchs_at_any_thread_count() {
+    /// Restores the thread count the process started with however the test ends.
+    struct Restore(i32);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            tch::set_num_threads(self.0);
+        }
+    }
+    let _restore = Restore(tch::get_num_threads());
+    tch::manual_seed(12);
+    for kind in [Kind::Float, Kind::BFloat16] {
+        let cl = channels_last(&Tensor::randn([8, 64, 24, 24], (Kind::Float, Device::Cpu)).to_kind(kind));
+        let nchw = Tensor::randn([4, 40, 6, 10], (Kind::Float, Device::Cpu)).to_kind(kind);
+        for (what, x0) in [("channels-last", cl), ("NCHW", nchw)] {
+            let run = |pool: &dyn Fn(&Tensor) -> Tensor| {
+                let x = x0.detach().set_requires_grad(true);
+                let y = pool(&x);
+                (&y * y.detach().cos()).sum(Kind::Float).backward();
+                (y.detach().contiguous(), x.grad().contiguous())
+            };
+            tch::set_num_threads(1);
+            let (theirs, theirs_grad) = run(&|x| x.max_pool2d_default(2));
+            for threads in [1, 2, 4] {
+                tch::set_num_threads(threads);
+                let (ours, ours_grad) = run(&|x| ladder_core::model::max_pool2d_2x2(x));
+                assert!(ours.equal(&theirs), "{kind:?} {what}, {threads} threads: values differ");
+                assert!(ours_grad.equal(&theirs_grad), "{kind:?} {what}, {threads} threads: gradients differ");
+            }
+        }
+    }
+}

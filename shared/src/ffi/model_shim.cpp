@@ -1,5 +1,9 @@
-// Two CPU kernels of BasicNet that libtorch runs as serial scalar loops (see src/model.rs; declared in
-// src/ffi/model.rs).
+// CPU kernels of BasicNet where libtorch's are serial scalar loops (see src/model.rs; declared
+// in src/ffi/model.rs): dropout's noise (1.), a 2×2 max-pool for NCHW and channels-last inputs
+// (2., further down), and a channels-last clone. Each kernel splits its work over libtorch's
+// intra-op threads with `at::parallel_for`, which takes effect only because build.rs compiles
+// this file with OpenMP, as libtorch is built (without it the header runs the whole range on
+// the calling thread).
 //
 // 1. Dropout's noise tensor on CPU in one parallel pass, instead of libtorch's CPU `bernoulli_`:
 // that kernel draws one mt19937 number per element in a serial loop (perf: ~10% of a bf16
@@ -38,25 +42,37 @@ inline uint64_t splitmix64(uint64_t z) {
   return z ^ (z >> 31);
 }
 
+// Each kernel's loop over its share [begin, end) of the work is a function of its own
+// (`*_range`, not inlined) that `at::parallel_for`'s lambda calls with plain arguments: inside
+// OpenMP's outlined parallel region the compiler reaches a lambda's captures through a pointer
+// and no longer vectorises the loops (the channels-last max-pool's forward ran 3.6× slower
+// when this file was first compiled with -fopenmp).
+
 // Element 2i takes the low 32 bits of word i, element 2i+1 the high 32: it is kept (set to
 // `kept`) when those bits, read as an integer u in [0, 2^32), are below `threshold`. The value
 // is looked up in a two-entry table, not selected by a branch (which mispredicts).
+// Pairs [begin, end) of `fill` below (see the note on `*_range` functions above it).
 template <typename T>
-void fill(T *out, int64_t n, uint64_t key, uint64_t threshold, T kept) {
+[[gnu::noinline]] void fill_range(T *out, int64_t begin, int64_t end, uint64_t key, uint64_t threshold, T kept) {
   const T value[2] = {T(0), kept};
-  const int64_t pairs = n / 2;
-  auto word = [key](int64_t i) { return splitmix64(key + static_cast<uint64_t>(i + 1) * 0x9E3779B97F4A7C15ULL); };
-  at::parallel_for(0, pairs, 16384, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) {
-      const uint64_t w = word(i);
-      out[2 * i] = value[(w & 0xFFFFFFFFULL) < threshold];
-      out[2 * i + 1] = value[(w >> 32) < threshold];
-    }
-  });
-  if (n % 2 == 1) out[n - 1] = value[(word(pairs) & 0xFFFFFFFFULL) < threshold];
+  for (int64_t i = begin; i < end; ++i) {
+    const uint64_t w = splitmix64(key + static_cast<uint64_t>(i + 1) * 0x9E3779B97F4A7C15ULL);
+    out[2 * i] = value[(w & 0xFFFFFFFFULL) < threshold];
+    out[2 * i + 1] = value[(w >> 32) < threshold];
+  }
 }
 
-// Window (i, j) of each h × w plane: rows 2i, 2i+1 and columns 2j, 2j+1, scanned row by row.
+template <typename T>
+void fill(T *out, int64_t n, uint64_t key, uint64_t threshold, T kept) {
+  const int64_t pairs = n / 2;
+  at::parallel_for(0, pairs, 16384, [&](int64_t begin, int64_t end) { fill_range<T>(out, begin, end, key, threshold, kept); });
+  if (n % 2 == 1) {
+    const T value[2] = {T(0), kept};
+    out[n - 1] = value[(splitmix64(key + static_cast<uint64_t>(pairs + 1) * 0x9E3779B97F4A7C15ULL) & 0xFFFFFFFFULL) < threshold];
+  }
+}
+
+// 2. Window (i, j) of each h × w plane: rows 2i, 2i+1 and columns 2j, 2j+1, scanned row by row.
 // The first maximum wins and a NaN wins over any number (a later NaN over an earlier one),
 // exactly as libtorch's `cpu_max_pool` compares (`val > maxval || isnan(val)` in opmath, from
 // maxval = −∞: starting from the window's first element instead is the same).
@@ -88,31 +104,34 @@ inline void select_window(opmath_t a, opmath_t b, opmath_t c, opmath_t d, T *o, 
 }
 
 template <typename T>
-void max_pool_2x2_forward(const T *x, T *out, uint8_t *code, int64_t planes, int64_t h, int64_t w) {
+[[gnu::noinline]] void max_pool_2x2_forward_range(const T *x, T *out, uint8_t *code, int64_t begin, int64_t end, int64_t h, int64_t w) {
   using opmath_t = at::opmath_type<T>;
   const int64_t oh = h / 2, ow = w / 2, n = oh * ow;
-  at::parallel_for(0, planes, 8, [&](int64_t begin, int64_t end) {
-    std::vector<opmath_t> buf(4 * n);
-    opmath_t *a = buf.data(), *b = a + n, *c = b + n, *d = c + n;
-    for (int64_t p = begin; p < end; ++p) {
-      const T *in = x + p * h * w;
-      for (int64_t i = 0; i < oh; ++i) {
-        const T *r0 = in + 2 * i * w;
-        const T *r1 = r0 + w;
-        for (int64_t j = 0; j < ow; ++j) {
-          a[i * ow + j] = static_cast<opmath_t>(r0[2 * j]);
-          b[i * ow + j] = static_cast<opmath_t>(r0[2 * j + 1]);
-          c[i * ow + j] = static_cast<opmath_t>(r1[2 * j]);
-          d[i * ow + j] = static_cast<opmath_t>(r1[2 * j + 1]);
-        }
-      }
-      T *o = out + p * n;
-      uint8_t *k = code + p * n;
-      for (int64_t e = 0; e < n; ++e) {
-        select_window<T, opmath_t>(a[e], b[e], c[e], d[e], o + e, k + e);
+  std::vector<opmath_t> buf(4 * n);
+  opmath_t *a = buf.data(), *b = a + n, *c = b + n, *d = c + n;
+  for (int64_t p = begin; p < end; ++p) {
+    const T *in = x + p * h * w;
+    for (int64_t i = 0; i < oh; ++i) {
+      const T *r0 = in + 2 * i * w;
+      const T *r1 = r0 + w;
+      for (int64_t j = 0; j < ow; ++j) {
+        a[i * ow + j] = static_cast<opmath_t>(r0[2 * j]);
+        b[i * ow + j] = static_cast<opmath_t>(r0[2 * j + 1]);
+        c[i * ow + j] = static_cast<opmath_t>(r1[2 * j]);
+        d[i * ow + j] = static_cast<opmath_t>(r1[2 * j + 1]);
       }
     }
-  });
+    T *o = out + p * n;
+    uint8_t *k = code + p * n;
+    for (int64_t e = 0; e < n; ++e) {
+      select_window<T, opmath_t>(a[e], b[e], c[e], d[e], o + e, k + e);
+    }
+  }
+}
+
+template <typename T>
+void max_pool_2x2_forward(const T *x, T *out, uint8_t *code, int64_t planes, int64_t h, int64_t w) {
+  at::parallel_for(0, planes, 8, [&](int64_t begin, int64_t end) { max_pool_2x2_forward_range<T>(x, out, code, begin, end, h, w); });
 }
 
 // The bits of `v + 0` computed in opmath, as libtorch's max-pool backward stores a gradient (it
@@ -140,29 +159,32 @@ inline bits_t plus_zero_bits(T v) {
 // arrives as +0, and so it does here: the `+ 0` in opmath). One pass, no zero-fill, no
 // scatter; the selection is by bit masks, not branches (they would mispredict).
 template <typename T>
-void max_pool_2x2_backward(const T *g, const uint8_t *code, T *gx, int64_t planes, int64_t h, int64_t w) {
+[[gnu::noinline]] void max_pool_2x2_backward_range(const T *g, const uint8_t *code, T *gx, int64_t begin, int64_t end, int64_t h, int64_t w) {
   using bits_t = std::conditional_t<sizeof(T) == 2, uint16_t, std::conditional_t<sizeof(T) == 4, uint32_t, uint64_t>>;
   static_assert(sizeof(T) == sizeof(bits_t), "a 2-, 4- or 8-byte floating type");
   const int64_t oh = h / 2, ow = w / 2, n = oh * ow;
-  at::parallel_for(0, planes, 8, [&](int64_t begin, int64_t end) {
-    for (int64_t p = begin; p < end; ++p) {
-      const T *gp = g + p * n;
-      const uint8_t *k = code + p * n;
-      bits_t *out = reinterpret_cast<bits_t *>(gx + p * h * w);
-      for (int64_t i = 0; i < oh; ++i) {
-        bits_t *r0 = out + 2 * i * w;
-        bits_t *r1 = r0 + w;
-        for (int64_t j = 0; j < ow; ++j) {
-          const bits_t vb = plus_zero_bits<T, bits_t>(gp[i * ow + j]);
-          const uint8_t q = k[i * ow + j];
-          r0[2 * j] = vb & static_cast<bits_t>(-static_cast<bits_t>(q == 0));
-          r0[2 * j + 1] = vb & static_cast<bits_t>(-static_cast<bits_t>(q == 1));
-          r1[2 * j] = vb & static_cast<bits_t>(-static_cast<bits_t>(q == 2));
-          r1[2 * j + 1] = vb & static_cast<bits_t>(-static_cast<bits_t>(q == 3));
-        }
+  for (int64_t p = begin; p < end; ++p) {
+    const T *gp = g + p * n;
+    const uint8_t *k = code + p * n;
+    bits_t *out = reinterpret_cast<bits_t *>(gx + p * h * w);
+    for (int64_t i = 0; i < oh; ++i) {
+      bits_t *r0 = out + 2 * i * w;
+      bits_t *r1 = r0 + w;
+      for (int64_t j = 0; j < ow; ++j) {
+        const bits_t vb = plus_zero_bits<T, bits_t>(gp[i * ow + j]);
+        const uint8_t q = k[i * ow + j];
+        r0[2 * j] = vb & static_cast<bits_t>(-static_cast<bits_t>(q == 0));
+        r0[2 * j + 1] = vb & static_cast<bits_t>(-static_cast<bits_t>(q == 1));
+        r1[2 * j] = vb & static_cast<bits_t>(-static_cast<bits_t>(q == 2));
+        r1[2 * j + 1] = vb & static_cast<bits_t>(-static_cast<bits_t>(q == 3));
       }
     }
-  });
+  }
+}
+
+template <typename T>
+void max_pool_2x2_backward(const T *g, const uint8_t *code, T *gx, int64_t planes, int64_t h, int64_t w) {
+  at::parallel_for(0, planes, 8, [&](int64_t begin, int64_t end) { max_pool_2x2_backward_range<T>(g, code, gx, begin, end, h, w); });
 }
 
 // The same two kernels for a channels-last input (memory order [b, h, w, c], what a
@@ -173,33 +195,38 @@ void max_pool_2x2_backward(const T *g, const uint8_t *code, T *gx, int64_t plane
 // NCHW order, so everything after the pool is as for an NCHW input. `code` stays window-major:
 // [b, oh·ow, c], read by the backward below.
 template <typename T>
-void max_pool_2x2_forward_nhwc(const T *x, T *out, uint8_t *code, int64_t images, int64_t channels, int64_t h, int64_t w) {
+[[gnu::noinline]] void max_pool_2x2_forward_nhwc_range(const T *x, T *out, uint8_t *code, int64_t begin, int64_t end, int64_t channels, int64_t h,
+                                                       int64_t w) {
   using opmath_t = at::opmath_type<T>;
   const int64_t oh = h / 2, ow = w / 2, n = oh * ow, c = channels;
-  at::parallel_for(0, images, 1, [&](int64_t begin, int64_t end) {
-    std::vector<T> tile(n * c);
-    for (int64_t img = begin; img < end; ++img) {
-      const T *in = x + img * h * w * c;
-      uint8_t *k = code + img * n * c;
-      for (int64_t i = 0; i < oh; ++i) {
-        for (int64_t j = 0; j < ow; ++j) {
-          const T *pa = in + (2 * i * w + 2 * j) * c;
-          const T *pb = pa + c;
-          const T *pc = pa + w * c;
-          const T *pd = pc + c;
-          T *o = tile.data() + (i * ow + j) * c;
-          uint8_t *q = k + (i * ow + j) * c;
-          for (int64_t ch = 0; ch < c; ++ch) {
-            select_window<T, opmath_t>(static_cast<opmath_t>(pa[ch]), static_cast<opmath_t>(pb[ch]), static_cast<opmath_t>(pc[ch]),
-                                       static_cast<opmath_t>(pd[ch]), o + ch, q + ch);
-          }
+  std::vector<T> tile(n * c);
+  for (int64_t img = begin; img < end; ++img) {
+    const T *in = x + img * h * w * c;
+    uint8_t *k = code + img * n * c;
+    for (int64_t i = 0; i < oh; ++i) {
+      for (int64_t j = 0; j < ow; ++j) {
+        const T *pa = in + (2 * i * w + 2 * j) * c;
+        const T *pb = pa + c;
+        const T *pc = pa + w * c;
+        const T *pd = pc + c;
+        T *o = tile.data() + (i * ow + j) * c;
+        uint8_t *q = k + (i * ow + j) * c;
+        for (int64_t ch = 0; ch < c; ++ch) {
+          select_window<T, opmath_t>(static_cast<opmath_t>(pa[ch]), static_cast<opmath_t>(pb[ch]), static_cast<opmath_t>(pc[ch]),
+                                     static_cast<opmath_t>(pd[ch]), o + ch, q + ch);
         }
       }
-      T *dst = out + img * c * n;
-      for (int64_t ch = 0; ch < c; ++ch)
-        for (int64_t e = 0; e < n; ++e) dst[ch * n + e] = tile[e * c + ch];
     }
-  });
+    T *dst = out + img * c * n;
+    for (int64_t ch = 0; ch < c; ++ch)
+      for (int64_t e = 0; e < n; ++e) dst[ch * n + e] = tile[e * c + ch];
+  }
+}
+
+template <typename T>
+void max_pool_2x2_forward_nhwc(const T *x, T *out, uint8_t *code, int64_t images, int64_t channels, int64_t h, int64_t w) {
+  at::parallel_for(0, images, 1,
+                   [&](int64_t begin, int64_t end) { max_pool_2x2_forward_nhwc_range<T>(x, out, code, begin, end, channels, h, w); });
 }
 
 // The input gradient of the channels-last forward above, written channels-last ([b, h, w, c]
@@ -207,37 +234,41 @@ void max_pool_2x2_forward_nhwc(const T *x, T *out, uint8_t *code, int64_t images
 // window-major tile, then each window's four rows are written along the channels, each
 // element the gradient (+0 added, as above) or +0, by the same bit masks.
 template <typename T>
-void max_pool_2x2_backward_nhwc(const T *g, const uint8_t *code, T *gx, int64_t images, int64_t channels, int64_t h, int64_t w) {
-  using opmath_t = at::opmath_type<T>;
+[[gnu::noinline]] void max_pool_2x2_backward_nhwc_range(const T *g, const uint8_t *code, T *gx, int64_t begin, int64_t end, int64_t channels,
+                                                        int64_t h, int64_t w) {
   using bits_t = std::conditional_t<sizeof(T) == 2, uint16_t, std::conditional_t<sizeof(T) == 4, uint32_t, uint64_t>>;
   static_assert(sizeof(T) == sizeof(bits_t), "a 2-, 4- or 8-byte floating type");
   const int64_t oh = h / 2, ow = w / 2, n = oh * ow, c = channels;
-  at::parallel_for(0, images, 1, [&](int64_t begin, int64_t end) {
-    std::vector<bits_t> tile(n * c);
-    for (int64_t img = begin; img < end; ++img) {
-      const T *gi = g + img * c * n;
-      for (int64_t ch = 0; ch < c; ++ch)
-        for (int64_t e = 0; e < n; ++e) tile[e * c + ch] = plus_zero_bits<T, bits_t>(gi[ch * n + e]);
-      const uint8_t *k = code + img * n * c;
-      bits_t *base = reinterpret_cast<bits_t *>(gx + img * h * w * c);
-      for (int64_t i = 0; i < oh; ++i) {
-        for (int64_t j = 0; j < ow; ++j) {
-          bits_t *ra = base + (2 * i * w + 2 * j) * c;
-          bits_t *rb = ra + c;
-          bits_t *rc = ra + w * c;
-          bits_t *rd = rc + c;
-          const bits_t *v = tile.data() + (i * ow + j) * c;
-          const uint8_t *q = k + (i * ow + j) * c;
-          for (int64_t ch = 0; ch < c; ++ch) {
-            ra[ch] = v[ch] & static_cast<bits_t>(-static_cast<bits_t>(q[ch] == 0));
-            rb[ch] = v[ch] & static_cast<bits_t>(-static_cast<bits_t>(q[ch] == 1));
-            rc[ch] = v[ch] & static_cast<bits_t>(-static_cast<bits_t>(q[ch] == 2));
-            rd[ch] = v[ch] & static_cast<bits_t>(-static_cast<bits_t>(q[ch] == 3));
-          }
+  std::vector<bits_t> tile(n * c);
+  for (int64_t img = begin; img < end; ++img) {
+    const T *gi = g + img * c * n;
+    for (int64_t ch = 0; ch < c; ++ch)
+      for (int64_t e = 0; e < n; ++e) tile[e * c + ch] = plus_zero_bits<T, bits_t>(gi[ch * n + e]);
+    const uint8_t *k = code + img * n * c;
+    bits_t *base = reinterpret_cast<bits_t *>(gx + img * h * w * c);
+    for (int64_t i = 0; i < oh; ++i) {
+      for (int64_t j = 0; j < ow; ++j) {
+        bits_t *ra = base + (2 * i * w + 2 * j) * c;
+        bits_t *rb = ra + c;
+        bits_t *rc = ra + w * c;
+        bits_t *rd = rc + c;
+        const bits_t *v = tile.data() + (i * ow + j) * c;
+        const uint8_t *q = k + (i * ow + j) * c;
+        for (int64_t ch = 0; ch < c; ++ch) {
+          ra[ch] = v[ch] & static_cast<bits_t>(-static_cast<bits_t>(q[ch] == 0));
+          rb[ch] = v[ch] & static_cast<bits_t>(-static_cast<bits_t>(q[ch] == 1));
+          rc[ch] = v[ch] & static_cast<bits_t>(-static_cast<bits_t>(q[ch] == 2));
+          rd[ch] = v[ch] & static_cast<bits_t>(-static_cast<bits_t>(q[ch] == 3));
         }
       }
     }
-  });
+  }
+}
+
+template <typename T>
+void max_pool_2x2_backward_nhwc(const T *g, const uint8_t *code, T *gx, int64_t images, int64_t channels, int64_t h, int64_t w) {
+  at::parallel_for(0, images, 1,
+                   [&](int64_t begin, int64_t end) { max_pool_2x2_backward_nhwc_range<T>(g, code, gx, begin, end, channels, h, w); });
 }
 
 // max_pool2d(x, 2) as an autograd function: forward saves the uint8 window codes (1 byte per

@@ -61,12 +61,20 @@ fn matrix_tables_from_fixed_json() {
     insta::assert_snapshot!("targets_csv", bench::matrix::render_targets_csv(&summary));
     // Every target the rows allow, with its measured value: ours / peer for the 4 rows with a
     // peer, RSS for the same 4, FSDP / DDP, bf16 / fp32, level 2 / level 1 (for the ddp row).
-    let t = bench::matrix::targets(&summary.rows);
+    // And the share of the fp32 peak for the two one-process rows at width 128 in fp32 (the
+    // baseline and level 1 at one rank), only with a peak.
+    assert!(bench::matrix::targets(&summary.rows, None).iter().all(|g| !g.what.contains("FLOP/s")));
+    let t = bench::matrix::targets(&summary.rows, summary.machine.cpu_peak.as_ref());
     let count = |issue: u32, what: &str| t.iter().filter(|g| g.issue == issue && g.what.starts_with(what)).count();
     assert_eq!(
         (count(11, "ours / "), count(11, "training-phase"), count(11, "FSDP"), count(11, "bf16"), count(10, "level 2")),
         (4, 4, 1, 1, 1)
     );
+    let shares: Vec<(String, f64)> = t.iter().filter(|g| g.what.starts_with("fp32 FLOP/s")).map(|g| (g.cell.clone(), g.measured)).collect();
+    let peak = summary.machine.cpu_peak.as_ref().unwrap().fp32_flops;
+    assert_eq!(shares.iter().map(|s| s.0.as_str()).collect::<Vec<_>>(), ["baseline single ×1 fc1 128 fp32", "L1 ddp ×1 fc1 128 fp32"]);
+    // 1,364.2 samples/s × 71,565,312 FLOP per sample (the hand count of bench::compute's tests).
+    assert!((shares[0].1 - 1364.2 * 71_565_312.0 / peak).abs() < 1e-12, "{shares:?}");
     let fsdp = t.iter().find(|g| g.what.starts_with("FSDP")).unwrap();
     assert_eq!((fsdp.measured, fsdp.met), (0.85, false));
     let rss = t.iter().find(|g| g.what.starts_with("training-phase") && g.cell.starts_with("L2")).unwrap();

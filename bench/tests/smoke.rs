@@ -276,7 +276,11 @@ fn matrix_runs_every_level_next_to_its_peer_and_measures_all_reduce() {
     assert_eq!(with_tuned, rows.len());
     // And the estimator against the measured training-phase growth, one per row (#23).
     assert_eq!(targets.iter().filter(|t| t["issue"] == 23).count(), rows.len(), "{targets:?}");
-    assert_eq!(targets.len(), 2 * with_peer + with_tuned + 4 + rows.len(), "{targets:?}");
+    // And the share of the fp32 peak for each one-process row (the baseline, each level at one
+    // rank; all at width 128 in fp32) (#25).
+    let one_process = rows.iter().filter(|r| r["case"]["world_size"] == 1).count();
+    assert_eq!(targets.iter().filter(|t| t["what"].as_str().is_some_and(|w| w.starts_with("fp32 FLOP/s"))).count(), one_process);
+    assert_eq!(targets.len(), 2 * with_peer + with_tuned + 4 + rows.len() + one_process, "{targets:?}");
 
     let csv = std::fs::read_to_string(dir.path().join("bench.csv")).unwrap();
     assert_eq!(csv.lines().count(), 1 + 7, "{csv}");

@@ -148,7 +148,7 @@ pub fn render_terminal(summary: &MatrixSummary, all_columns: bool) -> String {
             b.world_size,
         ));
     }
-    let all = targets(&summary.rows);
+    let all = targets(&summary.rows, summary.machine.cpu_peak.as_ref());
     if all_columns && !all.is_empty() {
         s.push_str(&format!("\nTargets (measured in this run, met or not)\n{}\n", render_targets(summary, false)));
     } else if !all.is_empty() {

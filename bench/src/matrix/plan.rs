@@ -11,10 +11,11 @@ pub struct RunArgs {
     /// Levels (1, 2, 3).
     #[arg(long, value_delimiter = ',', default_values_t = [1u8, 2, 3])]
     pub levels: Vec<u8>,
-    /// Strategies (`single` is ladder-baseline, one process).
+    /// Strategies (`single` is ladder-baseline: one process, whatever --world-sizes says).
     #[arg(long, value_parser = ladder_core::cli::spelling::<Replication>(), value_delimiter = ',', default_values_t = DEFAULT_STRATEGIES)]
     pub strategies: Vec<Replication>,
-    /// World sizes (ranks; more ranks than cores are oversubscribed).
+    /// World sizes of the distributed strategies (ranks; more ranks than cores are
+    /// oversubscribed).
     #[arg(long, value_delimiter = ',', default_values_t = [1usize, 2, 4])]
     pub world_sizes: Vec<usize>,
     /// fc1 widths (128 is the tutorial's BasicNet; 4096 gives ~38M parameters).
@@ -113,10 +114,8 @@ pub fn plan(args: &RunArgs) -> Result<(Vec<Case>, Vec<String>)> {
     let steps_for = |width: i64, batch_size: usize| if width == 128 && batch_size == BATCH_SIZE { args.steps } else { args.wide_steps };
     for &strategy in &args.strategies {
         if strategy == Replication::Single {
-            if !args.world_sizes.contains(&1) {
-                skipped.push("single: runs at world size 1 only, not among --world-sizes".into());
-                continue;
-            }
+            // One process whatever --world-sizes says (they are the process groups' sizes):
+            // the figure every other is read against.
             if args.batch_sizes != [BATCH_SIZE] || args.activation_checkpointing != [false] || args.cpu_offload != [false] {
                 skipped.push(format!(
                     "single at other batch sizes, with activation checkpointing or with CPU offload: ladder-baseline is the tutorial's loop (batch {BATCH_SIZE}, no checkpointing, no offload) only"
@@ -348,6 +347,13 @@ mod tests {
             plan(&args(&["--levels", "2", "--strategies", "ddp", "--world-sizes", "2", "--widths", "128", "--no-peers"])).unwrap();
         assert_eq!(cases.iter().map(|c| c.id.as_str()).collect::<Vec<_>>(), ["l2-ddp-w2-128-fp32", "l2-ddp-w2-128-bf16"]);
         assert!(cases.iter().all(|c| c.peer.is_none() && c.tuned_peer.is_none()));
+        // `single` is one process whatever --world-sizes says (the book's matrix runs at 2 ranks
+        // and keeps its one-process row).
+        let (cases, skipped) =
+            plan(&args(&["--levels", "1", "--strategies", "single,ddp", "--world-sizes", "2", "--widths", "128", "--precisions", "fp32"]))
+                .unwrap();
+        assert_eq!(cases.iter().map(|c| c.id.as_str()).collect::<Vec<_>>(), ["baseline-w1-128-fp32", "l1-ddp-w2-128-fp32"]);
+        assert!(skipped.is_empty(), "{skipped:?}");
         let err = plan(&args(&["--tuned-trial", "channels_last,jit"])).unwrap_err().to_string();
         assert!(err.contains("--tuned-trial") && err.contains("channels_last,jit"), "{err}");
     }

@@ -167,7 +167,7 @@ pub fn run_matrix(args: &RunArgs) -> Result<MatrixSummary> {
         }
     };
     let rows = aggregate(&cases, &ours, &theirs);
-    let targets = super::targets(&rows);
+    let targets = super::targets(&rows, machine.cpu_peak.as_ref());
     // The last minute's average holds the bench's own ranks: at most the most it runs at once.
     let own = cases.iter().map(|c| c.world_size).chain((!args.no_allreduce).then_some(args.allreduce_ranks)).max().unwrap_or(0);
     let load_warnings: Vec<String> =

@@ -2,7 +2,8 @@
 
 use super::case::{label, same_setting, Case, Peer};
 use super::rows::Row;
-use ladder_core::parallel::ShardingStrategy;
+use crate::compute::{achieved_flops, Peak};
+use ladder_core::parallel::{Precision, ShardingStrategy};
 use serde::{Deserialize, Serialize};
 
 /// A target of issues #10, #11 and #25, for one cell, with its measured value.
@@ -40,8 +41,9 @@ impl Target {
 /// training-phase peak RSS / peer's ≤ 0.5 (#11), FSDP FULL_SHARD / DDP ≥ 0.9 (#11), bf16 / fp32
 /// ≥ 1.5 (#11), at width ≥ 4096 FULL_SHARD's training RSS growth ≤ 0.8× DDP's and
 /// SHARD_GRAD_OP's whole-process peak RSS ≤ DDP's, medians over repeats (#11), level 2 / level 1
-/// ≥ 0.98 and level 3 / level 1 ≥ 0.97 (#10), ours / the tuned PyTorch peer ≥ 1.3 (#25).
-pub fn targets(rows: &[Row]) -> Vec<Target> {
+/// ≥ 0.98 and level 3 / level 1 ≥ 0.97 (#10), ours / the tuned PyTorch peer ≥ 1.3 and, for one
+/// process at width 128 in fp32, FLOP/s ≥ 0.40 of the fp32 `peak` (#25).
+pub fn targets(rows: &[Row], peak: Option<&Peak>) -> Vec<Target> {
     let mut out = Vec::new();
     for r in rows {
         let c = &r.case;
@@ -51,6 +53,19 @@ pub fn targets(rows: &[Row]) -> Vec<Target> {
         }
         if let Some(ratio) = r.tuned_ratio {
             out.push(Target::new(25, "ours / PyTorch tuned samples/s".into(), c, ratio.median, 1.3, true));
+        }
+        // #25: one process (the baseline, or a level at one rank) at the tutorial's width and
+        // batch, in fp32, without options: achieved FLOP/s ≥ 40% of the machine's fp32 peak.
+        let plain = c.width == 128 && c.batch_size == 64 && !c.activation_checkpointing && !c.cpu_offload;
+        if let (true, 1, Precision::No, Some(p), Some(s)) = (plain, c.world_size, c.precision, peak, r.samples_per_s) {
+            out.push(Target::new(
+                25,
+                "fp32 FLOP/s / the machine's fp32 peak".into(),
+                c,
+                achieved_flops(c.width, s.median) / p.fp32_flops,
+                0.40,
+                true,
+            ));
         }
         let ours_train = r.train_peak_rss_per_rank.iter().copied().reduce(f64::max);
         if let (Some(a), Some(b)) = (ours_train, r.peer_train_peak_rss_mib) {
@@ -191,7 +206,7 @@ mod tests {
         assert_eq!(full.vs_ddp_rss_growth, Some(0.5));
         let sgo = rows.iter().find(|r| r.case.id == "l1-fsdp-shard-grad-op-w2-4096-fp32").unwrap();
         assert_eq!(sgo.vs_ddp_peak_rss, Some(1.1));
-        let memory: Vec<(String, bool)> = targets(&rows)
+        let memory: Vec<(String, bool)> = targets(&rows, None)
             .into_iter()
             .filter(|t| t.issue == 11 && t.what.contains("RSS"))
             .map(|t| (format!("{} · {}", t.what, t.cell), t.met))
@@ -219,9 +234,9 @@ mod tests {
             ours.insert(c.id.clone(), vec![Ok((f, 1.0))]);
         }
         let rows = aggregate(&cases, &ours, &Theirs::new());
-        let held: Vec<(String, bool)> = targets(&rows).into_iter().filter(|t| t.issue == 23).map(|t| (t.cell, t.met)).collect();
+        let held: Vec<(String, bool)> = targets(&rows, None).into_iter().filter(|t| t.issue == 23).map(|t| (t.cell, t.met)).collect();
         assert_eq!(held, [("L1 ddp ×2 fc1 128 fp32".to_string(), true), ("L1 ddp ×2 fc1 4096 fp32".to_string(), false)]);
-        let t = targets(&rows).into_iter().find(|t| t.issue == 23).unwrap();
+        let t = targets(&rows, None).into_iter().find(|t| t.issue == 23).unwrap();
         assert!((t.measured - 0.05 / 1.05).abs() < 1e-9, "{t:?}");
     }
 
@@ -240,7 +255,7 @@ mod tests {
             ours.insert(c.id.clone(), vec![Ok((f, 1.0))]);
         }
         let rows = aggregate(&cases, &ours, &Theirs::new());
-        let got: Vec<(String, String, f64, bool)> = targets(&rows)
+        let got: Vec<(String, String, f64, bool)> = targets(&rows, None)
             .into_iter()
             .filter(|t| t.issue == 23 && !t.what.contains("estimated"))
             .map(|t| (t.what, t.cell, (t.measured * 1e4).round() / 1e4, t.met))

@@ -16,7 +16,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RELEASE="${RELEASE:-target/release}"
-BOOK_BENCH_ARGS="${BOOK_BENCH_ARGS:---levels 1,2,3 --strategies ddp,fsdp-full-shard,fsdp-shard-grad-op --world-sizes 2 --widths 128,4096 --precisions fp32,bf16 --steps 200 --wide-steps 20 --repeats 1 --install-peers}"
+BOOK_BENCH_ARGS="${BOOK_BENCH_ARGS:---levels 1,2,3 --strategies single,ddp,fsdp-full-shard,fsdp-shard-grad-op --world-sizes 2 --widths 128,4096 --precisions fp32,bf16 --steps 200 --wide-steps 20 --repeats 1 --install-peers}"
 BOOK_DEMO_ARGS="${BOOK_DEMO_ARGS:-}"
 # BOOK_REUSE_DEMO=1 keeps the demo of the previous run (target/book-data/demo) and reruns only the
 # bench matrix.

@@ -7,7 +7,9 @@ use crate::tables::{number, numbers, Table};
 use plotters::prelude::*;
 use plotters::style::text_anchor::{HPos, Pos, VPos};
 
-const STRATEGY_COLOURS: [(&str, RGBColor); 4] = [
+const STRATEGY_COLOURS: [(&str, RGBColor); 6] = [
+    ("single", RGBColor(140, 86, 75)),
+    ("zero1", RGBColor(23, 190, 207)),
     ("ddp", RGBColor(31, 119, 180)),
     ("fsdp-full-shard", RGBColor(230, 120, 20)),
     ("fsdp-shard-grad-op", RGBColor(44, 160, 44)),
@@ -22,6 +24,15 @@ const FONT: &str = "sans-serif";
 
 fn plot_error(e: impl std::fmt::Display) -> Error {
     Error::Input { file: "plot".into(), problem: format!("plotting: {e}") }
+}
+
+/// `1 rank`, `2 ranks`.
+fn ranks_label(ranks: &str) -> String {
+    if ranks == "1" {
+        "1 rank".into()
+    } else {
+        format!("{ranks} ranks")
+    }
 }
 
 fn colour_of(strategy: &str) -> RGBColor {
@@ -134,8 +145,10 @@ pub fn throughput(t: &Table, _line: &str) -> Result<String> {
                 ranks_seen.push(ranks.to_string());
             }
             if let Some(v) = samples.and_then(|c| number(&r[c])) {
+                // The one-process baseline is no level: `baseline · single · 1 rank`.
+                let name = if level == "baseline" { level.clone() } else { format!("level {level}") };
                 out.push(Bar {
-                    label: format!("level {level} · {} · {ranks} ranks", short(strategy)),
+                    label: format!("{name} · {} · {}", short(strategy), ranks_label(ranks)),
                     parts: vec![(v, colour_of(strategy))],
                     value: format!("{v:.0}"),
                 });
@@ -144,7 +157,11 @@ pub fn throughput(t: &Table, _line: &str) -> Result<String> {
         for r in &rows {
             let (peer, ranks) = (t.get(r, "peer").unwrap_or("—"), t.get(r, "ranks").unwrap_or("?"));
             if let Some(v) = t.get(r, "peer samples/s").and_then(number).filter(|_| peer != "—") {
-                out.push(Bar { label: format!("{peer} · {ranks} ranks"), parts: vec![(v, PEER_COLOUR)], value: format!("{v:.0}") });
+                out.push(Bar {
+                    label: format!("{peer} · {}", ranks_label(ranks)),
+                    parts: vec![(v, PEER_COLOUR)],
+                    value: format!("{v:.0}"),
+                });
             }
         }
     }
@@ -155,7 +172,11 @@ pub fn throughput(t: &Table, _line: &str) -> Result<String> {
         let ranks = t.get(r, "ranks").unwrap_or("?");
         if let Some(v) = t.get(r, "tuned peer samples/s").and_then(number).filter(|_| !tuned_ranks.iter().any(|x| x == ranks)) {
             tuned_ranks.push(ranks.to_string());
-            out.push(Bar { label: format!("PyTorch tuned · {ranks} ranks"), parts: vec![(v, TUNED_COLOUR)], value: format!("{v:.0}") });
+            out.push(Bar {
+                label: format!("PyTorch tuned · {}", ranks_label(ranks)),
+                parts: vec![(v, TUNED_COLOUR)],
+                value: format!("{v:.0}"),
+            });
         }
     }
     let mut legend: Vec<(String, RGBColor)> = Vec::new();
@@ -207,13 +228,15 @@ pub fn memory(m: &Table, _line: &str) -> Result<String> {
 mod tests {
     use super::*;
 
-    /// Two levels at 2 ranks with their peers and the same tuned peer, one width-4096 row: one
-    /// bar per level, one per tutorial peer, the tuned peer once, nothing at width 4096.
+    /// The baseline at 1 rank and two levels at 2 ranks with their peers and the tuned peer, one
+    /// width-4096 row: one bar per run and per tutorial peer, the tuned peer once per world size,
+    /// nothing at width 4096.
     #[test]
     fn throughput_has_each_level_its_peer_and_the_tuned_peer_once() {
         let md = "\
 | level | strategy | ranks | fc1 | precision | samples/s (median, min–max) | peer | peer samples/s | tuned peer samples/s |
 |---|---|---|---|---|---|---|---|---|
+| baseline | single | 1 | 128 | fp32 | 2683 | PyTorch tutorial | 1288 | 1409 |
 | 1 | ddp | 2 | 128 | fp32 | 2586 | PyTorch DDP | 1290 | 1372 |
 | 2 | ddp | 2 | 128 | fp32 | 2113 | HF Accelerate | 1196 | 1372 |
 | 1 | ddp | 2 | 4096 | fp32 | 100 | PyTorch DDP | 50 | 60 |
@@ -225,7 +248,11 @@ mod tests {
         assert_eq!((count("PyTorch DDP · 2 ranks"), count("HF Accelerate · 2 ranks")), (1, 1));
         assert_eq!(count("PyTorch tuned · 2 ranks"), 1, "the tuned peer once");
         let text_lines = |s: &str| svg.lines().filter(|l| l.trim() == s).count();
+        assert_eq!(
+            (text_lines("baseline · single · 1 rank"), text_lines("PyTorch tutorial · 1 rank"), text_lines("PyTorch tuned · 1 rank")),
+            (1, 1, 1)
+        );
         assert_eq!((text_lines("1372"), text_lines("60")), (1, 0), "its value, width 128 only");
-        assert_eq!(count("PyTorch tuned"), 2, "its bar and its legend entry");
+        assert_eq!(count("PyTorch tuned"), 3, "its two bars and its legend entry");
     }
 }

@@ -61,6 +61,17 @@ fn generate_writes_everything_and_check_then_finds_it_fresh() {
     ] {
         assert!(names.iter().any(|n| n == expected), "{expected} not in {names:?}");
     }
+    // The run's one-process baseline (level `baseline`, 1 rank, fp32 only) has no bf16 line and
+    // does not set the model-state table's world size; the peers' table and the plot show it.
+    let generated = |name: &str| std::fs::read_to_string(root.join("book/src/generated").join(name)).unwrap();
+    assert!(!generated("q-bf16.md").contains("baseline"), "{}", generated("q-bf16.md"));
+    assert!(generated("q-model-state.md").contains("Rank 0 at 2 ranks, fp32:"), "{}", generated("q-model-state.md"));
+    assert!(
+        generated("q-peers.md").contains("| baseline | single · 1 rank · fc1 128 · fp32 | 2900 | PyTorch tutorial |"),
+        "{}",
+        generated("q-peers.md")
+    );
+    assert!(generated("plot-throughput.svg").contains("baseline · single · 1 rank\n"));
     // The snapshot without insta's header; the README block is the run's line and demo table.
     let snap = std::fs::read_to_string(root.join("book/src/generated/snapshots/shared/data_errors__checksum.txt")).unwrap();
     assert_eq!(snap, "checksum mismatch\n");

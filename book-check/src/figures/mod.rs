@@ -198,7 +198,13 @@ fn run_label(t: &Table, r: &[String], keys: &[&str]) -> String {
         if let Some(v) = t.get(r, k) {
             parts.push(match *k {
                 "strategy" => strategy_label(v).to_string(),
-                "ranks" => format!("{v} ranks"),
+                "ranks" => {
+                    if v == "1" {
+                        "1 rank".to_string()
+                    } else {
+                        format!("{v} ranks")
+                    }
+                }
                 "fc1" => format!("fc1 {v}"),
                 _ => v.to_string(),
             });
@@ -349,7 +355,10 @@ fn bf16(m: &Matrix) -> Result<String> {
                 t.select(&[("level", level), ("strategy", strategy), ("fc1", w), ("precision", "bf16")]).first().map(|x| x[v].clone());
             row.push(cell.unwrap_or_else(|| "—".into()));
         }
-        out.rows.push(row);
+        // A run with no bf16 cell at all (the fp32-only baseline, ZeRO-1) has no line here.
+        if row[2..].iter().any(|c| c != "—") {
+            out.rows.push(row);
+        }
     }
     Ok(format!("{}\n{}", caption(&m.run.line), out.markdown()))
 }
@@ -364,7 +373,9 @@ fn model_state(m: &Matrix) -> Result<String> {
     let mut out = Table { header: MODEL_STATE_HEADER.map(String::from).to_vec(), rows: Vec::new() };
     let mut mismatches = Vec::new();
     let mut seen = Vec::new();
-    let ranks_all: Vec<&str> = mem.rows.iter().filter_map(|r| mem.get(r, "ranks")).collect();
+    // The process groups' size (the one-process baseline, with no model-state accounting, aside).
+    let ranks_all: Vec<&str> =
+        mem.rows.iter().filter(|r| mem.get(r, "level") != Some("baseline")).filter_map(|r| mem.get(r, "ranks")).collect();
     for r in mem.rows.iter().filter(|r| mem.get(r, "precision") == Some("fp32")) {
         let (strategy, width, ranks) =
             (mem.get(r, "strategy").unwrap_or("?"), mem.get(r, "fc1").unwrap_or("?"), mem.get(r, "ranks").unwrap_or("?"));

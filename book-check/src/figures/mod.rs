@@ -183,9 +183,11 @@ fn peers(m: &Matrix) -> Result<String> {
         });
     }
     Ok(format!(
-        "{}\n{lead}{}\nThe peers are the tutorial's programs as a speed-minded PyTorch user writes them (bench/reference/): PyTorch DDP over \
-         gloo under torchrun for level 1, 🤗 Accelerate for level 2, 🤗 Transformers' Trainer for level 3, with the same model, \
-         recipe, batch and threads per rank. Peak RSS is the training phase's, the larger of the ranks'.\n",
+        "{}\n{lead}{}\nThe peers are the tutorial's program as a user of each library writes it (bench/reference/): the tutorial's \
+         own one-process loop for the baseline, PyTorch DDP over gloo under torchrun for level 1, 🤗 Accelerate for level 2, 🤗 \
+         Transformers' Trainer for level 3, with the same model, recipe, batch and threads per rank (the loop a speed-minded \
+         PyTorch user writes, the tuned peer, is in [Measurements](measurements.md#two-peers-and-the-machines-peak)). Peak RSS is \
+         the training phase's, the larger of the ranks'.\n",
         caption(&m.run.line),
         out.markdown()
     ))

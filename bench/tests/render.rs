@@ -75,6 +75,15 @@ fn matrix_tables_from_fixed_json() {
     assert_eq!(shares.iter().map(|s| s.0.as_str()).collect::<Vec<_>>(), ["baseline single ×1 fc1 128 fp32", "L1 ddp ×1 fc1 128 fp32"]);
     // 1,364.2 samples/s × 71,565,312 FLOP per sample (the hand count of bench::compute's tests).
     assert!((shares[0].1 - 1364.2 * 71_565_312.0 / peak).abs() < 1e-12, "{shares:?}");
+    // The estimator's target (#23) is named `|measured − estimated| / …`: in Markdown its pipes
+    // are escaped, so every line of the targets table has its 6 cells.
+    let mut with_growth = summary.clone();
+    with_growth.rows[0].train_rss_growth_median = Some(120.0);
+    let md = bench::matrix::render_targets(&with_growth, true);
+    assert!(md.contains("\\|measured − estimated\\|"), "{md}");
+    for line in md.lines() {
+        assert_eq!(line.replace("\\|", "").matches('|').count(), 7, "{line}");
+    }
     let fsdp = t.iter().find(|g| g.what.starts_with("FSDP")).unwrap();
     assert_eq!((fsdp.measured, fsdp.met), (0.85, false));
     let rss = t.iter().find(|g| g.what.starts_with("training-phase") && g.cell.starts_with("L2")).unwrap();

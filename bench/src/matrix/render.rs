@@ -179,9 +179,11 @@ pub(super) fn steps_table(summary: &MatrixSummary, markdown: bool) -> Table {
 pub fn render_targets(summary: &MatrixSummary, markdown: bool) -> String {
     let mut t = new_table(markdown, &["issue", "target", "cell", "measured", "bound", "met"]);
     for g in targets(&summary.rows, summary.machine.cpu_peak.as_ref()) {
+        // A `|` in Markdown would split the cell (`|measured − estimated|`): escaped there.
+        let what = g.what.replace('🤗', "HF");
         t.add_row(vec![
             format!("#{}", g.issue),
-            g.what.replace('🤗', "HF"),
+            if markdown { what.replace('|', "\\|") } else { what },
             g.cell.clone(),
             format!("{:.2}×", g.measured),
             g.bound(),

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from accelerate import Accelerator
 from accelerate.utils import set_seed
 
-from common import peer_arguments, BasicNet, StepTimer, datasets, gathered_timing_fields
+from common import peer_arguments, BasicNet, StepTimer, datasets, gathered_timing_fields, exit_process
 
 
 def main():
@@ -76,3 +76,4 @@ def main():
 
 if __name__ == "__main__":
     main()
+    exit_process()  # no interpreter teardown: see common.exit_process

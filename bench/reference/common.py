@@ -226,6 +226,20 @@ def device_fields(device):
     return {"cuda_peak_mib": torch.cuda.max_memory_allocated() / 2**20, "gpu": torch.cuda.get_device_name()}
 
 
+def exit_process():
+    """Ends a peer once its report is printed and its ranks have met (shutdown(),
+    wait_for_everyone): flushes the output and leaves with os._exit(0), without the interpreter's
+    teardown. That teardown frees the DDP reducer and with it the gloo process group, whose
+    destructor joins its worker threads; once in CI a rank 0 blocked there for good after printing
+    its report (in ProcessGroupGloo's destructor, joining a thread that never returned), torchrun
+    waited for it and the bench with it. Nothing after the report needs a destructor. Call it
+    only on success: an exception must still reach the interpreter (traceback, non-zero exit)."""
+    import sys
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
 def shutdown():
     """Ends a multi-process peer cleanly: every rank waits at a barrier, then the process group is
     destroyed. Without it a rank that leaves first tears down its gloo connections while another

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data.distributed import DistributedSampler
 
-from common import peer_arguments, BasicNet, StepTimer, datasets, gathered_timing_fields, shutdown
+from common import peer_arguments, BasicNet, StepTimer, datasets, gathered_timing_fields, shutdown, exit_process
 
 
 def main():
@@ -73,3 +73,4 @@ def main():
 
 if __name__ == "__main__":
     main()
+    exit_process()  # no interpreter teardown: see common.exit_process

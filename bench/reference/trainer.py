@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from transformers import Trainer, TrainerCallback, TrainingArguments
 
-from common import peer_arguments, BasicNet, StepTimer, datasets, gathered_timing_fields, shutdown
+from common import peer_arguments, BasicNet, StepTimer, datasets, gathered_timing_fields, shutdown, exit_process
 
 TIMER = {}
 
@@ -103,3 +103,4 @@ def run(a, start, out):
 
 if __name__ == "__main__":
     main()
+    exit_process()  # no interpreter teardown: see common.exit_process

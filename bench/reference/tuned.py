@@ -32,7 +32,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from common import REPO, BasicNet, StepTimer, device_fields, gathered_timing_fields, peer_arguments, shutdown
+from common import REPO, BasicNet, StepTimer, device_fields, gathered_timing_fields, peer_arguments, shutdown, exit_process
 
 MEAN, STD = 0.1307, 0.3081
 TRIAL_WARMUP, TRIAL_STEPS = 3, 10
@@ -258,3 +258,4 @@ def main():
 
 if __name__ == "__main__":
     main()
+    exit_process()  # no interpreter teardown: see common.exit_process

@@ -171,7 +171,9 @@ fn matrix_runs_every_level_next_to_its_peer_and_measures_all_reduce() {
         .args(["run", "--levels", "1,2,3", "--strategies", "single,ddp", "--world-sizes", "1,2", "--widths", "128"])
         // torch.compile's trial is the tuned peer's slowest (tests/peers.rs runs the full one).
         .args(["--tuned-trial", "channels_last"])
-        .args(["--precisions", "fp32", "--steps", "4", "--repeats", "1", "--bucket-iters", "5", "--bin-dir"])
+        .args(["--precisions", "fp32", "--steps", "4", "--repeats", "1", "--bucket-iters", "5"])
+        // A run that hangs fails the test in minutes, not after the default half hour.
+        .args(["--timeout-s", "300", "--bin-dir"])
         .arg(&rel)
         .arg("--out-dir")
         .arg(dir.path())

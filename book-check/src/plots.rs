@@ -27,7 +27,7 @@ fn plot_error(e: impl std::fmt::Display) -> Error {
 }
 
 /// `1 rank`, `2 ranks`.
-fn ranks_label(ranks: &str) -> String {
+pub(crate) fn ranks_label(ranks: &str) -> String {
     if ranks == "1" {
         "1 rank".into()
     } else {

@@ -9,7 +9,7 @@ use super::render::{
     allreduce_table, buckets_table, memory_table, render_memory, render_notes, render_steps, render_targets, render_throughput,
     steps_table, throughput_table,
 };
-use super::{targets, MatrixSummary};
+use super::MatrixSummary;
 use comfy_table::{presets, CellAlignment, Table};
 
 /// The case of a full table's first five cells as [`super::label`] names it elsewhere (the
@@ -148,7 +148,7 @@ pub fn render_terminal(summary: &MatrixSummary, all_columns: bool) -> String {
             b.world_size,
         ));
     }
-    let all = targets(&summary.rows, summary.machine.cpu_peak.as_ref());
+    let all = summary.targets();
     if all_columns && !all.is_empty() {
         s.push_str(&format!("\nTargets (measured in this run, met or not)\n{}\n", render_targets(summary, false)));
     } else if !all.is_empty() {

@@ -178,7 +178,7 @@ pub(super) fn steps_table(summary: &MatrixSummary, markdown: bool) -> Table {
 /// The targets of issues #10, #11, #23 and #25, each with its measured value and whether it is met.
 pub fn render_targets(summary: &MatrixSummary, markdown: bool) -> String {
     let mut t = new_table(markdown, &["issue", "target", "cell", "measured", "bound", "met"]);
-    for g in targets(&summary.rows, summary.machine.cpu_peak.as_ref()) {
+    for g in summary.targets() {
         // A `|` in Markdown would split the cell (`|measured − estimated|`): escaped there.
         let what = g.what.replace('🤗', "HF");
         t.add_row(vec![
@@ -399,7 +399,7 @@ pub fn render_markdown(summary: &MatrixSummary) -> String {
         render_memory(summary, true)
     );
     s.push_str(&format!("\n## Compute efficiency\n\n{}\n\n{}\n", render_efficiency(summary, true), efficiency_notes(summary)));
-    if !targets(&summary.rows, summary.machine.cpu_peak.as_ref()).is_empty() {
+    if !summary.targets().is_empty() {
         s.push_str(&format!("\n## Targets (measured in this run, met or not)\n\n{}\n", render_targets(summary, true)));
     }
     if let Some(a) = &summary.allreduce {
@@ -550,7 +550,7 @@ pub fn render_csv(summary: &MatrixSummary) -> String {
 /// at_least, met).
 pub fn render_targets_csv(summary: &MatrixSummary) -> String {
     let mut out = String::from("issue,what,cell,measured,threshold,at_least,met\n");
-    for g in targets(&summary.rows, summary.machine.cpu_peak.as_ref()) {
+    for g in summary.targets() {
         out.push_str(&format!("{},\"{}\",\"{}\",{},{},{},{}\n", g.issue, g.what, g.cell, g.measured, g.threshold, g.at_least, g.met));
     }
     out

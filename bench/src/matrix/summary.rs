@@ -107,6 +107,12 @@ pub struct MatrixSummary {
 }
 
 impl MatrixSummary {
+    /// The targets its rows meet or miss, the efficiency one against this machine's CPU peak
+    /// ([`super::targets`]).
+    pub fn targets(&self) -> Vec<super::targets::Target> {
+        super::targets(&self.rows, self.machine.cpu_peak.as_ref())
+    }
+
     /// `Ok` when every run succeeded.
     ///
     /// # Errors

@@ -200,13 +200,7 @@ fn run_label(t: &Table, r: &[String], keys: &[&str]) -> String {
         if let Some(v) = t.get(r, k) {
             parts.push(match *k {
                 "strategy" => strategy_label(v).to_string(),
-                "ranks" => {
-                    if v == "1" {
-                        "1 rank".to_string()
-                    } else {
-                        format!("{v} ranks")
-                    }
-                }
+                "ranks" => crate::plots::ranks_label(v),
                 "fc1" => format!("fc1 {v}"),
                 _ => v.to_string(),
             });

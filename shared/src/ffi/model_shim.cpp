@@ -48,27 +48,30 @@ inline uint64_t splitmix64(uint64_t z) {
 // and no longer vectorises the loops (the channels-last max-pool's forward ran 3.6× slower
 // when this file was first compiled with -fopenmp).
 
-// Element 2i takes the low 32 bits of word i, element 2i+1 the high 32: it is kept (set to
-// `kept`) when those bits, read as an integer u in [0, 2^32), are below `threshold`. The value
-// is looked up in a two-entry table, not selected by a branch (which mispredicts).
-// Pairs [begin, end) of `fill` below (see the note on `*_range` functions above it).
+// Word i of the stream keyed `key` (see 1. above).
+inline uint64_t word(uint64_t key, int64_t i) { return splitmix64(key + static_cast<uint64_t>(i + 1) * 0x9E3779B97F4A7C15ULL); }
+
+// Pairs [begin, end) of `fill` below (see the note on `*_range` functions above).
 template <typename T>
 [[gnu::noinline]] void fill_range(T *out, int64_t begin, int64_t end, uint64_t key, uint64_t threshold, T kept) {
   const T value[2] = {T(0), kept};
   for (int64_t i = begin; i < end; ++i) {
-    const uint64_t w = splitmix64(key + static_cast<uint64_t>(i + 1) * 0x9E3779B97F4A7C15ULL);
+    const uint64_t w = word(key, i);
     out[2 * i] = value[(w & 0xFFFFFFFFULL) < threshold];
     out[2 * i + 1] = value[(w >> 32) < threshold];
   }
 }
 
+// Element 2i takes the low 32 bits of word i, element 2i+1 the high 32: it is kept (set to
+// `kept`) when those bits, read as an integer u in [0, 2^32), are below `threshold`. The value
+// is looked up in a two-entry table, not selected by a branch (which mispredicts).
 template <typename T>
 void fill(T *out, int64_t n, uint64_t key, uint64_t threshold, T kept) {
   const int64_t pairs = n / 2;
   at::parallel_for(0, pairs, 16384, [&](int64_t begin, int64_t end) { fill_range<T>(out, begin, end, key, threshold, kept); });
   if (n % 2 == 1) {
     const T value[2] = {T(0), kept};
-    out[n - 1] = value[(splitmix64(key + static_cast<uint64_t>(pairs + 1) * 0x9E3779B97F4A7C15ULL) & 0xFFFFFFFFULL) < threshold];
+    out[n - 1] = value[(word(key, pairs) & 0xFFFFFFFFULL) < threshold];
   }
 }
 

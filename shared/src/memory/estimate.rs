@@ -390,13 +390,8 @@ fn fsdp_moments(
     // fp32 copy lives until it is cast).
     let copy_bytes = |u: usize| match (offload, strategy) {
         (false, _) => 0,
-        (true, ShardingStrategy::NoShard) => {
-            if cb == MASTER_BYTES {
-                0
-            } else {
-                units[u].numel as u64 * MASTER_BYTES
-            }
-        }
+        (true, ShardingStrategy::NoShard) if cb == MASTER_BYTES => 0,
+        (true, ShardingStrategy::NoShard) => units[u].numel as u64 * MASTER_BYTES,
         (true, _) => units[u].shard as u64 * (MASTER_BYTES + if cb == MASTER_BYTES { 0 } else { cb }),
     };
     let kept_before = |s: usize| if s == 0 { b * input_bytes_per_sample(cb) } else { activations(&segs, s - 1, false, ckpt, cb, b) };

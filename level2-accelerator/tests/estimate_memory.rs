@@ -109,9 +109,11 @@ fn offload_params_places_the_model_state_on_the_host() {
             assert_eq!(r["host"].as_u64(), Some(state), "{}", s["strategy"]);
             // The copies to the device are real allocations, also where host and device are one
             // memory: NO_SHARD keeps the whole parameters' copy while they are gathered (it is
-            // at the peak); a sharded unit's shard copy lives only while it is all-gathered
-            // (not at this peak).
-            let copy = if s["strategy"] == "fsdp-no-shard" { m["parameters"].as_u64().unwrap() } else { 0 };
+            // at the peak), and its flat gradient on the device (without offload, `.grad`
+            // itself, all-reduced in place); a sharded unit's shard copy lives only while it
+            // is all-gathered (not at this peak).
+            let no_shard = s["strategy"] == "fsdp-no-shard";
+            let copy = if no_shard { m["parameters"].as_u64().unwrap() + m["gradients"].as_u64().unwrap() } else { 0 };
             let (total, growth) = (p["total"].as_u64().unwrap() + copy, p["peak_growth"].as_u64().unwrap() + copy);
             assert_eq!((r["total"].as_u64(), r["peak_growth"].as_u64()), (Some(total), Some(growth)), "{}", s["strategy"]);
             assert!(p.get("host").is_none(), "no host bytes without offload");

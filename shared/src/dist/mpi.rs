@@ -11,8 +11,9 @@
 //! two-stage state machine (probe, then the collective) with `MPI_Test` and fails with
 //! [`Error::CollectiveTimeout`] after the group's timeout instead of waiting forever.
 //!
-//! bf16 and f16 have no MPI datatype: reductions of them go through an f32 copy; broadcast and
-//! all_gather move their bytes as 16-bit integers.
+//! bf16 and f16 have no MPI datatype: they move as 16-bit integers, and reductions of them use
+//! user-defined operations that add each pair in f32 and round back, as gloo and NCCL do
+//! ([`half_ops`]).
 //!
 //! The communicator's error handler is `MPI_ERRORS_RETURN`, and every return code is checked
 //! and turned into [`Error::Backend`] with MPI's own error string. After a timeout the group is
@@ -38,6 +39,7 @@
 //! released while MPI may still write it.
 
 mod blocking;
+mod half_ops;
 mod nonblocking;
 
 use super::work::{Watch, Watchdog, Work};
@@ -109,6 +111,7 @@ impl MpiGroup {
             dog,
         };
         group.check("MPI_Comm_set_errhandler", code)?;
+        half_ops::create(|call, rc| group.check(call, rc))?;
         Ok(group)
     }
 
@@ -288,11 +291,12 @@ fn raw_type(kind: Kind) -> ffi::MPI_Datatype {
     }
 }
 
-fn is_half(kind: Kind) -> bool {
-    matches!(kind, Kind::BFloat16 | Kind::Half)
-}
-
-fn mpi_op(op: ReduceOp) -> ffi::MPI_Op {
+/// The operation reducing `kind` with `op` (`Avg` sums; the caller divides): MPI's own, or
+/// for 16-bit floats ours ([`half_ops`]).
+fn mpi_op(op: ReduceOp, kind: Kind) -> ffi::MPI_Op {
+    if let Some(half) = half_ops::op_for(kind, op) {
+        return half;
+    }
     // SAFETY: reading rsmpi's predefined operation handles.
     unsafe {
         match op {

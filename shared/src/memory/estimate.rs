@@ -16,12 +16,13 @@
 //!   tensor and adds it into `.grad`); FSDP: gathered parameters and the unit's unsharded flat
 //!   gradient;
 //! - **FSDP's flat gradient**: after a unit's first segment's backward, its gradients are
-//!   added into the unit's unsharded flat gradient (allocated then, the gathered parameters
-//!   freed just before when sharded);
+//!   added into the unit's unsharded flat gradient, fp32 also under mixed precision (allocated
+//!   then, the gathered parameters freed just before when sharded; NO_SHARD adds into the
+//!   shard's `.grad` itself);
 //! - **gradient reduction**: DDP's bucket copy (`cat` of one bucket's gradients) and Open MPI's
 //!   scratch while it is all-reduced ([`allreduce_scratch_bytes`]; ZeRO-1's pieces are views of
-//!   the flat gradient, no copy); FSDP's reduce-scatter input (cast to fp32 under mixed
-//!   precision) and output, or NO_SHARD's all-reduce with its scratch;
+//!   the flat gradient, no copy); FSDP's reduce-scatter input (the flat gradient, fp32) and
+//!   output, or NO_SHARD's all-reduce of `.grad` in place with its scratch;
 //! - **non-finite check** (every level, unless `--allow-non-finite`): each gradient the
 //!   optimizer steps is summed in f64 piece by piece, through an f64 copy of one piece
 //!   ([`FINITE_CHECK_CHUNK`](crate::parallel::wrapped::FINITE_CHECK_CHUNK) elements).
@@ -363,9 +364,10 @@ impl Gathers {
 }
 
 /// FSDP's moments, following its forward and segment-by-segment backward: which units'
-/// parameters are gathered (a low-precision copy for `NO_SHARD` under mixed precision), each
-/// unit's unsharded flat gradient from its first backward segment to its reduction, the fresh
-/// gradients of a segment's parameters, and the reduction's input (cast to fp32) and output.
+/// parameters are gathered (a low-precision copy for `NO_SHARD` under mixed precision, kept
+/// from one forward to the next), each unit's unsharded flat gradient from its first backward
+/// segment to its reduction (none for `NO_SHARD`, which adds into `.grad`), the fresh gradients
+/// of a segment's parameters, and the reduction's output or scratch.
 fn fsdp_moments(
     input: &EstimateInput,
     units: &[UnitSize],
@@ -396,7 +398,11 @@ fn fsdp_moments(
     };
     let kept_before = |s: usize| if s == 0 { b * input_bytes_per_sample(cb) } else { activations(&segs, s - 1, false, ckpt, cb, b) };
     let sum = |set: &[bool], bytes: &dyn Fn(usize) -> u64| set.iter().enumerate().filter(|(_, &x)| x).map(|(u, _)| bytes(u)).sum::<u64>();
-    let flat_bytes = |u: usize| units[u].padded as u64 * cb;
+    // The unsharded flat gradient, in the reduce dtype (fp32: a bf16 gradient is widened as it
+    // is added). NO_SHARD without offload adds into the shard's `.grad` itself (counted as
+    // gradients) once it exists: only the first backward allocates one, which becomes `.grad`.
+    let in_grad = !strategy.is_sharded() && !offload;
+    let flat_bytes = |u: usize| if in_grad { 0 } else { units[u].padded as u64 * MASTER_BYTES };
     // The gathered units' parameters, and the device copy of a prefetch still in flight (its
     // all-gather reads it until it completes).
     let gathered = |g: &Gathers| sum(&g.live, &unit_bytes) + g.inflight.map_or(0, copy_bytes);
@@ -409,7 +415,10 @@ fn fsdp_moments(
         Some(copy_bytes(u)).filter(|&c| fresh && c > 0)
     };
     let sharded = strategy.is_sharded();
-    let mut g = Gathers { live: vec![false; units.len()], inflight: None };
+    // NO_SHARD's cast to the compute dtype is written over by the next forward's gather, not
+    // freed: every unit's is alive from the start of a forward.
+    let kept_casts = strategy == ShardingStrategy::NoShard && cb != MASTER_BYTES;
+    let mut g = Gathers { live: vec![kept_casts; units.len()], inflight: None };
     let mut out = Vec::new();
     for s in 0..segs.len() {
         let u = unit_of(s);
@@ -469,13 +478,13 @@ fn fsdp_moments(
         let Some(u) = done else { continue };
         flat[u] = false;
         let unit = &units[u];
-        let reduce = match (cb == MASTER_BYTES, sharded) {
-            (false, _) => (cb + MASTER_BYTES) * unit.padded as u64,
-            (true, true) => MASTER_BYTES * (unit.padded + unit.shard) as u64,
-            // NO_SHARD all-reduces the flat gradient in place, Open MPI's scratch beside it.
-            (true, false) => {
-                MASTER_BYTES * unit.padded as u64 + allreduce_scratch_bytes(MASTER_BYTES * unit.padded as u64, input.world_size)
-            }
+        // The flat gradient (fp32) reduce-scattered into a fresh shard; NO_SHARD all-reduces it
+        // in place (`.grad` itself without offload), Open MPI's scratch beside it.
+        let padded = MASTER_BYTES * unit.padded as u64;
+        let reduce = match (sharded, in_grad) {
+            (true, _) => MASTER_BYTES * (unit.padded + unit.shard) as u64,
+            (false, true) => allreduce_scratch_bytes(padded, input.world_size),
+            (false, false) => padded + allreduce_scratch_bytes(padded, input.world_size),
         };
         let kept = kept_before(s);
         let transient = gathered(&g) + sum(&flat, &flat_bytes) + reduce;

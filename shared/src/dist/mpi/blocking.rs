@@ -2,7 +2,7 @@
 //! preceded by the blocking agreement probe (a 4-integer `MPI_Allreduce`) unless prechecked,
 //! and armed in the group's watchdog, which aborts the job when one waits past the timeout.
 
-use super::{is_half, mpi_op, raw_type, MpiGroup};
+use super::{mpi_op, raw_type, MpiGroup};
 use crate::dist::{agreement_probe, check_agreement, Agreement, Call, Collective, Input, ReduceOp};
 use crate::ffi::mpi::in_place;
 use crate::Result;
@@ -15,7 +15,7 @@ impl MpiGroup {
     /// fastest for small messages), each preceded by the blocking agreement probe unless
     /// prechecked, armed in the watchdog.
     ///
-    /// A reduce-scatter of a handed-over f32/f64/i64 input at 2 ranks is the all-reduce in
+    /// A reduce-scatter of a handed-over input at 2 ranks is the all-reduce in
     /// place, then this rank's block. Open MPI 4.1's all-reduce is tuned better than its
     /// `MPI_Reduce_scatter_block` there, though a reduce-scatter moves half the bytes (2 ranks,
     /// 2-core AMD EPYC: 151 MB 74–79 ms against 101–103 ms, 4.7 MB 0.60 against 0.75–0.82 ms;
@@ -45,7 +45,7 @@ impl MpiGroup {
                 }
                 self.all_gather_unchecked(&mut output, &input)
             }),
-            Call::ReduceScatter { mut output, input: Input::Owned(input), op } if self.world_size == 2 && !is_half(input.kind()) => {
+            Call::ReduceScatter { mut output, input: Input::Owned(input), op } if self.world_size == 2 => {
                 self.reduce_scatter_in_place(&mut output, input, op, agreement)
             }
             Call::ReduceScatter { mut output, input, op } => self.blocking("reduce_scatter", || {
@@ -84,7 +84,7 @@ impl MpiGroup {
         let n = self.count("all_reduce", t)?;
         // SAFETY: `t` is contiguous on the CPU with `n` elements of the datatype's size (checked by
         // the caller), and nothing else touches it during the call.
-        let rc = unsafe { ffi::MPI_Allreduce(in_place(), t.data_ptr(), n, raw_type(t.kind()), mpi_op(op), self.comm) };
+        let rc = unsafe { ffi::MPI_Allreduce(in_place(), t.data_ptr(), n, raw_type(t.kind()), mpi_op(op, t.kind()), self.comm) };
         self.check("MPI_Allreduce", rc)
     }
 
@@ -92,22 +92,21 @@ impl MpiGroup {
         let n = self.count("reduce_scatter", output)?;
         // SAFETY: input holds world_size·n and output n contiguous CPU elements of one datatype
         // (checked by the caller); they do not overlap.
-        let rc =
-            unsafe { ffi::MPI_Reduce_scatter_block(input.data_ptr(), output.data_ptr(), n, raw_type(input.kind()), mpi_op(op), self.comm) };
+        let rc = unsafe {
+            ffi::MPI_Reduce_scatter_block(
+                input.data_ptr(),
+                output.data_ptr(),
+                n,
+                raw_type(input.kind()),
+                mpi_op(op, input.kind()),
+                self.comm,
+            )
+        };
         self.check("MPI_Reduce_scatter_block", rc)
     }
 
-    /// The all-reduce itself (f32 through a copy for 16-bit floats; Avg divides after).
+    /// The all-reduce itself (Avg divides after).
     fn all_reduce_unchecked(&self, tensor: &mut Tensor, op: ReduceOp) -> Result<()> {
-        if is_half(tensor.kind()) {
-            let mut wide = tensor.to_kind(Kind::Float);
-            self.all_reduce_raw(&mut wide, op)?;
-            if op == ReduceOp::Avg {
-                let _ = wide.g_div_scalar_(self.world_size as f64);
-            }
-            tensor.copy_(&wide);
-            return Ok(());
-        }
         self.all_reduce_raw(tensor, op)?;
         if op == ReduceOp::Avg {
             let _ = tensor.g_div_scalar_(self.world_size as f64);
@@ -131,16 +130,6 @@ impl MpiGroup {
     }
 
     fn reduce_scatter_unchecked(&self, output: &mut Tensor, input: &Tensor, op: ReduceOp) -> Result<()> {
-        if is_half(input.kind()) {
-            let wide_in = input.to_kind(Kind::Float);
-            let mut wide_out = output.to_kind(Kind::Float);
-            self.reduce_scatter_raw(&mut wide_out, &wide_in, op)?;
-            if op == ReduceOp::Avg {
-                let _ = wide_out.g_div_scalar_(self.world_size as f64);
-            }
-            output.copy_(&wide_out);
-            return Ok(());
-        }
         self.reduce_scatter_raw(output, input, op)?;
         if op == ReduceOp::Avg {
             let _ = output.g_div_scalar_(self.world_size as f64);

@@ -3,7 +3,7 @@
 //! `MPI_Test`. Each keeps its tensors — borrowed or handed over — in the closure that finishes
 //! it, so they live until the request completed.
 
-use super::{is_half, mpi_op, null_request, raw_type, MpiGroup};
+use super::{mpi_op, null_request, raw_type, MpiGroup};
 use crate::dist::work::{Pending, Work};
 use crate::dist::{agreement_probe, check_agreement, Agreement, Buffer, Call, Collective, Input, ReduceOp};
 use crate::ffi::mpi::in_place;
@@ -62,49 +62,30 @@ impl MpiGroup {
         Ok(work)
     }
 
-    /// `MPI_Iallreduce` in place on `n` elements of `ty` at `p`.
-    fn iallreduce(&self, p: *mut c_void, n: c_int, ty: ffi::MPI_Datatype, op: ReduceOp) -> Result<ffi::MPI_Request> {
+    /// `MPI_Iallreduce` in place on `n` elements of `kind` at `p`.
+    fn iallreduce(&self, p: *mut c_void, n: c_int, kind: Kind, op: ReduceOp) -> Result<ffi::MPI_Request> {
         let mut req = null_request();
         // SAFETY: the caller's buffer holds `n` elements of `ty` and is kept alive by the Work
         // until the request completed.
-        let rc = unsafe { ffi::MPI_Iallreduce(in_place(), p, n, ty, mpi_op(op), self.comm, &mut req) };
+        let rc = unsafe { ffi::MPI_Iallreduce(in_place(), p, n, raw_type(kind), mpi_op(op, kind), self.comm, &mut req) };
         self.check("MPI_Iallreduce", rc)?;
         Ok(req)
     }
 
     /// `MPI_Ireduce_scatter_block` from `input` (world_size·n elements) to `output` (n).
-    fn ireduce_scatter(
-        &self,
-        input: *mut c_void,
-        output: *mut c_void,
-        n: c_int,
-        ty: ffi::MPI_Datatype,
-        op: ReduceOp,
-    ) -> Result<ffi::MPI_Request> {
+    fn ireduce_scatter(&self, input: *mut c_void, output: *mut c_void, n: c_int, kind: Kind, op: ReduceOp) -> Result<ffi::MPI_Request> {
         let mut req = null_request();
         // SAFETY: as `iallreduce`; input and output do not overlap.
-        let rc = unsafe { ffi::MPI_Ireduce_scatter_block(input, output, n, ty, mpi_op(op), self.comm, &mut req) };
+        let rc = unsafe { ffi::MPI_Ireduce_scatter_block(input, output, n, raw_type(kind), mpi_op(op, kind), self.comm, &mut req) };
         self.check("MPI_Ireduce_scatter_block", rc)?;
         Ok(req)
     }
 
-    /// All-reduce: in place; 16-bit floats through an f32 copy; `Avg` divides once completed.
+    /// All-reduce: in place; `Avg` divides once completed.
     fn start_all_reduce<'a>(&'a self, mut tensor: Buffer<'a>, op: ReduceOp, agreement: Agreement) -> Result<Work<'a>> {
         let (n, kind, numel, ws) = (self.count("all_reduce", &tensor)?, tensor.kind(), tensor.numel() as i64, self.world_size as f64);
-        if is_half(kind) {
-            let mut wide = tensor.to_kind(Kind::Float);
-            let p = wide.data_ptr();
-            let main = Box::new(move || self.iallreduce(p, n, raw_type(Kind::Float), op));
-            let finish = Box::new(move || {
-                if op == ReduceOp::Avg {
-                    let _ = wide.g_div_scalar_(ws);
-                }
-                tensor.copy_(&wide);
-            });
-            return self.issue("all_reduce", (numel, kind), agreement, main, Some(finish));
-        }
         let p = tensor.data_ptr();
-        let main = Box::new(move || self.iallreduce(p, n, raw_type(kind), op));
+        let main = Box::new(move || self.iallreduce(p, n, kind, op));
         let finish = Box::new(move || {
             if op == ReduceOp::Avg {
                 let _ = tensor.g_div_scalar_(ws);
@@ -142,8 +123,7 @@ impl MpiGroup {
         self.issue("all_gather", (numel, kind), agreement, main, Some(Box::new(move || drop((output, input)))))
     }
 
-    /// Reduce-scatter: `MPI_Ireduce_scatter_block`; 16-bit floats through f32 copies; `Avg`
-    /// divides once completed.
+    /// Reduce-scatter: `MPI_Ireduce_scatter_block`; `Avg` divides once completed.
     fn start_reduce_scatter<'a>(
         &'a self,
         mut output: Buffer<'a>,
@@ -152,22 +132,8 @@ impl MpiGroup {
         agreement: Agreement,
     ) -> Result<Work<'a>> {
         let (n, kind, numel, ws) = (self.count("reduce_scatter", &output)?, input.kind(), input.numel() as i64, self.world_size as f64);
-        if is_half(kind) {
-            let wide_in = input.to_kind(Kind::Float);
-            let mut wide_out = output.to_kind(Kind::Float);
-            let (i, o) = (wide_in.data_ptr(), wide_out.data_ptr());
-            let main = Box::new(move || self.ireduce_scatter(i, o, n, raw_type(Kind::Float), op));
-            let finish = Box::new(move || {
-                if op == ReduceOp::Avg {
-                    let _ = wide_out.g_div_scalar_(ws);
-                }
-                output.copy_(&wide_out);
-                drop((wide_in, input));
-            });
-            return self.issue("reduce_scatter", (numel, kind), agreement, main, Some(finish));
-        }
         let (i, o) = (input.data_ptr(), output.data_ptr());
-        let main = Box::new(move || self.ireduce_scatter(i, o, n, raw_type(kind), op));
+        let main = Box::new(move || self.ireduce_scatter(i, o, n, kind, op));
         let finish = Box::new(move || {
             if op == ReduceOp::Avg {
                 let _ = output.g_div_scalar_(ws);

@@ -90,10 +90,10 @@ impl<M: Segmented> FullyShardedDataParallel<'_, M> {
                 }
             }
             if let Some(u) = unit {
-                let unit_ref = &self.units[u];
-                let pkind = self.param_kind(u);
-                let device = self.shard_pg.device(); // the compute device, also with CPU offload
-                let fg = self.full_grads[u].get_or_insert_with(|| FlatGrad::new(unit_ref, pkind, device));
+                if self.full_grads[u].is_none() {
+                    self.full_grads[u] = Some(self.flat_grad(u));
+                }
+                let (unit_ref, fg) = (&self.units[u], self.full_grads[u].as_mut().expect("set above"));
                 tch::no_grad(|| {
                     for (k, &p) in self.seg_params[i].iter().enumerate() {
                         if let Some(gp) = grad_of(usize::from(want_x) + k) {
@@ -123,6 +123,29 @@ impl<M: Segmented> FullyShardedDataParallel<'_, M> {
         self.finish_prefetch()
     }
 
+    /// Where unit `u`'s gradient accumulates during backward. `NoShard` with a gradient
+    /// already there (every step after the first: zero_grad zeroes it in place), synced, not
+    /// offloaded and reducing in the shard's dtype: the shard's `.grad` itself, all-reduced in
+    /// place (PyTorch's `NO_SHARD`: autograd accumulates into `flat_param.grad`, which is
+    /// all-reduced; DDP's `gradient_as_bucket_view`) — no second full-size buffer, no copy.
+    /// Otherwise a fresh buffer in the reduce dtype (a bf16 gradient is widened as it is added:
+    /// no bf16 flat gradient cast to fp32 afterwards).
+    fn flat_grad(&self, u: usize) -> FlatGrad {
+        let (unit, shard, rkind) = (&self.units[u], &self.shards[u], self.reduce_kind(u));
+        let grad = shard.grad();
+        let in_place = !self.config.sharding_strategy.is_sharded()
+            && self.require_backward_grad_sync
+            && self.offload.is_none()
+            && grad.defined()
+            && grad.kind() == rkind
+            && grad.numel() as i64 == unit.padded_numel;
+        if in_place {
+            return FlatGrad::into_grad(unit, grad.detach());
+        }
+        // The compute device, also with CPU offload.
+        FlatGrad::new(unit, rkind, self.shard_pg.device())
+    }
+
     /// A unit's gradient is complete: reduce it into the shard's gradient, unless under
     /// `no_sync` (then it stays in `full_grads`, accumulating across backwards). With CPU
     /// offload the reduced shard, cast to the shard's dtype, is copied to the host first.
@@ -133,10 +156,9 @@ impl<M: Segmented> FullyShardedDataParallel<'_, M> {
         let Some(fg) = self.full_grads[u].take() else { return Ok(()) };
         let rkind = self.reduce_kind(u);
         let shard = self.shards[u].shallow_clone();
+        let in_grad = fg.in_grad;
         let reduced = tch::no_grad(|| -> Result<Tensor> {
-            let fg = fg.finish(&self.units[u])?;
-            let mut input = fg.to_kind(rkind).contiguous();
-            drop(fg); // `input` may be `fg` itself (no cast): nothing else reads it
+            let mut input = fg.finish(&self.units[u])?;
             let bytes = (input.numel() * input.kind().elt_size_in_bytes()) as u64;
             let t0 = Instant::now();
             let out = if self.config.sharding_strategy.is_sharded() {
@@ -157,47 +179,76 @@ impl<M: Segmented> FullyShardedDataParallel<'_, M> {
             };
             self.comm += t0.elapsed();
             self.comm_bytes += bytes;
-            let out = out.to_kind(shard.kind());
             match &mut self.offload {
-                Some(o) => o.copy_to_host(&out),
+                Some(o) => o.copy_to_host(&out.to_kind(shard.kind())),
                 None => Ok(out),
             }
         })?;
+        if in_grad {
+            // All-reduced where it lies: `.grad` is the average now (it held zeros or an
+            // average already, the same on every rank, when backward added into it).
+            return Ok(());
+        }
         // Accumulate into shard.grad as PyTorch's FSDP does (`_accumulate_sharded_grad`): with
-        // no gradient yet (zero_grad sets it to None) the reduced tensor becomes it — no copy;
-        // otherwise it is added in place.
+        // no gradient yet the reduced tensor, cast to the shard's dtype, becomes it; otherwise
+        // it is added in place — in the reduce dtype, widened element by element as the add
+        // reads it (no full-size cast first: at width 4096 that was a fresh 151 MB per step).
         let grad = shard.grad();
         if grad.defined() {
             let _ = tch::no_grad(|| grad.detach().f_add_(&reduced))?;
         } else {
-            crate::autograd::set_grad(&shard, &reduced)?;
+            crate::autograd::set_grad(&shard, &tch::no_grad(|| reduced.to_kind(shard.kind())))?;
         }
         Ok(())
     }
 }
 
+/// Elements per piece when a gradient of another dtype is added into the flat gradient: its
+/// cast is then 1 Mi elements (4 MiB in fp32), below glibc's mmap threshold once that has
+/// adapted, so the same heap memory serves every piece.
+const MIXED_ADD_CHUNK: i64 = 1 << 20;
+
 /// A unit's unsharded flat gradient while backward fills it (PyTorch's `flat_param.grad`
-/// before the reduce-scatter): `[padded_numel]` in the compute dtype. A parameter's first
-/// gradient is copied into its slot and later ones added, so a fresh buffer is neither
+/// before the reduce-scatter): `[padded_numel]` in the reduce dtype. In a fresh buffer a
+/// parameter's first gradient is copied into its slot and later ones added, so it is neither
 /// zero-filled first nor summed into (one pass over each slot, not three); the slots nothing
 /// wrote and the padding are zeroed once, by [`finish`](Self::finish), before it is read.
 pub(super) struct FlatGrad {
     flat: Tensor,
     /// Per parameter of the unit: its slot holds a gradient.
     written: Vec<bool>,
+    /// `flat` is the shard's `.grad` itself (`NoShard`, see `flat_grad`): every slot is added
+    /// into, and the reduction leaves the result there.
+    pub(super) in_grad: bool,
 }
 
 impl FlatGrad {
     /// An uninitialised buffer for `unit`, nothing written.
     fn new(unit: &super::plan::FlatParamUnit, kind: tch::Kind, device: tch::Device) -> Self {
-        Self { flat: Tensor::empty([unit.padded_numel], (kind, device)), written: vec![false; unit.params.len()] }
+        Self { flat: Tensor::empty([unit.padded_numel], (kind, device)), written: vec![false; unit.params.len()], in_grad: false }
+    }
+
+    /// The shard's existing gradient `grad` (`[padded_numel]`, the reduce dtype) as the buffer:
+    /// every slot counts as written, so gradients are added to what it holds.
+    fn into_grad(unit: &super::plan::FlatParamUnit, grad: Tensor) -> Self {
+        Self { flat: grad, written: vec![true; unit.params.len()], in_grad: true }
     }
 
     /// Adds `grad` (parameter `j`'s shape; cast to the buffer's dtype if it differs) into
     /// parameter `j`'s slot — a copy when the slot is unwritten.
     fn accumulate(&mut self, unit: &super::plan::FlatParamUnit, j: usize, grad: &Tensor) -> std::result::Result<(), tch::TchError> {
         let mut slot = unit.param_view(&self.flat, j);
-        if self.written[j] {
+        if self.written[j] && grad.kind() != slot.kind() {
+            // libtorch's add_ of another dtype first casts all of `grad` to the buffer's (at
+            // width 4096 a fresh 151 MB for fc1's bf16 gradient, mmapped and zeroed by the
+            // kernel every step): add it piece by piece, so the cast is small and reused.
+            let (flat_slot, flat_grad) = (slot.view([-1]), grad.reshape([-1]));
+            let n = flat_slot.size()[0];
+            for start in (0..n).step_by(MIXED_ADD_CHUNK as usize) {
+                let len = MIXED_ADD_CHUNK.min(n - start);
+                let _ = flat_slot.narrow(0, start, len).f_add_(&flat_grad.narrow(0, start, len))?;
+            }
+        } else if self.written[j] {
             let _ = slot.f_add_(grad)?;
         } else {
             slot.f_copy_(grad)?;

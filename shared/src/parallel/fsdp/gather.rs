@@ -69,13 +69,20 @@ impl<M: Segmented> FullyShardedDataParallel<'_, M> {
                 None => (shard, false),
             };
             let bytes = self.units[u].numel as u64 * pkind.elt_size_in_bytes() as u64;
+            let retired = self.retired[u].take();
             tch::no_grad(|| {
                 if pkind == shard.kind() {
-                    Gathered::Local(shard, if copied { bytes } else { 0 })
+                    Ok(Gathered::Local(shard, if copied { bytes } else { 0 }))
+                } else if let Some(mut cast) = retired {
+                    // The last step's cast, written over: no fresh allocation (at width 4096,
+                    // fc1's 75 MB in bf16, which glibc mmaps and the kernel zeroes every step).
+                    cast.f_copy_(&shard)?;
+                    Ok(Gathered::Local(cast, bytes))
                 } else {
-                    Gathered::Local(shard.to_kind(pkind), bytes)
+                    Ok(Gathered::Local(shard.to_kind(pkind), bytes))
                 }
             })
+            .map_err(crate::Error::Torch)?
         } else {
             let (storage, mut full, input) = self.gather_buffers(u)?;
             let t0 = Instant::now();
@@ -221,6 +228,14 @@ impl<M: Segmented> FullyShardedDataParallel<'_, M> {
             if let Some(t) = g.tensor() {
                 self.live_gathered -= g.bytes();
                 self.empty_params(u, t.kind())?;
+            }
+            if let Gathered::Local(cast, _) = g {
+                // NoShard's cast to the compute dtype: nothing views it any more (the
+                // parameters are emptied, forward's graph dropped); the next gather, at once
+                // after (`free_all` starts a forward), writes over it.
+                if cast.kind() != self.shards[u].kind() {
+                    self.retired[u] = Some(cast);
+                }
             }
         }
         Ok(())

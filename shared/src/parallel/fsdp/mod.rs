@@ -115,6 +115,9 @@ pub struct FullyShardedDataParallel<'pg, M: Segmented> {
     shards: Vec<Tensor>,
     /// Per unit: the gathered full flat parameter (in the compute dtype), if any.
     gathered: Vec<Option<Gathered>>,
+    /// Per unit, `NoShard` under mixed precision: the freed cast of the last gather, which the
+    /// next gather writes over instead of allocating.
+    retired: Vec<Option<Tensor>>,
     /// Per unit: the unsharded gradient being accumulated during backward (and across
     /// backwards under `no_sync`).
     full_grads: Vec<Option<backward::FlatGrad>>,
@@ -259,6 +262,7 @@ impl<'pg, M: Segmented> FullyShardedDataParallel<'pg, M> {
             shard_vs,
             shards,
             gathered: (0..n_units).map(|_| None).collect(),
+            retired: (0..n_units).map(|_| None).collect(),
             full_grads: (0..n_units).map(|_| None).collect(),
             saved: Vec::new(),
             activation_checkpointing: false,
@@ -564,7 +568,7 @@ impl<'pg, M: Segmented> FullyShardedDataParallel<'pg, M> {
                 }
             })
             .sum::<u64>()
-            + self.full_grads.iter().flatten().map(|g| bytes(g.tensor())).sum::<u64>();
+            + self.full_grads.iter().flatten().filter(|g| !g.in_grad).map(|g| bytes(g.tensor())).sum::<u64>();
         ModelStateBytes { parameters, gradients, optimizer: 2 * parameters, gathered_peak: self.peak_gathered, optimizer_on_disk: 0 }
     }
     // ANCHOR_END: fsdp_memory

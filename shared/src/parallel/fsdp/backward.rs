@@ -190,12 +190,11 @@ impl<M: Segmented> FullyShardedDataParallel<'_, M> {
             return Ok(());
         }
         // Accumulate into shard.grad as PyTorch's FSDP does (`_accumulate_sharded_grad`): with
-        // no gradient yet the reduced tensor, cast to the shard's dtype, becomes it; otherwise
-        // it is added in place — in the reduce dtype, widened element by element as the add
-        // reads it (no full-size cast first: at width 4096 that was a fresh 151 MB per step).
+        // no gradient yet the reduced tensor, cast to the shard's dtype, becomes it (no copy
+        // when the dtypes agree, as under the core's policies); otherwise it is added in place.
         let grad = shard.grad();
         if grad.defined() {
-            let _ = tch::no_grad(|| grad.detach().f_add_(&reduced))?;
+            tch::no_grad(|| add_in_pieces(&grad.detach(), &reduced))?;
         } else {
             crate::autograd::set_grad(&shard, &tch::no_grad(|| reduced.to_kind(shard.kind())))?;
         }
@@ -203,10 +202,27 @@ impl<M: Segmented> FullyShardedDataParallel<'_, M> {
     }
 }
 
-/// Elements per piece when a gradient of another dtype is added into the flat gradient: its
-/// cast is then 1 Mi elements (4 MiB in fp32), below glibc's mmap threshold once that has
-/// adapted, so the same heap memory serves every piece.
+/// Elements per piece when a tensor of another dtype is added into a gradient: its cast is
+/// then 1 Mi elements (4 MiB in fp32), below glibc's mmap threshold once that has adapted, so
+/// the same heap memory serves every piece.
 const MIXED_ADD_CHUNK: i64 = 1 << 20;
+
+/// `dst += src` in place (same shape; `dst` contiguous). libtorch's CPU `add_` of another dtype
+/// first casts all of `src` to `dst`'s (for fc1's bf16 gradient at width 4096, a fresh 151 MB
+/// in fp32, mmapped and zeroed by the kernel every step): then the add runs in pieces of
+/// [`MIXED_ADD_CHUNK`] elements, so each cast is small and reused. Same values either way.
+fn add_in_pieces(dst: &Tensor, src: &Tensor) -> std::result::Result<(), tch::TchError> {
+    if dst.kind() == src.kind() {
+        return dst.shallow_clone().f_add_(src).map(drop);
+    }
+    let (dst, src) = (dst.f_view([-1])?, src.f_reshape([-1])?);
+    let n = dst.size()[0];
+    for start in (0..n).step_by(MIXED_ADD_CHUNK as usize) {
+        let len = MIXED_ADD_CHUNK.min(n - start);
+        let _ = dst.narrow(0, start, len).f_add_(&src.narrow(0, start, len))?;
+    }
+    Ok(())
+}
 
 /// A unit's unsharded flat gradient while backward fills it (PyTorch's `flat_param.grad`
 /// before the reduce-scatter): `[padded_numel]` in the reduce dtype. In a fresh buffer a
@@ -238,18 +254,8 @@ impl FlatGrad {
     /// parameter `j`'s slot — a copy when the slot is unwritten.
     fn accumulate(&mut self, unit: &super::plan::FlatParamUnit, j: usize, grad: &Tensor) -> std::result::Result<(), tch::TchError> {
         let mut slot = unit.param_view(&self.flat, j);
-        if self.written[j] && grad.kind() != slot.kind() {
-            // libtorch's add_ of another dtype first casts all of `grad` to the buffer's (at
-            // width 4096 a fresh 151 MB for fc1's bf16 gradient, mmapped and zeroed by the
-            // kernel every step): add it piece by piece, so the cast is small and reused.
-            let (flat_slot, flat_grad) = (slot.view([-1]), grad.reshape([-1]));
-            let n = flat_slot.size()[0];
-            for start in (0..n).step_by(MIXED_ADD_CHUNK as usize) {
-                let len = MIXED_ADD_CHUNK.min(n - start);
-                let _ = flat_slot.narrow(0, start, len).f_add_(&flat_grad.narrow(0, start, len))?;
-            }
-        } else if self.written[j] {
-            let _ = slot.f_add_(grad)?;
+        if self.written[j] {
+            add_in_pieces(&slot, grad)?;
         } else {
             slot.f_copy_(grad)?;
             self.written[j] = true;

@@ -155,7 +155,7 @@ pub fn clip_grad_norm(grads: &[Tensor], max_norm: f64, sharded_over: Option<&dyn
         // whose max_grad_norm defaults to 1.0).
         let local_sq: f64 = defined
             .iter()
-            .flat_map(|g| g.reshape([-1]).split(crate::parallel::wrapped::FINITE_CHECK_CHUNK, 0))
+            .flat_map(|g| crate::parallel::wrapped::f64_pieces(g))
             .map(|piece| piece.to_kind(Kind::Double).square().sum(Kind::Double).double_value(&[]))
             .sum();
         let total_sq = match sharded_over.filter(|pg| pg.world_size() > 1) {

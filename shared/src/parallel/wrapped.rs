@@ -21,6 +21,13 @@ use tch::{nn, Kind, Tensor};
 /// Elements per piece of the non-finite check's f64 sums (8 MiB of f64 at a time).
 pub const FINITE_CHECK_CHUNK: i64 = 1 << 20;
 
+/// `t` flattened and split into pieces of [`FINITE_CHECK_CHUNK`] elements (views): what an f64
+/// reduction over a large f32 tensor casts one at a time (libtorch's `sum(dtype=float64)`
+/// casts its whole input first).
+pub(crate) fn f64_pieces(t: &Tensor) -> Vec<Tensor> {
+    t.reshape([-1]).split(FINITE_CHECK_CHUNK, 0)
+}
+
 /// True when every element of every defined tensor of `tensors` is finite: the f64 sums of
 /// their [`FINITE_CHECK_CHUNK`]-element pieces, added up, are finite.
 fn all_finite(tensors: &[Tensor]) -> bool {
@@ -28,7 +35,7 @@ fn all_finite(tensors: &[Tensor]) -> bool {
         let sums: Vec<Tensor> = tensors
             .iter()
             .filter(|g| g.defined() && g.numel() > 0)
-            .flat_map(|g| g.reshape([-1]).split(FINITE_CHECK_CHUNK, 0))
+            .flat_map(f64_pieces)
             .map(|piece| piece.sum(tch::Kind::Double))
             .collect();
         sums.is_empty() || Tensor::stack(&sums, 0).sum(tch::Kind::Double).double_value(&[]).is_finite()

@@ -207,7 +207,7 @@ impl<'pg, M: Segmented> FullyShardedDataParallel<'pg, M> {
             )));
         }
         let mut params = module.named_parameters();
-        check_var_store(&vs, &params, rank)?;
+        plan::check_var_store(&vs, &params, rank)?;
         let seg_params = segment_params(&module, &params, rank)?;
         let units = plan_units(&module, config.min_num_params, config.sharding_strategy, w)?;
         if config.sync_module_states && world.world_size() > 1 {
@@ -572,32 +572,4 @@ impl<'pg, M: Segmented> FullyShardedDataParallel<'pg, M> {
         ModelStateBytes { parameters, gradients, optimizer: 2 * parameters, gathered_peak: self.peak_gathered, optimizer_on_disk: 0 }
     }
     // ANCHOR_END: fsdp_memory
-}
-
-/// Checks `vs` holds exactly the module's parameters (same tensors, not just the same names).
-fn check_var_store(vs: &nn::VarStore, params: &[(String, Tensor)], rank: usize) -> Result<()> {
-    let vars = vs.trainable_variables();
-    let in_vs: std::collections::HashSet<usize> = vars.iter().map(|t| t.data_ptr() as usize).collect();
-    for (name, t) in params {
-        if t.numel() > 0 && !in_vs.contains(&(t.data_ptr() as usize)) {
-            return Err(Error::Fsdp {
-                rank,
-                problem: format!(
-                    "parameter {name} is not a variable of the VarStore passed in; expected the VarStore the model was built in"
-                ),
-            });
-        }
-    }
-    if vars.len() != params.len() {
-        return Err(Error::Fsdp {
-            rank,
-            problem: format!(
-                "the VarStore passed in holds {} trainable variables but the model has {} parameters; \
-                 expected the VarStore of this model alone",
-                vars.len(),
-                params.len()
-            ),
-        });
-    }
-    Ok(())
 }

@@ -5,7 +5,7 @@
 use crate::model::Segmented;
 use crate::parallel::ShardingStrategy;
 use crate::{Error, Result};
-use tch::Tensor;
+use tch::{nn, Tensor};
 
 /// The layout of one wrapped unit's `FlatParameter`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -260,4 +260,32 @@ pub(super) fn flatten_padded(pieces: &[Tensor], unit: &FlatParamUnit) -> Tensor 
         flat = Tensor::cat(&[flat, zeros], 0);
     }
     flat
+}
+
+/// Checks `vs` holds exactly the module's parameters (same tensors, not just the same names).
+pub(super) fn check_var_store(vs: &nn::VarStore, params: &[(String, Tensor)], rank: usize) -> Result<()> {
+    let vars = vs.trainable_variables();
+    let in_vs: std::collections::HashSet<usize> = vars.iter().map(|t| t.data_ptr() as usize).collect();
+    for (name, t) in params {
+        if t.numel() > 0 && !in_vs.contains(&(t.data_ptr() as usize)) {
+            return Err(Error::Fsdp {
+                rank,
+                problem: format!(
+                    "parameter {name} is not a variable of the VarStore passed in; expected the VarStore the model was built in"
+                ),
+            });
+        }
+    }
+    if vars.len() != params.len() {
+        return Err(Error::Fsdp {
+            rank,
+            problem: format!(
+                "the VarStore passed in holds {} trainable variables but the model has {} parameters; \
+                 expected the VarStore of this model alone",
+                vars.len(),
+                params.len()
+            ),
+        });
+    }
+    Ok(())
 }

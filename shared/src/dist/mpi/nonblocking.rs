@@ -65,7 +65,7 @@ impl MpiGroup {
     /// `MPI_Iallreduce` in place on `n` elements of `kind` at `p`.
     fn iallreduce(&self, p: *mut c_void, n: c_int, kind: Kind, op: ReduceOp) -> Result<ffi::MPI_Request> {
         let mut req = null_request();
-        // SAFETY: the caller's buffer holds `n` elements of `ty` and is kept alive by the Work
+        // SAFETY: the caller's buffer holds `n` elements of `kind` and is kept alive by the Work
         // until the request completed.
         let rc = unsafe { ffi::MPI_Iallreduce(in_place(), p, n, raw_type(kind), mpi_op(op, kind), self.comm, &mut req) };
         self.check("MPI_Iallreduce", rc)?;

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from accelerate import Accelerator
 from accelerate.utils import set_seed
 
-from common import peer_arguments, BasicNet, StepTimer, datasets, gathered_timing_fields, exit_process
+from common import peer_arguments, BasicNet, StepTimer, datasets, gathered_timing_fields, finish
 
 
 def main():
@@ -70,10 +70,8 @@ def main():
             "threads": torch.get_num_threads(), "steps": steps, "accuracy": correct / n,
             "eval_samples": n, "test_loss": loss_sum / n, "wall_s": time.perf_counter() - start,
         })), flush=True)
-    accelerator.wait_for_everyone()  # ranks leave together (see common.shutdown)
-    accelerator.end_training()
+    finish()  # not end_training(): see common.finish
 
 
 if __name__ == "__main__":
     main()
-    exit_process()  # no interpreter teardown: see common.exit_process

@@ -226,25 +226,25 @@ def device_fields(device):
     return {"cuda_peak_mib": torch.cuda.max_memory_allocated() / 2**20, "gpu": torch.cuda.get_device_name()}
 
 
-def exit_process():
-    """Ends a peer once its report is printed and its ranks have met (shutdown(),
-    wait_for_everyone): flushes the output and leaves with os._exit(0), without the interpreter's
-    teardown. That teardown frees the DDP reducer and with it the gloo process group, whose
-    destructor joins its worker threads; once in CI a rank 0 blocked there for good after printing
-    its report (in ProcessGroupGloo's destructor, joining a thread that never returned), torchrun
-    waited for it and the bench with it. Nothing after the report needs a destructor. Call it
-    only on success: an exception must still reach the interpreter (traceback, non-zero exit)."""
+def finish():
+    """Ends a peer once its report is printed: every rank meets at a barrier (a distributed run),
+    then the process leaves with os._exit(0): no destructor and no interpreter teardown runs.
+
+    Call it on success only (an exception must still reach the interpreter: traceback, non-zero
+    exit), from the function that holds the model, before that function returns. Returning first
+    frees the DDP wrapper, whose Reducer holds the gloo process group: ProcessGroupGloo's
+    destructor joins its worker threads while this thread holds the GIL, and a worker that is
+    still destroying a finished collective (a barrier's, an all-gather's) waits for the GIL to
+    drop a Python tensor: a deadlock, rank 0 blocked for good after printing its report, torchrun
+    and the bench waiting with it (seen in CI, 1 run in 6 of trainer.py at 2 ranks here; py-spy:
+    main thread in ~ProcessGroupGloo -> std::thread::join, worker in ~AsyncAllgatherWork ->
+    gil_scoped_acquire). destroy_process_group() is skipped for the same reason, and
+    Accelerate's end_training() with it. The barrier keeps a rank from leaving while another
+    still runs a collective with it."""
     import sys
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
-
-
-def shutdown():
-    """Ends a multi-process peer cleanly: every rank waits at a barrier, then the process group is
-    destroyed. Without it a rank that leaves first tears down its gloo connections while another
-    still tears down its own, and torch aborts that one (SIGABRT at exit, seen in CI)."""
     import torch.distributed as dist
     if dist.is_available() and dist.is_initialized():
         dist.barrier()
-        dist.destroy_process_group()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data.distributed import DistributedSampler
 
-from common import peer_arguments, BasicNet, StepTimer, datasets, gathered_timing_fields, shutdown, exit_process
+from common import peer_arguments, BasicNet, StepTimer, datasets, gathered_timing_fields, finish
 
 
 def main():
@@ -68,9 +68,8 @@ def main():
             "eval_samples": int(sums[2].item()), "test_loss": sums[1].item() / sums[2].item(),
             "wall_s": time.perf_counter() - start,
         })), flush=True)
-    shutdown()
+    finish()  # while the DDP model is still referenced: see common.finish
 
 
 if __name__ == "__main__":
     main()
-    exit_process()  # no interpreter teardown: see common.exit_process

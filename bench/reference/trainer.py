@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from transformers import Trainer, TrainerCallback, TrainingArguments
 
-from common import peer_arguments, BasicNet, StepTimer, datasets, gathered_timing_fields, shutdown, exit_process
+from common import peer_arguments, BasicNet, StepTimer, datasets, gathered_timing_fields, finish
 
 TIMER = {}
 
@@ -69,9 +69,9 @@ def main():
     start = time.perf_counter()
     out = tempfile.mkdtemp(prefix="hf-trainer-peer-")
     try:
-        run(a, start, out)
+        run(a, start, out)  # ends the process on success (common.finish)
     finally:
-        shutil.rmtree(out, ignore_errors=True)  # save_strategy "no": nothing in it is kept
+        shutil.rmtree(out, ignore_errors=True)  # on failure; save_strategy "no": nothing in it is kept
 
 
 def run(a, start, out):
@@ -98,9 +98,9 @@ def run(a, start, out):
             "threads": torch.get_num_threads(), "steps": result.global_step, "accuracy": metrics["eval_accuracy"],
             "eval_samples": len(test), "test_loss": metrics["eval_loss"], "wall_s": time.perf_counter() - start,
         })), flush=True)
-    shutdown()
+    shutil.rmtree(out, ignore_errors=True)
+    finish()  # while the trainer (and its DDP model) is still referenced: see common.finish
 
 
 if __name__ == "__main__":
     main()
-    exit_process()  # no interpreter teardown: see common.exit_process

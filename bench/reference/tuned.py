@@ -32,7 +32,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from common import REPO, BasicNet, StepTimer, device_fields, gathered_timing_fields, peer_arguments, shutdown, exit_process
+from common import REPO, BasicNet, StepTimer, device_fields, gathered_timing_fields, peer_arguments, finish
 
 MEAN, STD = 0.1307, 0.3081
 TRIAL_WARMUP, TRIAL_STEPS = 3, 10
@@ -253,9 +253,8 @@ def main():
             "test_loss": sums[1].item() / sums[2].item(), "wall_s": time.perf_counter() - start,
             "tuned": ", ".join(choice), "trial": tried,
         })), flush=True)
-    shutdown()
+    finish()  # while the DDP model is still referenced: see common.finish
 
 
 if __name__ == "__main__":
     main()
-    exit_process()  # no interpreter teardown: see common.exit_process

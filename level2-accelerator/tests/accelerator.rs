@@ -140,7 +140,8 @@ fn overflow_body() {
     let mut opt = acc.prepare_optimizer(&model, AdamWConfig::default()).unwrap();
     let data = Dataset::indexed(16 * pg.world_size() as i64);
     let loader = acc.prepare_data_loader(&data, DataLoaderOptions { batch_size: 8, shuffle: true, ..Default::default() }).unwrap();
-    let before = acc.get_state_dict().unwrap();
+    // A copy: a state dict's tensors are the parameters themselves (torch's state_dict()).
+    let before = acc.get_state_dict().unwrap().map(|sd| sd.into_iter().map(|(n, t)| (n, t.copy())).collect::<Vec<_>>());
     // Rank 0 alone overflows (its scaled loss is inf); every rank must skip the step.
     let scale = if pg.rank() == 0 { 1e39 } else { 1024.0 };
     acc.set_grad_scaler(Some(level2_accelerator::scaler::GradScaler { scale, ..Default::default() }));

@@ -128,9 +128,7 @@ pub fn save(dir: &Path, ckpt: &Checkpoint, extra_files: &[(&str, Vec<u8>)]) -> R
         .map_err(|e| Error::io(&parent, e))?;
     let write_tensors = |name: &str, tensors: &[(String, Tensor)]| -> Result<()> {
         let path = tmp.path().join(name);
-        let cpu: Vec<(String, Tensor)> =
-            tensors.iter().map(|(k, t)| (k.clone(), t.detach().to_device(tch::Device::Cpu).contiguous())).collect();
-        Tensor::write_safetensors(&cpu, &path)?;
+        crate::safetensors_file::write(&path, tensors)?;
         std::fs::File::open(&path).and_then(|f| f.sync_all()).map_err(|e| Error::io(&path, e))
     };
     write_tensors(MODEL_FILE, &ckpt.model)?;

@@ -23,6 +23,7 @@ pub mod optim;
 pub mod parallel;
 pub mod preempt;
 pub mod recipe;
+pub mod safetensors_file;
 pub(crate) mod sys;
 pub mod tensorboard;
 pub mod timing;

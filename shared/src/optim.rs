@@ -194,6 +194,13 @@ impl AdamW {
         &self.params
     }
 
+    /// Parameter `i`'s moments as this optimizer holds them (`exp_avg`, `exp_avg_sq`); `None`
+    /// before its first step, or when the moments are on disk.
+    pub fn moments(&self, i: usize) -> Option<(&Tensor, &Tensor)> {
+        let s = self.state.get(i)?.as_ref()?;
+        s.exp_avg.defined().then_some((&s.exp_avg, &s.exp_avg_sq))
+    }
+
     /// Zeroes every parameter's gradient in place (tch has no way to set a gradient to none;
     /// the next backward accumulates into the zeros, which gives the same values).
     pub fn zero_grad(&mut self) {
@@ -278,7 +285,9 @@ impl AdamW {
 
     /// The state as named tensors: for parameter `names[i]`, `{name}.exp_avg`,
     /// `{name}.exp_avg_sq` (the parameter's shape and dtype) and `{name}.step` (a 0-d i64), for
-    /// every parameter that has taken a step. Copies (read from the file when offloaded).
+    /// every parameter that has taken a step. The moments are the live tensors, not copies, as
+    /// torch's `Optimizer.state_dict()` (read from the file when offloaded): copy them to keep a
+    /// snapshot across steps.
     ///
     /// # Panics
     /// When offloaded and the moments' file cannot be read; [`try_state_dict`](Self::try_state_dict)
@@ -301,7 +310,7 @@ impl AdamW {
                         let (m, v) = file.load(i)?;
                         (m.view(shape.as_slice()), v.view(shape.as_slice()))
                     }
-                    None => (s.exp_avg.copy(), s.exp_avg_sq.copy()),
+                    None => (s.exp_avg.shallow_clone(), s.exp_avg_sq.shallow_clone()),
                 };
                 out.push((format!("{name}.exp_avg"), m));
                 out.push((format!("{name}.exp_avg_sq"), v));
@@ -346,7 +355,17 @@ impl AdamW {
                     let (m, v) = if self.offload.is_some() {
                         (m.shallow_clone(), v.shallow_clone()) // written to the file below
                     } else {
-                        (m.to_device(p.device()).to_kind(p.kind()), v.to_device(p.device()).to_kind(p.kind()))
+                        // Own storage, as torch's load_state_dict: a dict taken from another
+                        // optimizer's state_dict() shares that optimizer's live moments.
+                        let own = |t: &Tensor| {
+                            let c = t.to_device(p.device()).to_kind(p.kind());
+                            if c.data_ptr() == t.data_ptr() {
+                                c.copy()
+                            } else {
+                                c
+                            }
+                        };
+                        (own(m), own(v))
                     };
                     new_state.push(Some(ParamState::new(step.int64_value(&[]), m, v, p.device())));
                 }

@@ -391,8 +391,7 @@ pub fn save_weights(path: &std::path::Path, weights: &[(String, Tensor)]) -> Res
         .permissions(std::os::unix::fs::PermissionsExt::from_mode(0o666))
         .tempfile_in(dir)
         .map_err(|e| bad(e.to_string()))?;
-    let cpu: Vec<(String, Tensor)> = weights.iter().map(|(k, t)| (k.clone(), t.detach().to_device(tch::Device::Cpu))).collect();
-    Tensor::write_safetensors(&cpu, tmp.path()).map_err(|e| bad(e.to_string()))?;
+    crate::safetensors_file::write(tmp.path(), weights).map_err(|e| bad(e.to_string()))?;
     tmp.persist(path).map_err(|e| bad(e.error.to_string()))?;
     Ok(())
 }

@@ -85,7 +85,9 @@ pub trait DataParallel: GradSync {
     }
 
     /// The unwrapped model's weights on rank 0 (`conv1.weight`, …, definition order, BasicNet's
-    /// shapes, the parameters' dtype), `None` on other ranks. Collective.
+    /// shapes, the parameters' dtype), `None` on other ranks. Collective. As torch's
+    /// `state_dict()`, the tensors share storage with what the rank holds where it holds the
+    /// whole parameter (DDP, NO_SHARD): copy them to keep a snapshot across steps.
     ///
     /// # Errors
     /// Collective errors.
@@ -214,7 +216,8 @@ impl<M: Segmented> DataParallel for DistributedDataParallel<'_, M> {
     }
     fn full_state_dict(&self) -> Result<Option<Vec<(String, Tensor)>>> {
         self.sync_parameters()?;
-        Ok((self.pg().rank() == 0).then(|| self.named_parameters().iter().map(|(n, t)| (n.clone(), t.detach().copy())).collect()))
+        // The parameters themselves, detached (torch's state_dict()): no copy of the model.
+        Ok((self.pg().rank() == 0).then(|| self.named_parameters().iter().map(|(n, t)| (n.clone(), t.detach())).collect()))
     }
     fn load_full_state_dict(&mut self, state_dict: &[(String, Tensor)]) -> Result<()> {
         let expected: Vec<(String, Vec<i64>)> = self.named_parameters().iter().map(|(n, t)| (n.clone(), t.size())).collect();

@@ -408,6 +408,8 @@ impl<'pg> WrappedModel<'pg> {
 
     /// The unwrapped model's weights on rank 0 (`conv1.weight`, …, definition order, shapes of
     /// BasicNet, the parameters' dtype; FSDP gathers them), `None` on other ranks. Collective.
+    /// Under DDP and NO_SHARD the tensors are the parameters themselves, detached (torch's
+    /// `state_dict()`): copy them to keep a snapshot across steps.
     ///
     /// # Errors
     /// Collective errors.

@@ -353,10 +353,11 @@ impl ZeroPartition {
         if self.rank != 0 {
             return Ok(None);
         }
+        // Views of the gathered moments: copies would hold them twice while a checkpoint is written.
         let mut out = Vec::with_capacity(3 * params.len());
         for ((name, p), &(offset, n)) in params.iter().zip(&self.layout) {
-            out.push((format!("{name}.exp_avg"), full[0].narrow(0, offset, n).view(p.size().as_slice()).copy()));
-            out.push((format!("{name}.exp_avg_sq"), full[1].narrow(0, offset, n).view(p.size().as_slice()).copy()));
+            out.push((format!("{name}.exp_avg"), full[0].narrow(0, offset, n).view(p.size().as_slice())));
+            out.push((format!("{name}.exp_avg_sq"), full[1].narrow(0, offset, n).view(p.size().as_slice())));
             out.push((format!("{name}.step"), step.copy()));
         }
         Ok(Some(out))

@@ -59,7 +59,9 @@ impl<M: Segmented> FullyShardedDataParallel<'_, M> {
                 };
                 if rank == 0 {
                     for (k, &p) in unit.params.iter().enumerate() {
-                        per_param[p] = Some(unit.param_view(&full, k).copy());
+                        // Views of the gathered buffer (of the shard itself under NO_SHARD):
+                        // a copy would hold each unit twice while the checkpoint is written.
+                        per_param[p] = Some(unit.param_view(&full, k));
                     }
                 }
             }

@@ -48,9 +48,15 @@ fn json_carries_the_librarys_figures_and_the_budget_names_the_cheapest_fit() {
     let mut first_fit = None;
     for (s, strategy) in v["strategies"].as_array().unwrap().iter().zip(estimate::default_strategies()) {
         let wrap = WrapConfig { strategy, mixed_precision: Precision::No, activation_checkpointing: false };
-        let expected =
-            estimate::estimate(&EstimateInput { wrap, world_size: 3, width: 4096, batch_size: 256, offload_optimizer: Default::default() })
-                .unwrap();
+        let expected = estimate::estimate(&EstimateInput {
+            wrap,
+            world_size: 3,
+            width: 4096,
+            batch_size: 256,
+            offload_optimizer: Default::default(),
+            save_checkpoint: false,
+        })
+        .unwrap();
         assert_eq!(s["ranks"], serde_json::to_value(&expected).unwrap(), "{}", s["strategy"]);
         let fits = expected.iter().all(|r| r.total <= 750 << 20);
         assert_eq!(s["fits"], fits);
@@ -61,6 +67,33 @@ fn json_carries_the_librarys_figures_and_the_budget_names_the_cheapest_fit() {
     // DDP's 16Ψ does not fit; ZeRO-1's sharded moments do.
     assert_eq!(first_fit.as_deref(), Some("zero1"));
     assert_eq!(v["cheapest_fit"].as_str(), first_fit.as_deref());
+}
+
+/// `--save-checkpoint`: under FULL_SHARD rank 0's peak is the save, which holds the gathered
+/// model and both moments (3 × 4 bytes per parameter, padded); the other ranks' is still the
+/// step's; DDP's state dicts are its own tensors, so its estimate does not change.
+#[test]
+fn save_checkpoint_makes_the_gathered_state_rank_0s_peak_under_full_shard() {
+    // bf16: FSDP's default wrapping is one unit, whose step holds the gathered model and the
+    // fresh gradients in bf16 and the flat gradient in fp32 (8 bytes per parameter); the save
+    // holds 12. (In fp32 the step's 12 and its activations come first.)
+    let args = ["--width", "4096", "--num-processes", "2", "--mixed-precision", "bf16", "--strategy", "ddp,fsdp-full-shard", "--json"];
+    let without: serde_json::Value = serde_json::from_str(&stdout(&args)).unwrap();
+    let with: serde_json::Value = serde_json::from_str(&stdout(&[&args[..], &["--save-checkpoint"]].concat())).unwrap();
+    assert_eq!(with["save_checkpoint"], true);
+    assert!(without.get("save_checkpoint").is_none());
+    assert_eq!(with["strategies"][0]["ranks"], without["strategies"][0]["ranks"], "DDP: nothing added");
+    let (fs, before) = (&with["strategies"][1]["ranks"], &without["strategies"][1]["ranks"]);
+    assert_eq!(fs[0]["peak_at"], "checkpoint save");
+    // The save's bytes: 3 × 4 per parameter, the unit padded by at most 1 element.
+    let psi = ladder_core::memory::layout::num_parameters(4096) as u64;
+    let save = fs[0]["transient"].as_u64().unwrap();
+    assert!((12 * psi..=12 * (psi + 4)).contains(&save), "{save} vs 12 × {psi}");
+    let get = |r: &serde_json::Value, k: &str| r["model_state"][k].as_u64().unwrap();
+    let growth = |r: &serde_json::Value| r["peak_growth"].as_u64().unwrap();
+    assert_eq!(fs[0]["activations"], 0);
+    assert_eq!(growth(&fs[0]), get(&fs[0], "gradients") + get(&fs[0], "optimizer") + save + fs[0]["runtime"].as_u64().unwrap());
+    assert!(growth(&fs[0]) > growth(&before[0]) && fs[1] == before[1], "rank 1 holds one unit at a time: its step's peak is higher");
 }
 
 #[test]

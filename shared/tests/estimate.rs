@@ -76,6 +76,7 @@ fn rank_model_state() {
         tch::manual_seed(7);
         let vs = nn::VarStore::new(Device::Cpu);
         let net = BasicNet::new(&vs.root(), BasicNetConfig { width: WIDTH, dropout: true });
+        let params = vs.trainable_variables();
         let mut model = WrappedModel::new(vs, net, &*pg, &wrap).unwrap();
         let mut opt = model.optimizer(AdamWConfig::default()).unwrap();
         for _ in 0..2 {
@@ -87,10 +88,18 @@ fn rank_model_state() {
         let what = format!("rank {rank} of {w}: {} {wrap:?}", estimate::strategy_label(wrap.strategy));
         assert_eq!(layout::model_state(&wrap, WIDTH, w, rank), model.memory(), "{what}");
         // The estimate carries the same figures, and its peak adds gradients and optimizer.
-        let input = EstimateInput { wrap, world_size: w, width: WIDTH, batch_size: B as usize, offload_optimizer: OffloadDevice::None };
+        let input = EstimateInput {
+            wrap,
+            world_size: w,
+            width: WIDTH,
+            batch_size: B as usize,
+            offload_optimizer: OffloadDevice::None,
+            save_checkpoint: false,
+        };
         let e = estimate::estimate(&input).unwrap().remove(rank);
         assert_eq!(e.model_state, model.memory(), "{what}");
         assert_eq!(e.peak_growth, e.model_state.gradients + e.model_state.optimizer + e.activations + e.transient + e.runtime, "{what}");
+        check_save_bytes(&model, &params, &opt, &input, rank, &what);
         // Offloaded to disk (DeepSpeed's offload_optimizer nvme): the optimizer's own placement
         // of its state is the estimate's — the moments on disk, the 2 × 2^20-element fp32
         // buffer resident, and the peak counts the buffer.
@@ -104,5 +113,70 @@ fn rank_model_state() {
         assert_eq!(e.peak_growth, e.model_state.gradients + (8 << 20) + e.activations + e.transient + e.runtime, "{what}");
     }
     let z = WrapConfig { strategy: zero1(), ..Default::default() };
+
     println!("rank {rank}: {:?}", layout::model_state(&z, WIDTH, w, rank));
+}
+
+/// The checkpoint save's moment against the state dicts a save writes (the model's and the
+/// optimizer's, taken on every rank as a save does): on rank 0 the bytes of the buffers they
+/// hold that are not the live parameters or moments — none under DDP and NO_SHARD (views of
+/// what the rank holds), the gathered units under FSDP's sharded strategies (the estimate
+/// counts them padded), both gathered moments under ZeRO-1 (the estimate adds the shard sent).
+fn check_save_bytes(
+    model: &WrappedModel,
+    params: &[tch::Tensor],
+    opt: &ladder_core::optim::AdamW,
+    input: &EstimateInput,
+    rank: usize,
+    what: &str,
+) {
+    use std::collections::BTreeMap;
+    let weights = model.full_state_dict().unwrap();
+    let moments = model.optimizer_state_dict(opt).unwrap();
+    let (Some(weights), Some(moments)) = (weights, moments) else { return };
+    let extent = |t: &tch::Tensor| {
+        let lo = t.data_ptr() as usize;
+        (lo, lo + t.numel() * t.kind().elt_size_in_bytes())
+    };
+    // The model's parameters (DDP's, ZeRO-1's) and what the optimizer steps (FSDP's shards).
+    let mut live: Vec<(usize, usize)> = params.iter().chain(opt.params()).map(extent).collect();
+    for i in 0..opt.params().len() {
+        if let Some((m, v)) = opt.moments(i) {
+            live.extend([extent(m), extent(v)]);
+        }
+    }
+    // Buffers that are not live: storage start → the furthest byte a tensor reaches in it.
+    let mut fresh: BTreeMap<usize, usize> = BTreeMap::new();
+    for (name, t) in weights.iter().chain(&moments).filter(|(n, _)| !n.ends_with(".step")) {
+        let (lo, hi) = extent(t);
+        if live.iter().any(|&(a, b)| a <= lo && hi <= b) {
+            continue;
+        }
+        assert!(t.is_contiguous(), "{what}: {name} is written from its own bytes");
+        let base = lo - t.storage_offset() as usize * t.kind().elt_size_in_bytes();
+        let end = fresh.entry(base).or_insert(hi);
+        *end = (*end).max(hi);
+    }
+    let held: u64 = fresh.iter().map(|(base, end)| (end - base) as u64).sum();
+    let estimated = ladder_core::memory::checkpoint_save::save_bytes(input, rank);
+    let (w, psi) = (input.world_size as u64, layout::num_parameters(WIDTH) as u64);
+    match layout::Engine::of(&input.wrap) {
+        layout::Engine::Fsdp(o) if o.sharding_strategy.is_sharded() => {
+            // Three gathered buffers per unit, each padded by fewer than W elements.
+            let units = layout::fsdp_units(WIDTH, &o, input.world_size);
+            assert!(
+                held >= 3 * 4 * psi && estimated >= held && estimated - held < 3 * 4 * w * units.len() as u64,
+                "{what}: held {held}, estimated {estimated}"
+            );
+        }
+        layout::Engine::Ddp(o) if o.zero_redundancy_optimizer => {
+            // Both moments gathered whole (what the parameters reach of the padded buffer);
+            // the estimate adds the padding and the shard being sent.
+            let (_, padded, shard) = layout::zero_partition(WIDTH, input.world_size);
+            assert!(held >= 2 * 4 * psi && held <= 2 * 4 * padded as u64, "{what}: held {held}");
+            let sent = if w > 1 { shard } else { 0 };
+            assert_eq!(estimated, 4 * (2 * padded + sent) as u64, "{what}");
+        }
+        _ => assert_eq!((held, estimated), (0, 0), "{what}: the state dicts are the live tensors"),
+    }
 }

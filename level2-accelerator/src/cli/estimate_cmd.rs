@@ -57,6 +57,12 @@ pub struct EstimateArgs {
     /// a placement line per strategy; FSDP strategies only (ddp and zero1 are not estimated).
     #[arg(long = "offload-params", alias = "offload_params", alias = "fsdp_offload_params")]
     pub offload_params: bool,
+    /// Count writing a full checkpoint (save_state; the Trainer's checkpoint-N, by default at
+    /// every epoch's end) as a moment of the step: sharded strategies gather the model and both
+    /// AdamW moments in fp32 to rank 0 (3 × 4 bytes per parameter); DDP and NO_SHARD add
+    /// nothing.
+    #[arg(long = "save-checkpoint", alias = "save_checkpoint")]
+    pub save_checkpoint: bool,
     /// Memory per process, e.g. 8GiB, 512MiB, 1.5GB: says which strategies fit (total ≤ SIZE)
     /// and names the cheapest that does.
     #[arg(long, value_name = "SIZE", value_parser = parse_size)]
@@ -87,6 +93,9 @@ struct Report {
     /// FSDP's CPU offload (`--offload-params`): each rank's `host` bytes.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     offload_params: bool,
+    /// `--save-checkpoint`: the save is one of the moments.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    save_checkpoint: bool,
     #[serde(skip_serializing_if = "Option::is_none")]
     budget: Option<u64>,
     strategies: Vec<StrategyEstimate>,
@@ -148,6 +157,7 @@ fn build(args: &EstimateArgs) -> Result<Report> {
             width: args.width,
             batch_size: args.batch_size as usize,
             offload_optimizer: args.offload_optimizer,
+            save_checkpoint: args.save_checkpoint,
         };
         let ranks = estimate::estimate(&input)?;
         let fits = args.budget.map(|b| ranks.iter().all(|r| r.total <= b));
@@ -161,6 +171,7 @@ fn build(args: &EstimateArgs) -> Result<Report> {
         mixed_precision: args.mixed_precision.label(),
         activation_checkpointing: args.activation_checkpointing,
         offload_params: args.offload_params,
+        save_checkpoint: args.save_checkpoint,
         budget: args.budget,
         strategies: out,
         skipped,

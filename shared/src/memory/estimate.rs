@@ -81,9 +81,8 @@
 //! heap keeps the activations a step frees (they are under its 32 MiB mmap threshold there)
 //! and how much of it is reused depends on the order of the allocations; at width 8192 and
 //! batch 512 DDP and ZeRO-1 grow by a half to two-thirds of an fc1-sized f32 tensor more than
-//! counted (154 and 199 MiB); level
-//! 3's rank 0 grows by a further 250 to 400 MiB at width 4096 (the Trainer's end-of-training
-//! save, rank 0 only).
+//! counted (154 and 199 MiB). Level 3's end-of-training save is a moment of its own when
+//! [`EstimateInput::save_checkpoint`] is set ([`super::checkpoint_save`]).
 
 use super::layout::{self, Engine, UnitSize, MASTER_BYTES};
 use super::ModelStateBytes;
@@ -135,6 +134,11 @@ pub struct EstimateInput {
     /// the moments, which go to `optimizer_on_disk`.
     #[serde(default)]
     pub offload_optimizer: crate::parallel::OffloadDevice,
+    /// Whether the phase writes a checkpoint (model and optimizer state, gathered to rank 0
+    /// where sharded): the Trainer's `checkpoint-N` at the end of training, `save_state`.
+    /// Adds the save as a moment ([`super::checkpoint_save`]).
+    #[serde(default)]
+    pub save_checkpoint: bool,
 }
 
 /// One rank's estimate, bytes.
@@ -250,13 +254,18 @@ pub fn estimate(input: &EstimateInput) -> Result<Vec<RankEstimate>> {
 fn estimate_rank(input: &EstimateInput, rank: usize) -> RankEstimate {
     let (wrap, width, w) = (&input.wrap, input.width, input.world_size);
     let model_state = layout::model_state(wrap, width, w, rank).placed(input.offload_optimizer);
-    let moments = match Engine::of(wrap) {
+    let mut moments = match Engine::of(wrap) {
         Engine::Ddp(o) => ddp_moments(input, o.bucket_cap_mb, o.overlap, o.zero_redundancy_optimizer.then_some(rank)),
         Engine::Fsdp(o) => {
             let units = layout::fsdp_units(width, &o, w);
             fsdp_moments(input, &units, o.sharding_strategy, (o.backward_prefetch, o.forward_prefetch), o.offload_params)
         }
     };
+    if input.save_checkpoint {
+        // After the step: no activations; the gradients are zeroed in place, not freed.
+        let transient = super::checkpoint_save::save_bytes(input, rank);
+        moments.push(Moment { what: "checkpoint save".into(), activations: 0, transient });
+    }
     let resident = |m: &Moment| (m.activations as f64 * RESIDENT_PER_LIVE) as u64;
     let peak = moments.into_iter().max_by_key(|m| resident(m) + m.transient).expect("a step has moments");
     let activations = resident(&peak);
@@ -551,7 +560,7 @@ mod tests {
 
     fn input(strategy: Strategy, batch_size: usize, activation_checkpointing: bool) -> EstimateInput {
         let wrap = WrapConfig { strategy, mixed_precision: Precision::No, activation_checkpointing };
-        EstimateInput { wrap, world_size: 2, width: 128, batch_size, offload_optimizer: OffloadDevice::None }
+        EstimateInput { wrap, world_size: 2, width: 128, batch_size, offload_optimizer: OffloadDevice::None, save_checkpoint: false }
     }
 
     /// CPU offload: each gather holds the unit's shard copied to the device beside the gathered

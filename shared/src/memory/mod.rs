@@ -2,6 +2,7 @@
 //! bytes (parameters, gradients, optimizer state, transient gathered parameters); the
 //! estimate of both before a run ([`estimate`], with the layouts' closed forms in [`layout`]).
 
+pub mod checkpoint_save;
 pub mod estimate;
 pub mod layout;
 pub mod size;

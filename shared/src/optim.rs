@@ -321,7 +321,9 @@ impl AdamW {
     }
 
     /// Loads what [`state_dict`](Self::state_dict) returned (same names, same parameter shapes).
-    /// A parameter with no entries gets no state (it has not stepped yet).
+    /// A parameter with no entries gets no state (it has not stepped yet). As torch's, the
+    /// moments are kept, not copied, where their dtype and device are the parameter's: a dict
+    /// taken from another optimizer's `state_dict()` then shares that optimizer's moments.
     ///
     /// # Errors
     /// [`Error::StateDict`] naming an unexpected key, a parameter with only part of its state, or
@@ -355,17 +357,8 @@ impl AdamW {
                     let (m, v) = if self.offload.is_some() {
                         (m.shallow_clone(), v.shallow_clone()) // written to the file below
                     } else {
-                        // Own storage, as torch's load_state_dict: a dict taken from another
-                        // optimizer's state_dict() shares that optimizer's live moments.
-                        let own = |t: &Tensor| {
-                            let c = t.to_device(p.device()).to_kind(p.kind());
-                            if c.data_ptr() == t.data_ptr() {
-                                c.copy()
-                            } else {
-                                c
-                            }
-                        };
-                        (own(m), own(v))
+                        // Kept, not copied, where dtype and device match (torch's `value.to(...)`).
+                        (m.to_device(p.device()).to_kind(p.kind()), v.to_device(p.device()).to_kind(p.kind()))
                     };
                     new_state.push(Some(ParamState::new(step.int64_value(&[]), m, v, p.device())));
                 }

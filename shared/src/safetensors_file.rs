@@ -4,14 +4,14 @@
 //! so a save holds one more copy of its largest tensor (fc1's weight at width 4096 is 144 MiB,
 //! and its AdamW moments as much again): on rank 0, at the end of training, that copy is the
 //! peak. Here the safetensors crate (the format's reference implementation, the version tch
-//! links) reads each CPU tensor's bytes in place. The file is the same byte for byte.
+//! links) reads each contiguous CPU tensor's bytes in place. The file is the same byte for byte.
 
 use crate::Result;
 use std::borrow::Cow;
 use std::path::Path;
 use tch::{Device, Tensor};
 
-/// One tensor as the safetensors writer sees it: its dtype, shape and bytes, borrowed.
+/// One tensor as the safetensors writer sees it: its dtype, shape and bytes.
 struct Borrowed<'a> {
     tensor: &'a Tensor,
     dtype: safetensors::Dtype,
@@ -30,10 +30,16 @@ impl safetensors::View for Borrowed<'_> {
         if len == 0 {
             return Cow::Borrowed(&[]);
         }
-        // SAFETY: `write` keeps only CPU, contiguous, dense tensors, so `data_ptr` is the first
-        // of `numel` elements laid out back to back: `len` readable bytes. The tensor is
-        // borrowed for `'_` and nothing writes to it while the file is written (`write` holds
-        // the only handles it made, the caller's are behind a shared borrow).
+        if self.tensor.device() != Device::Cpu || !self.tensor.is_contiguous() {
+            // A copy on the CPU, made when the writer reaches this tensor and dropped once it
+            // is written (tch's own writer does the same, and panics as it does if it fails).
+            let mut bytes = vec![0u8; len];
+            self.tensor.to_device(Device::Cpu).contiguous().copy_data_u8(&mut bytes, self.tensor.numel());
+            return Cow::Owned(bytes);
+        }
+        // SAFETY: a contiguous CPU tensor's `data_ptr` is the first of `numel` elements laid
+        // out back to back: `len` readable bytes, kept alive by the borrowed tensor. Nothing
+        // writes to it meanwhile: the ranks save between steps, on the training thread.
         Cow::Borrowed(unsafe { std::slice::from_raw_parts(self.tensor.data_ptr() as *const u8, len) })
     }
     fn data_len(&self) -> usize {
@@ -42,33 +48,23 @@ impl safetensors::View for Borrowed<'_> {
 }
 
 /// Writes `tensors` (name, tensor; any device, any layout) to the safetensors file `path`,
-/// replacing it. CPU tensors that are already contiguous are written from their own storage;
-/// others are copied to the CPU or made contiguous first, one at a time as they are prepared.
-/// The same file as `Tensor::write_safetensors` writes (tensors ordered by dtype alignment,
-/// then name).
+/// replacing it. Contiguous CPU tensors are written from their own storage; others are copied
+/// to a contiguous CPU buffer one at a time, as the writer reaches them. The same file as
+/// `Tensor::write_safetensors` writes (tensors ordered by dtype alignment, then name).
 ///
 /// # Errors
-/// [`crate::Error::Torch`] for a sparse tensor or a dtype safetensors has no name for;
-/// [`crate::Error::Io`]-like errors from the writer, as [`crate::Error::Torch`] naming `path`.
+/// [`crate::Error::Torch`] for a sparse tensor or a dtype safetensors has no name for, and for
+/// a file that cannot be written, naming `path`.
 pub fn write(path: &Path, tensors: &[(String, Tensor)]) -> Result<()> {
-    let dense: Vec<(&str, Tensor)> = tensors
+    let views = tensors
         .iter()
         .map(|(name, t)| {
             if t.is_sparse() {
                 return Err(tch::TchError::Convert(format!("{name}: cannot save a sparse tensor")));
             }
-            let t = t.detach();
-            let t = if t.device() == Device::Cpu { t } else { t.f_to_device(Device::Cpu)? };
-            let t = if t.is_contiguous() { t } else { t.f_contiguous()? };
-            Ok((name.as_str(), t))
-        })
-        .collect::<std::result::Result<_, tch::TchError>>()?;
-    let views = dense
-        .iter()
-        .map(|(name, t)| {
             let dtype = safetensors::Dtype::try_from(t.kind())?;
             let shape = t.size().iter().map(|&d| d as usize).collect();
-            Ok((*name, Borrowed { tensor: t, dtype, shape }))
+            Ok((name.as_str(), Borrowed { tensor: t, dtype, shape }))
         })
         .collect::<std::result::Result<Vec<_>, tch::TchError>>()?;
     safetensors::tensor::serialize_to_file(views, &None, path)

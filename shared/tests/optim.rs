@@ -136,10 +136,6 @@ fn state_dict_resumes_exactly() {
             b = AdamW::new(params(&vs_b), AdamWConfig::default()).unwrap();
             b.load_state_dict(&names, &sd).unwrap();
             assert_eq!(b.step_count(), 2);
-            // The dict holds the old optimizer's live moments; the new one keeps its own.
-            let (m, v) = b.moments(0).unwrap();
-            assert_eq!(sd[0].0, "p0.exp_avg");
-            assert!(m.equal(&sd[0].1) && m.data_ptr() != sd[0].1.data_ptr() && v.data_ptr() != sd[1].1.data_ptr());
         }
         b.zero_grad();
         net_b.forward_t(&x, false).nll_loss(&y).backward();

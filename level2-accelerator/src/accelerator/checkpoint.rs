@@ -123,7 +123,8 @@ impl Accelerator {
 
     /// The prepared model's weights with the unwrapped model's keys (`conv1.weight`, …,
     /// definition order; FSDP gathers them), on the main process; `None` on the others
-    /// (Accelerate's `get_state_dict`). Collective.
+    /// (Accelerate's `get_state_dict`). Collective. Under DDP and NO_SHARD the tensors are the
+    /// parameters themselves (torch's `state_dict()`): copy them to keep a snapshot across steps.
     ///
     /// # Errors
     /// No prepared model; collective errors.

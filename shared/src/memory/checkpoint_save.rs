@@ -15,10 +15,12 @@
 //! - **ZeRO-1**: both moments are all-gathered whole on every rank (`2 · P`, P the flat buffer's
 //!   padded length) beside this rank's moment shard being sent.
 //! - **Optimizer offload to disk**: the moments are read back from their file — on rank 0 under
-//!   DDP, on every rank for its shard under FSDP and ZeRO-1.
+//!   DDP, on every rank for its shard under FSDP (alive through the gathers); ZeRO-1 drops them
+//!   before its gathers.
 //!
 //! Measured at width 4096, 2 ranks, level 3 (whose Trainer saves at the end of training, inside
-//! the measured phase), FULL_SHARD fp32: rank 0 grew by 722 MiB, rank 1 by 638.
+//! the measured phase), FULL_SHARD fp32, commit 1058d54: rank 0 grew by 727 MiB (699 estimated
+//! with the save), rank 1 by 604.
 
 use super::estimate::EstimateInput;
 use super::layout::{self, Engine, MASTER_BYTES};
@@ -32,11 +34,11 @@ pub fn save_bytes(input: &EstimateInput, rank: usize) -> u64 {
     let psi = layout::num_parameters(width) as u64;
     match Engine::of(&input.wrap) {
         Engine::Ddp(o) if o.zero_redundancy_optimizer => {
+            // The moments read back from disk are laid out as the shard and dropped before the
+            // gathers: never beside them. At one rank the shard is the whole: nothing is sent.
             let (_, padded, shard) = layout::zero_partition(width, w);
-            let read = if on_disk { 2 * layout::zero_mine(width, w, rank).0 as u64 } else { 0 };
-            // At one rank the moments laid out as the shard are the full ones: nothing is sent.
             let sent = if w > 1 { shard as u64 } else { 0 };
-            MASTER_BYTES * (2 * padded as u64 + sent + read)
+            MASTER_BYTES * (2 * padded as u64 + sent)
         }
         Engine::Ddp(_) => MASTER_BYTES * if on_disk && rank == 0 { 2 * psi } else { 0 },
         Engine::Fsdp(o) => {

@@ -429,7 +429,8 @@ impl<'pg> WrappedModel<'pg> {
     /// `conv1.weight.exp_avg`, `conv1.weight.exp_avg_sq` (the parameter's shape) and
     /// `conv1.weight.step` (0-d i64) per parameter — the same at any world size and strategy
     /// (FSDP gathers and unflattens its shards' moments, as `FULL_OPTIM_STATE_DICT`).
-    /// Collective.
+    /// Collective. Under DDP and NO_SHARD the moments are the optimizer's own (torch's
+    /// `Optimizer.state_dict()`): copy them to keep a snapshot across steps.
     ///
     /// # Errors
     /// Collective errors.

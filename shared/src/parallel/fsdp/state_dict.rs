@@ -15,6 +15,8 @@ impl<M: Segmented> FullyShardedDataParallel<'_, M> {
     /// model's `named_parameters()` (no wrapper prefixes, padding removed), in definition
     /// order, dtype of the shards (the fp32 master weights under mixed precision). Loadable
     /// into a single-process model by name. Other ranks get `None`; every rank must call it.
+    /// The tensors are views of the gathered buffers — under `NO_SHARD`, of the shards
+    /// themselves: copy them to keep a snapshot across steps.
     ///
     /// # Errors
     /// Collective errors.
@@ -122,7 +124,8 @@ impl<M: Segmented> FullyShardedDataParallel<'_, M> {
     /// `FSDP.optim_state_dict` with `FULL_OPTIM_STATE_DICT`: this rank's shards' moments are
     /// gathered and unflattened to `conv1.weight.exp_avg`, `conv1.weight.exp_avg_sq` (the
     /// parameter's shape) and `conv1.weight.step` (0-d i64) per parameter — the same dict DDP
-    /// gives, at any world size. Collective (one all-gather per unit and moment).
+    /// gives, at any world size. Collective (one all-gather per unit and moment). Views, as
+    /// [`full_state_dict`](Self::full_state_dict)'s (under `NO_SHARD`, of the live moments).
     ///
     /// # Errors
     /// Collective errors.

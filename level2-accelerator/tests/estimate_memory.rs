@@ -69,31 +69,31 @@ fn json_carries_the_librarys_figures_and_the_budget_names_the_cheapest_fit() {
     assert_eq!(v["cheapest_fit"].as_str(), first_fit.as_deref());
 }
 
-/// `--save-checkpoint`: under FULL_SHARD rank 0's peak is the save, which holds the gathered
-/// model and both moments (3 × 4 bytes per parameter, padded); the other ranks' is still the
-/// step's; DDP's state dicts are its own tensors, so its estimate does not change.
+/// `--save-checkpoint`: ZeRO-1 gathers both moments on every rank for the file (8 bytes per
+/// parameter of the padded flat buffer, beside the 4 of the shard it sends): on both ranks the
+/// save is the peak. DDP's state dicts are its own tensors, so its estimate does not change;
+/// nor does FULL_SHARD's with the default wrapping (one unit), whose step holds the gathered
+/// model, its flat gradient and a fresh gradient — as much as the two gathered moments the
+/// save holds on rank 0, the weights written and dropped first.
 #[test]
-fn save_checkpoint_makes_the_gathered_state_rank_0s_peak_under_full_shard() {
-    // bf16: FSDP's default wrapping is one unit, whose step holds the gathered model and the
-    // fresh gradients in bf16 and the flat gradient in fp32 (8 bytes per parameter); the save
-    // holds 12. (In fp32 the step's 12 and its activations come first.)
-    let args = ["--width", "4096", "--num-processes", "2", "--mixed-precision", "bf16", "--strategy", "ddp,fsdp-full-shard", "--json"];
+fn save_checkpoint_is_zero1s_peak_and_adds_nothing_to_ddp() {
+    let args = ["--width", "4096", "--num-processes", "2", "--strategy", "ddp,zero1,fsdp-full-shard", "--json"];
     let without: serde_json::Value = serde_json::from_str(&stdout(&args)).unwrap();
     let with: serde_json::Value = serde_json::from_str(&stdout(&[&args[..], &["--save-checkpoint"]].concat())).unwrap();
     assert_eq!(with["save_checkpoint"], true);
     assert!(without.get("save_checkpoint").is_none());
     assert_eq!(with["strategies"][0]["ranks"], without["strategies"][0]["ranks"], "DDP: nothing added");
-    let (fs, before) = (&with["strategies"][1]["ranks"], &without["strategies"][1]["ranks"]);
-    assert_eq!(fs[0]["peak_at"], "checkpoint save");
-    // The save's bytes: 3 × 4 per parameter, the unit padded by at most 1 element.
-    let psi = ladder_core::memory::layout::num_parameters(4096) as u64;
-    let save = fs[0]["transient"].as_u64().unwrap();
-    assert!((12 * psi..=12 * (psi + 4)).contains(&save), "{save} vs 12 × {psi}");
+    assert_eq!(with["strategies"][2]["ranks"], without["strategies"][2]["ranks"], "FULL_SHARD, one unit");
+    let (_, padded, shard) = ladder_core::memory::layout::zero_partition(4096, 2);
     let get = |r: &serde_json::Value, k: &str| r["model_state"][k].as_u64().unwrap();
-    let growth = |r: &serde_json::Value| r["peak_growth"].as_u64().unwrap();
-    assert_eq!(fs[0]["activations"], 0);
-    assert_eq!(growth(&fs[0]), get(&fs[0], "gradients") + get(&fs[0], "optimizer") + save + fs[0]["runtime"].as_u64().unwrap());
-    assert!(growth(&fs[0]) > growth(&before[0]) && fs[1] == before[1], "rank 1 holds one unit at a time: its step's peak is higher");
+    for (rank, r) in with["strategies"][1]["ranks"].as_array().unwrap().iter().enumerate() {
+        assert_eq!((r["peak_at"].as_str(), r["activations"].as_u64()), (Some("checkpoint save"), Some(0)), "rank {rank}");
+        let save = r["transient"].as_u64().unwrap();
+        assert_eq!(save, 4 * (2 * padded + shard) as u64, "rank {rank}");
+        let growth = r["peak_growth"].as_u64().unwrap();
+        assert_eq!(growth, get(r, "gradients") + get(r, "optimizer") + save + r["runtime"].as_u64().unwrap(), "rank {rank}");
+        assert!(growth > without["strategies"][1]["ranks"][rank]["peak_growth"].as_u64().unwrap());
+    }
 }
 
 #[test]

@@ -105,60 +105,98 @@ fn sync_dir(dir: &Path) -> Result<()> {
 }
 
 /// Writes `ckpt` (and `extra_files`, name → bytes) to the directory `dir`, atomically: see the
-/// module docs. Call it on one rank.
+/// module docs. Call it on one rank. [`Writer`] does the same a file at a time, so that each
+/// state dict can be dropped before the next is gathered.
 ///
 /// # Errors
 /// [`Error::Io`] naming the directory or file that could not be written (the previous
 /// checkpoint, if any, is left in place); [`Error::Torch`] if a tensor cannot be serialised.
 // ANCHOR: checkpoint_save
 pub fn save(dir: &Path, ckpt: &Checkpoint, extra_files: &[(&str, Vec<u8>)]) -> Result<()> {
-    let parent = match dir.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
-        _ => PathBuf::from("."),
-    };
-    std::fs::create_dir_all(&parent).map_err(|e| Error::io(&parent, e))?;
-    if dir.exists() && !dir.is_dir() {
-        return Err(Error::Checkpoint { dir: dir.into(), problem: "exists and is not a directory".into() });
+    let writer = Writer::begin(dir)?;
+    writer.tensors(MODEL_FILE, &ckpt.model)?;
+    writer.tensors(OPTIMIZER_FILE, &ckpt.optimizer)?;
+    writer.finish(&ckpt.state, extra_files)
+}
+
+/// A checkpoint being written: a hidden temporary directory next to the target, which
+/// [`finish`](Self::finish) renames into place (dropped unfinished, it is removed and the
+/// previous checkpoint stays).
+#[derive(Debug)]
+pub struct Writer {
+    dir: PathBuf,
+    parent: PathBuf,
+    tmp: tempfile::TempDir,
+}
+
+impl Writer {
+    /// Starts a checkpoint of the directory `dir` (created on [`finish`](Self::finish)).
+    ///
+    /// # Errors
+    /// [`Error::Io`] naming the parent directory; [`Error::Checkpoint`] when `dir` exists and
+    /// is not a directory.
+    pub fn begin(dir: &Path) -> Result<Self> {
+        let parent = match dir.parent() {
+            Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+            _ => PathBuf::from("."),
+        };
+        std::fs::create_dir_all(&parent).map_err(|e| Error::io(&parent, e))?;
+        if dir.exists() && !dir.is_dir() {
+            return Err(Error::Checkpoint { dir: dir.into(), problem: "exists and is not a directory".into() });
+        }
+        // Mode 0777 less the umask, as any directory a program creates (tempfile's own is 0700).
+        let tmp = tempfile::Builder::new()
+            .prefix(".ladder-ckpt-")
+            .permissions(std::os::unix::fs::PermissionsExt::from_mode(0o777))
+            .tempdir_in(&parent)
+            .map_err(|e| Error::io(&parent, e))?;
+        Ok(Self { dir: dir.to_path_buf(), parent, tmp })
     }
-    // Mode 0777 less the umask, as any directory a program creates (tempfile's own is 0700).
-    let tmp = tempfile::Builder::new()
-        .prefix(".ladder-ckpt-")
-        .permissions(std::os::unix::fs::PermissionsExt::from_mode(0o777))
-        .tempdir_in(&parent)
-        .map_err(|e| Error::io(&parent, e))?;
-    let write_tensors = |name: &str, tensors: &[(String, Tensor)]| -> Result<()> {
-        let path = tmp.path().join(name);
+
+    /// Writes `tensors` as the safetensors file `name` (e.g. [`MODEL_FILE`]), synced.
+    ///
+    /// # Errors
+    /// [`Error::Io`] naming the file; [`Error::Torch`] if a tensor cannot be serialised.
+    pub fn tensors(&self, name: &str, tensors: &[(String, Tensor)]) -> Result<()> {
+        let path = self.tmp.path().join(name);
         crate::safetensors_file::write(&path, tensors)?;
         std::fs::File::open(&path).and_then(|f| f.sync_all()).map_err(|e| Error::io(&path, e))
-    };
-    write_tensors(MODEL_FILE, &ckpt.model)?;
-    write_tensors(OPTIMIZER_FILE, &ckpt.optimizer)?;
-    let json = serde_json::to_vec_pretty(&ckpt.state).expect("TrainingState serialises");
-    crate::atomic::write_atomic(&tmp.path().join(STATE_FILE), &json)?;
-    for (name, bytes) in extra_files {
-        crate::atomic::write_atomic(&tmp.path().join(name), bytes)?;
     }
-    std::fs::set_permissions(tmp.path(), std::os::unix::fs::PermissionsExt::from_mode(0o755)).map_err(|e| Error::io(tmp.path(), e))?;
-    let tmp_path = tmp.keep();
-    let old = aside(dir);
-    if old.exists() {
-        // A previous kill between the renames: the target is already in place or absent.
-        if dir.exists() {
-            std::fs::remove_dir_all(&old).map_err(|e| Error::io(&old, e))?;
-        } else {
-            std::fs::rename(&old, dir).map_err(|e| Error::io(&old, e))?;
+
+    /// Writes the training state and `extra_files`, then renames the checkpoint into place.
+    ///
+    /// # Errors
+    /// [`Error::Io`] naming the file or directory that could not be written or renamed.
+    pub fn finish(self, state: &TrainingState, extra_files: &[(&str, Vec<u8>)]) -> Result<()> {
+        let Self { dir, parent, tmp } = self;
+        let dir = dir.as_path();
+        let json = serde_json::to_vec_pretty(state).expect("TrainingState serialises");
+        crate::atomic::write_atomic(&tmp.path().join(STATE_FILE), &json)?;
+        for (name, bytes) in extra_files {
+            crate::atomic::write_atomic(&tmp.path().join(name), bytes)?;
         }
+        std::fs::set_permissions(tmp.path(), std::os::unix::fs::PermissionsExt::from_mode(0o755)).map_err(|e| Error::io(tmp.path(), e))?;
+        let tmp_path = tmp.keep();
+        let old = aside(dir);
+        if old.exists() {
+            // A previous kill between the renames: the target is already in place or absent.
+            if dir.exists() {
+                std::fs::remove_dir_all(&old).map_err(|e| Error::io(&old, e))?;
+            } else {
+                std::fs::rename(&old, dir).map_err(|e| Error::io(&old, e))?;
+            }
+        }
+        let had_previous = dir.exists();
+        if had_previous {
+            std::fs::rename(dir, &old).map_err(|e| Error::io(dir, e))?;
+        }
+        std::fs::rename(&tmp_path, dir).map_err(|e| Error::io(dir, e))?;
+        sync_dir(&parent)?;
+        if had_previous {
+            std::fs::remove_dir_all(&old).map_err(|e| Error::io(&old, e))?;
+        }
+        Ok(())
     }
-    let had_previous = dir.exists();
-    if had_previous {
-        std::fs::rename(dir, &old).map_err(|e| Error::io(dir, e))?;
-    }
-    std::fs::rename(&tmp_path, dir).map_err(|e| Error::io(dir, e))?;
-    sync_dir(&parent)?;
-    if had_previous {
-        std::fs::remove_dir_all(&old).map_err(|e| Error::io(&old, e))?;
-    }
-    Ok(())
 }
 // ANCHOR_END: checkpoint_save
 

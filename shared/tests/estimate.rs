@@ -117,11 +117,12 @@ fn rank_model_state() {
     println!("rank {rank}: {:?}", layout::model_state(&z, WIDTH, w, rank));
 }
 
-/// The checkpoint save's moment against the state dicts a save writes (the model's and the
-/// optimizer's, taken on every rank as a save does): on rank 0 the bytes of the buffers they
-/// hold that are not the live parameters or moments — none under DDP and NO_SHARD (views of
-/// what the rank holds), the gathered units under FSDP's sharded strategies (the estimate
-/// counts them padded), both gathered moments under ZeRO-1 (the estimate adds the shard sent).
+/// The checkpoint save's moment against the state dicts a save writes (the model's, then the
+/// optimizer's, taken on every rank and held one at a time as `save_state` does): on rank 0 the
+/// bytes of the buffers each holds that are not the live parameters or moments — none under
+/// DDP and NO_SHARD (views of what the rank holds), the gathered units under FSDP's sharded
+/// strategies (the estimate counts them padded), both gathered moments under ZeRO-1 (the
+/// estimate adds the shard sent). The larger of the two is the save's.
 fn check_save_bytes(
     model: &WrappedModel,
     params: &[tch::Tensor],
@@ -131,9 +132,6 @@ fn check_save_bytes(
     what: &str,
 ) {
     use std::collections::BTreeMap;
-    let weights = model.full_state_dict().unwrap();
-    let moments = model.optimizer_state_dict(opt).unwrap();
-    let (Some(weights), Some(moments)) = (weights, moments) else { return };
     let extent = |t: &tch::Tensor| {
         let lo = t.data_ptr() as usize;
         (lo, lo + t.numel() * t.kind().elt_size_in_bytes())
@@ -146,26 +144,34 @@ fn check_save_bytes(
         }
     }
     // Buffers that are not live: storage start → the furthest byte a tensor reaches in it.
-    let mut fresh: BTreeMap<usize, usize> = BTreeMap::new();
-    for (name, t) in weights.iter().chain(&moments).filter(|(n, _)| !n.ends_with(".step")) {
-        let (lo, hi) = extent(t);
-        if live.iter().any(|&(a, b)| a <= lo && hi <= b) {
-            continue;
+    let fresh_bytes = |dict: &[(String, tch::Tensor)]| -> u64 {
+        let mut fresh: BTreeMap<usize, usize> = BTreeMap::new();
+        for (name, t) in dict.iter().filter(|(n, _)| !n.ends_with(".step")) {
+            let (lo, hi) = extent(t);
+            if live.iter().any(|&(a, b)| a <= lo && hi <= b) {
+                continue;
+            }
+            assert!(t.is_contiguous(), "{what}: {name} is written from its own bytes");
+            let base = lo - t.storage_offset() as usize * t.kind().elt_size_in_bytes();
+            let end = fresh.entry(base).or_insert(hi);
+            *end = (*end).max(hi);
         }
-        assert!(t.is_contiguous(), "{what}: {name} is written from its own bytes");
-        let base = lo - t.storage_offset() as usize * t.kind().elt_size_in_bytes();
-        let end = fresh.entry(base).or_insert(hi);
-        *end = (*end).max(hi);
-    }
-    let held: u64 = fresh.iter().map(|(base, end)| (end - base) as u64).sum();
+        fresh.iter().map(|(base, end)| (end - base) as u64).sum()
+    };
+    let weights = model.full_state_dict().unwrap().map(|d| fresh_bytes(&d));
+    let moments = model.optimizer_state_dict(opt).unwrap().map(|d| fresh_bytes(&d));
+    let (Some(weights), Some(moments)) = (weights, moments) else { return };
+    let held = weights.max(moments);
     let estimated = ladder_core::memory::checkpoint_save::save_bytes(input, rank);
     let (w, psi) = (input.world_size as u64, layout::num_parameters(WIDTH) as u64);
     match layout::Engine::of(&input.wrap) {
         layout::Engine::Fsdp(o) if o.sharding_strategy.is_sharded() => {
-            // Three gathered buffers per unit, each padded by fewer than W elements.
+            // The weights' gathered buffers, then both moments' (two per unit, each padded by
+            // fewer than W elements).
             let units = layout::fsdp_units(WIDTH, &o, input.world_size);
+            assert_eq!(weights, 4 * psi, "{what}");
             assert!(
-                held >= 3 * 4 * psi && estimated >= held && estimated - held < 3 * 4 * w * units.len() as u64,
+                moments == 2 * 4 * psi && estimated >= held && estimated - held < 2 * 4 * w * units.len() as u64,
                 "{what}: held {held}, estimated {estimated}"
             );
         }
@@ -173,7 +179,7 @@ fn check_save_bytes(
             // Both moments gathered whole (what the parameters reach of the padded buffer);
             // the estimate adds the padding and the shard being sent.
             let (_, padded, shard) = layout::zero_partition(WIDTH, input.world_size);
-            assert!(held >= 2 * 4 * psi && held <= 2 * 4 * padded as u64, "{what}: held {held}");
+            assert!(weights == 0 && held >= 2 * 4 * psi && held <= 2 * 4 * padded as u64, "{what}: held {held}");
             let sent = if w > 1 { shard } else { 0 };
             assert_eq!(estimated, 4 * (2 * padded + sent) as u64, "{what}");
         }

@@ -4,7 +4,7 @@
 use super::Accelerator;
 use crate::scaler::GradScaler;
 use crate::{Error, Result};
-use ladder_core::checkpoint::{self, Checkpoint, TrainingState};
+use ladder_core::checkpoint::{self, TrainingState};
 use ladder_core::dist::ReduceOp;
 use ladder_core::model::{BasicNet, BasicNetConfig};
 use std::path::Path;
@@ -40,12 +40,25 @@ impl Accelerator {
     pub fn save_state_with(&self, dir: &Path, extra: serde_json::Map<String, serde_json::Value>, files: &[(&str, Vec<u8>)]) -> Result<()> {
         let model = self.shared.model("save_state")?;
         let opt = self.shared.optimizer("save_state")?;
-        let weights = model.borrow().full_state_dict()?;
-        let moments = model.borrow().optimizer_state_dict(&opt.borrow())?;
         let mut state = self.training_state();
         state.extra.extend(extra);
-        let result = match (weights, moments) {
-            (Some(model), Some(optimizer)) => checkpoint::save(dir, &Checkpoint { model, optimizer, state }, files).map_err(Error::from),
+        // One state dict at a time, as Accelerate's save_state (the model's file, then the
+        // optimizer's): FSDP's main process holds the gathered weights or the gathered moments,
+        // not both. Every rank takes part in both gathers, whatever the main process's writes.
+        let weights = model.borrow().full_state_dict()?;
+        let written = weights.map(|w| {
+            let writer = checkpoint::Writer::begin(dir)?;
+            writer.tensors(checkpoint::MODEL_FILE, &w)?;
+            Ok::<_, ladder_core::Error>(writer)
+        });
+        let moments = model.borrow().optimizer_state_dict(&opt.borrow())?;
+        let result = match (written, moments) {
+            (Some(writer), Some(optimizer)) => writer
+                .and_then(|w| {
+                    w.tensors(checkpoint::OPTIMIZER_FILE, &optimizer)?;
+                    w.finish(&state, files)
+                })
+                .map_err(Error::from),
             _ => Ok(()),
         };
         // Every rank learns whether the main process succeeded before anyone goes on.

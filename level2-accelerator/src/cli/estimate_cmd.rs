@@ -58,9 +58,9 @@ pub struct EstimateArgs {
     #[arg(long = "offload-params", alias = "offload_params", alias = "fsdp_offload_params")]
     pub offload_params: bool,
     /// Count writing a full checkpoint (save_state; the Trainer's checkpoint-N, by default every
-    /// 500 steps and at the last) as a moment: FSDP's sharded strategies gather the model and both
-    /// AdamW moments in fp32 to rank 0 (12 bytes per parameter), ZeRO-1 both moments to every
-    /// rank (8); DDP and NO_SHARD add nothing (moments on disk are read back).
+    /// 500 steps and at the last) as a moment: FSDP's sharded strategies gather the model, then
+    /// both AdamW moments, in fp32 to rank 0 (at most 8 bytes per parameter), ZeRO-1 both moments
+    /// to every rank (8); DDP and NO_SHARD add nothing (moments on disk are read back).
     #[arg(long = "save-checkpoint", alias = "save_checkpoint")]
     pub save_checkpoint: bool,
     /// Memory per process, e.g. 8GiB, 512MiB, 1.5GB: says which strategies fit (total ≤ SIZE)

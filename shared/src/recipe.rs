@@ -429,7 +429,7 @@ pub enum OutputKind {
     /// `--save-model`, `--metrics-json`.
     File(MissingDirs),
     /// A directory written whole, as a checkpoint: built beside it in its parent and renamed
-    /// into place ([`crate::checkpoint::save`]); missing parents are created. Level 2's
+    /// into place ([`crate::checkpoint::Writer`]); missing parents are created. Level 2's
     /// `--save-state`.
     Checkpoint,
     /// A directory the run writes files into, created with its missing parents: level 3's

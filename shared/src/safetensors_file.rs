@@ -11,14 +11,15 @@ use std::borrow::Cow;
 use std::path::Path;
 use tch::{Device, Tensor};
 
-/// One tensor as the safetensors writer sees it: its dtype, shape and bytes.
-struct Borrowed<'a> {
+/// One tensor as the safetensors writer sees it: its dtype, shape and bytes (its own where it
+/// can, a copy otherwise).
+struct TensorView<'a> {
     tensor: &'a Tensor,
     dtype: safetensors::Dtype,
     shape: Vec<usize>,
 }
 
-impl safetensors::View for Borrowed<'_> {
+impl safetensors::View for TensorView<'_> {
     fn dtype(&self) -> safetensors::Dtype {
         self.dtype
     }
@@ -64,7 +65,7 @@ pub fn write(path: &Path, tensors: &[(String, Tensor)]) -> Result<()> {
             }
             let dtype = safetensors::Dtype::try_from(t.kind())?;
             let shape = t.size().iter().map(|&d| d as usize).collect();
-            Ok((name.as_str(), Borrowed { tensor: t, dtype, shape }))
+            Ok((name.as_str(), TensorView { tensor: t, dtype, shape }))
         })
         .collect::<std::result::Result<Vec<_>, tch::TchError>>()?;
     safetensors::tensor::serialize_to_file(views, &None, path)

@@ -1,7 +1,7 @@
 //! Per-step timing of a training loop, one helper for every level: step times (p50/p95 over the
 //! timed steps), time to first step, a per-phase breakdown (data, forward, backward without
 //! communication, communication, optimizer), communication bytes per step, and the peak RSS of
-//! the training phase alone.
+//! the training steps alone.
 //!
 //! ```text
 //! let mut timer = StepTimer::start(device);        // training phase: peak RSS reset, clock on
@@ -39,6 +39,12 @@
 //! [`StepTimer::resume`] and the previous step's end (evaluation between epochs, checkpoints) is
 //! not any step's. The first [`WARMUP_STEPS`] steps are warm-up: reported as time to first step
 //! and left out of throughput, percentiles and phases.
+//!
+//! The peak RSS follows the same rule: the kernel's `VmHWM` is reset at [`StepTimer::start`]
+//! and at every [`StepTimer::resume`], and read as each step ends, so what runs between a
+//! step's end and the next resume (the evaluation after an epoch, a checkpoint's save) and
+//! after the last step is no step's memory either — as the PyTorch peers measure it
+//! (`bench/reference/common.py` reads `VmHWM` when the training loop ends, before evaluating).
 //!
 //! Communication: the caller passes the wrapped model's cumulative collective seconds and
 //! bytes ([`Comm`]); what grew since the previous lap is moved out of that lap's phase into
@@ -175,7 +181,10 @@ pub struct StepTiming {
     pub phases: PhaseTimes,
     /// Mean communication payload bytes per timed step.
     pub comm_bytes_per_step: f64,
-    /// Peak RSS of the training phase (from [`StepTimer::start`] to `finish`), MiB.
+    /// Peak RSS of the training steps, MiB: the most any step held, from [`StepTimer::start`]
+    /// to the last step's end, evaluations and saves between a step's end and a
+    /// [`StepTimer::resume`] left out (the module docs). With no step ended, the peak from the
+    /// start to `finish`.
     pub train_peak_rss_mib: f64,
     /// How `train_peak_rss_mib` was measured.
     pub rss_scope: RssScope,
@@ -200,7 +209,6 @@ impl StepTiming {
 pub struct StepTimer {
     /// The clock, shared with the iterators of [`timed`](Self::timed).
     clock: Arc<Mutex<Clock>>,
-    rss: RssProbe,
     start_rss_mib: f64,
 }
 
@@ -223,12 +231,18 @@ struct Clock {
     first_step_s: f64,
     /// Wall seconds of the loops over [`StepTimer::timed`] iterators (creation to drop).
     loops_s: f64,
+    /// The peak RSS since the phase's start or the last resume.
+    rss: RssProbe,
+    /// The most any ended step held (the probe read as each step ends), bytes.
+    steps_peak: Option<u64>,
 }
 
 impl Clock {
+    /// What passed since the last step's end is no step's: neither its time nor its memory.
     fn resume(&mut self, comm: Comm) {
         self.mark = Instant::now();
         self.comm_mark = comm;
+        self.rss.reset();
     }
 
     /// Ends `phase`. `comm`: the model's cumulative totals, whose growth since the last lap that
@@ -258,6 +272,9 @@ impl Clock {
             self.first_step_s = self.mark.duration_since(self.phase_start).as_secs_f64();
         }
         self.step_times.push(step.total());
+        if let Some(peak) = self.rss.peak_bytes() {
+            self.steps_peak = Some(self.steps_peak.map_or(peak, |p| p.max(peak)));
+        }
         self.samples += samples;
         if n >= WARMUP_STEPS {
             self.phases = self.phases.plus(&step);
@@ -297,8 +314,10 @@ impl StepTimer {
             timed_samples: 0,
             first_step_s: 0.0,
             loops_s: 0.0,
+            rss,
+            steps_peak: None,
         };
-        Self { clock: Arc::new(Mutex::new(clock)), rss, start_rss_mib }
+        Self { clock: Arc::new(Mutex::new(clock)), start_rss_mib }
     }
 
     /// Restarts the clock without ending a step: what passed since the last lap (evaluation
@@ -372,7 +391,8 @@ impl StepTimer {
         let k = timed.len();
         let pick = |q: f64| if k == 0 { 0.0 } else { timed[((q * k as f64).ceil() as usize).clamp(1, k) - 1] };
         let per = if k == 0 { 0.0 } else { 1.0 / k as f64 };
-        let (peak, scope) = self.rss.peak_mib();
+        let peak = clock.steps_peak.or_else(|| clock.rss.peak_bytes()).map_or(0.0, crate::memory::mib);
+        let scope = clock.rss.scope();
         StepTiming {
             steps: n,
             warmup_steps: warmup,
@@ -496,15 +516,32 @@ impl RssProbe {
         Self::Sampled { peak, stop }
     }
 
-    fn peak_mib(&self) -> (f64, RssScope) {
-        use crate::memory::{current_rss_bytes, mib, peak_rss_since_reset_bytes};
+    fn scope(&self) -> RssScope {
         match self {
-            Self::Unavailable => (0.0, RssScope::None),
-            Self::ClearRefs => (peak_rss_since_reset_bytes().map(mib).unwrap_or(0.0), RssScope::ClearRefs),
-            Self::Sampled { peak, .. } => {
-                let p = peak.load(Ordering::Relaxed).max(current_rss_bytes().unwrap_or(0));
-                (mib(p), RssScope::Sampled)
+            Self::Unavailable => RssScope::None,
+            Self::ClearRefs => RssScope::ClearRefs,
+            Self::Sampled { .. } => RssScope::Sampled,
+        }
+    }
+
+    /// The peak since the start or the last [`reset`](Self::reset), bytes.
+    fn peak_bytes(&self) -> Option<u64> {
+        use crate::memory::{current_rss_bytes, peak_rss_since_reset_bytes};
+        match self {
+            Self::Unavailable => None,
+            Self::ClearRefs => peak_rss_since_reset_bytes(),
+            Self::Sampled { peak, .. } => Some(peak.load(Ordering::Relaxed).max(current_rss_bytes().unwrap_or(0))),
+        }
+    }
+
+    /// Starts a new peak from the current RSS.
+    fn reset(&self) {
+        match self {
+            Self::Unavailable => {}
+            Self::ClearRefs => {
+                crate::memory::reset_peak_rss();
             }
+            Self::Sampled { peak, .. } => peak.store(crate::memory::current_rss_bytes().unwrap_or(0), Ordering::Relaxed),
         }
     }
 }
@@ -521,6 +558,21 @@ impl Drop for RssProbe {
 mod tests {
     use super::*;
 
+    /// The tests that read the peak RSS, one at a time: `VmHWM` is the process's, and a timer
+    /// starting in another test resets it.
+    static RSS: Mutex<()> = Mutex::new(());
+
+    fn rss_lock() -> std::sync::MutexGuard<'static, ()> {
+        RSS.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Allocates `mib` MiB, writes every page, frees it (glibc maps and unmaps a block that
+    /// size: the RSS goes up by `mib` and back).
+    fn touch(mib: usize) {
+        let v = vec![1u8; mib << 20];
+        std::hint::black_box(&v);
+    }
+
     fn spin(ms: u64) {
         let t = Instant::now();
         while t.elapsed() < Duration::from_millis(ms) {
@@ -530,6 +582,7 @@ mod tests {
 
     #[test]
     fn step_times_add_up_and_communication_moves_out_of_its_phase() {
+        let _rss = rss_lock();
         let mut t = StepTimer::start(Device::Cpu);
         let mut comm = Comm::default();
         for step in 0..5u64 {
@@ -564,6 +617,7 @@ mod tests {
 
     #[test]
     fn timed_batches_are_steps_ended_by_the_next_batch_or_by_leaving_the_loop() {
+        let _rss = rss_lock();
         let batch = |n: i64| (tch::Tensor::zeros([n, 1], tch::kind::FLOAT_CPU), tch::Tensor::zeros([n], tch::kind::INT64_CPU));
         let mut t = StepTimer::start(Device::Cpu);
         let mut comm = Comm::default();
@@ -601,9 +655,8 @@ mod tests {
 
     #[test]
     fn training_phase_peak_excludes_what_came_before() {
-        let before = vec![1u8; 160 << 20];
-        std::hint::black_box(&before);
-        drop(before);
+        let _rss = rss_lock();
+        touch(160);
         let t = StepTimer::start(Device::Cpu);
         let whole = crate::memory::peak_rss_bytes().map(crate::memory::mib).unwrap();
         let f = t.finish();
@@ -611,7 +664,37 @@ mod tests {
     }
 
     #[test]
+    fn steps_peak_leaves_out_what_runs_between_a_step_and_the_next_resume() {
+        let _rss = rss_lock();
+        let comm = Comm::default();
+        let mut t = StepTimer::start(Device::Cpu);
+        t.end_step(Phase::Optimizer, comm, 64);
+        touch(160); // an evaluation after the epoch
+        t.resume(comm);
+        t.end_step(Phase::Optimizer, comm, 64);
+        touch(160); // a save after the last step
+        let f = t.finish();
+        let after = crate::memory::peak_rss_since_reset_bytes().map(crate::memory::mib).unwrap();
+        assert!(f.train_peak_rss_mib + 100.0 < after, "the steps' peak {f:?}, the kernel's since the resume {after}");
+
+        // A step that holds the same 160 MiB counts it, whether or not a resume came before.
+        for resumed in [false, true] {
+            let mut t = StepTimer::start(Device::Cpu);
+            let start = crate::memory::current_rss_bytes().map(crate::memory::mib).unwrap();
+            if resumed {
+                t.resume(comm);
+            }
+            touch(160);
+            t.end_step(Phase::Optimizer, comm, 64);
+            touch(8); // after the last step
+            let f = t.finish();
+            assert!(f.train_peak_rss_mib >= start + 150.0, "resumed {resumed}: {f:?}, RSS {start} MiB at the start");
+        }
+    }
+
+    #[test]
     fn percentiles_are_nearest_rank() {
+        let _rss = rss_lock();
         let t = StepTimer::start(Device::Cpu);
         lock(&t.clock).step_times = (1..=22).map(f64::from).collect(); // 2 warm-up + 20 timed: 3..=22
         let f = t.finish();

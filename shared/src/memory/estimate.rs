@@ -54,21 +54,23 @@
 //!
 //! The closed forms of the model state are exact (tests/estimate.rs checks them against the
 //! accounting for every strategy at W = 1, 2, 3). The rest is what is alive, turned into
-//! resident bytes with two fitted constants, [`RESIDENT_PER_LIVE`] (1.44 resident bytes per
-//! live activation byte) and [`RUNTIME_BYTES`] (50 MiB), and one measured one, Open MPI's
-//! all-reduce scratch ([`allreduce_scratch_bytes`]). Against the measured training-phase
-//! growth of the largest rank (the fit sweep of `make book-data`: level 1, W = 2, fp32, commit
-//! cdce0c2, 2-core Intel Xeon, measured on a loaded machine: load 6.7 to 7.7), 18 of the 24
-//! cells are within the 10% (9 before the causes below were put in, on another CPU):
+//! resident bytes with three fitted constants, [`RESIDENT_PER_LIVE_FP32`] and
+//! [`RESIDENT_PER_LIVE_16BIT`] (1.8 and 2.3 resident bytes per live activation byte) and
+//! [`RUNTIME_BYTES`] (26 MiB), and one measured one, Open MPI's all-reduce scratch
+//! ([`allreduce_scratch_bytes`]). The measured figure is the growth of the largest rank over the
+//! training steps alone (evaluation and saves left out, [`crate::timing`]). In the fit sweep of
+//! `make book-data` (level 1, W = 2, fp32, commit `b3f165d`, 2-core Intel Xeon; the constants
+//! were fitted to it and 53 other cells of the same session), 21 of the 24 cells are within the
+//! issue's 10%:
 //!
 //! | cells | measured MiB | estimated MiB | error |
 //! |---|---|---|---|
-//! | width 128, batch 64 | 119 to 138 | 110 to 117 | −8% to −15% |
-//! | width 128, batch 512 | 443 to 477 | 481 to 488 | +1% to +10% |
-//! | width 4096, batch 64 | 596 to 747 | 555 to 699 | −3% to −7% |
-//! | width 4096, batch 512 | 748 to 893 | 751 to 907 | −5% to +2% |
-//! | width 8192, batch 64 | 1110 to 1390 | 1060 to 1348 | −3% to −5% |
-//! | width 8192, batch 512 | 1288 to 1622 | 1134 to 1423 | −2% (FSDP) to −12% (DDP, ZeRO-1) |
+//! | width 128, batch 64 | 70 to 83 | 74 to 81 | −11% (FULL_SHARD) to +9% |
+//! | width 128, batch 512 | 333 to 365 | 361 to 368 | −1% to +10% |
+//! | width 4096, batch 64 | 573 to 735 | 531 to 676 | −14% (SHARD_GRAD_OP) to −3% |
+//! | width 4096, batch 512 | 716 to 900 | 707 to 851 | −5% to +1% |
+//! | width 8192, batch 64 | 1090 to 1369 | 1036 to 1325 | −8% to −2% |
+//! | width 8192, batch 512 | 1310 to 1584 | 1168 to 1456 | −13% (ZeRO-1) to +0% |
 //!
 //! What was measured and is now counted: Open MPI's all-reduce scratch (half the message, at
 //! W = 2 and 3), which DDP's reduction of fc1's bucket adds beside the bucket's copy; FSDP's
@@ -76,13 +78,14 @@
 //! the unit's backward: fc1's twice with one unit per layer); ZeRO-1's gradient pieces, which
 //! were copies of the flat gradient and are views of it now.
 //!
-//! Not modelled: at width 128 and batch 64 the ranks grow by more than the estimate, and by
-//! up to 30% apart from each other (rank 0 and 1 of one ZeRO-1 run: 128 and 94 MiB) — glibc's
-//! heap keeps the activations a step frees (they are under its 32 MiB mmap threshold there)
-//! and how much of it is reused depends on the order of the allocations; at width 8192 and
-//! batch 512 DDP and ZeRO-1 grow by a half to two-thirds of an fc1-sized f32 tensor more than
-//! counted (154 and 199 MiB). Level 3's end-of-training save is a moment of its own when
-//! [`EstimateInput::save_checkpoint`] is set ([`super::checkpoint_save`]).
+//! Not modelled: how far glibc's heap runs ahead of the live bytes varies with the order of a
+//! strategy's allocations and from run to run — at width 128 and batch 64 FSDP in f32 leaves
+//! about 20 MiB more of it than DDP (measured: the same 34 MiB live peak, 54 MiB of heap beyond
+//! it against 33), and one run's rank can stray alone (FULL_SHARD at width 4096: 577 MiB in one
+//! run, 658 in another of the same cell); at width 8192 and batch 512 DDP and ZeRO-1 grow by
+//! up to an eighth more than counted. Level 3's end-of-training save comes after its last step;
+//! it is a moment of its own when [`EstimateInput::save_checkpoint`] is set
+//! ([`super::checkpoint_save`]).
 
 use super::layout::{self, Engine, UnitSize, MASTER_BYTES};
 use super::ModelStateBytes;
@@ -90,18 +93,39 @@ use crate::parallel::{BackwardPrefetch, DdpOptions, ShardingStrategy, Strategy, 
 use crate::{Error, Result};
 use serde::{Deserialize, Serialize};
 
-/// Resident bytes per byte of live activations: glibc keeps freed heap memory (tensors under its
-/// mmap threshold, up to 32 MiB) for reuse, so the activations a step frees before its peak
-/// still count in the RSS, and oneDNN's reorders and scratchpads add to the convolutions'
-/// figures of the table. Fitted: level 1, DDP, width 128, W = 1 and 2, batch 16 to 512 grew
-/// by 1.44× the live activations per sample (±4%).
-pub const RESIDENT_PER_LIVE: f64 = 1.44;
+/// Resident bytes per byte of live activations computed in f32: glibc keeps freed heap memory
+/// (tensors under its mmap threshold, up to 32 MiB) for reuse, and a step frees and allocates
+/// its tensors in an order that leaves part of it unusable for the next ones, so the heap's
+/// touched extent runs ahead of what is alive. Measured with an `LD_PRELOAD` counter of
+/// `malloc`'d bytes against `VmHWM` (level 1, DDP, width 128, 2 ranks, 30 steps, commit
+/// `b3f165d`): a step's live peak grew by 23.5, 34.7 and 183 MiB at batch 16, 64 and 512, its
+/// RSS by 43.5, 66.3 and 375. Fitted, with [`RESIDENT_PER_LIVE_16BIT`] and [`RUNTIME_BYTES`],
+/// to the 77 cells of one `make book-data`-sized run (levels 1–3, every strategy, widths 128 to
+/// 8192, batch 16 to 512, steps only: [`crate::timing`]).
+pub const RESIDENT_PER_LIVE_FP32: f64 = 1.8;
+
+/// Resident bytes per byte of live activations computed in 16 bits (bf16, fp16): autocast's
+/// casts add short-lived copies between the kept tensors, and the heap runs further ahead
+/// (DDP at batch 512: a live peak of 120 MiB, RSS growth 290). Fitted as
+/// [`RESIDENT_PER_LIVE_FP32`].
+pub const RESIDENT_PER_LIVE_16BIT: f64 = 2.3;
+
+/// [`RESIDENT_PER_LIVE_FP32`] or [`RESIDENT_PER_LIVE_16BIT`] for a compute dtype of
+/// `compute_bytes` bytes per element.
+pub fn resident_per_live(compute_bytes: u64) -> f64 {
+    if compute_bytes >= MASTER_BYTES {
+        RESIDENT_PER_LIVE_FP32
+    } else {
+        RESIDENT_PER_LIVE_16BIT
+    }
+}
 
 /// Bytes a training phase adds whatever the model: libtorch's, oneDNN's and Open MPI's
-/// first-use buffers, the data loader's, and the fragmentation a few dozen steps leave in
-/// glibc's heap. Fitted to the bench's DDP cells at width 128 (30 steps: levels 1–3 grew by
-/// 98 to 132 MiB per rank); 6-step runs grew 22 to 28 MiB less.
-pub const RUNTIME_BYTES: u64 = 50 << 20;
+/// first-use buffers and the data loader's (fitted as [`RESIDENT_PER_LIVE_FP32`]). With more
+/// than one thread per process MKL also keeps its f32 GEMM packing buffers, about 17 MiB per
+/// thread (the single-process baseline's two threads: 34.8 MiB alive between steps beyond the
+/// model state), not counted here.
+pub const RUNTIME_BYTES: u64 = 26 << 20;
 
 /// Resident bytes Open MPI's all-reduce of a `message`-byte buffer adds while it runs, at
 /// `world_size` ranks (Open MPI 4.1.4, `tuned` component, shared memory): 0 at one rank, half
@@ -150,7 +174,7 @@ pub struct RankEstimate {
     /// a synchronised step ([`layout::model_state`]).
     pub model_state: ModelStateBytes,
     /// Activations and their gradients at the peak moment, as resident bytes (live bytes ×
-    /// [`RESIDENT_PER_LIVE`]).
+    /// [`resident_per_live`]).
     pub activations: u64,
     /// Other transient bytes at the peak moment: fresh parameter gradients, gathered
     /// parameters, flat gradients, bucket copies.
@@ -266,7 +290,8 @@ fn estimate_rank(input: &EstimateInput, rank: usize) -> RankEstimate {
         let transient = super::checkpoint_save::save_bytes(input, rank);
         moments.push(Moment { what: "checkpoint save".into(), activations: 0, transient });
     }
-    let resident = |m: &Moment| (m.activations as f64 * RESIDENT_PER_LIVE) as u64;
+    let per_live = resident_per_live(layout::compute_bytes(wrap));
+    let resident = |m: &Moment| (m.activations as f64 * per_live) as u64;
     let peak = moments.into_iter().max_by_key(|m| resident(m) + m.transient).expect("a step has moments");
     let activations = resident(&peak);
     let peak_growth = model_state.gradients + model_state.optimizer + activations + peak.transient + RUNTIME_BYTES;
@@ -601,7 +626,7 @@ mod tests {
         // Backward of conv2: the batch (image, label, channels-last copy), conv1's relu,
         // conv2's kept tensors, its output and input gradients.
         let per_sample = 784 * 4 + 8 + 784 * 4 + 4 * 21_632 + 4 * 9216 + 9216 + 4 * (36_864 + 21_632);
-        assert_eq!(large.activations, (512.0 * per_sample as f64 * RESIDENT_PER_LIVE) as u64);
+        assert_eq!(large.activations, (512.0 * per_sample as f64 * RESIDENT_PER_LIVE_FP32) as u64);
         assert_eq!(large.transient, 4 * 18_496, "conv2's fresh gradients");
         let m = large.model_state;
         assert_eq!(large.peak_growth, m.gradients + m.optimizer + large.activations + large.transient + RUNTIME_BYTES);

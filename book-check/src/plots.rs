@@ -202,7 +202,10 @@ pub fn throughput(t: &Table, _line: &str) -> Result<String> {
 pub fn memory(m: &Table, _line: &str) -> Result<String> {
     let get = |r: &[String], c: &str| m.get(r, c).and_then(number).unwrap_or(0.0);
     let mut out = Vec::new();
-    for r in m.select(&[("level", "1"), ("precision", "fp32")]) {
+    let rows = m.select(&[("level", "1"), ("precision", "fp32")]);
+    // The plotted rows' world size (the table's first row is the single-process baseline's).
+    let ranks = rows.first().and_then(|r| m.get(r, "ranks")).unwrap_or("?").to_string();
+    for r in rows {
         let parts = ["parameters MiB", "gradients MiB", "optimizer MiB", "gathered peak MiB"].map(|c| get(r, c));
         let rss = m.get(r, "training-phase peak RSS per rank MiB").map(numbers).and_then(|v| v.first().copied()).unwrap_or(0.0);
         let rest = (rss - parts.iter().sum::<f64>()).max(0.0);
@@ -220,7 +223,6 @@ pub fn memory(m: &Table, _line: &str) -> Result<String> {
         .zip(KIND_COLOURS)
         .map(|(n, c)| (n.to_string(), c))
         .collect::<Vec<_>>();
-    let ranks = m.rows.first().and_then(|r| m.get(r, "ranks")).unwrap_or("?");
     bars(&format!("Rank 0's memory, level 1, fp32, {ranks} ranks: model state and peak RSS"), "MiB", &out, &legend)
 }
 

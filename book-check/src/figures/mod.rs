@@ -477,12 +477,20 @@ fn rss_per_rank(m: &Matrix) -> Result<String> {
         ]);
     }
     let same = mem.col(TRAIN_RSS).zip(mem.col(WHOLE_RSS)).map(|(a, b)| mem.rows.iter().filter(|r| r[a] == r[b]).count());
+    let rows = mem.rows.len();
     let note = match same {
+        Some(n) if n == rows => format!(
+            "In all {rows} of the run's memory rows the training-phase peak equals the whole-process peak: nothing \
+             before the steps (loading MNIST, building and wrapping the model) or after them (the evaluation, level 3's \
+             end-of-training checkpoint) rises above what the steps reach, so the process's high-water mark is the \
+             steps'."
+        ),
         Some(n) => format!(
-            "In {n} of the run's {} memory rows the training-phase peak equals the whole-process peak: nothing before \
-             training (loading MNIST, building and wrapping the model) rises above what training reaches, so the \
-             process's high-water mark is training's.",
-            mem.rows.len()
+            "In {n} of the run's {rows} memory rows the training-phase peak equals the whole-process peak; in the other \
+             {} the process rose higher outside the steps — before them (loading MNIST, building and wrapping the \
+             model) or after them (the evaluation, level 3's end-of-training checkpoint), which the training-phase \
+             figure leaves out.",
+            rows - n
         ),
         None => String::new(),
     };

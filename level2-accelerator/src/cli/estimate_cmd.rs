@@ -20,7 +20,9 @@ use serde::Serialize;
 most parameters gathered at once (FSDP), the activations and their gradients at the step's peak, the expected \
 training-phase peak RSS growth (gradients + optimizer + activations + transients: what `bench run` measures) and \
 the total (parameters + peak growth). The process's own memory (libtorch, the dataset, MPI: a few hundred MiB on \
-CPU) is not included. With --offload-optimizer nvme (DeepSpeed's offload_optimizer) the optimizer column is the buffer the moments stream through, the moments being on disk. With --offload-params (FSDP's CPU offload) a placement line per strategy says what is in host memory (parameters, gradients, optimizer state) and what the device holds; on a CPU both are one memory.\n\nExamples:\n  ladder-accelerate estimate-memory \
+CPU) is not included, nor, when a process runs more than one intra-op thread (the levels run cores / processes), \
+the fp32 matrix-multiply buffers MKL keeps per thread between steps: 20 to 140 MiB per process measured at 2 to 4 \
+threads. With --offload-optimizer nvme (DeepSpeed's offload_optimizer) the optimizer column is the buffer the moments stream through, the moments being on disk. With --offload-params (FSDP's CPU offload) a placement line per strategy says what is in host memory (parameters, gradients, optimizer state) and what the device holds; on a CPU both are one memory.\n\nExamples:\n  ladder-accelerate estimate-memory \
 --width 4096 --num-processes 2\n  ladder-accelerate estimate-memory --width 8192 --batch-size 512 --budget 1GiB\n  \
 ladder-accelerate estimate-memory --strategy fsdp-full-shard --mixed-precision bf16 --activation-checkpointing --json")]
 pub struct EstimateArgs {

@@ -121,10 +121,21 @@ pub fn resident_per_live(compute_bytes: u64) -> f64 {
 }
 
 /// Bytes a training phase adds whatever the model: libtorch's, oneDNN's and Open MPI's
-/// first-use buffers and the data loader's (fitted as [`RESIDENT_PER_LIVE_FP32`]). With more
-/// than one thread per process MKL also keeps its f32 GEMM packing buffers, about 17 MiB per
-/// thread (the single-process baseline's two threads: 34.8 MiB alive between steps beyond the
-/// model state), not counted here.
+/// first-use buffers and the data loader's (fitted as [`RESIDENT_PER_LIVE_FP32`]).
+///
+/// Not counted: MKL's f32 matrix-multiply buffers (`mkl_serv_allocate`, from
+/// `sgemm_get_bufs`), which it keeps per thread between steps when a process runs more than
+/// one intra-op thread. `ladder-baseline`'s two threads at width 128 kept 34.8 MiB beyond the
+/// model state; PyTorch's BasicNet on the same libtorch (bf16: none; one thread: 0 to 16 MiB),
+/// f32, 64 samples, kept:
+///
+/// | threads | width 128 | width 1024 | width 4096 | width 8192 |
+/// |---|---|---|---|---|
+/// | 2 | 34 MiB | 38 | 57 | 70 |
+/// | 4 | 59 | 52 | 115 | 141 |
+///
+/// and at 512 samples or under load less or more (4 threads, width 4096: 32 MiB) — MKL's own
+/// partitioning, not a closed form. The bench's cells run one thread per rank.
 pub const RUNTIME_BYTES: u64 = 26 << 20;
 
 /// Resident bytes Open MPI's all-reduce of a `message`-byte buffer adds while it runs, at

@@ -487,6 +487,7 @@ fn save_state_if_due(accelerator: &Accelerator, cfg: &Config, step: u64, epoch_l
     if let Some(every) = cfg.save_every {
         if accelerator.sync_gradients() && step % every == 0 {
             accelerator.save_state_with(dir, epoch_loss_extra(accelerator, epoch_loss.0, epoch_loss.1)?, &[])?;
+            accelerator.restart_step_clock(); // a save between steps is no step's time or memory
         }
     }
     if accelerator.sync_gradients() && accelerator.preemption_requested()? {

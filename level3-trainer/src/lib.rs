@@ -136,7 +136,7 @@ fn run_named(cfg: &Config) -> Result<Report> {
         train_loss: out.training_loss,
         comm_s: out.comm_s,
         model_state: out.model_state,
-        timing: out.timing, // the training phase: what train() did, save_model() not included
+        timing: out.timing, // the training steps: train()'s evaluations and saves, and save_model(), not included
     };
     let wall_s = start.elapsed().as_secs_f64();
     let mut report = trainer.accelerator().gather_report(&local, &eval, wall_s)?;

@@ -27,8 +27,8 @@ pub struct Report {
     /// Peak resident set size of the whole process in MiB (`VmHWM`, data loading included);
     /// under several ranks, the maximum over ranks.
     pub peak_rss_mib: f64,
-    /// Peak resident set size of the training phase alone in MiB (reset when training starts,
-    /// see [`crate::timing::StepTiming::train_peak_rss_mib`]); the maximum over ranks.
+    /// Peak resident set size of the training steps alone in MiB (the most any step held, see
+    /// [`crate::timing::StepTiming::train_peak_rss_mib`]); the maximum over ranks.
     #[serde(default)]
     pub train_peak_rss_mib: f64,
     /// Training samples over all ranks and steps (warm-up included).

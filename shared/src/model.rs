@@ -286,6 +286,7 @@ mod tests {
 
     #[test]
     fn width_knob_scales_fc1() {
+        let _rss = crate::memory::tests_rss_lock(); // ~150 MiB of weights
         let vs = VarStore::new(Device::Cpu);
         let net = BasicNet::new(&vs.root(), BasicNetConfig { width: 4096, dropout: true });
         let total: i64 = net.named_parameters().iter().map(|(_, t)| t.numel() as i64).sum();

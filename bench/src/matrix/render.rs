@@ -383,9 +383,9 @@ collectives per step (all-reduce buffer, all-gather output, reduce-scatter input
 (PyTorch DDP overlaps it with backward).";
 
 const EXPLAIN_MEMORY: &str = "Model state: rank 0's persistent bytes (AdamW: 2 states per parameter). \
-Training-phase peak RSS: the high-water mark from the start of training on (VmHWM reset through \
-/proc/self/clear_refs; ours and the peers alike); whole-process: the high-water mark since start-up, data loading \
-included.";
+Training-phase peak RSS: the most any training step held (VmHWM reset through /proc/self/clear_refs when training \
+starts and after each evaluation or save, read as each step ends; the peers read it when their loop ends, before \
+evaluating); whole-process: the high-water mark since start-up, data loading, evaluation and saves included.";
 
 /// `bench.md`.
 pub fn render_markdown(summary: &MatrixSummary) -> String {

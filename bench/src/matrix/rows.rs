@@ -44,8 +44,8 @@ pub struct Row {
     pub peak_rss_per_rank: Vec<f64>,
     /// Wall seconds per run (launch to exit), per repeat.
     pub wall_s: Option<Spread>,
-    /// Training-phase peak RSS per rank, MiB: per rank, the max over repeats (reset when
-    /// training starts; empty when not measured).
+    /// Training-phase peak RSS per rank, MiB (the most any training step held,
+    /// `ladder_core::timing`): per rank, the max over repeats (empty when not measured).
     #[serde(default)]
     pub train_peak_rss_per_rank: Vec<f64>,
     /// The peer's training-phase peak RSS, MiB (max over its ranks and repeats).

@@ -50,9 +50,10 @@ pub struct TrainOutput {
     pub comm_s: f64,
     /// This rank's persistent model-state bytes.
     pub model_state: ModelStateBytes,
-    /// This rank's step figures, frozen when `train()` returns: its training phase (and the
-    /// training-phase peak RSS) ends there, before `save_model()` gathers and serialises the
-    /// weights on the main process.
+    /// This rank's step figures, frozen when `train()` returns (before `save_model()` gathers
+    /// and serialises the weights on the main process); the training-phase peak RSS is the
+    /// steps' own, the evaluations and saves between and after them left out
+    /// ([`ladder_core::timing`]).
     pub timing: StepTiming,
 }
 

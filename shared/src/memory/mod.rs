@@ -154,6 +154,15 @@ pub fn offload_buffer_bytes(buffer_size: usize, elt_bytes: u64) -> u64 {
     2 * (buffer_size.max(1) as u64).div_ceil(align) * align * elt_bytes
 }
 
+/// Serialises the unit tests that read the peak RSS or allocate large buffers: `VmHWM` and the
+/// RSS are the process's, so another test's 100 MiB would show in a reading, and a timer
+/// starting in another test resets the mark.
+#[cfg(test)]
+pub(crate) fn tests_rss_lock() -> std::sync::MutexGuard<'static, ()> {
+    static RSS: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    RSS.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -167,6 +176,7 @@ mod tests {
 
     #[test]
     fn peak_rss_is_at_least_current_and_grows_with_a_touched_buffer() {
+        let _rss = super::tests_rss_lock();
         let before = peak_rss_bytes().expect("VmHWM on Linux");
         let buf = vec![1u8; 64 << 20];
         std::hint::black_box(&buf);

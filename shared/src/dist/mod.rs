@@ -15,6 +15,8 @@ pub mod local;
 pub mod mpi;
 #[cfg(feature = "nccl")]
 pub mod nccl;
+#[cfg(feature = "nccl")]
+mod nccl_lib;
 pub mod progress;
 pub mod rendezvous;
 pub mod slurm;

@@ -1,11 +1,10 @@
-//! The `nccl` backend: NCCL through cudarc (dynamic loading, so builds need no CUDA), in place
-//! on CUDA tensors, on the stream libtorch uses by default (the legacy default stream), so the
+//! The `nccl` backend: NCCL loaded at run time ([`super::nccl_lib`]: the libnccl.so.2 libtorch
+//! loaded, so builds need no CUDA and one NCCL serves the process), in place on CUDA tensors, on the stream libtorch uses by default (the legacy default stream), so the
 //! collectives are ordered after the kernels that produced their inputs.
 //!
 //! Rank 0 creates NCCL's unique id and hands it to the others through the TCP rendezvous at
 //! `MASTER_ADDR:MASTER_PORT` ([`super::rendezvous::TcpStore`]), as torch's `TCPStore` does.
-//! A missing GPU or libnccl is an [`Error::BackendUnavailable`], probed before cudarc would
-//! panic.
+//! A missing GPU or libnccl is an [`Error::BackendUnavailable`].
 //!
 //! The collective timeout: each collective starts with the agreement probe, whose result the
 //! host reads; that wait polls the stream (`cuStreamQuery`) and NCCL's asynchronous error
@@ -13,11 +12,11 @@
 //! watchdog does) and returns [`Error::CollectiveTimeout`]. The stream is ordered, so a
 //! collective that never completes is caught by the next one's probe.
 
+use super::nccl_lib::{self as lib, Comm, Stream, UniqueId};
 use super::rendezvous::TcpStore;
 use super::work::Watch;
 use super::{agreement_probe, check_agreement, check_call, Call, Collective, DistEnv, ProcessGroup, ReduceOp};
 use crate::{Error, Result};
-use cudarc::nccl::{result as nccl, sys};
 use std::ffi::{c_int, c_void};
 use std::time::Duration;
 use tch::{Device, Kind, Tensor};
@@ -27,7 +26,7 @@ pub const RENDEZVOUS_TIMEOUT: Duration = Duration::from_secs(300);
 
 /// A process group over one NCCL communicator; rank r uses GPU `local_rank`.
 pub struct NcclGroup {
-    comm: sys::ncclComm_t,
+    comm: Comm,
     // The rendezvous store, kept for the unique ids of sub-groups (`new_group`).
     store: std::rc::Rc<TcpStore>,
     // This group's name in store keys (`world`, `world/g1`, …) and how many `new_group`
@@ -71,10 +70,7 @@ impl NcclGroup {
     pub fn init_with_timeout(env: &DistEnv, timeout: Duration) -> Result<Self> {
         let device = crate::device::DeviceKind::Cuda.resolve(env.local_rank)?;
         let Device::Cuda(ordinal) = device else { unreachable!("resolve(Cuda) gives a CUDA device") };
-        // SAFETY: only tries to dlopen candidate library names.
-        if !unsafe { sys::is_culib_present() } {
-            return Err(unavailable("libnccl.so.2 could not be loaded (it ships with the torch wheel under nvidia/nccl/lib)"));
-        }
+        lib::nccl().map_err(unavailable)?;
         let ctx = std::panic::catch_unwind(|| cudarc::driver::CudaContext::new(ordinal))
             .map_err(|_| unavailable("the CUDA driver library could not be loaded"))?
             .map_err(|e| unavailable(format!("CUDA device {ordinal}: {e:?}")))?;
@@ -121,16 +117,16 @@ impl NcclGroup {
         })))
     }
 
-    fn stream() -> sys::cudaStream_t {
+    fn stream() -> Stream {
         std::ptr::null_mut()
     }
 
     fn agree(&self, op: &'static str, numel: i64, kind: Kind) -> Result<()> {
         let seq = self.watch.begin(op)?;
         let v = Tensor::from_slice(&agreement_probe(numel, kind)).to_device(self.device);
-        self.call("ncclAllReduce", |comm, s| {
+        self.call("ncclAllReduce", |n, comm, s| {
             // SAFETY: 4 contiguous i64 on this group's GPU, used in place.
-            unsafe { nccl::all_reduce(v.data_ptr(), v.data_ptr(), 4, sys::ncclDataType_t::ncclInt64, sys::ncclRedOp_t::ncclMax, comm, s) }
+            unsafe { (n.all_reduce)(v.data_ptr(), v.data_ptr(), 4, lib::dtype::INT64, lib::op::MAX, comm, s) }
         })?;
         self.wait_stream(op, seq)?;
         self.watch.end(seq);
@@ -160,18 +156,20 @@ impl NcclGroup {
                     message: format!("{rc:?}"),
                 });
             }
-            let mut async_err = sys::ncclResult_t::ncclSuccess;
+            let mut async_err = lib::SUCCESS;
+            let nccl = lib::nccl().map_err(unavailable)?;
             // SAFETY: a live communicator and a valid out-pointer.
-            unsafe { sys::ncclCommGetAsyncError(self.comm, &mut async_err) };
-            if async_err != sys::ncclResult_t::ncclSuccess && async_err != sys::ncclResult_t::ncclInProgress {
+            unsafe { (nccl.comm_get_async_error)(self.comm, &mut async_err) };
+            if async_err != lib::SUCCESS && async_err != lib::IN_PROGRESS {
                 self.abort();
-                self.watch.fail(format!("NCCL reported {async_err:?} in {op} #{seq}"));
+                let message = nccl.error_string(async_err);
+                self.watch.fail(format!("NCCL reported {message} in {op} #{seq}"));
                 return Err(Error::Backend {
                     backend: "nccl",
                     call: "ncclCommGetAsyncError",
                     rank: self.rank,
                     code: async_err as i64,
-                    message: format!("{async_err:?}"),
+                    message,
                 });
             }
             let waited = start.elapsed();
@@ -188,16 +186,17 @@ impl NcclGroup {
         if self.destroyed.replace(true) {
             return;
         }
-        // SAFETY: a communicator created by ncclCommInitRank, aborted once (the flag above).
-        let _ = unsafe { nccl::comm_abort(self.comm) };
+        if let Ok(nccl) = lib::nccl() {
+            // SAFETY: a communicator created by ncclCommInitRank, aborted once (the flag above).
+            unsafe { (nccl.comm_abort)(self.comm) };
+        }
     }
 
-    fn call(
-        &self,
-        name: &'static str,
-        f: impl FnOnce(sys::ncclComm_t, sys::cudaStream_t) -> std::result::Result<nccl::NcclStatus, nccl::NcclError>,
-    ) -> Result<()> {
-        f(self.comm, Self::stream()).map(|_| ()).map_err(|e| nccl_error(self.rank, name, e))
+    /// Calls NCCL entry point `name` through `f` (given the library, the communicator and the
+    /// stream); a result other than success is [`Error::Backend`] with NCCL's text.
+    fn call(&self, name: &'static str, f: impl FnOnce(&lib::Nccl, Comm, Stream) -> c_int) -> Result<()> {
+        let nccl = lib::nccl().map_err(unavailable)?;
+        check(nccl, f(nccl, self.comm, Self::stream()), self.rank, name)
     }
 
     /// `ReduceOp::Avg` needs a floating-point tensor (NCCL has no integer average).
@@ -220,9 +219,12 @@ impl NcclGroup {
 
 /// A communicator of `size` ranks, this one `rank`: rank 0 of it creates NCCL's unique id and
 /// sets it in the store under `key`; the others get it from there.
-fn init_comm(store: &TcpStore, key: &str, rank: usize, size: usize) -> Result<sys::ncclComm_t> {
+fn init_comm(store: &TcpStore, key: &str, rank: usize, size: usize) -> Result<Comm> {
+    let nccl = lib::nccl().map_err(unavailable)?;
     let id = if rank == 0 {
-        let id = nccl::get_uniqueid().map_err(|e| nccl_error(store.rank(), "ncclGetUniqueId", e))?;
+        let mut id = UniqueId { internal: [0; 128] };
+        // SAFETY: a valid out-pointer to 128 bytes.
+        check(nccl, unsafe { (nccl.get_unique_id)(&mut id) }, store.rank(), "ncclGetUniqueId")?;
         let bytes: Vec<u8> = id.internal.iter().map(|&c| c as u8).collect();
         store.set(key, &bytes)?;
         id
@@ -234,7 +236,7 @@ fn init_comm(store: &TcpStore, key: &str, rank: usize, size: usize) -> Result<sy
                 problem: format!("NCCL unique id of {} bytes, expected 128", bytes.len()),
             });
         }
-        let mut id = sys::ncclUniqueId { internal: [0; 128] };
+        let mut id = UniqueId { internal: [0; 128] };
         for (dst, src) in id.internal.iter_mut().zip(bytes) {
             *dst = src as std::ffi::c_char;
         }
@@ -242,31 +244,36 @@ fn init_comm(store: &TcpStore, key: &str, rank: usize, size: usize) -> Result<sy
     };
     let mut comm = std::ptr::null_mut();
     // SAFETY: `comm` is a valid out-pointer; the id is the one rank 0 of the communicator created.
-    unsafe { nccl::comm_init_rank(&mut comm, size as c_int, id, rank as c_int) }
-        .map_err(|e| nccl_error(store.rank(), "ncclCommInitRank", e))?;
+    check(nccl, unsafe { (nccl.comm_init_rank)(&mut comm, size as c_int, id, rank as c_int) }, store.rank(), "ncclCommInitRank")?;
     Ok(comm)
 }
 
-fn nccl_error(rank: usize, call: &'static str, e: nccl::NcclError) -> Error {
-    Error::Backend { backend: "nccl", call, rank, code: e.0 as i64, message: format!("{:?}", e.0) }
+/// `code` from NCCL entry point `call` on `rank`: success, or [`Error::Backend`] with NCCL's
+/// text and the library's version (two NCCLs in one process show here).
+fn check(nccl: &lib::Nccl, code: c_int, rank: usize, call: &'static str) -> Result<()> {
+    if code == lib::SUCCESS || code == lib::IN_PROGRESS {
+        return Ok(());
+    }
+    let message = format!("{} (NCCL {} from {}; NCCL_DEBUG=WARN says more)", nccl.error_string(code), nccl.version(), nccl.name);
+    Err(Error::Backend { backend: "nccl", call, rank, code: code as i64, message })
 }
 
-fn dtype(kind: Kind) -> sys::ncclDataType_t {
+fn dtype(kind: Kind) -> c_int {
     match kind {
-        Kind::Float => sys::ncclDataType_t::ncclFloat32,
-        Kind::Double => sys::ncclDataType_t::ncclFloat64,
-        Kind::Half => sys::ncclDataType_t::ncclFloat16,
-        Kind::BFloat16 => sys::ncclDataType_t::ncclBfloat16,
-        _ => sys::ncclDataType_t::ncclInt64,
+        Kind::Float => lib::dtype::FLOAT32,
+        Kind::Double => lib::dtype::FLOAT64,
+        Kind::Half => lib::dtype::FLOAT16,
+        Kind::BFloat16 => lib::dtype::BFLOAT16,
+        _ => lib::dtype::INT64,
     }
 }
 
-fn red_op(op: ReduceOp) -> sys::ncclRedOp_t {
+fn red_op(op: ReduceOp) -> c_int {
     match op {
-        ReduceOp::Sum => sys::ncclRedOp_t::ncclSum,
-        ReduceOp::Avg => sys::ncclRedOp_t::ncclAvg,
-        ReduceOp::Max => sys::ncclRedOp_t::ncclMax,
-        ReduceOp::Min => sys::ncclRedOp_t::ncclMin,
+        ReduceOp::Sum => lib::op::SUM,
+        ReduceOp::Avg => lib::op::AVG,
+        ReduceOp::Max => lib::op::MAX,
+        ReduceOp::Min => lib::op::MIN,
     }
 }
 
@@ -313,27 +320,27 @@ impl ProcessGroup for NcclGroup {
                 self.agree("all_reduce", tensor.numel() as i64, tensor.kind())?;
                 let (n, ty, p) = (tensor.numel(), dtype(tensor.kind()), tensor.data_ptr());
                 // SAFETY: contiguous tensor of n elements on this group's GPU, reduced in place.
-                self.call("ncclAllReduce", |c, s| unsafe { nccl::all_reduce(p as *const c_void, p, n, ty, red_op(op), c, s) })
+                self.call("ncclAllReduce", |l, c, s| unsafe { (l.all_reduce)(p as *const c_void, p, n, ty, red_op(op), c, s) })
             }
             Call::Broadcast { tensor, src } => {
                 self.agree("broadcast", tensor.numel() as i64, tensor.kind())?;
                 let (n, ty, p) = (tensor.numel(), dtype(tensor.kind()), tensor.data_ptr());
                 // SAFETY: contiguous tensor of n elements on this group's GPU, in place.
-                self.call("ncclBroadcast", |c, s| unsafe { nccl::broadcast(p as *const c_void, p, n, ty, src as c_int, c, s) })
+                self.call("ncclBroadcast", |l, c, s| unsafe { (l.broadcast)(p as *const c_void, p, n, ty, src as c_int, c, s) })
             }
             Call::AllGather { output, input } => {
                 self.agree("all_gather", input.numel() as i64, input.kind())?;
                 let (n, ty) = (input.numel(), dtype(input.kind()));
                 let (i, o) = (input.data_ptr(), output.data_ptr());
                 // SAFETY: input n and output world_size·n elements on this group's GPU.
-                self.call("ncclAllGather", |c, s| unsafe { nccl::all_gather(i as *const c_void, o, n, ty, c, s) })
+                self.call("ncclAllGather", |l, c, s| unsafe { (l.all_gather)(i as *const c_void, o, n, ty, c, s) })
             }
             Call::ReduceScatter { output, input, op } => {
                 self.agree("reduce_scatter", input.numel() as i64, input.kind())?;
                 let (n, ty) = (output.numel(), dtype(input.kind()));
                 let (i, o) = (input.data_ptr(), output.data_ptr());
                 // SAFETY: input world_size·n and output n elements on this group's GPU.
-                self.call("ncclReduceScatter", |c, s| unsafe { nccl::reduce_scatter(i as *const c_void, o, n, ty, red_op(op), c, s) })
+                self.call("ncclReduceScatter", |l, c, s| unsafe { (l.reduce_scatter)(i as *const c_void, o, n, ty, red_op(op), c, s) })
             }
             Call::Barrier => {
                 let mut t = Tensor::zeros([1], (Kind::Float, self.device));
@@ -353,9 +360,11 @@ impl NcclGroup {
         if self.destroyed.replace(true) {
             return;
         }
-        // SAFETY: the communicator was created by ncclCommInitRank and is destroyed once (the
-        // flag above).
-        let _ = unsafe { nccl::comm_destroy(self.comm) };
+        if let Ok(nccl) = lib::nccl() {
+            // SAFETY: the communicator was created by ncclCommInitRank and is destroyed once
+            // (the flag above).
+            unsafe { (nccl.comm_destroy)(self.comm) };
+        }
     }
 }
 

@@ -8,7 +8,9 @@ use tch::Tensor;
 
 impl Accelerator {
     /// Gathers `tensor` from every process along dim 0 (`[b, …]` on each → `[W·b, …]`, rank
-    /// order). Every process must pass the same shape and dtype.
+    /// order), on the tensor's device (a tensor elsewhere than the process group's device,
+    /// e.g. a CPU tensor under NCCL, travels through the group's device). Every process must
+    /// pass the same shape and dtype.
     ///
     /// # Errors
     /// Collective errors (a shape or dtype mismatch across ranks is named).
@@ -17,12 +19,13 @@ impl Accelerator {
         if tensor.kind() == tch::Kind::Bool {
             return Ok(self.gather(&tensor.to_kind(tch::Kind::Int64))?.to_kind(tch::Kind::Bool));
         }
-        let t = if tensor.dim() == 0 { tensor.reshape([1]) } else { tensor.contiguous() };
+        let device = self.shared.pg.device();
+        let t = if tensor.dim() == 0 { tensor.reshape([1]) } else { tensor.contiguous() }.to_device(device);
         let mut size = t.size();
         size[0] *= self.num_processes() as i64;
-        let mut out = Tensor::empty(size.as_slice(), (t.kind(), t.device()));
+        let mut out = Tensor::empty(size.as_slice(), (t.kind(), device));
         self.shared.pg.all_gather(&mut out, &t)?;
-        Ok(out)
+        Ok(out.to_device(tensor.device()))
     }
 
     /// [`gather`](Self::gather) for evaluation: the per-sample results of the batch the last
@@ -59,16 +62,18 @@ impl Accelerator {
         Ok(all.index_select(0, &index))
     }
 
-    /// Reduces `tensor` over processes (a copy; the input is unchanged), as Accelerate's
-    /// `reduce(tensor, reduction)`: its `"sum"` is [`ReduceOp::Sum`], its `"mean"`
-    /// [`ReduceOp::Avg`]; `Max` and `Min` work too.
+    /// Reduces `tensor` over processes (a copy on the tensor's device; the input is unchanged),
+    /// as Accelerate's `reduce(tensor, reduction)`: its `"sum"` is [`ReduceOp::Sum`], its
+    /// `"mean"` [`ReduceOp::Avg`]; `Max` and `Min` work too. A tensor elsewhere than the process
+    /// group's device (a CPU scalar under NCCL, say) is reduced there and brought back.
     ///
     /// # Errors
     /// Collective errors.
     pub fn reduce(&self, tensor: &Tensor, reduction: ReduceOp) -> Result<Tensor> {
-        let mut t = tensor.copy();
+        let device = self.shared.pg.device();
+        let mut t = if tensor.device() == device { tensor.copy() } else { tensor.to_device(device) };
         self.shared.pg.all_reduce(&mut t, reduction)?;
-        Ok(t)
+        Ok(t.to_device(tensor.device()))
     }
 
     /// Pads `tensor` along `dim` with `pad_index` to the largest size any process has there,

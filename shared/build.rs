@@ -24,13 +24,20 @@ fn main() {
 /// declarations of their entry points (src/ffi/*.rs): FSDP's storage shim (storage_shim.cpp:
 /// frees and re-allocates a storage in place, see src/parallel/fsdp/storage.rs), AdamW's fused
 /// step (optim_shim.cpp, see src/optim.rs), CPU kernels of the model (model_shim.cpp:
-/// dropout's noise, a 2×2 max-pool and a channels-last clone, see src/model.rs) and backward
-/// with a given gradient (autograd_shim.cpp, see src/autograd.rs). Compiled against the headers
+/// dropout's noise, a 2×2 max-pool and a channels-last clone, see src/model.rs), backward
+/// with a given gradient (autograd_shim.cpp, see src/autograd.rs) and the CUDA caching
+/// allocator's statistics (memory_shim.cpp, see src/memory/mod.rs). Compiled against the headers
 /// of the libtorch that tch links (`LIBTORCH`, set by .cargo/config.toml), with its C++ ABI
 /// (`LIBTORCH_CXX11_ABI`, default 1, as torch-sys) and with OpenMP, linked to libtorch's own
 /// runtime.
 fn libtorch_shims() {
-    const SHIMS: [&str; 4] = ["src/ffi/storage_shim.cpp", "src/ffi/optim_shim.cpp", "src/ffi/model_shim.cpp", "src/ffi/autograd_shim.cpp"];
+    const SHIMS: [&str; 5] = [
+        "src/ffi/storage_shim.cpp",
+        "src/ffi/optim_shim.cpp",
+        "src/ffi/model_shim.cpp",
+        "src/ffi/autograd_shim.cpp",
+        "src/ffi/memory_shim.cpp",
+    ];
     for file in SHIMS.iter().chain(&["src/ffi/shim.h"]) {
         println!("cargo:rerun-if-changed={file}");
     }

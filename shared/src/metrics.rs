@@ -31,6 +31,11 @@ pub struct Report {
     /// [`crate::timing::StepTiming::train_peak_rss_mib`]); the maximum over ranks.
     #[serde(default)]
     pub train_peak_rss_mib: f64,
+    /// On CUDA, the caching allocator's peak of allocated bytes over the training steps, MiB
+    /// (`torch.cuda.max_memory_allocated`, see
+    /// [`crate::timing::StepTiming::train_cuda_peak_mib`]); the maximum over ranks; 0 on CPU.
+    #[serde(default)]
+    pub cuda_peak_mib: f64,
     /// Training samples over all ranks and steps (warm-up included).
     #[serde(default)]
     pub samples: u64,
@@ -191,9 +196,11 @@ pub fn gather_report(
         t.train_peak_rss_mib,
         rss_scope,
         t.train_start_rss_mib,
+        t.train_cuda_peak_mib,
+        t.train_cuda_start_mib,
     ];
     let mine: Vec<f64> = mine.into_iter().chain(timing).collect();
-    const N: usize = 10 + 19;
+    const N: usize = 10 + 21;
     let mut all = Tensor::zeros([(world_size * N) as i64], (Kind::Double, pg.device()));
     pg.all_gather(&mut all, &Tensor::from_slice(&mine).to_device(pg.device()))?;
     let all = Vec::<f64>::try_from(all.to_device(Device::Cpu)).map_err(crate::Error::Torch)?;
@@ -236,6 +243,7 @@ pub fn gather_report(
         wall_s,
         peak_rss_mib: ranks.iter().map(|r| r.peak_rss_mib).fold(0.0, f64::max),
         train_peak_rss_mib: ranks.iter().map(|r| r.timing.train_peak_rss_mib).fold(0.0, f64::max),
+        cuda_peak_mib: ranks.iter().map(|r| r.timing.train_cuda_peak_mib).fold(0.0, f64::max),
         samples: samples as u64,
         timing: slowest_timed,
         steps,
@@ -269,6 +277,8 @@ fn timing_of(f: &[f64]) -> StepTiming {
             _ => RssScope::None,
         },
         train_start_rss_mib: f[18],
+        train_cuda_peak_mib: f[19],
+        train_cuda_start_mib: f[20],
     }
 }
 

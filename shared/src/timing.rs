@@ -192,6 +192,14 @@ pub struct StepTiming {
     /// RSS when the training phase started ([`StepTimer::start`]: data loaded, model wrapped),
     /// MiB; `train_peak_rss_mib` less this is what training itself added. 0 where unknown.
     pub train_start_rss_mib: f64,
+    /// On CUDA, the caching allocator's peak of allocated bytes over the training steps, MiB:
+    /// `torch.cuda.max_memory_allocated` after `reset_peak_memory_stats` at the start and at
+    /// every [`StepTimer::resume`], read as each step ends (the same window as
+    /// `train_peak_rss_mib`; [`crate::memory::cuda_allocator_bytes`]). 0 on CPU.
+    pub train_cuda_peak_mib: f64,
+    /// On CUDA, what the caching allocator had allocated when the training phase started
+    /// (parameters, and whatever else the process put on the device before), MiB; 0 on CPU.
+    pub train_cuda_start_mib: f64,
 }
 
 impl StepTiming {
@@ -211,6 +219,8 @@ pub struct StepTimer {
     /// The clock, shared with the iterators of [`timed`](Self::timed).
     clock: Arc<Mutex<Clock>>,
     start_rss_mib: f64,
+    /// On CUDA, the allocator's allocated bytes at the start.
+    start_cuda: Option<u64>,
 }
 
 /// What the laps update: the step in progress and the totals.
@@ -236,12 +246,17 @@ struct Clock {
     rss: RssProbe,
     /// The most any ended step held (the probe read as each step ends), bytes.
     steps_peak: Option<u64>,
+    /// On CUDA, the most the caching allocator had allocated in any ended step, bytes.
+    steps_cuda_peak: Option<u64>,
 }
 
 impl Clock {
     /// What passed since the last step's end is no step's: neither its time nor its memory.
     fn resume(&mut self, comm: Comm) {
         self.rss.reset(); // before the mark: the reset's /proc reads are no step's time either
+        if let Some(i) = self.cuda {
+            crate::memory::reset_cuda_peak_memory_stats(i as usize);
+        }
         self.mark = Instant::now();
         self.comm_mark = comm;
     }
@@ -276,6 +291,10 @@ impl Clock {
         if let Some(peak) = self.rss.peak_bytes() {
             self.steps_peak = Some(self.steps_peak.map_or(peak, |p| p.max(peak)));
         }
+        // `lap` synchronized the device: the step's kernels have run.
+        if let Some((_, peak)) = self.cuda.and_then(|i| crate::memory::cuda_allocator_bytes(i as usize)) {
+            self.steps_cuda_peak = Some(self.steps_cuda_peak.map_or(peak, |p| p.max(peak)));
+        }
         self.samples += samples;
         if n >= WARMUP_STEPS {
             self.phases = self.phases.plus(&step);
@@ -295,6 +314,13 @@ impl StepTimer {
     /// model trains (CUDA laps synchronize it).
     pub fn start(device: Device) -> Self {
         let start_rss_mib = crate::memory::current_rss_bytes().map_or(0.0, crate::memory::mib);
+        let start_cuda = match device {
+            Device::Cuda(i) => {
+                crate::memory::reset_cuda_peak_memory_stats(i);
+                crate::memory::cuda_allocator_bytes(i).map(|(allocated, _)| allocated)
+            }
+            _ => None,
+        };
         let rss = RssProbe::start();
         let now = Instant::now();
         let clock = Clock {
@@ -317,8 +343,9 @@ impl StepTimer {
             loops_s: 0.0,
             rss,
             steps_peak: None,
+            steps_cuda_peak: None,
         };
-        Self { clock: Arc::new(Mutex::new(clock)), start_rss_mib }
+        Self { clock: Arc::new(Mutex::new(clock)), start_rss_mib, start_cuda }
     }
 
     /// Restarts the clock without ending a step: what passed since the last lap (evaluation
@@ -396,6 +423,8 @@ impl StepTimer {
         let per = if k == 0 { 0.0 } else { 1.0 / k as f64 };
         let peak = clock.steps_peak.or_else(|| clock.rss.peak_bytes()).map_or(0.0, crate::memory::mib);
         let scope = clock.rss.scope();
+        let cuda_peak =
+            clock.steps_cuda_peak.or_else(|| clock.cuda.and_then(|i| crate::memory::cuda_allocator_bytes(i as usize)).map(|(_, p)| p));
         StepTiming {
             steps: n,
             warmup_steps: warmup,
@@ -412,6 +441,8 @@ impl StepTimer {
             train_peak_rss_mib: peak,
             rss_scope: scope,
             train_start_rss_mib: self.start_rss_mib,
+            train_cuda_peak_mib: cuda_peak.map_or(0.0, crate::memory::mib),
+            train_cuda_start_mib: self.start_cuda.map_or(0.0, crate::memory::mib),
         }
     }
 }

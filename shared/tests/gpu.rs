@@ -24,6 +24,12 @@ fn nccl_collectives_at_world_size_1() {
     let env = DistEnv { master_port: Some(port), ..DistEnv::single() };
     let pg = NcclGroup::init(&env).expect("NCCL communicator on GPU 0");
     let dev = pg.device();
+    // Every dtype is tried and every failure reported together (which dtype, which call).
+    let failed: Vec<String> = [Kind::Float, Kind::Double, Kind::BFloat16, Kind::Half, Kind::Int64]
+        .into_iter()
+        .filter_map(|kind| pg.all_reduce(&mut Tensor::full([5], 3.0, (kind, dev)), ReduceOp::Sum).err().map(|e| format!("{kind:?}: {e}")))
+        .collect();
+    assert!(failed.is_empty(), "all_reduce failed for {failed:#?}");
     for kind in [Kind::Float, Kind::Double, Kind::BFloat16, Kind::Half, Kind::Int64] {
         let mut t = Tensor::full([5], 3.0, (kind, dev));
         pg.all_reduce(&mut t, ReduceOp::Sum).unwrap();
@@ -38,4 +44,27 @@ fn nccl_collectives_at_world_size_1() {
     let mut cpu = Tensor::ones([2], (Kind::Float, Device::Cpu));
     assert!(pg.all_reduce(&mut cpu, ReduceOp::Sum).is_err(), "a CPU tensor on the nccl group is a typed error");
     pg.barrier().unwrap();
+}
+
+#[test]
+#[ignore = "needs a GPU: run by scripts/gpu-check.sh"]
+fn cuda_allocator_statistics_count_a_tensor_exactly() {
+    use ladder_core::memory::{cuda_allocator_bytes, reset_cuda_peak_memory_stats};
+    assert!(cuda_available(), "libtorch's CUDA backend loads (and registers its allocator)");
+    let dev = Device::Cuda(0);
+    let _warm = Tensor::ones([1], (Kind::Float, dev));
+    let (before, _) = cuda_allocator_bytes(0).expect("the CUDA allocator's statistics on a GPU machine");
+    // 1 MiB of f32: a multiple of the allocator's 512-byte rounding, counted exactly.
+    let x = Tensor::zeros([262_144], (Kind::Float, dev));
+    let (now, peak) = cuda_allocator_bytes(0).unwrap();
+    assert_eq!(now - before, 1 << 20);
+    assert!(peak >= now);
+    drop(x);
+    assert_eq!(cuda_allocator_bytes(0).unwrap().0, before);
+    assert!(reset_cuda_peak_memory_stats(0));
+    let (_, peak) = cuda_allocator_bytes(0).unwrap();
+    assert_eq!(peak, before, "reset_peak_memory_stats brings the peak down to what is allocated");
+    let y = Tensor::zeros([2 * 262_144], (Kind::Float, dev));
+    drop(y);
+    assert_eq!(cuda_allocator_bytes(0).unwrap().1, before + (2 << 20));
 }

@@ -146,6 +146,7 @@ fn run(args: &TrainArgs) -> Result<Report> {
         wall_s: start.elapsed().as_secs_f64(),
         peak_rss_mib: peak,
         train_peak_rss_mib: timing.train_peak_rss_mib,
+        cuda_peak_mib: timing.train_cuda_peak_mib,
         samples,
         timing,
         steps: steps as u64,

@@ -7,6 +7,7 @@
 //! | `autograd_shim.cpp` | [`autograd`] | backward from a tensor with a given gradient; `t.grad = g` | [`crate::autograd`] |
 //! | `optim_shim.cpp` | [`optim`] | AdamW's step through `at::_fused_adamw_` | [`crate::optim::AdamW`] |
 //! | `model_shim.cpp` | [`model`] | dropout's noise and a 2×2 max-pool on CPU | [`crate::model::dropout`], [`crate::model::max_pool2d_2x2`] |
+//! | `memory_shim.cpp` | [`memory`] | the CUDA caching allocator's statistics | [`crate::memory::cuda_allocator_bytes`] |
 //! | `storage_shim.cpp` | [`storage`] | freeing and refilling a storage in place (FSDP) | `parallel::fsdp::storage` |
 //! | `mpi_shim.c` | [`mpi`] | the address of `MPI_IN_PLACE` (a macro in `mpi.h`) | `dist::mpi` |
 //!
@@ -25,6 +26,7 @@
 //! sound only while FSDP keeps those views unread (see its `# Safety`).
 
 pub(crate) mod autograd;
+pub(crate) mod memory;
 pub(crate) mod model;
 #[cfg(feature = "mpi")]
 pub(crate) mod mpi;

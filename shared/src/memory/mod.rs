@@ -46,6 +46,24 @@ pub fn current_rss_bytes() -> Option<u64> {
     proc_status_kib("VmRSS:").map(|kib| kib * 1024)
 }
 
+/// CUDA device `device`'s caching-allocator bytes, as `torch.cuda.memory_stats(device)`'s
+/// aggregate pool: `(allocated, peak allocated)`, the peak since start-up or the last
+/// [`reset_cuda_peak_memory_stats`] (`torch.cuda.max_memory_allocated`). Tensors' bytes, rounded
+/// to the allocator's 512-byte blocks; the CUDA context and the allocator's cached, unallocated
+/// segments are not in it (`nvidia-smi` shows those too). `None` where libtorch's CUDA
+/// allocator is not loaded (a CPU run, a build without CUDA).
+pub fn cuda_allocator_bytes(device: usize) -> Option<(u64, u64)> {
+    let [allocated, peak, _, _] = crate::ffi::memory::cuda_memory_stats(device).ok()?;
+    Some((allocated.max(0) as u64, peak.max(0) as u64))
+}
+
+/// Resets CUDA device `device`'s allocator peak to what is allocated now, as
+/// `torch.cuda.reset_peak_memory_stats(device)`. Returns `false` where libtorch's CUDA
+/// allocator is not loaded.
+pub fn reset_cuda_peak_memory_stats(device: usize) -> bool {
+    crate::ffi::memory::cuda_reset_peak_memory_stats(device).is_ok()
+}
+
 /// Bytes to MiB (2^20 bytes).
 pub fn mib(bytes: u64) -> f64 {
     bytes as f64 / (1024.0 * 1024.0)

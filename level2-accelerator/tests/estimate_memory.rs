@@ -37,6 +37,47 @@ fn help_and_tables() {
             "100MB"
         ])
     );
+    // On a GPU: the CUDA allocator's peak, the host's part apart under CPU offload, the budget
+    // held against the device's part.
+    insta::assert_snapshot!(
+        "estimate_cuda_offload_budget",
+        stdout(&[
+            "--device",
+            "cuda",
+            "--num-processes",
+            "1",
+            "--width",
+            "4096",
+            "--batch-size",
+            "512",
+            "--strategy",
+            "fsdp-shard-grad-op,fsdp-full-shard",
+            "--offload-params",
+            "--budget",
+            "800MiB"
+        ])
+    );
+}
+
+#[test]
+fn device_cuda_json_carries_the_librarys_cuda_figures() {
+    let text = stdout(&["--device", "cuda", "--width", "4096", "--num-processes", "2", "--batch-size", "512", "--json"]);
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(v["device"], "cuda");
+    for (s, strategy) in v["strategies"].as_array().unwrap().iter().zip(estimate::default_strategies()) {
+        let wrap = WrapConfig { strategy, mixed_precision: Precision::No, activation_checkpointing: false };
+        let input = EstimateInput {
+            wrap,
+            world_size: 2,
+            width: 4096,
+            batch_size: 512,
+            offload_optimizer: Default::default(),
+            save_checkpoint: false,
+        };
+        let expected = estimate::estimate_on(&input, ladder_core::device::DeviceKind::Cuda).unwrap();
+        assert_eq!(s["ranks"], serde_json::to_value(&expected).unwrap(), "{}", s["strategy"]);
+        assert_ne!(expected, estimate::estimate(&input).unwrap(), "the CPU's figures differ (heap factor, runtime)");
+    }
 }
 
 #[test]

@@ -8,6 +8,7 @@
 
 use super::CmdResult;
 use comfy_table::{presets::ASCII_MARKDOWN, Table};
+use ladder_core::device::DeviceKind;
 use ladder_core::memory::estimate::{self, EstimateInput, RankEstimate};
 use ladder_core::memory::size::{format_size, parse_size};
 use ladder_core::parallel::{FsdpOptions, OffloadDevice, Precision, Strategy, WrapConfig};
@@ -24,7 +25,8 @@ CPU) is not included, nor, when a process runs more than one intra-op thread (th
 the fp32 matrix-multiply buffers MKL keeps per thread between steps: 20 to 140 MiB per process measured at 2 to 4 \
 threads. With --offload-optimizer nvme (DeepSpeed's offload_optimizer) the optimizer column is the buffer the moments stream through, the moments being on disk. With --offload-params (FSDP's CPU offload) a placement line per strategy says what is in host memory (parameters, gradients, optimizer state) and what the device holds; on a CPU both are one memory.\n\nExamples:\n  ladder-accelerate estimate-memory \
 --width 4096 --num-processes 2\n  ladder-accelerate estimate-memory --width 8192 --batch-size 512 --budget 1GiB\n  \
-ladder-accelerate estimate-memory --strategy fsdp-full-shard --mixed-precision bf16 --activation-checkpointing --json")]
+ladder-accelerate estimate-memory --strategy fsdp-full-shard --mixed-precision bf16 --activation-checkpointing --json\n  \
+ladder-accelerate estimate-memory --device cuda --num-processes 1 --width 4096 --batch-size 512 --offload-params --budget 1GiB")]
 pub struct EstimateArgs {
     /// BasicNet's fc1 width (the tutorial's 128).
     #[arg(long, value_name = "N", default_value_t = 128, value_parser = clap::value_parser!(i64).range(1..=1 << 24))]
@@ -65,8 +67,17 @@ pub struct EstimateArgs {
     /// to every rank (8); DDP and NO_SHARD add nothing (moments on disk are read back).
     #[arg(long = "save-checkpoint", alias = "save_checkpoint")]
     pub save_checkpoint: bool,
-    /// Memory per process, e.g. 8GiB, 512MiB, 1.5GB: says which strategies fit (total ≤ SIZE)
-    /// and names the cheapest that does.
+    /// Whose memory: cpu, the training phase's peak RSS growth (what `bench run` measures; host
+    /// and device are one memory); cuda, the CUDA caching allocator's peak of allocated bytes
+    /// (torch.cuda.max_memory_allocated over the steps: activations at their live bytes, plus
+    /// cuBLAS's workspaces and cuDNN's per sample, fitted on an H200; the CUDA context and the
+    /// allocator's cache, which nvidia-smi shows too, not counted), with --offload-params the
+    /// host's part apart and --budget held against the device's.
+    #[arg(long, value_name = "DEVICE", default_value = "cpu", value_parser = ladder_core::cli::choice::<DeviceKind>(),
+          hide_possible_values = true)]
+    pub device: DeviceKind,
+    /// Memory per process, e.g. 8GiB, 512MiB, 1.5GB: says which strategies fit (total ≤ SIZE;
+    /// with --device cuda, the device's part) and names the cheapest that does.
     #[arg(long, value_name = "SIZE", value_parser = parse_size)]
     pub budget: Option<u64>,
     /// Print the estimate as JSON instead of the table.
@@ -92,6 +103,8 @@ struct Report {
     num_processes: u64,
     mixed_precision: &'static str,
     activation_checkpointing: bool,
+    /// `cpu` (peak RSS growth) or `cuda` (the CUDA allocator's peak).
+    device: DeviceKind,
     /// FSDP's CPU offload (`--offload-params`): each rank's `host` bytes.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     offload_params: bool,
@@ -161,8 +174,8 @@ fn build(args: &EstimateArgs) -> Result<Report> {
             offload_optimizer: args.offload_optimizer,
             save_checkpoint: args.save_checkpoint,
         };
-        let ranks = estimate::estimate(&input)?;
-        let fits = args.budget.map(|b| ranks.iter().all(|r| r.total <= b));
+        let ranks = estimate::estimate_on(&input, args.device)?;
+        let fits = args.budget.map(|b| ranks.iter().all(|r| held(r, args.device) <= b));
         out.push(StrategyEstimate { strategy: label, ranks, fits });
     }
     let cheapest_fit = out.iter().find(|s| s.fits == Some(true)).map(|s| s.strategy);
@@ -172,6 +185,7 @@ fn build(args: &EstimateArgs) -> Result<Report> {
         num_processes: args.num_processes,
         mixed_precision: args.mixed_precision.label(),
         activation_checkpointing: args.activation_checkpointing,
+        device: args.device,
         offload_params: args.offload_params,
         save_checkpoint: args.save_checkpoint,
         budget: args.budget,
@@ -181,8 +195,17 @@ fn build(args: &EstimateArgs) -> Result<Report> {
     })
 }
 
+/// What a budget is held against: the whole total on a CPU (host and device are one memory),
+/// the device's part (total less the host's, under CPU offload) on CUDA.
+fn held(r: &RankEstimate, device: DeviceKind) -> u64 {
+    match device {
+        DeviceKind::Cpu => r.total,
+        DeviceKind::Cuda => r.total - r.host,
+    }
+}
+
 /// One table row: strategy, rank, the figures in MiB (and whether it fits).
-fn cells(strategy: &str, rank: &str, r: &RankEstimate, budget: Option<u64>) -> Vec<String> {
+fn cells(strategy: &str, rank: &str, r: &RankEstimate, budget: Option<u64>, device: DeviceKind) -> Vec<String> {
     let m = r.model_state;
     let mut row = vec![strategy.to_string(), rank.to_string()];
     // MiB (the title says so), two decimals, no unit in the cells (126 characters wide at
@@ -192,7 +215,7 @@ fn cells(strategy: &str, rank: &str, r: &RankEstimate, budget: Option<u64>) -> V
             .map(|b| format!("{:.2}", ladder_core::memory::mib(b))),
     );
     if let Some(b) = budget {
-        row.push(if r.total <= b { "yes" } else { "no" }.into());
+        row.push(if held(r, device) <= b { "yes" } else { "no" }.into());
     }
     row
 }
@@ -209,18 +232,20 @@ fn render(report: &Report) -> String {
     }
     table.set_header(header);
     for s in &report.strategies {
-        let mut rows: Vec<Vec<String>> = s.ranks.iter().map(|r| cells(s.strategy, &r.rank.to_string(), r, report.budget)).collect();
+        let mut rows: Vec<Vec<String>> =
+            s.ranks.iter().map(|r| cells(s.strategy, &r.rank.to_string(), r, report.budget, report.device)).collect();
         // Ranks whose figures print alike take one row (ZeRO-1's ranks differ by a few bytes
         // of padding, mostly below the printed precision).
         if rows.windows(2).all(|p| p[0][2..] == p[1][2..]) {
-            rows = vec![cells(s.strategy, "all", &s.ranks[0], report.budget)];
+            rows = vec![cells(s.strategy, "all", &s.ranks[0], report.budget, report.device)];
         }
         for row in rows {
             table.add_row(row);
         }
     }
     let text = format!(
-        "Memory per rank, MiB: BasicNet fc1 {}, batch {} per process, {} processes, {}{}\n\n{table}",
+        "Memory per rank, MiB{}: BasicNet fc1 {}, batch {} per process, {} processes, {}{}\n\n{table}",
+        if report.device == DeviceKind::Cuda { " (the CUDA allocator's peak; peak growth: less the parameters)" } else { "" },
         report.width,
         report.batch_size,
         report.num_processes,
@@ -248,9 +273,10 @@ fn render(report: &Report) -> String {
         notes.push(match report.cheapest_fit {
             Some(name) => format!("Within {} per process: {name} is the cheapest strategy that fits (fastest first: ddp, zero1, fsdp-shard-grad-op, fsdp-full-shard).", format_size(b)),
             None => {
-                let least = report.strategies.iter().min_by_key(|s| s.ranks.iter().map(|r| r.total).max());
+                let most = |s: &StrategyEstimate| s.ranks.iter().map(|r| held(r, report.device)).max();
+                let least = report.strategies.iter().min_by_key(|s| most(s));
                 let least = least.map_or(String::new(), |s| {
-                    format!(" (the smallest: {} at {})", s.strategy, format_size(s.ranks.iter().map(|r| r.total).max().unwrap_or(0)))
+                    format!(" (the smallest: {} at {})", s.strategy, format_size(most(s).unwrap_or(0)))
                 });
                 let ckpt = if report.activation_checkpointing { "" } else { " or --activation-checkpointing" };
                 format!("Within {} per process: no strategy fits{least}; try more processes, a smaller batch{ckpt}.", format_size(b))

@@ -86,9 +86,23 @@
 //! up to an eighth more than counted. Level 3's end-of-training save comes after its last step;
 //! it is a moment of its own when [`EstimateInput::save_checkpoint`] is set
 //! ([`super::checkpoint_save`]).
+//!
+//! # On CUDA
+//!
+//! [`estimate_on`] with [`DeviceKind::Cuda`] estimates the CUDA caching allocator's peak of
+//! allocated bytes instead (`torch.cuda.max_memory_allocated` over the steps, what
+//! [`crate::timing::StepTiming::train_cuda_peak_mib`] measures): the allocator counts tensors'
+//! bytes exactly, so activations count at their live bytes (no heap factor), and the runtime
+//! term is [`CUDA_RUNTIME_BYTES`] plus [`CUDA_BYTES_PER_SAMPLE`] per sample. Measured on an
+//! NVIDIA H200 (libtorch 2.11, cuDNN 9.19, `scripts/gpu-check.sh`, the book's "On a GPU"), level
+//! 1 at W = 1 in fp32: the five will-it-fit runs at width 4096 and batch 512 (DDP with and
+//! without activation checkpointing, FULL_SHARD with and without CPU offload) and widths 128
+//! and 4096 at batch 64 and 512 are within 6% of the estimate (the constants were fitted to
+//! them).
 
 use super::layout::{self, Engine, UnitSize, MASTER_BYTES};
 use super::ModelStateBytes;
+use crate::device::DeviceKind;
 use crate::parallel::{BackwardPrefetch, DdpOptions, ShardingStrategy, Strategy, WrapConfig};
 use crate::{Error, Result};
 use serde::{Deserialize, Serialize};
@@ -138,6 +152,21 @@ pub fn resident_per_live(compute_bytes: u64) -> f64 {
 /// partitioning, not a closed form. The bench's cells run one thread per rank.
 pub const RUNTIME_BYTES: u64 = 26 << 20;
 
+/// On CUDA, what the caching allocator holds for any model once a step ran: cuBLAS's and
+/// cuBLASLt's workspaces, 32 MiB each with PyTorch's defaults on Hopper, allocated at the
+/// first matrix product and kept (an H200, libtorch 2.11: a run with
+/// `CUBLAS_WORKSPACE_CONFIG=:0:0` peaked 65 MiB lower; one `F.linear` left 32.0 MiB allocated
+/// beyond its output). Older GPUs' default workspaces are smaller (PyTorch: 8 MiB per handle
+/// before Hopper), so this errs high there.
+pub const CUDA_RUNTIME_BYTES: u64 = 64 << 20;
+
+/// On CUDA, bytes per sample beyond the live-byte model, fitted (0.16 MiB) to the measurements
+/// of the module docs: cuDNN's workspace for conv2's backward (120 MiB at batch 512, 18 MiB at
+/// batch 64, measured alone with PyTorch on the same machine) and max_pool2d's int64 indices (8
+/// bytes per pooled element, where the CPU kernel keeps one-byte window codes), less dropout's
+/// one-byte masks (where the CPU keeps its noise in the compute dtype).
+pub const CUDA_BYTES_PER_SAMPLE: u64 = 167_772;
+
 /// Resident bytes Open MPI's all-reduce of a `message`-byte buffer adds while it runs, at
 /// `world_size` ranks (Open MPI 4.1.4, `tuned` component, shared memory): 0 at one rank, half
 /// the message at W = 2 and 3 — measured by `shared/tests/allreduce_memory.rs` (0.494 to 0.498
@@ -185,12 +214,13 @@ pub struct RankEstimate {
     /// a synchronised step ([`layout::model_state`]).
     pub model_state: ModelStateBytes,
     /// Activations and their gradients at the peak moment, as resident bytes (live bytes ×
-    /// [`resident_per_live`]).
+    /// [`resident_per_live`]; on CUDA, live bytes: [`estimate_on`]).
     pub activations: u64,
     /// Other transient bytes at the peak moment: fresh parameter gradients, gathered
     /// parameters, flat gradients, bucket copies.
     pub transient: u64,
-    /// What the training phase adds whatever the model ([`RUNTIME_BYTES`]).
+    /// What the training phase adds whatever the model ([`RUNTIME_BYTES`]; on CUDA
+    /// [`CUDA_RUNTIME_BYTES`] and [`CUDA_BYTES_PER_SAMPLE`] per sample).
     pub runtime: u64,
     /// Where in the step the peak falls (`backward of conv2`, `gradient reduction`, …).
     pub peak_at: String,
@@ -272,6 +302,22 @@ fn activations(segs: &[SegmentActs], s: usize, backward: bool, checkpointing: bo
 /// [`Error::InvalidValue`] for a world size, width or batch size of 0; what
 /// [`WrapConfig::validate`] refuses (ZeRO-1 with mixed precision).
 pub fn estimate(input: &EstimateInput) -> Result<Vec<RankEstimate>> {
+    estimate_on(input, DeviceKind::Cpu)
+}
+
+/// [`estimate`] of the memory of `device`: on [`DeviceKind::Cpu`] the training-phase peak RSS
+/// growth (live activation bytes × [`resident_per_live`], plus [`RUNTIME_BYTES`]); on
+/// [`DeviceKind::Cuda`] the CUDA caching allocator's peak of allocated bytes
+/// (`torch.cuda.max_memory_allocated` over the steps), which counts tensors' bytes exactly:
+/// activations at their live bytes, `runtime` the cuBLAS workspaces ([`CUDA_RUNTIME_BYTES`])
+/// and what cuDNN and the CUDA kernels add per sample ([`CUDA_BYTES_PER_SAMPLE`]) — the CUDA
+/// context and the allocator's cached, unallocated blocks (in `nvidia-smi`'s figure) are not,
+/// nor data the process put on the device before training. Under FSDP's CPU offload, `host` is
+/// in pinned host memory, not the allocator's: the device's figure is `total − host`.
+///
+/// # Errors
+/// As [`estimate`].
+pub fn estimate_on(input: &EstimateInput, device: DeviceKind) -> Result<Vec<RankEstimate>> {
     let EstimateInput { wrap, world_size, width, batch_size, .. } = *input;
     if world_size == 0 {
         return Err(Error::invalid("world_size", world_size, "at least 1 rank"));
@@ -283,10 +329,10 @@ pub fn estimate(input: &EstimateInput) -> Result<Vec<RankEstimate>> {
         return Err(Error::invalid("batch_size", batch_size, "at least 1 sample per rank"));
     }
     wrap.validate()?;
-    Ok((0..world_size).map(|rank| estimate_rank(input, rank)).collect())
+    Ok((0..world_size).map(|rank| estimate_rank(input, rank, device)).collect())
 }
 
-fn estimate_rank(input: &EstimateInput, rank: usize) -> RankEstimate {
+fn estimate_rank(input: &EstimateInput, rank: usize, device: DeviceKind) -> RankEstimate {
     let (wrap, width, w) = (&input.wrap, input.width, input.world_size);
     let model_state = layout::model_state(wrap, width, w, rank).placed(input.offload_optimizer);
     let mut moments = match Engine::of(wrap) {
@@ -301,11 +347,14 @@ fn estimate_rank(input: &EstimateInput, rank: usize) -> RankEstimate {
         let transient = super::checkpoint_save::save_bytes(input, rank);
         moments.push(Moment { what: "checkpoint save".into(), activations: 0, transient });
     }
-    let per_live = resident_per_live(layout::compute_bytes(wrap));
+    let (per_live, runtime) = match device {
+        DeviceKind::Cpu => (resident_per_live(layout::compute_bytes(wrap)), RUNTIME_BYTES),
+        DeviceKind::Cuda => (1.0, CUDA_RUNTIME_BYTES + CUDA_BYTES_PER_SAMPLE * input.batch_size as u64),
+    };
     let resident = |m: &Moment| (m.activations as f64 * per_live) as u64;
     let peak = moments.into_iter().max_by_key(|m| resident(m) + m.transient).expect("a step has moments");
     let activations = resident(&peak);
-    let peak_growth = model_state.gradients + model_state.optimizer + activations + peak.transient + RUNTIME_BYTES;
+    let peak_growth = model_state.gradients + model_state.optimizer + activations + peak.transient + runtime;
     let offloaded = matches!(Engine::of(wrap), Engine::Fsdp(o) if o.offload_params);
     let host = if offloaded { model_state.parameters + model_state.gradients + model_state.optimizer } else { 0 };
     RankEstimate {
@@ -313,7 +362,7 @@ fn estimate_rank(input: &EstimateInput, rank: usize) -> RankEstimate {
         model_state,
         activations,
         transient: peak.transient,
-        runtime: RUNTIME_BYTES,
+        runtime,
         peak_at: peak.what,
         peak_growth,
         total: model_state.parameters + peak_growth,
@@ -647,6 +696,56 @@ mod tests {
         let check = finite_check(&EstimateInput { width: 4096, ..input(Strategy::default(), 64, false) }, 9216 * 4096);
         assert_eq!(check.transient, 8 << 20);
         assert_ne!(wide.peak_at, "non-finite check");
+    }
+
+    /// On CUDA the same moment at batch 512 (backward of conv2) counts its activations at their
+    /// live bytes, and the runtime term is the cuBLAS workspaces plus the per-sample term.
+    #[test]
+    fn cuda_counts_live_bytes_and_the_workspaces() {
+        let i = input(Strategy::default(), 512, false);
+        let (cpu, cuda) = (estimate(&i).unwrap().remove(0), estimate_on(&i, DeviceKind::Cuda).unwrap().remove(0));
+        assert_eq!(cuda.peak_at, "backward of conv2");
+        let per_sample = 784 * 4 + 8 + 784 * 4 + 4 * 21_632 + 4 * 9216 + 9216 + 4 * (36_864 + 21_632);
+        assert_eq!(cuda.activations, 512 * per_sample);
+        assert_eq!(cpu.activations, (cuda.activations as f64 * RESIDENT_PER_LIVE_FP32) as u64);
+        assert_eq!(cuda.runtime, (64 << 20) + 512 * CUDA_BYTES_PER_SAMPLE);
+        assert_eq!(cuda.model_state, cpu.model_state);
+        let m = cuda.model_state;
+        assert_eq!(cuda.total, m.parameters + m.gradients + m.optimizer + cuda.activations + cuda.transient + cuda.runtime);
+    }
+
+    /// The CUDA allocator's peaks measured on an NVIDIA H200 by `scripts/gpu-check.sh` and its
+    /// probes (level 1, W = 1, fp32, 30 to 60 steps; libtorch 2.11, cuDNN 9.19; the book's "On a
+    /// GPU"), against the estimate of the device's part: within 10% each.
+    #[test]
+    fn cuda_estimate_is_within_a_tenth_of_the_h200_measurements() {
+        use crate::parallel::FsdpOptions;
+        let full_shard =
+            |offload_params| Strategy::Fsdp(FsdpOptions { offload_params, ..FsdpOptions::with_sharding(ShardingStrategy::FullShard) });
+        let at = |strategy, width, batch, ckpt| EstimateInput { world_size: 1, width, ..input(strategy, batch, ckpt) };
+        let cases = [
+            (at(Strategy::default(), 4096, 512, false), 1005.3),
+            (at(Strategy::default(), 4096, 512, true), 957.1),
+            (at(full_shard(false), 4096, 512, false), 1309.6),
+            (at(full_shard(true), 4096, 512, false), 732.8),
+            (at(full_shard(true), 4096, 512, true), 668.2),
+            (at(Strategy::default(), 128, 64, false), 121.8),
+            (at(Strategy::default(), 128, 512, false), 362.4),
+            (at(Strategy::default(), 4096, 64, false), 814.6),
+        ];
+        for (i, measured) in cases {
+            let e = estimate_on(&i, DeviceKind::Cuda).unwrap().remove(0);
+            let device = crate::memory::mib(e.total - e.host);
+            let error = (device - measured) / measured;
+            assert!(
+                error.abs() <= 0.10,
+                "{:?} width {} batch {}: estimated {device:.1} MiB, measured {measured} ({:+.1}%)",
+                i.wrap,
+                i.width,
+                i.batch_size,
+                100.0 * error
+            );
+        }
     }
 
     #[test]

@@ -80,3 +80,49 @@ fn refuses_on_this_machine_when_it_has_no_gpu() {
     let (out, took, wrote) = gpu_check(None);
     assert_refused(&out, took, wrote, "no NVIDIA GPU on this machine (nvidia-smi not found)");
 }
+
+/// `GPU_CHECK_PREBUILT` naming a directory without the binaries: one line naming the missing
+/// binary and the script that makes them, exit status 1, nothing run (a fake GPU lets it past
+/// the refusal).
+#[test]
+fn prebuilt_directory_without_the_binaries_is_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let smi = fake_smi(dir.path(), "GPU 0: NVIDIA Fake (UUID: GPU-0)", 0);
+    let prebuilt = dir.path().join("prebuilt");
+    std::fs::create_dir(&prebuilt).unwrap();
+    let out = Command::new("bash")
+        .arg(script())
+        .env("NVIDIA_SMI", &smi)
+        .env("GPU_CHECK_OUT", dir.path().join("out"))
+        .env("GPU_CHECK_PREBUILT", &prebuilt)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(
+        stderr.trim(),
+        format!("gpu-check: GPU_CHECK_PREBUILT={} has no executable level1-raw-ddp (scripts/gpu-prebuild.sh makes it)", prebuilt.display())
+    );
+}
+
+/// `scripts/gpu-prebuild.sh` refuses a directory that is not a torch package before building
+/// anything, naming it (exit status 2), and a wrong number of arguments with its usage.
+#[test]
+fn gpu_prebuild_refuses_what_is_not_a_torch_directory() {
+    let prebuild = script().with_file_name("gpu-prebuild.sh");
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new("bash").arg(&prebuild).arg(dir.path()).arg(dir.path().join("out")).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let torch = dir.path().canonicalize().unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&out.stderr).trim(),
+        format!(
+            "gpu-prebuild: {} is not a torch package directory (no include/torch/csrc/api/include/torch/torch.h or lib/)",
+            torch.display()
+        )
+    );
+    assert!(!dir.path().join("out").exists(), "nothing is written");
+    let out = Command::new("bash").arg(&prebuild).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert_eq!(String::from_utf8_lossy(&out.stderr).trim(), "usage: bash scripts/gpu-prebuild.sh TORCH_DIR OUT_DIR");
+}

@@ -68,7 +68,8 @@ if [ -n "$PREBUILT" ]; then
   # and, beside it, the CUDA libraries and NCCL of its wheel.
   torchlib=$("$PY" -c 'import os, torch; print(os.path.join(os.path.dirname(torch.__file__), "lib"))')
   nvlibs=$( (ls -d "$torchlib"/../../nvidia/*/lib 2>/dev/null || true) | tr '\n' ':')
-  export LD_LIBRARY_PATH="$BIN/lib:$torchlib:$nvlibs${LD_LIBRARY_PATH:-}"
+  LD_LIBRARY_PATH="$BIN/lib:$torchlib:$nvlibs${LD_LIBRARY_PATH:-}"
+  export LD_LIBRARY_PATH=${LD_LIBRARY_PATH%:}
   echo "gpu-check: prebuilt binaries from $BIN; libtorch $("$PY" -c 'import torch; print(torch.__version__)') from $torchlib"
   gpu_tests() { "$BIN/gpu-tests" --ignored --nocapture --test-threads 1; }
 else
@@ -175,7 +176,7 @@ nccl = "passed" if (out / "nccl.ok").exists() else "FAILED (see nccl.log)"
 rows = [f"# GPU check\n\n{gpu} · {steps} steps per run at W = 1\n",
         f"CUDA, a single-rank NCCL all-reduce and broadcast against closed forms, and the CUDA allocator's statistics "
         f"(shared/tests/gpu.rs): {nccl}.\n",
-        "| run | precision | samples/s | step ms: data / forward / backward / optimizer | GPU memory peak MiB (nvidia-smi) | CUDA allocator peak MiB | accuracy | ours / tutorial peer | ours / tuned peer |",
+        "| run | precision | samples/s | data/fwd/bwd/opt ms | nvidia-smi MiB | allocator MiB | accuracy | ÷ tutorial | ÷ tuned |",
         "|---|---|---:|---|---:|---:|---:|---:|---:|"]
 names = [(f"l{l}-{p}", f"level {l}", p) for l, ps in ((1, ("fp32", "bf16")), (2, ("fp32", "bf16", "fp16")), (3, ("fp32", "bf16"))) for p in ps]
 names += [("peer-tutorial-fp32", "PyTorch tutorial", "fp32")] + [(f"peer-tuned-{p}", "PyTorch tuned", p) for p in ("fp32", "bf16", "fp16")]
@@ -188,24 +189,27 @@ for name, what, p in names:
     tuned = read(f"peer-tuned-{p}")
     ratio = lambda peer: f"{sps / peer['samples_per_s']:.2f}×" if peer and peer.get("samples_per_s") and name.startswith("l") else "—"
     ph = r.get("timing", {}).get("phases", {})
-    phases = " / ".join(f"{1e3 * ph.get(k, 0.0):.2f}" for k in ("data_s", "forward_s", "backward_s", "optimizer_s")) if ph else "—"
+    phases = "/".join(f"{1e3 * ph.get(k, 0.0):.2f}" for k in ("data_s", "forward_s", "backward_s", "optimizer_s")) if ph else "—"
     rows.append(f"| {what} | {p} | {sps:.0f} | {phases} | {mib(m)} | {mib(r.get('cuda_peak_mib'))} | {100 * r.get('accuracy', 0):.2f}% | "
                 f"{ratio(tutorial)} | {ratio(tuned)} |")
-rows.append("\nGPU memory peak: the most nvidia-smi showed the process holding (CUDA context and the allocator's cache "
-            "included), sampled every 0.2 s; CUDA allocator peak: torch.cuda.max_memory_allocated over the training steps "
+rows.append("\nnvidia-smi MiB: the most nvidia-smi showed the process holding (CUDA context and the allocator's cache "
+            "included), sampled every 0.2 s; allocator MiB: torch.cuda.max_memory_allocated over the training steps "
             "(ours: reset when training starts and after each evaluation, read as each step ends; the peers: over the run). "
-            "Step ms: the mean timed step's phases (the device synchronized at each phase's end, ours and the peers' alike). "
+            "Data/fwd/bwd/opt ms: the mean timed step's phases (the device synchronized at each phase's end, ours and the peers' alike). "
+            "÷ tutorial, ÷ tuned: ours over the tutorial peer's samples/s (fp32) and over the tuned peer's at the same precision. "
             "The tuned peer's JSON also says what its start-up trial chose (`tuned`).\n")
 rows += [f"## Will it fit on the GPU\n\nW = 1, fp32, width {fit_width}, batch {fit_batch}, {fit_steps} steps, no evaluation; "
+         "L1, L2, L3: the levels; offload: FSDP's CPU offload; checkpointing: activation checkpointing; "
          "the estimate is `ladder-accelerate estimate-memory --device cuda` (parameters, gradients, optimizer state, "
-         "activations and transients on the device; host bytes under CPU offload apart).\n",
-         "| run | samples/s | CUDA allocator peak MiB | estimate MiB | measured / estimate | allocated at start MiB | on the host (estimate) MiB | GPU memory peak MiB (nvidia-smi) |",
+         "activations and transients on the device; host bytes under CPU offload apart); at start: what the allocator "
+         "held when training started.\n",
+         "| run | samples/s | allocator MiB | estimate MiB | measured ÷ estimate | at start MiB | host MiB (estimate) | nvidia-smi MiB |",
          "|---|---:|---:|---:|---:|---:|---:|---:|"]
-fits = [("fit-l1-ddp", "level 1, DDP"), ("fit-l1-ddp-ckpt", "level 1, DDP, activation checkpointing"),
-        ("fit-l1-fsdp", "level 1, FULL_SHARD"), ("fit-l1-fsdp-offload", "level 1, FULL_SHARD, CPU offload"),
-        ("fit-l1-fsdp-offload-ckpt", "level 1, FULL_SHARD, CPU offload, checkpointing"),
-        ("fit-l2-fsdp-offload-ckpt", "level 2, fsdp_offload_params, fsdp_activation_checkpointing"),
-        ("fit-l3-fsdp-offload-ckpt", "level 3, fsdp=\"full_shard offload\", gradient_checkpointing")]
+fits = [("fit-l1-ddp", "L1 DDP"), ("fit-l1-ddp-ckpt", "L1 DDP, checkpointing"),
+        ("fit-l1-fsdp", "L1 FULL_SHARD"), ("fit-l1-fsdp-offload", "L1 FULL_SHARD, offload"),
+        ("fit-l1-fsdp-offload-ckpt", "L1 FULL_SHARD, offload, checkpointing"),
+        ("fit-l2-fsdp-offload-ckpt", "L2 the same (Accelerate's keys)"),
+        ("fit-l3-fsdp-offload-ckpt", "L3 the same (Transformers' arguments)")]
 for name, what in fits:
     r, m = read(name), mem(name)
     if r is None:

@@ -22,7 +22,7 @@
 set -euo pipefail
 [ $# -eq 2 ] || { echo "usage: bash scripts/gpu-prebuild.sh TORCH_DIR OUT_DIR" >&2; exit 2; }
 repo=$(cd "$(dirname "$0")/.." && pwd)
-torch=$(cd "$1" && pwd)
+torch=$(cd "$1" 2>/dev/null && pwd) || { echo "gpu-prebuild: $1: no such directory (expected a torch package directory)" >&2; exit 2; }
 out=$2
 [ -f "$torch/include/torch/csrc/api/include/torch/torch.h" ] && [ -d "$torch/lib" ] ||
   { echo "gpu-prebuild: $torch is not a torch package directory (no include/torch/csrc/api/include/torch/torch.h or lib/)" >&2; exit 2; }
@@ -39,12 +39,15 @@ ln -sfn "$(readlink -f "$repo/.venv")" "$work/src/.venv"
 sys_src=$(cd "$repo" && cargo metadata --format-version 1 2>/dev/null |
   python3 -c 'import json,sys; print(next(p["manifest_path"] for p in json.load(sys.stdin)["packages"] if p["name"] == "torch-sys").rsplit("/", 1)[0])')
 sys_copy=$work/torch-sys
-if [ ! -f "$sys_copy/.for-$(basename "$torch")-$(stat -c %Y "$torch/include")" ]; then
+# The stubbed copy is reused while torch-sys's version, this libtorch's headers and this script
+# are the same.
+stamp=".for-$(basename "$sys_src")-$(printf '%s %s' "$torch" "$(stat -c %Y "$torch/include")" | md5sum | cut -c1-12)-$(md5sum <"$0" | cut -c1-12)"
+if [ ! -f "$sys_copy/$stamp" ]; then
   rm -rf "$sys_copy" && cp -a "$sys_src" "$sys_copy"
   gen=$sys_copy/libtch/torch_api_generated.cpp
   for try in 1 2 3; do
     log=$work/generated.log
-    if c++ -std=c++17 -D_GLIBCXX_USE_CXX11_ABI=1 -w -fsyntax-only -I "$torch/include" -I "$torch/include/torch/csrc/api/include" \
+    if c++ -std=c++17 -D_GLIBCXX_USE_CXX11_ABI=1 -w -fmax-errors=0 -fsyntax-only -I "$torch/include" -I "$torch/include/torch/csrc/api/include" \
       "$gen" >"$log" 2>&1; then
       break
     fi
@@ -59,6 +62,8 @@ stubbed = set()
 for n in bad:
     s = n - 1
     while not lines[s].startswith("  PROTECT("):
+        if lines[s].startswith(("void atg", "int atg", "int64_t atg", "double atg", "bool atg", "tensor atg")) or s == 0:
+            sys.exit(f"gpu-prebuild: line {n} of {gen} is outside an operator's body; cannot stub it")
         s -= 1
     if s in stubbed:
         continue
@@ -71,18 +76,21 @@ open(gen, "w").write("\n".join(lines))
 print(f"gpu-prebuild: {len(stubbed)} operators of torch-sys's binding stubbed (absent from this libtorch)")
 EOF
   done
-  touch "$sys_copy/.for-$(basename "$torch")-$(stat -c %Y "$torch/include")"
+  touch "$sys_copy/$stamp"
 fi
 
 cd "$work/src"
 export LIBTORCH=$torch LIBTORCH_BYPASS_VERSION_CHECK=1 CARGO_TARGET_DIR=$work/target CARGO_PROFILE_RELEASE_DEBUG=false
 patch=(--config "patch.crates-io.torch-sys.path=\"$sys_copy\"")
 cargo build "${patch[@]}" --release -p level1-raw-ddp -p level2-accelerator -p level3-trainer --features ladder-core/nccl --bins
-tests=$(cargo test "${patch[@]}" --release -p ladder-core --features nccl --test gpu --no-run --message-format json 2>/dev/null |
+# The test binary's path from cargo's JSON messages; compiler errors go to stderr as text.
+tests=$(cargo test "${patch[@]}" --release -p ladder-core --features nccl --test gpu --no-run --message-format json |
   python3 -c 'import json,sys
 for l in sys.stdin:
     m = json.loads(l)
+    if m.get("reason") == "compiler-message": print(m["message"]["rendered"], file=sys.stderr)
     if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == "gpu": print(m["executable"])')
+[ -n "$tests" ] || { echo "gpu-prebuild: cargo built no gpu test binary (messages above)" >&2; exit 1; }
 for b in level1-raw-ddp level2-accelerator level3-trainer ladder-accelerate; do
   cp "$CARGO_TARGET_DIR/release/$b" "$out/$b"
 done
@@ -90,7 +98,8 @@ cp "$tests" "$out/gpu-tests"
 strip "$out"/level1-raw-ddp "$out"/level2-accelerator "$out"/level3-trainer "$out"/ladder-accelerate "$out"/gpu-tests
 # Open MPI and what it loads beyond a base system, from the loader's own answer.
 LD_LIBRARY_PATH="$torch/lib:$(ls -d "$(readlink -f "$repo/.venv")"/lib/python3*/site-packages/nvidia/*/lib | tr '\n' :)" \
-  ldd "$out/level1-raw-ddp" | awk '$3 ~ /^\// {print $3}' | grep -E '/lib(mpi|open-rte|open-pal|hwloc|event_core|event_pthreads|udev)[.-]' |
+  ldd "$out/level1-raw-ddp" | awk '$3 ~ /^\// {print $3}' | { grep -E '/lib(mpi|open-rte|open-pal|hwloc|event_core|event_pthreads|udev)[.-]' || true; } |
   while read -r lib; do cp -L "$lib" "$out/lib/"; done
+[ -e "$out/lib/libmpi.so.40" ] || echo "gpu-prebuild: warning: no Open MPI library found through ldd; the GPU machine must have its own" >&2
 du -sh "$out"
 ls -l "$out" "$out/lib"

@@ -122,6 +122,13 @@ fn gpu_prebuild_refuses_what_is_not_a_torch_directory() {
         )
     );
     assert!(!dir.path().join("out").exists(), "nothing is written");
+    let missing = dir.path().join("no-torch-here");
+    let out = Command::new("bash").arg(&prebuild).arg(&missing).arg(dir.path().join("out")).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stderr).trim(),
+        format!("gpu-prebuild: {}: no such directory (expected a torch package directory)", missing.display())
+    );
     let out = Command::new("bash").arg(&prebuild).output().unwrap();
     assert_eq!(out.status.code(), Some(2));
     assert_eq!(String::from_utf8_lossy(&out.stderr).trim(), "usage: bash scripts/gpu-prebuild.sh TORCH_DIR OUT_DIR");

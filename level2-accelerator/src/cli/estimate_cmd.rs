@@ -70,9 +70,10 @@ pub struct EstimateArgs {
     /// Whose memory: cpu, the training phase's peak RSS growth (what `bench run` measures; host
     /// and device are one memory); cuda, the CUDA caching allocator's peak of allocated bytes
     /// (torch.cuda.max_memory_allocated over the steps: activations at their live bytes, plus
-    /// cuBLAS's workspaces and cuDNN's per sample, fitted on an H200; the CUDA context and the
-    /// allocator's cache, which nvidia-smi shows too, not counted), with --offload-params the
-    /// host's part apart and --budget held against the device's.
+    /// cuBLAS's workspaces and cuDNN's per sample, fitted on an H200 at one process; NCCL's
+    /// buffers, the CUDA context and the allocator's cache, which nvidia-smi shows too, not
+    /// counted), with --offload-params the host's part apart and --budget held against the
+    /// device's.
     #[arg(long, value_name = "DEVICE", default_value = "cpu", value_parser = ladder_core::cli::choice::<DeviceKind>(),
           hide_possible_values = true)]
     pub device: DeviceKind,

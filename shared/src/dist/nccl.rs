@@ -254,7 +254,7 @@ fn check(nccl: &lib::Nccl, code: c_int, rank: usize, call: &'static str) -> Resu
     if code == lib::SUCCESS || code == lib::IN_PROGRESS {
         return Ok(());
     }
-    let message = format!("{} (NCCL {} from {}; NCCL_DEBUG=WARN says more)", nccl.error_string(code), nccl.version(), nccl.name);
+    let message = format!("{} (NCCL {} from {}; NCCL_DEBUG=WARN says more)", nccl.error_string(code), nccl.version(), nccl.file());
     Err(Error::Backend { backend: "nccl", call, rank, code: code as i64, message })
 }
 

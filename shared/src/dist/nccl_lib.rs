@@ -132,11 +132,30 @@ impl Nccl {
         unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
     }
 
-    /// NCCL's version as `major.minor.patch` (`ncclGetVersion`: major·10000 + minor·100 + patch).
+    /// NCCL's version as `major.minor.patch` (`ncclGetVersion`: major·10000 + minor·100 + patch
+    /// since 2.9, major·1000 + minor·100 + patch before).
     pub(crate) fn version(&self) -> String {
         let mut v: c_int = 0;
         // SAFETY: a valid out-pointer.
         unsafe { (self.get_version)(&mut v) };
-        format!("{}.{}.{}", v / 10000, v / 100 % 100, v % 100)
+        if v < 10000 {
+            format!("{}.{}.{}", v / 1000, v / 100 % 10, v % 100)
+        } else {
+            format!("{}.{}.{}", v / 10000, v / 100 % 100, v % 100)
+        }
+    }
+
+    /// The file the library was loaded from (`dladdr` of one of its functions), else the name it
+    /// was opened by.
+    pub(crate) fn file(&self) -> String {
+        // SAFETY: dladdr only reads the loader's tables; `info` is a valid out-pointer and its
+        // file name, when set, a NUL-terminated string owned by the loader.
+        unsafe {
+            let mut info: libc::Dl_info = std::mem::zeroed();
+            if libc::dladdr(self.get_version as *const c_void, &mut info) != 0 && !info.dli_fname.is_null() {
+                return CStr::from_ptr(info.dli_fname).to_string_lossy().into_owned();
+            }
+        }
+        self.name.to_owned()
     }
 }

@@ -98,7 +98,8 @@
 //! 1 at W = 1 in fp32: the five will-it-fit runs at width 4096 and batch 512 (DDP with and
 //! without activation checkpointing, FULL_SHARD with and without CPU offload) and widths 128
 //! and 4096 at batch 64 and 512 are within 6% of the estimate (the constants were fitted to
-//! them).
+//! them). Several processes are estimated the same way, with no collective scratch: NCCL's
+//! buffers are outside the allocator's count (and no machine with two GPUs has measured it).
 
 use super::layout::{self, Engine, UnitSize, MASTER_BYTES};
 use super::ModelStateBytes;
@@ -161,10 +162,11 @@ pub const RUNTIME_BYTES: u64 = 26 << 20;
 pub const CUDA_RUNTIME_BYTES: u64 = 64 << 20;
 
 /// On CUDA, bytes per sample beyond the live-byte model, fitted (0.16 MiB) to the measurements
-/// of the module docs: cuDNN's workspace for conv2's backward (120 MiB at batch 512, 18 MiB at
-/// batch 64, measured alone with PyTorch on the same machine) and max_pool2d's int64 indices (8
-/// bytes per pooled element, where the CPU kernel keeps one-byte window codes), less dropout's
-/// one-byte masks (where the CPU keeps its noise in the compute dtype).
+/// of the module docs — not a sum of parts. What contributes, measured alone with PyTorch on the
+/// same machine: cuDNN's workspace for conv2's backward (120 MiB at batch 512, 18 MiB at batch
+/// 64), max_pool2d's int64 indices (8 bytes per pooled element, where the CPU kernel keeps
+/// one-byte window codes) and, the other way, dropout's one-byte masks (where the CPU keeps its
+/// noise in the compute dtype); not all of them are alive at the step's peak.
 pub const CUDA_BYTES_PER_SAMPLE: u64 = 167_772;
 
 /// Resident bytes Open MPI's all-reduce of a `message`-byte buffer adds while it runs, at
@@ -179,6 +181,16 @@ pub fn allreduce_scratch_bytes(message: u64, world_size: usize) -> u64 {
         0
     } else {
         message / 2
+    }
+}
+
+/// [`allreduce_scratch_bytes`] where the collective's scratch is counted: Open MPI's, in host
+/// memory, on a CPU; none on CUDA, where NCCL's buffers are its own, outside the caching
+/// allocator's count.
+fn scratch_on(device: DeviceKind, message: u64, world_size: usize) -> u64 {
+    match device {
+        DeviceKind::Cpu => allreduce_scratch_bytes(message, world_size),
+        DeviceKind::Cuda => 0,
     }
 }
 
@@ -336,10 +348,10 @@ fn estimate_rank(input: &EstimateInput, rank: usize, device: DeviceKind) -> Rank
     let (wrap, width, w) = (&input.wrap, input.width, input.world_size);
     let model_state = layout::model_state(wrap, width, w, rank).placed(input.offload_optimizer);
     let mut moments = match Engine::of(wrap) {
-        Engine::Ddp(o) => ddp_moments(input, o.bucket_cap_mb, o.overlap, o.zero_redundancy_optimizer.then_some(rank)),
+        Engine::Ddp(o) => ddp_moments(input, o.bucket_cap_mb, o.overlap, o.zero_redundancy_optimizer.then_some(rank), device),
         Engine::Fsdp(o) => {
             let units = layout::fsdp_units(width, &o, w);
-            fsdp_moments(input, &units, o.sharding_strategy, (o.backward_prefetch, o.forward_prefetch), o.offload_params)
+            fsdp_moments(input, &units, o.sharding_strategy, (o.backward_prefetch, o.forward_prefetch), o.offload_params, device)
         }
     };
     if input.save_checkpoint {
@@ -385,7 +397,7 @@ fn finite_check(input: &EstimateInput, largest: i64) -> Moment {
 /// DDP's moments: each segment's forward and backward (with the fresh gradients of its
 /// parameters), then the reduction (one bucket's copy; with `overlap` every bucket's; ZeRO-1's
 /// largest piece copy).
-fn ddp_moments(input: &EstimateInput, bucket_cap_mb: f64, overlap: bool, zero_rank: Option<usize>) -> Vec<Moment> {
+fn ddp_moments(input: &EstimateInput, bucket_cap_mb: f64, overlap: bool, zero_rank: Option<usize>, device: DeviceKind) -> Vec<Moment> {
     let (width, b, ckpt) = (input.width, input.batch_size as u64, input.wrap.activation_checkpointing);
     let segs = segments(width);
     let mut out = Vec::new();
@@ -410,9 +422,9 @@ fn ddp_moments(input: &EstimateInput, bucket_cap_mb: f64, overlap: bool, zero_ra
     let buckets = layout::bucket_bytes(width, bucket_cap_mb);
     let w = input.world_size;
     let reduce = if overlap {
-        buckets.iter().sum::<u64>() + buckets.iter().map(|&b| allreduce_scratch_bytes(b, w)).max().unwrap_or(0)
+        buckets.iter().sum::<u64>() + buckets.iter().map(|&b| scratch_on(device, b, w)).max().unwrap_or(0)
     } else {
-        buckets.iter().map(|&b| b + allreduce_scratch_bytes(b, w)).max().unwrap_or(0)
+        buckets.iter().map(|&b| b + scratch_on(device, b, w)).max().unwrap_or(0)
     };
     out.push(Moment { what: "gradient reduction".into(), activations: b * input_bytes_per_sample(MASTER_BYTES), transient: reduce });
     let largest = match zero_rank {
@@ -468,6 +480,7 @@ fn fsdp_moments(
     strategy: ShardingStrategy,
     (bp, fp): (BackwardPrefetch, bool),
     offload: bool,
+    device: DeviceKind,
 ) -> Vec<Moment> {
     let (width, b, ckpt) = (input.width, input.batch_size as u64, input.wrap.activation_checkpointing);
     let cb = layout::compute_bytes(&input.wrap);
@@ -577,8 +590,8 @@ fn fsdp_moments(
         let padded = MASTER_BYTES * unit.padded as u64;
         let reduce = match (sharded, in_grad) {
             (true, _) => MASTER_BYTES * (unit.padded + unit.shard) as u64,
-            (false, true) => allreduce_scratch_bytes(padded, input.world_size),
-            (false, false) => padded + allreduce_scratch_bytes(padded, input.world_size),
+            (false, true) => scratch_on(device, padded, input.world_size),
+            (false, false) => padded + scratch_on(device, padded, input.world_size),
         };
         let kept = kept_before(s);
         let transient = gathered(&g) + sum(&flat, &flat_bytes) + reduce;
@@ -664,7 +677,8 @@ mod tests {
         let on = at(true);
         let Engine::Fsdp(o) = Engine::of(&on.wrap) else { panic!("FSDP") };
         let units = layout::fsdp_units(4096, &o, 2);
-        let moments = fsdp_moments(&on, &units, ShardingStrategy::FullShard, (o.backward_prefetch, o.forward_prefetch), true);
+        let moments =
+            fsdp_moments(&on, &units, ShardingStrategy::FullShard, (o.backward_prefetch, o.forward_prefetch), true, DeviceKind::Cpu);
         let fc1 = units.iter().find(|u| u.segments == [3]).expect("fc1's unit");
         let gather = moments.iter().find(|m| m.what == "all-gather for fc1 (offloaded shard on the device)").expect("fc1's gather");
         assert_eq!(gather.transient, 4 * (fc1.padded + fc1.shard) as u64);
@@ -674,7 +688,14 @@ mod tests {
         let (with, without) = (estimate(&on).unwrap().remove(0), estimate(&at(false)).unwrap().remove(0));
         assert!(with.peak_growth > without.peak_growth);
         // Without offload no gather moment is added.
-        let plain = fsdp_moments(&at(false), &units, ShardingStrategy::FullShard, (o.backward_prefetch, o.forward_prefetch), false);
+        let plain = fsdp_moments(
+            &at(false),
+            &units,
+            ShardingStrategy::FullShard,
+            (o.backward_prefetch, o.forward_prefetch),
+            false,
+            DeviceKind::Cpu,
+        );
         assert!(plain.iter().all(|m| !m.what.starts_with("all-gather")));
     }
 

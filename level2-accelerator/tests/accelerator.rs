@@ -315,8 +315,32 @@ fn run_ok(mut cmd: Command) -> String {
     text
 }
 
-/// SIGKILL (the whole process group: mpirun and its ranks) once a checkpoint at step ≥ 10 is
-/// on disk, resume from it, and compare with a run that never stopped.
+/// SIGKILL of the job started as `pid` (the binary, or mpirun and its ranks) at once. Open MPI
+/// makes each rank lead a process group of its own, so a signal to mpirun's group left the
+/// ranks running until they noticed mpirun was gone — on a fast CPU (AMD EPYC Zen 4) long
+/// enough to write the next checkpoint, which the resume then took. Each of its children is
+/// killed by pid, then its group, and the children are waited for (gone, or zombies) before
+/// anything reads the checkpoint.
+fn kill_job(pid: u32) {
+    let out = Command::new("pgrep").args(["-P", &pid.to_string()]).output().expect("pgrep");
+    let children: Vec<String> = String::from_utf8_lossy(&out.stdout).split_whitespace().map(str::to_owned).collect();
+    for child in &children {
+        let _ = Command::new("kill").args(["-KILL", child]).status();
+    }
+    assert!(Command::new("kill").args(["-KILL", "--", &format!("-{pid}")]).status().unwrap().success());
+    let dead = |p: &String| {
+        std::fs::read_to_string(format!("/proc/{p}/stat"))
+            .map_or(true, |st| st.rsplit(')').next().is_some_and(|rest| rest.trim_start().starts_with('Z')))
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !children.iter().all(dead) {
+        assert!(Instant::now() < deadline, "ranks {children:?} still alive 30 s after SIGKILL");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// SIGKILL (mpirun and its ranks) once a checkpoint at step ≥ 10 is on disk, resume from it,
+/// and compare with a run that never stopped.
 fn kill_and_resume(n: usize) {
     let dir = tempfile::tempdir().unwrap();
     let (whole, resumed, state) = (dir.path().join("whole.st"), dir.path().join("resumed.st"), dir.path().join("state"));
@@ -337,8 +361,7 @@ fn kill_and_resume(n: usize) {
         assert!(Instant::now() < deadline, "no checkpoint within 120 s");
         std::thread::sleep(Duration::from_millis(5));
     }
-    let killed = Command::new("kill").args(["-KILL", "--", &format!("-{}", child.id())]).status().unwrap();
-    assert!(killed.success());
+    kill_job(child.id());
     let _ = child.wait();
     let at = common::checkpoint_step(&state).unwrap();
     assert!(at < 40, "killed at step {at}, before the end");

@@ -1,6 +1,6 @@
 //! Process groups: the collectives every level stands on, over real engines — OpenMPI (through
-//! rsmpi, cargo feature `mpi`) on CPU and across nodes, NCCL (through cudarc, cargo feature
-//! `nccl`) on GPUs — plus the torchrun environment ([`env`]) and the TCP rendezvous
+//! rsmpi, cargo feature `mpi`) on CPU and across nodes, NCCL (loaded at run time, the
+//! libnccl.so.2 libtorch loaded; cargo feature `nccl`) on GPUs — plus the torchrun environment ([`env`]) and the TCP rendezvous
 //! ([`rendezvous`]) that hands out NCCL's unique id.
 //!
 //! The API follows `torch.distributed`: [`init_process_group`] reads the environment the
@@ -50,7 +50,7 @@ pub enum ReduceOp {
 pub enum Backend {
     /// OpenMPI through rsmpi: CPU tensors, one node or many (launch with mpirun or ladder-run).
     Mpi,
-    /// NCCL through cudarc: CUDA tensors (launch with ladder-run).
+    /// NCCL (libnccl.so.2, the torch wheel's): CUDA tensors (launch with ladder-run).
     Nccl,
 }
 

@@ -1,0 +1,92 @@
+//! The estimate's measured and fitted constants: how far the heap runs ahead of the live bytes
+//! on a CPU, what a training phase adds whatever the model (on a CPU and on CUDA), and Open MPI's
+//! all-reduce scratch — each with what it was measured or fitted on.
+
+use crate::device::DeviceKind;
+use crate::memory::layout::MASTER_BYTES;
+
+/// Resident bytes per byte of live activations computed in f32: glibc keeps freed heap memory
+/// (tensors under its mmap threshold, up to 32 MiB) for reuse, and a step frees and allocates
+/// its tensors in an order that leaves part of it unusable for the next ones, so the heap's
+/// touched extent runs ahead of what is alive. Measured with an `LD_PRELOAD` counter of
+/// `malloc`'d bytes against `VmHWM` (level 1, DDP, width 128, 2 ranks, 30 steps, commit
+/// `b3f165d`): a step's live peak grew by 23.5, 34.7 and 183 MiB at batch 16, 64 and 512, its
+/// RSS by 43.5, 66.3 and 375. Fitted, with [`RESIDENT_PER_LIVE_16BIT`] and [`RUNTIME_BYTES`],
+/// to the 77 cells of one `make book-data`-sized run (levels 1–3, every strategy, widths 128 to
+/// 8192, batch 16 to 512, steps only: [`crate::timing`]).
+pub const RESIDENT_PER_LIVE_FP32: f64 = 1.8;
+
+/// Resident bytes per byte of live activations computed in 16 bits (bf16, fp16): autocast's
+/// casts add short-lived copies between the kept tensors, and the heap runs further ahead
+/// (DDP at batch 512: a live peak of 120 MiB, RSS growth 290). Fitted as
+/// [`RESIDENT_PER_LIVE_FP32`].
+pub const RESIDENT_PER_LIVE_16BIT: f64 = 2.3;
+
+/// [`RESIDENT_PER_LIVE_FP32`] or [`RESIDENT_PER_LIVE_16BIT`] for a compute dtype of
+/// `compute_bytes` bytes per element.
+pub fn resident_per_live(compute_bytes: u64) -> f64 {
+    if compute_bytes >= MASTER_BYTES {
+        RESIDENT_PER_LIVE_FP32
+    } else {
+        RESIDENT_PER_LIVE_16BIT
+    }
+}
+
+/// Bytes a training phase adds whatever the model: libtorch's, oneDNN's and Open MPI's
+/// first-use buffers and the data loader's (fitted as [`RESIDENT_PER_LIVE_FP32`]).
+///
+/// Not counted: MKL's f32 matrix-multiply buffers (`mkl_serv_allocate`, from
+/// `sgemm_get_bufs`), which it keeps per thread between steps when a process runs more than
+/// one intra-op thread. `ladder-baseline`'s two threads at width 128 kept 34.8 MiB beyond the
+/// model state; PyTorch's BasicNet on the same libtorch (bf16: none; one thread: 0 to 16 MiB),
+/// f32, 64 samples, kept:
+///
+/// | threads | width 128 | width 1024 | width 4096 | width 8192 |
+/// |---|---|---|---|---|
+/// | 2 | 34 MiB | 38 | 57 | 70 |
+/// | 4 | 59 | 52 | 115 | 141 |
+///
+/// and at 512 samples or under load less or more (4 threads, width 4096: 32 MiB) — MKL's own
+/// partitioning, not a closed form. The bench's cells run one thread per rank.
+pub const RUNTIME_BYTES: u64 = 26 << 20;
+
+/// On CUDA, what the caching allocator holds for any model once a step ran: cuBLAS's and
+/// cuBLASLt's workspaces, 32 MiB each with PyTorch's defaults on Hopper, allocated at the
+/// first matrix product and kept (an H200, libtorch 2.11: a run with
+/// `CUBLAS_WORKSPACE_CONFIG=:0:0` peaked 65 MiB lower; one `F.linear` left 32.0 MiB allocated
+/// beyond its output). Older GPUs' default workspaces are smaller (PyTorch: 8 MiB per handle
+/// before Hopper), so this errs high there.
+pub const CUDA_RUNTIME_BYTES: u64 = 64 << 20;
+
+/// On CUDA, bytes per sample beyond the live-byte model, fitted (0.16 MiB) to the measurements
+/// of the module docs — not a sum of parts. What contributes, measured alone with PyTorch on the
+/// same machine: cuDNN's workspace for conv2's backward (120 MiB at batch 512, 18 MiB at batch
+/// 64), max_pool2d's int64 indices (8 bytes per pooled element, where the CPU kernel keeps
+/// one-byte window codes) and, the other way, dropout's one-byte masks (where the CPU keeps its
+/// noise in the compute dtype); not all of them are alive at the step's peak.
+pub const CUDA_BYTES_PER_SAMPLE: u64 = 167_772;
+
+/// Resident bytes Open MPI's all-reduce of a `message`-byte buffer adds while it runs, at
+/// `world_size` ranks (Open MPI 4.1.4, `tuned` component, shared memory): 0 at one rank, half
+/// the message at W = 2 and 3 — measured by `shared/tests/allreduce_memory.rs` (0.494 to 0.498
+/// of a 64 MiB f32 message on every rank, Intel Xeon, at W = 2 and 3; larger world sizes are
+/// not measured and assumed the same). Open MPI's large-message algorithms reduce-scatter
+/// first, receiving the part a rank reduces into a scratch buffer. DDP all-reduces each
+/// bucket in place, so in its gradient reduction this comes on top of the bucket's copy.
+pub fn allreduce_scratch_bytes(message: u64, world_size: usize) -> u64 {
+    if world_size <= 1 {
+        0
+    } else {
+        message / 2
+    }
+}
+
+/// [`allreduce_scratch_bytes`] where the collective's scratch is counted: Open MPI's, in host
+/// memory, on a CPU; none on CUDA, where NCCL's buffers are its own, outside the caching
+/// allocator's count.
+pub(super) fn scratch_on(device: DeviceKind, message: u64, world_size: usize) -> u64 {
+    match device {
+        DeviceKind::Cpu => allreduce_scratch_bytes(message, world_size),
+        DeviceKind::Cuda => 0,
+    }
+}

@@ -27,6 +27,8 @@ pub const RENDEZVOUS_TIMEOUT: Duration = Duration::from_secs(300);
 /// A process group over one NCCL communicator; rank r uses GPU `local_rank`.
 pub struct NcclGroup {
     comm: Comm,
+    // The process's libnccl, which created `comm`.
+    nccl: &'static lib::Nccl,
     // The rendezvous store, kept for the unique ids of sub-groups (`new_group`).
     store: std::rc::Rc<TcpStore>,
     // This group's name in store keys (`world`, `world/g1`, …) and how many `new_group`
@@ -70,15 +72,16 @@ impl NcclGroup {
     pub fn init_with_timeout(env: &DistEnv, timeout: Duration) -> Result<Self> {
         let device = crate::device::DeviceKind::Cuda.resolve(env.local_rank)?;
         let Device::Cuda(ordinal) = device else { unreachable!("resolve(Cuda) gives a CUDA device") };
-        lib::nccl().map_err(unavailable)?;
+        let nccl = lib::nccl().map_err(unavailable)?;
         let ctx = std::panic::catch_unwind(|| cudarc::driver::CudaContext::new(ordinal))
             .map_err(|_| unavailable("the CUDA driver library could not be loaded"))?
             .map_err(|e| unavailable(format!("CUDA device {ordinal}: {e:?}")))?;
         let store = TcpStore::connect(env, RENDEZVOUS_TIMEOUT)?;
-        let comm = init_comm(&store, "nccl_unique_id", env.rank, env.world_size)?;
+        let comm = init_comm(nccl, &store, "nccl_unique_id", env.rank, env.world_size)?;
         let watch = Watch::new(env.rank, env.world_size, timeout);
         Ok(Self {
             comm,
+            nccl,
             store: std::rc::Rc::new(store),
             key: "world".into(),
             groups_made: std::cell::Cell::new(0),
@@ -100,10 +103,11 @@ impl NcclGroup {
         self.groups_made.set(n);
         let Some(rank) = sorted.iter().position(|&r| r == self.rank) else { return Ok(None) };
         let key = format!("{}/g{n}", self.key);
-        let comm = init_comm(&self.store, &format!("nccl_unique_id/{key}"), rank, sorted.len())?;
+        let comm = init_comm(self.nccl, &self.store, &format!("nccl_unique_id/{key}"), rank, sorted.len())?;
         let watch = Watch::unrecorded(rank, sorted.len(), self.watch.timeout());
         Ok(Some(Box::new(Self {
             comm,
+            nccl: self.nccl,
             store: self.store.clone(),
             key,
             groups_made: std::cell::Cell::new(0),
@@ -157,12 +161,11 @@ impl NcclGroup {
                 });
             }
             let mut async_err = lib::SUCCESS;
-            let nccl = lib::nccl().map_err(unavailable)?;
             // SAFETY: a live communicator and a valid out-pointer.
-            unsafe { (nccl.comm_get_async_error)(self.comm, &mut async_err) };
+            unsafe { (self.nccl.comm_get_async_error)(self.comm, &mut async_err) };
             if async_err != lib::SUCCESS && async_err != lib::IN_PROGRESS {
                 self.abort();
-                let message = nccl.error_string(async_err);
+                let message = self.nccl.error_string(async_err);
                 self.watch.fail(format!("NCCL reported {message} in {op} #{seq}"));
                 return Err(Error::Backend {
                     backend: "nccl",
@@ -186,17 +189,14 @@ impl NcclGroup {
         if self.destroyed.replace(true) {
             return;
         }
-        if let Ok(nccl) = lib::nccl() {
-            // SAFETY: a communicator created by ncclCommInitRank, aborted once (the flag above).
-            unsafe { (nccl.comm_abort)(self.comm) };
-        }
+        // SAFETY: a communicator created by ncclCommInitRank, aborted once (the flag above).
+        unsafe { (self.nccl.comm_abort)(self.comm) };
     }
 
     /// Calls NCCL entry point `name` through `f` (given the library, the communicator and the
     /// stream); a result other than success is [`Error::Backend`] with NCCL's text.
     fn call(&self, name: &'static str, f: impl FnOnce(&lib::Nccl, Comm, Stream) -> c_int) -> Result<()> {
-        let nccl = lib::nccl().map_err(unavailable)?;
-        check(nccl, f(nccl, self.comm, Self::stream()), self.rank, name)
+        check(self.nccl, f(self.nccl, self.comm, Self::stream()), self.rank, name)
     }
 
     /// `ReduceOp::Avg` needs a floating-point tensor (NCCL has no integer average).
@@ -219,8 +219,7 @@ impl NcclGroup {
 
 /// A communicator of `size` ranks, this one `rank`: rank 0 of it creates NCCL's unique id and
 /// sets it in the store under `key`; the others get it from there.
-fn init_comm(store: &TcpStore, key: &str, rank: usize, size: usize) -> Result<Comm> {
-    let nccl = lib::nccl().map_err(unavailable)?;
+fn init_comm(nccl: &lib::Nccl, store: &TcpStore, key: &str, rank: usize, size: usize) -> Result<Comm> {
     let id = if rank == 0 {
         let mut id = UniqueId { internal: [0; 128] };
         // SAFETY: a valid out-pointer to 128 bytes.
@@ -360,11 +359,9 @@ impl NcclGroup {
         if self.destroyed.replace(true) {
             return;
         }
-        if let Ok(nccl) = lib::nccl() {
-            // SAFETY: the communicator was created by ncclCommInitRank and is destroyed once
-            // (the flag above).
-            unsafe { (nccl.comm_destroy)(self.comm) };
-        }
+        // SAFETY: the communicator was created by ncclCommInitRank and is destroyed once (the
+        // flag above).
+        unsafe { (self.nccl.comm_destroy)(self.comm) };
     }
 }
 

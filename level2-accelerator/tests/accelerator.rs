@@ -317,7 +317,7 @@ fn run_ok(mut cmd: Command) -> String {
 
 /// SIGKILL of the job started as `pid` (the binary, or mpirun and its ranks) at once. Open MPI
 /// makes each rank lead a process group of its own, so a signal to mpirun's group left the
-/// ranks running until they noticed mpirun was gone — on a fast CPU (AMD EPYC Zen 4) long
+/// ranks running until they noticed mpirun was gone — on a fast CPU (AMD EPYC of family 26, Zen 5) long
 /// enough to write the next checkpoint, which the resume then took. Each of its children is
 /// killed by pid, then its group, and the children are waited for (gone, or zombies) before
 /// anything reads the checkpoint.

@@ -37,7 +37,7 @@ type StateDict = Vec<(String, Tensor)>;
 /// step divides each gradient by |g| + 1e-8: for an element with |g| near 1e-8 the slope is
 /// lr / (4 · 1e-8) = 25,000, so the f32 rounding of a sum (4e-10 there) moves its update by 1e-5,
 /// 1% of lr. Measured: 1.005e-5 on fc1.weight after one step, DDP at W = 3 against one process,
-/// on an AMD EPYC Zen 4 (on Intel Xeon the same cases stayed under 1e-5). 1e-4 is a tenth of one
+/// on an AMD EPYC of family 26, Zen 5 (on Intel Xeon the same cases stayed under 1e-5). 1e-4 is a tenth of one
 /// step's lr: a wrong shard, a missing rank's gradient or a doubled step moves weights by about
 /// lr. Where the order is the same (FULL_SHARD against SHARD_GRAD_OP) the gradients are compared
 /// bit for bit.

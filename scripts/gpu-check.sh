@@ -201,7 +201,7 @@ rows.append("\nnvidia-smi MiB: the most nvidia-smi showed the process holding (C
 rows += [f"## Will it fit on the GPU\n\nW = 1, fp32, width {fit_width}, batch {fit_batch}, {fit_steps} steps, no evaluation; "
          "L1, L2, L3: the levels; offload: FSDP's CPU offload; checkpointing: activation checkpointing; "
          "the estimate is `ladder-accelerate estimate-memory --device cuda` (parameters, gradients, optimizer state, "
-         "activations and transients on the device; host bytes under CPU offload apart); at start: what the allocator "
+         "activations, transients and MNIST on the device; host bytes under CPU offload apart); at start: what the allocator "
          "held when training started.\n",
          "| run | samples/s | allocator MiB | estimate MiB | measured ÷ estimate | at start MiB | host MiB (estimate) | nvidia-smi MiB |",
          "|---|---:|---:|---:|---:|---:|---:|---:|"]

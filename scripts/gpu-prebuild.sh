@@ -23,16 +23,17 @@ set -euo pipefail
 [ $# -eq 2 ] || { echo "usage: bash scripts/gpu-prebuild.sh TORCH_DIR OUT_DIR" >&2; exit 2; }
 repo=$(cd "$(dirname "$0")/.." && pwd)
 torch=$(cd "$1" 2>/dev/null && pwd) || { echo "gpu-prebuild: $1: no such directory (expected a torch package directory)" >&2; exit 2; }
-out=$2
+# OUT_DIR as an absolute path: the build runs in the workspace copy, where a relative one would land.
+mkdir -p "$2/lib" && out=$(cd "$2" && pwd) || { echo "gpu-prebuild: $2: cannot create the output directory" >&2; exit 2; }
 [ -f "$torch/include/torch/csrc/api/include/torch/torch.h" ] && [ -d "$torch/lib" ] ||
   { echo "gpu-prebuild: $torch is not a torch package directory (no include/torch/csrc/api/include/torch/torch.h or lib/)" >&2; exit 2; }
 work=${GPU_PREBUILD_WORK:-$repo/target/gpu-prebuild}
 export PATH="$HOME/.cargo/bin:$PATH"
 bash "$repo/scripts/bootstrap.sh"
-mkdir -p "$work/src" "$out/lib"
+mkdir -p "$work/src"
 
 # The workspace as it stands (uncommitted changes included), without its build outputs.
-(cd "$repo" && tar --exclude=./target --exclude=./.venv --exclude=./.git -cf - .) | (cd "$work/src" && tar xf -)
+(cd "$repo" && tar --exclude=./target --exclude=./.venv --exclude=./.git --exclude='./.gpu*' -cf - .) | (cd "$work/src" && tar xf -)
 ln -sfn "$(readlink -f "$repo/.venv")" "$work/src/.venv"
 
 # A copy of torch-sys whose generated operators this libtorch lacks are stubs.

@@ -68,3 +68,25 @@ fn cuda_allocator_statistics_count_a_tensor_exactly() {
     drop(y);
     assert_eq!(cuda_allocator_bytes(0).unwrap().1, before + (2 << 20));
 }
+
+#[test]
+#[ignore = "needs a GPU: run by scripts/gpu-check.sh"]
+fn mnist_on_the_device_draws_the_hosts_batches_bit_for_bit() {
+    use ladder_core::data::{resolve_data_dir, DataLoader, Mnist};
+    let mnist = Mnist::load(&resolve_data_dir(None)).expect("MNIST in data/mnist");
+    let host = mnist.test.slice(0..1000);
+    let device = host.to_device(Device::Cuda(0));
+    assert!(device.pixels().is_none(), "on a GPU the pixel bytes are a device tensor");
+    let (a, b) = (DataLoader::shuffled(&host, 64, 7).unwrap(), DataLoader::shuffled(&device, 64, 7).unwrap());
+    let mut batches = 0;
+    for ((xa, ya), (xb, yb)) in a.iter().zip(b.iter()) {
+        assert_eq!((xb.device(), yb.device()), (Device::Cuda(0), Device::Cuda(0)));
+        let bits = |x: &Tensor| {
+            Vec::<f32>::try_from(x.to_device(Device::Cpu).reshape([-1])).unwrap().iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+        };
+        assert_eq!(bits(&xb), bits(&xa));
+        assert_eq!(Vec::<i64>::try_from(yb.to_device(Device::Cpu)).unwrap(), Vec::<i64>::try_from(&ya).unwrap());
+        batches += 1;
+    }
+    assert_eq!(batches, 16, "1000 samples in batches of 64");
+}

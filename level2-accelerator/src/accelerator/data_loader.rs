@@ -167,7 +167,7 @@ impl AcceleratedDataLoader<'_> {
         let mut sampler = self.sampler.clone();
         sampler.set_epoch(epoch);
         sampler.set_start(start);
-        let indices: Vec<i64> = sampler.indices().into_iter().map(|i| i as i64).collect();
+        let indices = self.data.epoch_order(sampler.indices().into_iter().map(|i| i as i64).collect());
         let bs = self.batch_size;
         if self.training {
             self.shared.resume_clock(true);
@@ -185,7 +185,7 @@ impl AcceleratedDataLoader<'_> {
                 seed_batch(seed, rank, seen);
                 ladder_core::dist::progress::set_step(seen + 1);
             }
-            let batch = self.data.batch(&indices[b * bs..end]);
+            let batch = self.data.batch_in(&indices, b * bs..end);
             if self.training {
                 self.shared.data_ready((end - b * bs) as u64);
             }

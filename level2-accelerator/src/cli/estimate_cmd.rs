@@ -70,7 +70,8 @@ pub struct EstimateArgs {
     /// Whose memory: cpu, the training phase's peak RSS growth (what `bench run` measures; host
     /// and device are one memory); cuda, the CUDA caching allocator's peak of allocated bytes
     /// (torch.cuda.max_memory_allocated over the steps: activations at their live bytes, plus
-    /// cuBLAS's workspaces and cuDNN's per sample, fitted on an H200 at one process; NCCL's
+    /// cuBLAS's workspaces and cuDNN's per sample, fitted on an H200 at one process, and MNIST
+    /// held on the device; NCCL's
     /// buffers, the CUDA context and the allocator's cache, which nvidia-smi shows too, not
     /// counted), with --offload-params the host's part apart and --budget held against the
     /// device's.
@@ -246,7 +247,11 @@ fn render(report: &Report) -> String {
     }
     let text = format!(
         "Memory per rank, MiB{}: BasicNet fc1 {}, batch {} per process, {} processes, {}{}\n\n{table}",
-        if report.device == DeviceKind::Cuda { " (the CUDA allocator's peak; peak growth: less the parameters)" } else { "" },
+        if report.device == DeviceKind::Cuda {
+            " (the CUDA allocator's peak; peak growth: less the parameters and the dataset)"
+        } else {
+            ""
+        },
         report.width,
         report.batch_size,
         report.num_processes,
@@ -269,6 +274,9 @@ fn render(report: &Report) -> String {
             format_size(host),
             format_size(device)
         ));
+    }
+    if let Some(d) = report.strategies.iter().flat_map(|s| s.ranks.iter()).map(|r| r.dataset).find(|&d| d > 0) {
+        notes.push(format!("dataset: MNIST on the device, {} per process (in total)", format_size(d)));
     }
     if let Some(b) = report.budget {
         notes.push(match report.cheapest_fit {

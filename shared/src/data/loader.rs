@@ -116,12 +116,12 @@ impl<'a> DataLoader<'a> {
     /// `b = batch_size` except perhaps for the last batch. The order is drawn once when `iter` is
     /// called.
     pub fn iter(&self) -> impl ExactSizeIterator<Item = (Tensor, Tensor)> + '_ {
-        let indices: Vec<i64> = self.sampler.indices().into_iter().map(|i| i as i64).collect();
+        let order = self.dataset.epoch_order(self.sampler.indices().into_iter().map(|i| i as i64).collect());
         let batches = self.len();
         let bs = self.batch_size;
         (0..batches).map(move |b| {
-            let end = ((b + 1) * bs).min(indices.len());
-            self.dataset.batch(&indices[b * bs..end])
+            let end = ((b + 1) * bs).min(order.len());
+            self.dataset.batch_in(&order, b * bs..end)
         })
     }
 }

@@ -23,5 +23,5 @@ pub mod sampler;
 
 pub use download::{default_mirrors, download_missing, mirrors_from_env};
 pub use loader::DataLoader;
-pub use mnist::{resolve_data_dir, Dataset, Mnist, MNIST_MEAN, MNIST_STD};
+pub use mnist::{resolve_data_dir, Dataset, EpochOrder, Mnist, MNIST_MEAN, MNIST_STD};
 pub use sampler::{eval_shard, DistributedSampler, DistributedSamplerOptions, RandomSampler, Sampler, SequentialSampler};

@@ -56,6 +56,11 @@ pub struct EstimateArgs {
     #[arg(long = "offload-optimizer", alias = "offload_optimizer_device", value_name = "DEVICE", default_value = "none",
           value_parser = ladder_core::cli::spelling::<OffloadDevice>(), hide_possible_values = true)]
     pub offload_optimizer: OffloadDevice,
+    /// FSDP's auto-wrap policy (size_based_auto_wrap_policy, Accelerate's fsdp_min_num_params):
+    /// a layer with at least N parameters becomes its own unit; 0 wraps every layer (as `bench
+    /// run` does) [default: 100000000, PyTorch's: one unit for BasicNet]. FSDP strategies only.
+    #[arg(long = "fsdp-min-num-params", alias = "fsdp_min_num_params", value_name = "N")]
+    pub fsdp_min_num_params: Option<usize>,
     /// FSDP's CPU offload (PyTorch's CPUOffload(offload_params=True), Accelerate's
     /// fsdp_offload_params): parameters, gradients and optimizer state in host memory, said in
     /// a placement line per strategy; FSDP strategies only (ddp and zero1 are not estimated).
@@ -64,7 +69,8 @@ pub struct EstimateArgs {
     /// Count writing a full checkpoint (save_state; the Trainer's checkpoint-N, by default every
     /// 500 steps and at the last) as a moment: FSDP's sharded strategies gather the model, then
     /// both AdamW moments, in fp32 to rank 0 (at most 8 bytes per parameter), ZeRO-1 both moments
-    /// to every rank (8); DDP and NO_SHARD add nothing (moments on disk are read back).
+    /// to rank 0 as consolidate_state_dict(to=0) (8; another rank 12 / W); DDP and NO_SHARD add
+    /// nothing (moments on disk are read back).
     #[arg(long = "save-checkpoint", alias = "save_checkpoint")]
     pub save_checkpoint: bool,
     /// Whose memory: cpu, the training phase's peak RSS growth (what `bench run` measures; host
@@ -142,7 +148,11 @@ fn build(args: &EstimateArgs) -> Result<Report> {
     for strategy in strategies {
         let label = estimate::strategy_label(strategy);
         let strategy = match strategy {
-            Strategy::Fsdp(o) => Strategy::Fsdp(FsdpOptions { offload_params: args.offload_params, ..o }),
+            Strategy::Fsdp(o) => Strategy::Fsdp(FsdpOptions {
+                offload_params: args.offload_params,
+                min_num_params: args.fsdp_min_num_params.unwrap_or(o.min_num_params),
+                ..o
+            }),
             _ if args.offload_params => {
                 if explicit {
                     return Err(Error::Conflict {

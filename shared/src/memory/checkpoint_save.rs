@@ -13,8 +13,11 @@
 //!   shards are all-gathered; rank 0 keeps the gathered weights until their file is written,
 //!   then both gathered moments until theirs is — at most `2 · Σ padded` fp32 elements; every
 //!   other rank holds one unit's gathered buffer at a time.
-//! - **ZeRO-1**: both moments are all-gathered whole on every rank (`2 · P`, P the flat buffer's
-//!   padded length) beside this rank's moment shard being sent.
+//! - **ZeRO-1**: consolidated on rank 0 as PyTorch's `consolidate_state_dict(to=0)`: each
+//!   rank broadcasts its shard of a moment in turn, rank 0 keeping both moments whole
+//!   (`2 · P`, P the flat buffer's padded length) beside its last moment shard; every other rank
+//!   holds its two moment shards laid out for sending and one shard-sized receive buffer
+//!   (`3 · P / W`). (An all-gather, before, left `2 · P` on every rank.)
 //! - **Optimizer offload to disk**: the moments are read back from their file — on rank 0 under
 //!   DDP, on every rank for its shard under FSDP (alive through the gathers); ZeRO-1 drops them
 //!   before its gathers.
@@ -37,10 +40,13 @@ pub fn save_bytes(input: &EstimateInput, rank: usize) -> u64 {
     match Engine::of(&input.wrap) {
         Engine::Ddp(o) if o.zero_redundancy_optimizer => {
             // The moments read back from disk are laid out as the shard and dropped before the
-            // gathers: never beside them. At one rank the shard is the whole: nothing is sent.
+            // broadcasts: never beside them. At one rank the shard is the whole: nothing is sent.
             let (_, padded, shard) = layout::zero_partition(width, w);
-            let sent = if w > 1 { shard as u64 } else { 0 };
-            MASTER_BYTES * (2 * padded as u64 + sent)
+            match (rank, w) {
+                (_, 1) => MASTER_BYTES * 2 * padded as u64,
+                (0, _) => MASTER_BYTES * (2 * padded + shard) as u64,
+                _ => MASTER_BYTES * 3 * shard as u64,
+            }
         }
         Engine::Ddp(_) => MASTER_BYTES * if on_disk && rank == 0 { 2 * psi } else { 0 },
         Engine::Fsdp(o) => {

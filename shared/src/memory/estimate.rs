@@ -53,39 +53,18 @@
 //! # How close it is
 //!
 //! The closed forms of the model state are exact (tests/estimate.rs checks them against the
-//! accounting for every strategy at W = 1, 2, 3). The rest is what is alive, turned into
-//! resident bytes with three fitted constants, [`RESIDENT_PER_LIVE_FP32`] and
-//! [`RESIDENT_PER_LIVE_16BIT`] (1.8 and 2.3 resident bytes per live activation byte) and
-//! [`RUNTIME_BYTES`] (26 MiB), and one measured one, Open MPI's all-reduce scratch
-//! ([`allreduce_scratch_bytes`]). The measured figure is the growth of the largest rank over the
-//! training steps alone (evaluation and saves left out, [`crate::timing`]). In the fit sweep of
-//! `make book-data` (level 1, W = 2, fp32, commit `b3f165d`, 2-core Intel Xeon; the constants
-//! were fitted to it and 53 other cells of the same session), 21 of the 24 cells are within the
-//! issue's 10%:
+//! accounting for every strategy at W = 1, 2, 3). The live bytes of a step are within 3% of an
+//! `LD_PRELOAD` count of the bytes `malloc` hands out (level 1, width 4096, batch 64 and 512,
+//! DDP and FULL_SHARD at W = 1, DDP and ZeRO-1 at W = 2; AMD EPYC Zen 5), once FSDP's
+//! segment-by-segment backward is counted (two buffers of a segment's output gradient). What glibc's heap keeps
+//! beyond them is not a closed form: three fitted constants turn the live bytes into resident
+//! ones, [`RESIDENT_PER_LIVE_FP32`] and [`RESIDENT_PER_LIVE_16BIT`] (1.44 and 2.3 resident
+//! bytes per live activation byte) and [`RUNTIME_BYTES`] / [`FSDP_RUNTIME_BYTES`] (30 and
+//! 36 MiB), beside one measured one, Open MPI's all-reduce scratch ([`allreduce_scratch_bytes`]).
+//! The measured figure is the growth of the largest rank over the training steps alone
+//! (evaluation and saves left out, [`crate::timing`]), the median over repeats.
 //!
-//! | cells | measured MiB | estimated MiB | error |
-//! |---|---|---|---|
-//! | width 128, batch 64 | 70 to 83 | 74 to 81 | −11% (FULL_SHARD) to +9% |
-//! | width 128, batch 512 | 333 to 365 | 361 to 368 | −1% to +10% |
-//! | width 4096, batch 64 | 573 to 735 | 531 to 676 | −14% (SHARD_GRAD_OP) to −3% |
-//! | width 4096, batch 512 | 716 to 900 | 707 to 851 | −5% to +1% |
-//! | width 8192, batch 64 | 1090 to 1369 | 1036 to 1325 | −8% to −2% |
-//! | width 8192, batch 512 | 1310 to 1584 | 1168 to 1456 | −13% (ZeRO-1) to +0% |
-//!
-//! What was measured and is now counted: Open MPI's all-reduce scratch (half the message, at
-//! W = 2 and 3), which DDP's reduction of fc1's bucket adds beside the bucket's copy; FSDP's
-//! flat gradient, allocated after a unit's first gradients (it was counted from the start of
-//! the unit's backward: fc1's twice with one unit per layer); ZeRO-1's gradient pieces, which
-//! were copies of the flat gradient and are views of it now.
-//!
-//! Not modelled: how far glibc's heap runs ahead of the live bytes varies with the order of a
-//! strategy's allocations and from run to run — at width 128 and batch 64 FSDP in f32 leaves
-//! about 20 MiB more of it than DDP (measured: the same 34 MiB live peak, 54 MiB of heap beyond
-//! it against 33), and one run's rank can stray alone (FULL_SHARD at width 4096: 577 MiB in one
-//! run, 658 in another of the same cell); at width 8192 and batch 512 DDP and ZeRO-1 grow by
-//! up to an eighth more than counted. Level 3's end-of-training save comes after its last step;
-//! it is a moment of its own when [`EstimateInput::save_checkpoint`] is set
-//! ([`super::checkpoint_save`]).
+//! How close it comes on two CPUs, cell by cell, and what is left: [`fitted`]'s docs.
 //!
 //! # On CUDA
 //!
@@ -108,11 +87,11 @@ use crate::parallel::{BackwardPrefetch, DdpOptions, ShardingStrategy, Strategy, 
 use crate::{Error, Result};
 use serde::{Deserialize, Serialize};
 
-mod fitted;
+pub mod fitted;
 use fitted::scratch_on;
 pub use fitted::{
-    allreduce_scratch_bytes, resident_per_live, CUDA_BYTES_PER_SAMPLE, CUDA_RUNTIME_BYTES, RESIDENT_PER_LIVE_16BIT, RESIDENT_PER_LIVE_FP32,
-    RUNTIME_BYTES,
+    allreduce_scratch_bytes, resident_per_live, CUDA_BYTES_PER_SAMPLE, CUDA_RUNTIME_BYTES, FSDP_RUNTIME_BYTES, RESIDENT_PER_LIVE_16BIT,
+    RESIDENT_PER_LIVE_FP32, RUNTIME_BYTES,
 };
 
 /// What to estimate: how the model is wrapped, the ranks, fc1's width and the batch per rank.
@@ -234,6 +213,17 @@ fn activations(segs: &[SegmentActs], s: usize, backward: bool, checkpointing: bo
     batch * (input_bytes_per_sample(cb) + before + own)
 }
 
+/// What FSDP's segment-by-segment backward (`torch.autograd.grad` per segment,
+/// [`crate::parallel::fsdp`]) holds at segment `s` beyond one autograd graph's backward: two
+/// buffers of the segment's output gradient. Measured with an `LD_PRELOAD` count of live
+/// `malloc`'d bytes (level 1, W = 1, fp32, 8 steps, AMD EPYC Zen 5): FULL_SHARD's live peak
+/// exceeds DDP's by 2 × 9,216 f32 per sample, conv2's output (36.1 MiB at batch 512, 4.6 at
+/// 64) — the incoming gradient, which the loop holds through the segment as
+/// `torch.autograd.grad`'s caller holds `grad_outputs`, and one more of its size.
+fn segment_by_segment(segs: &[SegmentActs], s: usize, cb: u64, batch: u64) -> u64 {
+    batch * 2 * segs[s].out as u64 * cb
+}
+
 /// Estimates every rank's memory (see the module docs).
 ///
 /// # Errors
@@ -286,7 +276,10 @@ fn estimate_rank(input: &EstimateInput, rank: usize, device: DeviceKind) -> Rank
         moments.push(Moment { what: "checkpoint save".into(), activations: 0, transient });
     }
     let (per_live, runtime) = match device {
-        DeviceKind::Cpu => (resident_per_live(layout::compute_bytes(wrap)), RUNTIME_BYTES),
+        DeviceKind::Cpu => {
+            let runtime = if matches!(Engine::of(wrap), Engine::Fsdp(_)) { FSDP_RUNTIME_BYTES } else { RUNTIME_BYTES };
+            (resident_per_live(layout::compute_bytes(wrap)), runtime)
+        }
         DeviceKind::Cuda => (1.0, CUDA_RUNTIME_BYTES + CUDA_BYTES_PER_SAMPLE * input.batch_size as u64),
     };
     let resident = |m: &Moment| (m.activations as f64 * per_live) as u64;
@@ -506,7 +499,7 @@ fn fsdp_moments(
         let transient = gathered(&g) + sum(&flat, &flat_bytes) + fresh;
         out.push(Moment {
             what: format!("backward of {}", segs[s].name),
-            activations: activations(&segs, s, true, ckpt, cb, b),
+            activations: activations(&segs, s, true, ckpt, cb, b) + segment_by_segment(&segs, s, cb, b),
             transient,
         });
         let done = u.filter(|&u| units[u].segments.first() == Some(&s));

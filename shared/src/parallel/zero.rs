@@ -325,9 +325,12 @@ impl ZeroPartition {
 
     /// The optimizer's full state with the unwrapped model's keys on rank 0 (`None` elsewhere):
     /// `{name}.exp_avg`, `{name}.exp_avg_sq` (the parameter's shape) and `{name}.step`, as
-    /// DDP's — gathered from every rank's shard with one all-gather per moment, so a
-    /// checkpoint loads at any world size and strategy. Collective (every rank has stepped as
-    /// often, so all take the same path).
+    /// DDP's, so a checkpoint loads at any world size and strategy. Consolidated on rank 0 as
+    /// PyTorch's `ZeroRedundancyOptimizer.consolidate_state_dict(to=0)`: per moment, each rank
+    /// broadcasts its shard in turn and rank 0 alone keeps them (`[padded_numel]` per moment);
+    /// another rank holds one shard-sized receive buffer, not the whole state an all-gather
+    /// would leave on every rank. Collective (every rank has stepped as often, so all take the
+    /// same path).
     ///
     /// # Errors
     /// Collective errors.
@@ -341,14 +344,34 @@ impl ZeroPartition {
             return Ok((self.rank == 0).then(Vec::new));
         };
         let mut full = Vec::with_capacity(2);
-        for moment in [m, v] {
+        for mut moment in [m, v] {
             if self.world_size == 1 {
                 full.push(moment);
                 continue;
             }
-            let mut out = Tensor::empty([self.padded_numel], (moment.kind(), moment.device()));
-            pg.all_gather(&mut out, &moment)?;
-            full.push(out);
+            let options = (moment.kind(), moment.device());
+            let (out, mut received) = if self.rank == 0 {
+                (Some(Tensor::empty([self.padded_numel], options)), None)
+            } else {
+                (None, Some(Tensor::empty([self.shard_numel], options)))
+            };
+            for src in 0..self.world_size {
+                let slot = out.as_ref().map(|o| o.narrow(0, src as i64 * self.shard_numel, self.shard_numel));
+                if src == self.rank {
+                    pg.broadcast(&mut moment, src)?;
+                    if let Some(mut slot) = slot {
+                        tch::no_grad(|| slot.f_copy_(&moment))?;
+                    }
+                } else if let Some(mut slot) = slot {
+                    pg.broadcast(&mut slot, src)?;
+                } else if let Some(r) = received.as_mut() {
+                    pg.broadcast(r, src)?;
+                }
+            }
+            drop((moment, received));
+            if let Some(out) = out {
+                full.push(out);
+            }
         }
         if self.rank != 0 {
             return Ok(None);

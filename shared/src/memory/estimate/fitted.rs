@@ -1,6 +1,31 @@
 //! The estimate's measured and fitted constants: how far the heap runs ahead of the live bytes
 //! on a CPU, what a training phase adds whatever the model (on a CPU and on CUDA), and Open MPI's
 //! all-reduce scratch — each with what it was measured or fitted on.
+//!
+//! # How close the estimate comes
+//!
+//! Within 10%, at W = 2 (DDP, ZeRO-1, SHARD_GRAD_OP, FULL_SHARD × width 128 and 4096 × batch 64
+//! and 512, 16 cells per row; the fp32 constants were fitted to the first two rows):
+//!
+//! | cells | CPU | within 10% | the misses |
+//! |---|---|---|---|
+//! | level 1, fp32, 1 repeat | Intel Xeon (AMX) | 14 of 16 | DDP and ZeRO-1 at width 128, batch 64: over by 13–19% |
+//! | level 1, fp32, 3 repeats | AMD EPYC Zen 5 | 12 of 16 | DDP and ZeRO-1 at width 4096, batch 512: under by 16–18%; FULL_SHARD at 128 |
+//! | levels 2 and 3, fp32, 1 repeat | AMD EPYC Zen 5 | 22 of 32 | the same cells, and FULL_SHARD at width 128, batch 64 (−14 to −20%) |
+//! | level 1, fp32, ± checkpointing, 3 strategies | AMD EPYC Zen 5 | 19 of 24 | DDP at width 4096, batch 512 (−15%) |
+//! | level 1, bf16, ± checkpointing, 3 strategies | AMD EPYC Zen 5 | 7 of 24 | width 128: over by 21–55% |
+//!
+//! The constants before (1.8 and 26 MiB for every engine, fitted on the Intel Xeon) held 40 of
+//! the 64 fp32 cells of the first three rows, these 48. What is left, measured: at W = 2, DDP's
+//! and ZeRO-1's RSS run 110 to 260 MiB ahead of their live bytes at width 4096 and batch 512,
+//! against 75 at W = 1 with the same live peak (732 MiB) — memory the heap keeps while Open MPI
+//! runs beside the step, not counted; one run's rank can stray alone (DDP in bf16 at width
+//! 4096 with checkpointing: 808 and 1,072 MiB on two ranks of one cell); and the 16-bit factor
+//! is the Intel Xeon's, whose AMX kernels leave more of the heap than AVX512-BF16 ones: on the
+//! Zen 5, bf16 at width 128 keeps about 1.6 resident bytes per live byte, so the estimate there
+//! is high (on the safe side for "will it fit"). Level 3's end-of-training save comes after its
+//! last step; it is a moment of its own when [`super::EstimateInput::save_checkpoint`] is set
+//! ([`crate::memory::checkpoint_save`]).
 
 use crate::device::DeviceKind;
 use crate::memory::layout::MASTER_BYTES;
@@ -8,18 +33,23 @@ use crate::memory::layout::MASTER_BYTES;
 /// Resident bytes per byte of live activations computed in f32: glibc keeps freed heap memory
 /// (tensors under its mmap threshold, up to 32 MiB) for reuse, and a step frees and allocates
 /// its tensors in an order that leaves part of it unusable for the next ones, so the heap's
-/// touched extent runs ahead of what is alive. Measured with an `LD_PRELOAD` counter of
-/// `malloc`'d bytes against `VmHWM` (level 1, DDP, width 128, 2 ranks, 30 steps, commit
-/// `b3f165d`): a step's live peak grew by 23.5, 34.7 and 183 MiB at batch 16, 64 and 512, its
-/// RSS by 43.5, 66.3 and 375. Fitted, with [`RESIDENT_PER_LIVE_16BIT`] and [`RUNTIME_BYTES`],
-/// to the 77 cells of one `make book-data`-sized run (levels 1–3, every strategy, widths 128 to
-/// 8192, batch 16 to 512, steps only: [`crate::timing`]).
-pub const RESIDENT_PER_LIVE_FP32: f64 = 1.8;
+/// touched extent runs ahead of what is alive. Measured with an `LD_PRELOAD` count of live
+/// `malloc`'d bytes against `VmHWM` (level 1, W = 1, 8 steps, AMD EPYC Zen 5): RSS growth
+/// less live growth 30 (DDP) and 40 MiB (FULL_SHARD) at width 128 and batch 64, 141 and 126 at
+/// batch 512, 75 to 85 at width 4096 whatever the batch. Fitted, with [`RUNTIME_BYTES`] and
+/// [`FSDP_RUNTIME_BYTES`], to the 32 cells of level 1 at W = 2 in fp32 (DDP, ZeRO-1,
+/// SHARD_GRAD_OP, FULL_SHARD × width 128 and 4096 × batch 64 and 512) measured on two CPUs:
+/// an Intel Xeon with AMX (one repeat, the book's fit sweep at `ef1e4b9`) and an AMD EPYC Zen 5
+/// (medians of three repeats, 2026-12-04); 26 of the 32 are within 10% (20 with the constants
+/// before: 1.8 and 26 MiB for every engine).
+pub const RESIDENT_PER_LIVE_FP32: f64 = 1.44;
 
 /// Resident bytes per byte of live activations computed in 16 bits (bf16, fp16): autocast's
 /// casts add short-lived copies between the kept tensors, and the heap runs further ahead
-/// (DDP at batch 512: a live peak of 120 MiB, RSS growth 290). Fitted as
-/// [`RESIDENT_PER_LIVE_FP32`].
+/// (DDP at batch 512: a live peak of 120 MiB, RSS growth 290). Fitted with the f32 constants
+/// of then (1.8, and 26 MiB for every engine) to the 77 cells of one `make book-data`-sized run
+/// (levels 1–3, every strategy, widths 128 to 8192, batch 16 to 512, commit `b3f165d`, Intel
+/// Xeon); not refitted since.
 pub const RESIDENT_PER_LIVE_16BIT: f64 = 2.3;
 
 /// [`RESIDENT_PER_LIVE_FP32`] or [`RESIDENT_PER_LIVE_16BIT`] for a compute dtype of
@@ -48,7 +78,12 @@ pub fn resident_per_live(compute_bytes: u64) -> f64 {
 ///
 /// and at 512 samples or under load less or more (4 threads, width 4096: 32 MiB) — MKL's own
 /// partitioning, not a closed form. The bench's cells run one thread per rank.
-pub const RUNTIME_BYTES: u64 = 26 << 20;
+pub const RUNTIME_BYTES: u64 = 30 << 20;
+
+/// [`RUNTIME_BYTES`] under FSDP: its segment-by-segment backward and flat buffers leave more
+/// of glibc's heap behind (RSS growth less live growth 8 to 10 MiB above DDP's in the
+/// measurements of [`RESIDENT_PER_LIVE_FP32`]); fitted with it.
+pub const FSDP_RUNTIME_BYTES: u64 = 36 << 20;
 
 /// On CUDA, what the caching allocator holds for any model once a step ran: cuBLAS's and
 /// cuBLASLt's workspaces, 32 MiB each with PyTorch's defaults on Hopper, allocated at the

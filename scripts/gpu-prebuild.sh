@@ -23,10 +23,10 @@ set -euo pipefail
 [ $# -eq 2 ] || { echo "usage: bash scripts/gpu-prebuild.sh TORCH_DIR OUT_DIR" >&2; exit 2; }
 repo=$(cd "$(dirname "$0")/.." && pwd)
 torch=$(cd "$1" 2>/dev/null && pwd) || { echo "gpu-prebuild: $1: no such directory (expected a torch package directory)" >&2; exit 2; }
-# OUT_DIR as an absolute path: the build runs in the workspace copy, where a relative one would land.
-mkdir -p "$2/lib" && out=$(cd "$2" && pwd) || { echo "gpu-prebuild: $2: cannot create the output directory" >&2; exit 2; }
 [ -f "$torch/include/torch/csrc/api/include/torch/torch.h" ] && [ -d "$torch/lib" ] ||
   { echo "gpu-prebuild: $torch is not a torch package directory (no include/torch/csrc/api/include/torch/torch.h or lib/)" >&2; exit 2; }
+# OUT_DIR as an absolute path: the build runs in the workspace copy, where a relative one would land.
+mkdir -p "$2/lib" && out=$(cd "$2" && pwd) || { echo "gpu-prebuild: $2: cannot create the output directory" >&2; exit 2; }
 work=${GPU_PREBUILD_WORK:-$repo/target/gpu-prebuild}
 export PATH="$HOME/.cargo/bin:$PATH"
 bash "$repo/scripts/bootstrap.sh"

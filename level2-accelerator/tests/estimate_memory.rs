@@ -3,7 +3,7 @@
 //! naming the cheapest strategy that fits, and every bad input refused with the flag named.
 
 use ladder_core::memory::estimate::{self, EstimateInput};
-use ladder_core::parallel::{Precision, WrapConfig};
+use ladder_core::parallel::{FsdpOptions, Precision, ShardingStrategy, Strategy, WrapConfig};
 use std::process::{Command, Output};
 
 const BIN: &str = env!("CARGO_BIN_EXE_ladder-accelerate");
@@ -151,7 +151,7 @@ fn save_checkpoint_is_zero1s_peak_and_adds_nothing_to_ddp() {
 
 #[test]
 fn bad_input_is_refused_with_the_flag_named() {
-    let cases: [(&str, &[&str]); 10] = [
+    let cases: [(&str, &[&str]); 11] = [
         ("unknown strategy", &["--strategy", "zero3"]),
         ("unknown sharding strategy", &["--strategy", "ddp,fsdp-hybrid"]),
         ("zero1 with bf16", &["--strategy", "zero1", "--mixed-precision", "bf16"]),
@@ -162,6 +162,7 @@ fn bad_input_is_refused_with_the_flag_named() {
         ("no processes", &["--num-processes", "0"]),
         ("fp8", &["--mixed-precision", "fp8"]),
         ("offload to cpu", &["--offload-optimizer", "cpu"]),
+        ("a wrap policy for ddp", &["--strategy", "ddp", "--fsdp-min-num-params", "0"]),
     ];
     let mut report = Vec::new();
     for (title, args) in cases {
@@ -172,6 +173,40 @@ fn bad_input_is_refused_with_the_flag_named() {
         report.push(format!("## {title} (exit {code})\n{}", String::from_utf8_lossy(&out.stderr).trim_end()));
     }
     insta::assert_snapshot!(report.join("\n\n"));
+}
+
+/// `--fsdp-min-num-params 0` (one unit per layer, as the bench runs FSDP) gives the library's
+/// estimate with that policy, and differs from the default (one unit for BasicNet): FULL_SHARD
+/// gathers one layer at a time instead of the whole model.
+#[test]
+fn fsdp_min_num_params_sets_the_wrap_policy() {
+    let json = |extra: &[&str]| -> serde_json::Value {
+        let args = [&["--width", "4096", "--num-processes", "2", "--strategy", "fsdp-full-shard", "--json"][..], extra].concat();
+        serde_json::from_str(&stdout(&args)).unwrap()
+    };
+    let (per_layer, default) = (json(&["--fsdp-min-num-params", "0"]), json(&[]));
+    let wrap = |min_num_params| WrapConfig {
+        strategy: Strategy::Fsdp(FsdpOptions { min_num_params, ..FsdpOptions::with_sharding(ShardingStrategy::FullShard) }),
+        mixed_precision: Precision::No,
+        activation_checkpointing: false,
+    };
+    let input = |min_num_params| EstimateInput {
+        wrap: wrap(min_num_params),
+        world_size: 2,
+        width: 4096,
+        batch_size: 64,
+        offload_optimizer: Default::default(),
+        save_checkpoint: false,
+    };
+    let expected = estimate::estimate(&input(0)).unwrap();
+    assert_eq!(per_layer["strategies"][0]["ranks"], serde_json::to_value(&expected).unwrap());
+    assert_eq!(
+        default["strategies"][0]["ranks"],
+        serde_json::to_value(estimate::estimate(&input(FsdpOptions::default().min_num_params)).unwrap()).unwrap()
+    );
+    assert_ne!(per_layer["strategies"][0]["ranks"], default["strategies"][0]["ranks"]);
+    let gathered = |v: &serde_json::Value| v["strategies"][0]["ranks"][0]["model_state"]["gathered_peak"].as_u64().unwrap();
+    assert!(gathered(&per_layer) < gathered(&default), "one layer at a time gathers less than the whole model");
 }
 
 /// `--offload-params` (FSDP's CPU offload): the FSDP strategies' figures are those without it

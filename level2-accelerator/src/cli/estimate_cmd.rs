@@ -153,6 +153,13 @@ fn build(args: &EstimateArgs) -> Result<Report> {
                 min_num_params: args.fsdp_min_num_params.unwrap_or(o.min_num_params),
                 ..o
             }),
+            _ if explicit && args.fsdp_min_num_params.is_some() => {
+                return Err(Error::Conflict {
+                    first: format!("--strategy {label}"),
+                    second: "--fsdp-min-num-params".into(),
+                    why: "the auto-wrap policy decides FSDP's units; DDP and ZeRO-1 have none".into(),
+                });
+            }
             _ if args.offload_params => {
                 if explicit {
                     return Err(Error::Conflict {

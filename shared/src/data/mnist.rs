@@ -204,6 +204,11 @@ impl Dataset {
     /// When an index is outside `0..len()`, like slice indexing (a programming error: the
     /// samplers only yield valid indices, and [`super::DataLoader::new`] checks its sampler).
     pub fn batch(&self, indices: &[i64]) -> (Tensor, Tensor) {
+        if !matches!(self.images, Images::Pixels { .. }) {
+            // Checked on the host: on a GPU an index out of range is a device-side assert
+            // that breaks the CUDA context, not an error.
+            self.check_indices(indices, "Dataset::batch");
+        }
         let idx = Tensor::from_slice(indices).to_device(self.labels.device());
         let images = match &self.images {
             Images::Pixels { bytes, offset } => {
@@ -225,12 +230,26 @@ impl Dataset {
     }
 
     /// One epoch's sample order (`indices`, each in `0..len()`), placed where this dataset draws
-    /// batches: on a GPU it is copied to the device once, so that drawing a batch
-    /// ([`Dataset::batch_in`]) copies nothing from the host.
+    /// batches: for a dataset held as tensors (on a GPU, or built from tensors) it is copied to
+    /// the dataset's device once, so that drawing a batch ([`Dataset::batch_in`]) copies
+    /// nothing from the host.
+    ///
+    /// # Panics
+    /// When an index is outside `0..len()`, as [`Dataset::batch`] (checked here, on the host).
     pub fn epoch_order(&self, indices: Vec<i64>) -> EpochOrder {
-        let on_device = matches!(self.images, Images::PixelTensor { .. } | Images::Tensor(_))
-            .then(|| Tensor::from_slice(&indices).to_device(self.labels.device()));
+        let on_device = matches!(self.images, Images::PixelTensor { .. } | Images::Tensor(_)).then(|| {
+            self.check_indices(&indices, "Dataset::epoch_order");
+            Tensor::from_slice(&indices).to_device(self.labels.device())
+        });
         EpochOrder { indices, on_device }
+    }
+
+    /// Panics, naming `what`, when an index is outside `0..len()`.
+    fn check_indices(&self, indices: &[i64], what: &str) {
+        let n = self.len();
+        if let Some(bad) = indices.iter().find(|&&i| usize::try_from(i).map_or(true, |i| i >= n)) {
+            panic!("{what}: index {bad} outside 0..{n}");
+        }
     }
 
     /// The samples at `order`'s positions `range`, as [`Dataset::batch`] of those indices.
@@ -252,7 +271,7 @@ impl Dataset {
         let images = match &self.images {
             Images::PixelTensor { pixels, table } => {
                 let b = idx.size()[0];
-                let codes = pixels.index_select(0, idx).to_kind(Kind::Int64).view([-1]);
+                let codes = pixels.index_select(0, idx).to_kind(Kind::Int).view([-1]);
                 table.index_select(0, &codes).view([b, 1, idx::SIDE as i64, idx::SIDE as i64])
             }
             Images::Tensor(t) => t.index_select(0, idx),
@@ -568,6 +587,15 @@ mod tests {
             assert_eq!(bits(&xb), bits(&xa.narrow(0, 1, 3)));
             assert_eq!(Vec::<i64>::try_from(&yb).unwrap(), Vec::<i64>::try_from(&ya.narrow(0, 1, 3)).unwrap());
             assert_eq!(bits(&b.images()), bits(&a.images()));
+            let (la, lb) = (super::super::DataLoader::shuffled(a, 2, 3).unwrap(), super::super::DataLoader::shuffled(b, 2, 3).unwrap());
+            let drawn = la.iter().zip(lb.iter()).map(|((xa, ya), (xb, yb))| {
+                assert_eq!(bits(&xa), bits(&xb));
+                assert!(ya.equal(&yb));
+            });
+            assert_eq!(drawn.count(), a.len().div_ceil(2));
         }
+        assert!(d.to_device(Device::Cpu).pixels().is_some(), "on the CPU the raw bytes stay shared");
+        let bad = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| t.epoch_order(vec![0, 5])));
+        assert!(bad.is_err(), "index 5 of 5 samples is refused on the host");
     }
 }

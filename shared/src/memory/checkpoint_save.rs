@@ -18,9 +18,11 @@
 //!   (`2 · P`, P the flat buffer's padded length) beside its last moment shard; every other rank
 //!   holds its two moment shards laid out for sending and one shard-sized receive buffer
 //!   (`3 · P / W`). (An all-gather, before, left `2 · P` on every rank.)
+//!   With the moments on disk, the two read back sit beside the two shard buffers they are laid
+//!   out into (`4 · P / W`) before the broadcasts.
 //! - **Optimizer offload to disk**: the moments are read back from their file — on rank 0 under
 //!   DDP, on every rank for its shard under FSDP (alive through the gathers); ZeRO-1 drops them
-//!   before its gathers.
+//!   before its broadcasts (above).
 //!
 //! Measured at width 4096, 2 ranks, level 3 (whose Trainer saves at the end of training, inside
 //! the measured phase), FULL_SHARD, one unit per layer: with all three state dicts held at once
@@ -39,14 +41,17 @@ pub fn save_bytes(input: &EstimateInput, rank: usize) -> u64 {
     let psi = layout::num_parameters(width) as u64;
     match Engine::of(&input.wrap) {
         Engine::Ddp(o) if o.zero_redundancy_optimizer => {
-            // The moments read back from disk are laid out as the shard and dropped before the
-            // broadcasts: never beside them. At one rank the shard is the whole: nothing is sent.
+            // The moments are laid out as the shard (two fresh shard buffers); read back from
+            // disk, they are alive beside that layout (two more), and dropped before the
+            // broadcasts. At one rank the shard is the whole: nothing is sent.
             let (_, padded, shard) = layout::zero_partition(width, w);
-            match (rank, w) {
-                (_, 1) => MASTER_BYTES * 2 * padded as u64,
-                (0, _) => MASTER_BYTES * (2 * padded + shard) as u64,
-                _ => MASTER_BYTES * 3 * shard as u64,
-            }
+            let layout_peak = if on_disk { 4 * shard as u64 } else { 0 };
+            let broadcasts = match (rank, w) {
+                (_, 1) => 2 * padded as u64,
+                (0, _) => (2 * padded + shard) as u64,
+                _ => 3 * shard as u64,
+            };
+            MASTER_BYTES * layout_peak.max(broadcasts)
         }
         Engine::Ddp(_) => MASTER_BYTES * if on_disk && rank == 0 { 2 * psi } else { 0 },
         Engine::Fsdp(o) => {

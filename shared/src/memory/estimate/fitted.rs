@@ -4,15 +4,16 @@
 //!
 //! # How close the estimate comes
 //!
-//! Within 10%, at W = 2 (DDP, ZeRO-1, SHARD_GRAD_OP, FULL_SHARD × width 128 and 4096 × batch 64
-//! and 512, 16 cells per row; the fp32 constants were fitted to the first two rows):
+//! Within 10%, at W = 2, width 128 and 4096 × batch 64 and 512 (four strategies — DDP, ZeRO-1,
+//! SHARD_GRAD_OP, FULL_SHARD — or three without ZeRO-1; the fp32 constants were fitted to the
+//! first two rows):
 //!
 //! | cells | CPU | within 10% | the misses |
 //! |---|---|---|---|
-//! | level 1, fp32, 1 repeat | Intel Xeon (AMX) | 14 of 16 | DDP and ZeRO-1 at width 128, batch 64: over by 13–19% |
-//! | level 1, fp32, 3 repeats | AMD EPYC Zen 5 | 12 of 16 | DDP and ZeRO-1 at width 4096, batch 512: under by 16–18%; FULL_SHARD at 128 |
-//! | levels 2 and 3, fp32, 1 repeat | AMD EPYC Zen 5 | 22 of 32 | the same cells, and FULL_SHARD at width 128, batch 64 (−14 to −20%) |
-//! | level 1, fp32, ± checkpointing, 3 strategies | AMD EPYC Zen 5 | 19 of 24 | DDP at width 4096, batch 512 (−15%) |
+//! | level 1, fp32, 1 repeat | Intel Xeon (AMX) | 14 of 16 | ZeRO-1 at width 128, batch 64 (+12.5%) and at width 4096, batch 512 (−10.4%) |
+//! | level 1, fp32, 3 repeats | AMD EPYC Zen 5 | 12 of 16 | DDP and ZeRO-1 at width 4096, batch 512: under by 16–18%; ZeRO-1 at width 4096, batch 64 (−11%); FULL_SHARD at width 128, batch 512 (+16%) |
+//! | levels 2 and 3, fp32, 1 repeat | AMD EPYC Zen 5 | 22 of 32 | DDP and ZeRO-1 at width 4096, batch 512 (−11 to −19%), ZeRO-1 at 4096, 64 (−11%), SHARD_GRAD_OP at 4096, 512 at level 2 (−19%), DDP at 128, 512 at level 3 (−12%), FULL_SHARD at 128, 64 (−14%, −20%) |
+//! | level 1, fp32, ± checkpointing, 3 strategies | AMD EPYC Zen 5 | 19 of 24 | DDP at batch 512: width 4096 −15% and −16%, width 128 −10.5% and −14% (with checkpointing); FULL_SHARD at width 128, batch 64, −11% |
 //! | level 1, bf16, ± checkpointing, 3 strategies | AMD EPYC Zen 5 | 7 of 24 | width 128: over by 21–55% |
 //!
 //! The constants before (1.8 and 26 MiB for every engine, fitted on the Intel Xeon) held 40 of

@@ -1,7 +1,7 @@
 //! Process groups: the collectives every level stands on, over real engines — OpenMPI (through
 //! rsmpi, cargo feature `mpi`) on CPU and across nodes, NCCL (loaded at run time, the
-//! libnccl.so.2 libtorch loaded; cargo feature `nccl`) on GPUs — plus the torchrun environment ([`env`]) and the TCP rendezvous
-//! ([`rendezvous`]) that hands out NCCL's unique id.
+//! libnccl.so.2 libtorch loaded; cargo feature `nccl`) on GPUs — plus the torchrun environment
+//! ([`env`]) and the TCP rendezvous ([`rendezvous`]) that hands out NCCL's unique id.
 //!
 //! The API follows `torch.distributed`: [`init_process_group`] reads the environment the
 //! launcher set (`RANK`, `WORLD_SIZE`, … or mpirun's `OMPI_COMM_WORLD_*`) and returns a
@@ -15,8 +15,6 @@ pub mod local;
 pub mod mpi;
 #[cfg(feature = "nccl")]
 pub mod nccl;
-#[cfg(feature = "nccl")]
-mod nccl_lib;
 pub mod progress;
 pub mod rendezvous;
 pub mod slurm;

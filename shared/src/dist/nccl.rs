@@ -1,6 +1,7 @@
-//! The `nccl` backend: NCCL loaded at run time ([`super::nccl_lib`]: the libnccl.so.2 libtorch
-//! loaded, so builds need no CUDA and one NCCL serves the process), in place on CUDA tensors, on the stream libtorch uses by default (the legacy default stream), so the
-//! collectives are ordered after the kernels that produced their inputs.
+//! The `nccl` backend: NCCL loaded at run time (`ffi::nccl`: the libnccl.so.2 libtorch loaded,
+//! so builds need no CUDA and one NCCL serves the process), in place on CUDA tensors, on the
+//! stream libtorch uses by default (the legacy default stream), so the collectives are ordered
+//! after the kernels that produced their inputs.
 //!
 //! Rank 0 creates NCCL's unique id and hands it to the others through the TCP rendezvous at
 //! `MASTER_ADDR:MASTER_PORT` ([`super::rendezvous::TcpStore`]), as torch's `TCPStore` does.
@@ -12,10 +13,10 @@
 //! watchdog does) and returns [`Error::CollectiveTimeout`]. The stream is ordered, so a
 //! collective that never completes is caught by the next one's probe.
 
-use super::nccl_lib::{self as lib, Comm, Stream, UniqueId};
 use super::rendezvous::TcpStore;
 use super::work::Watch;
 use super::{agreement_probe, check_agreement, check_call, Call, Collective, DistEnv, ProcessGroup, ReduceOp};
+use crate::ffi::nccl::{self as lib, Comm, Stream, UniqueId};
 use crate::{Error, Result};
 use std::ffi::{c_int, c_void};
 use std::time::Duration;

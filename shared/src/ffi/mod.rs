@@ -10,6 +10,7 @@
 //! | `memory_shim.cpp` | [`memory`] | the CUDA caching allocator's statistics | [`crate::memory::cuda_allocator_bytes`] |
 //! | `storage_shim.cpp` | [`storage`] | freeing and refilling a storage in place (FSDP) | `parallel::fsdp::storage` |
 //! | `mpi_shim.c` | [`mpi`] | the address of `MPI_IN_PLACE` (a macro in `mpi.h`) | `dist::mpi` |
+//! | — (libnccl, opened at run time) | `nccl` (cargo feature `nccl`) | NCCL's entry points, looked up in the libnccl.so.2 libtorch loaded | `dist::nccl` |
 //!
 //! Every shim has one C boundary (`shim.h`'s `guarded`): it returns 0, or 1 with a C++
 //! exception's message in a caller's buffer, so that nothing unwinds into Rust; [`call`] turns
@@ -30,6 +31,8 @@ pub(crate) mod memory;
 pub(crate) mod model;
 #[cfg(feature = "mpi")]
 pub(crate) mod mpi;
+#[cfg(feature = "nccl")]
+pub(crate) mod nccl;
 pub(crate) mod optim;
 pub(crate) mod storage;
 

@@ -204,28 +204,18 @@ impl Dataset {
     /// When an index is outside `0..len()`, like slice indexing (a programming error: the
     /// samplers only yield valid indices, and [`super::DataLoader::new`] checks its sampler).
     pub fn batch(&self, indices: &[i64]) -> (Tensor, Tensor) {
-        if !matches!(self.images, Images::Pixels { .. }) {
-            // Checked on the host: on a GPU an index out of range is a device-side assert
-            // that breaks the CUDA context, not an error.
-            self.check_indices(indices, "Dataset::batch");
+        // Checked on the host for every kind of dataset: on a GPU an index out of range is a
+        // device-side assert that breaks the CUDA context, not an error.
+        self.check_indices(indices, "Dataset::batch");
+        let idx = Tensor::from_slice(indices).to_device(self.device);
+        let Images::Pixels { bytes, offset } = &self.images else { return self.batch_at(&idx) };
+        let (pixels, table) = (bytes.as_slice(), normalize_table());
+        let mut out = Vec::with_capacity(indices.len() * PIXELS);
+        for &i in indices {
+            let at = offset + i as usize * PIXELS;
+            out.extend(pixels[at..at + PIXELS].iter().map(|&p| table[p as usize]));
         }
-        let idx = Tensor::from_slice(indices).to_device(self.labels.device());
-        let images = match &self.images {
-            Images::Pixels { bytes, offset } => {
-                let n = self.len();
-                let pixels = bytes.as_slice();
-                let table = normalize_table();
-                let mut out = Vec::with_capacity(indices.len() * PIXELS);
-                for &i in indices {
-                    let i = usize::try_from(i).ok().filter(|&i| i < n);
-                    let i = i.unwrap_or_else(|| panic!("Dataset::batch: index outside 0..{n}"));
-                    let at = offset + i * PIXELS;
-                    out.extend(pixels[at..at + PIXELS].iter().map(|&p| table[p as usize]));
-                }
-                Tensor::from_slice(&out).view([indices.len() as i64, 1, idx::SIDE as i64, idx::SIDE as i64]).to_device(self.device)
-            }
-            Images::PixelTensor { .. } | Images::Tensor(_) => return self.batch_at(&idx),
-        };
+        let images = Tensor::from_slice(&out).view([indices.len() as i64, 1, idx::SIDE as i64, idx::SIDE as i64]);
         (images, self.labels.index_select(0, &idx))
     }
 
@@ -239,7 +229,7 @@ impl Dataset {
     pub fn epoch_order(&self, indices: Vec<i64>) -> EpochOrder {
         let on_device = matches!(self.images, Images::PixelTensor { .. } | Images::Tensor(_)).then(|| {
             self.check_indices(&indices, "Dataset::epoch_order");
-            Tensor::from_slice(&indices).to_device(self.labels.device())
+            Tensor::from_slice(&indices).to_device(self.device)
         });
         EpochOrder { indices, on_device }
     }
@@ -266,19 +256,16 @@ impl Dataset {
         }
     }
 
-    /// A batch of the tensor variants, `idx` `[b]` i64 on the dataset's device.
+    /// A batch drawn on the dataset's device, `idx` `[b]` i64 there, checked: the tensor
+    /// variants' path (pixel bytes on the host go through [`Dataset::batch`]'s own loop).
     fn batch_at(&self, idx: &Tensor) -> (Tensor, Tensor) {
         let images = match &self.images {
             Images::PixelTensor { pixels, table } => {
-                let b = idx.size()[0];
                 let codes = pixels.index_select(0, idx).to_kind(Kind::Int).view([-1]);
-                table.index_select(0, &codes).view([b, 1, idx::SIDE as i64, idx::SIDE as i64])
+                table.index_select(0, &codes).view([idx.size()[0], 1, idx::SIDE as i64, idx::SIDE as i64])
             }
             Images::Tensor(t) => t.index_select(0, idx),
-            Images::Pixels { .. } => {
-                let indices = Vec::<i64>::try_from(idx).expect("i64 indices on the CPU");
-                return self.batch(&indices);
-            }
+            Images::Pixels { .. } => unreachable!("pixel bytes on the host are batched by Dataset::batch"),
         };
         (images, self.labels.index_select(0, idx))
     }

@@ -275,13 +275,7 @@ fn estimate_rank(input: &EstimateInput, rank: usize, device: DeviceKind) -> Rank
         let transient = super::checkpoint_save::save_bytes(input, rank);
         moments.push(Moment { what: "checkpoint save".into(), activations: 0, transient });
     }
-    let (per_live, runtime) = match device {
-        DeviceKind::Cpu => {
-            let runtime = if matches!(Engine::of(wrap), Engine::Fsdp(_)) { FSDP_RUNTIME_BYTES } else { RUNTIME_BYTES };
-            (resident_per_live(layout::compute_bytes(wrap)), runtime)
-        }
-        DeviceKind::Cuda => (1.0, CUDA_RUNTIME_BYTES + CUDA_BYTES_PER_SAMPLE * input.batch_size as u64),
-    };
+    let (per_live, runtime) = fitted::heap_terms(device, wrap, input.batch_size as u64);
     let resident = |m: &Moment| (m.activations as f64 * per_live) as u64;
     let peak = moments.into_iter().max_by_key(|m| resident(m) + m.transient).expect("a step has moments");
     let activations = resident(&peak);

@@ -344,33 +344,29 @@ impl ZeroPartition {
             return Ok((self.rank == 0).then(Vec::new));
         };
         let mut full = Vec::with_capacity(2);
-        for mut moment in [m, v] {
+        for moment in [m, v] {
             if self.world_size == 1 {
                 full.push(moment);
                 continue;
             }
-            let options = (moment.kind(), moment.device());
-            let (out, mut received) = if self.rank == 0 {
-                (Some(Tensor::empty([self.padded_numel], options)), None)
-            } else {
-                (None, Some(Tensor::empty([self.shard_numel], options)))
-            };
+            // Rank 0 receives each shard into its slot of the whole; another rank into one
+            // shard-sized buffer it drops; the sender broadcasts its own shard.
+            let numel = if self.rank == 0 { self.padded_numel } else { self.shard_numel };
+            let inbox = Tensor::empty([numel], (moment.kind(), moment.device()));
             for src in 0..self.world_size {
-                let slot = out.as_ref().map(|o| o.narrow(0, src as i64 * self.shard_numel, self.shard_numel));
-                if src == self.rank {
-                    pg.broadcast(&mut moment, src)?;
-                    if let Some(mut slot) = slot {
-                        tch::no_grad(|| slot.f_copy_(&moment))?;
-                    }
-                } else if let Some(mut slot) = slot {
-                    pg.broadcast(&mut slot, src)?;
-                } else if let Some(r) = received.as_mut() {
-                    pg.broadcast(r, src)?;
-                }
+                let mut buffer = if src == self.rank {
+                    moment.shallow_clone()
+                } else if self.rank == 0 {
+                    inbox.narrow(0, src as i64 * self.shard_numel, self.shard_numel)
+                } else {
+                    inbox.shallow_clone()
+                };
+                pg.broadcast(&mut buffer, src)?;
             }
-            drop((moment, received));
-            if let Some(out) = out {
-                full.push(out);
+            if self.rank == 0 {
+                // Rank 0's own shard is the first.
+                tch::no_grad(|| inbox.narrow(0, 0, self.shard_numel).f_copy_(&moment))?;
+                full.push(inbox);
             }
         }
         if self.rank != 0 {

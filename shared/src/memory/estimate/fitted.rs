@@ -29,7 +29,8 @@
 //! ([`crate::memory::checkpoint_save`]).
 
 use crate::device::DeviceKind;
-use crate::memory::layout::MASTER_BYTES;
+use crate::memory::layout::{compute_bytes, Engine, MASTER_BYTES};
+use crate::parallel::WrapConfig;
 
 /// Resident bytes per byte of live activations computed in f32: glibc keeps freed heap memory
 /// (tensors under its mmap threshold, up to 32 MiB) for reuse, and a step frees and allocates
@@ -101,6 +102,20 @@ pub const CUDA_RUNTIME_BYTES: u64 = 64 << 20;
 /// one-byte window codes) and, the other way, dropout's one-byte masks (where the CPU keeps its
 /// noise in the compute dtype); not all of them are alive at the step's peak.
 pub const CUDA_BYTES_PER_SAMPLE: u64 = 167_772;
+
+/// Resident bytes per live activation byte and the runtime term, for `wrap` at `batch` samples
+/// per rank on `device`: on a CPU [`resident_per_live`] and [`RUNTIME_BYTES`] (FSDP:
+/// [`FSDP_RUNTIME_BYTES`]); on CUDA live bytes as they are (the allocator counts tensors
+/// exactly), [`CUDA_RUNTIME_BYTES`] and [`CUDA_BYTES_PER_SAMPLE`] per sample.
+pub(super) fn heap_terms(device: DeviceKind, wrap: &WrapConfig, batch: u64) -> (f64, u64) {
+    match device {
+        DeviceKind::Cpu => {
+            let runtime = if matches!(Engine::of(wrap), Engine::Fsdp(_)) { FSDP_RUNTIME_BYTES } else { RUNTIME_BYTES };
+            (resident_per_live(compute_bytes(wrap)), runtime)
+        }
+        DeviceKind::Cuda => (1.0, CUDA_RUNTIME_BYTES + CUDA_BYTES_PER_SAMPLE * batch),
+    }
+}
 
 /// Resident bytes Open MPI's all-reduce of a `message`-byte buffer adds while it runs, at
 /// `world_size` ranks (Open MPI 4.1.4, `tuned` component, shared memory): 0 at one rank, half

@@ -129,6 +129,14 @@ pub fn tune_malloc_for_training() -> bool {
 /// `mmap` threshold as [`tune_malloc_for_training`] sets it (32 MiB).
 pub const HUGE_PAGES_FROM_PARAM_BYTES: u64 = 32 << 20;
 
+/// Whether [`use_huge_pages_for`] turns transparent huge pages on for `param_bytes` of
+/// parameters when the environment leaves `THP_MEM_ALLOC_ENABLE` unset: at least
+/// [`HUGE_PAGES_FROM_PARAM_BYTES`] (BasicNet from fc1 width 1024 on). No side effect: what the
+/// memory estimate assumes ([`crate::memory::estimate::fitted::HUGE_PAGES_BYTES`]).
+pub fn huge_pages_by_default(param_bytes: u64) -> bool {
+    param_bytes >= HUGE_PAGES_FROM_PARAM_BYTES
+}
+
 /// Turns on PyTorch's `THP_MEM_ALLOC_ENABLE` (libtorch backs CPU tensors of 2 MiB and more with
 /// transparent huge pages, where the kernel allows `madvise`) for a model whose parameters take
 /// `param_bytes` (f32: 4 × parameters) of at least [`HUGE_PAGES_FROM_PARAM_BYTES`], unless the
@@ -146,7 +154,7 @@ pub fn use_huge_pages_for(param_bytes: u64) -> bool {
     if let Some(v) = std::env::var_os(VAR) {
         return v == "1";
     }
-    if param_bytes < HUGE_PAGES_FROM_PARAM_BYTES {
+    if !huge_pages_by_default(param_bytes) {
         return false;
     }
     // Start-up, before libtorch, MPI or any other thread reads the environment.

@@ -57,10 +57,12 @@
 //! `LD_PRELOAD` count of the bytes `malloc` hands out (level 1, width 4096, batch 64 and 512,
 //! DDP and FULL_SHARD at W = 1, DDP and ZeRO-1 at W = 2; AMD EPYC Zen 5), once FSDP's
 //! segment-by-segment backward is counted (two buffers of a segment's output gradient). What glibc's heap keeps
-//! beyond them is not a closed form: three fitted constants turn the live bytes into resident
+//! beyond them is not a closed form: fitted constants turn the live bytes into resident
 //! ones, [`RESIDENT_PER_LIVE_FP32`] and [`RESIDENT_PER_LIVE_16BIT`] (1.44 and 2.3 resident
-//! bytes per live activation byte) and [`RUNTIME_BYTES`] / [`FSDP_RUNTIME_BYTES`] (30 and
-//! 36 MiB), beside one measured one, Open MPI's all-reduce scratch ([`allreduce_scratch_bytes`]).
+//! bytes per live activation byte), [`RUNTIME_BYTES`] / [`FSDP_RUNTIME_BYTES`] (30 and
+//! 36 MiB) and [`HUGE_PAGES_BYTES`] (72 MiB, where the levels back tensors with transparent
+//! huge pages: from 32 MiB of parameters), beside one measured one, Open MPI's all-reduce
+//! scratch ([`allreduce_scratch_bytes`]).
 //! The measured figure is the growth of the largest rank over the training steps alone
 //! (evaluation and saves left out, [`crate::timing`]), the median over repeats.
 //!
@@ -90,8 +92,8 @@ use serde::{Deserialize, Serialize};
 pub mod fitted;
 use fitted::scratch_on;
 pub use fitted::{
-    allreduce_scratch_bytes, resident_per_live, CUDA_BYTES_PER_SAMPLE, CUDA_RUNTIME_BYTES, FSDP_RUNTIME_BYTES, RESIDENT_PER_LIVE_16BIT,
-    RESIDENT_PER_LIVE_FP32, RUNTIME_BYTES,
+    allreduce_scratch_bytes, resident_per_live, CUDA_BYTES_PER_SAMPLE, CUDA_RUNTIME_BYTES, FSDP_RUNTIME_BYTES, HUGE_PAGES_BYTES,
+    RESIDENT_PER_LIVE_16BIT, RESIDENT_PER_LIVE_FP32, RUNTIME_BYTES,
 };
 
 /// What to estimate: how the model is wrapped, the ranks, fc1's width and the batch per rank.
@@ -131,7 +133,8 @@ pub struct RankEstimate {
     /// Other transient bytes at the peak moment: fresh parameter gradients, gathered
     /// parameters, flat gradients, bucket copies.
     pub transient: u64,
-    /// What the training phase adds whatever the model ([`RUNTIME_BYTES`]; on CUDA
+    /// What the training phase adds whatever the model's activations ([`RUNTIME_BYTES`] or
+    /// [`FSDP_RUNTIME_BYTES`], plus [`HUGE_PAGES_BYTES`] from 32 MiB of parameters; on CUDA
     /// [`CUDA_RUNTIME_BYTES`] and [`CUDA_BYTES_PER_SAMPLE`] per sample).
     pub runtime: u64,
     /// Where in the step the peak falls (`backward of conv2`, `gradient reduction`, …).
@@ -275,7 +278,7 @@ fn estimate_rank(input: &EstimateInput, rank: usize, device: DeviceKind) -> Rank
         let transient = super::checkpoint_save::save_bytes(input, rank);
         moments.push(Moment { what: "checkpoint save".into(), activations: 0, transient });
     }
-    let (per_live, runtime) = fitted::heap_terms(device, wrap, input.batch_size as u64);
+    let (per_live, runtime) = fitted::heap_terms(device, wrap, input.batch_size as u64, width);
     let resident = |m: &Moment| (m.activations as f64 * per_live) as u64;
     let peak = moments.into_iter().max_by_key(|m| resident(m) + m.transient).expect("a step has moments");
     let activations = resident(&peak);
@@ -646,6 +649,12 @@ mod tests {
         let check = finite_check(&EstimateInput { width: 4096, ..input(Strategy::default(), 64, false) }, 9216 * 4096);
         assert_eq!(check.transient, 8 << 20);
         assert_ne!(wide.peak_at, "non-finite check");
+        // Huge pages from 32 MiB of parameters (width 1024: 36 MiB) on a CPU, not on CUDA.
+        let runtime =
+            |width, device| estimate_on(&EstimateInput { width, ..input(Strategy::default(), 64, false) }, device).unwrap()[0].runtime;
+        assert_eq!((runtime(512, DeviceKind::Cpu), wide.runtime), (RUNTIME_BYTES, RUNTIME_BYTES + HUGE_PAGES_BYTES));
+        assert_eq!(runtime(1024, DeviceKind::Cpu), RUNTIME_BYTES + HUGE_PAGES_BYTES);
+        assert_eq!(runtime(1024, DeviceKind::Cuda), runtime(128, DeviceKind::Cuda));
     }
 
     /// On CUDA the same moment at batch 512 (backward of conv2) counts its activations at their

@@ -6,30 +6,34 @@
 //!
 //! Within 10%, at W = 2, width 128 and 4096 × batch 64 and 512 (four strategies — DDP, ZeRO-1,
 //! SHARD_GRAD_OP, FULL_SHARD — or three without ZeRO-1; the fp32 constants were fitted to the
-//! first two rows):
+//! first two rows, [`HUGE_PAGES_BYTES`] to the first four), and in the book's sweep also at
+//! width 8192:
 //!
 //! | cells | CPU | within 10% | the misses |
 //! |---|---|---|---|
-//! | level 1, fp32, 1 repeat | Intel Xeon (AMX) | 14 of 16 | ZeRO-1 at width 128, batch 64 (+12.5%) and at width 4096, batch 512 (−10.4%) |
-//! | level 1, fp32, 3 repeats | AMD EPYC Zen 5 | 12 of 16 | DDP and ZeRO-1 at width 4096, batch 512: under by 16–18%; ZeRO-1 at width 4096, batch 64 (−11%); FULL_SHARD at width 128, batch 512 (+16%) |
-//! | levels 2 and 3, fp32, 1 repeat | AMD EPYC Zen 5 | 22 of 32 | DDP and ZeRO-1 at width 4096, batch 512 (−11 to −19%), ZeRO-1 at 4096, 64 (−11%), SHARD_GRAD_OP at 4096, 512 at level 2 (−19%), DDP at 128, 512 at level 3 (−12%), FULL_SHARD at 128, 64 (−14%, −20%) |
-//! | level 1, fp32, ± checkpointing, 3 strategies | AMD EPYC Zen 5 | 19 of 24 | DDP at batch 512: width 4096 −15% and −16%, width 128 −10.5% and −14% (with checkpointing); FULL_SHARD at width 128, batch 64, −11% |
-//! | level 1, bf16, ± checkpointing, 3 strategies | AMD EPYC Zen 5 | 7 of 24 | width 128: over by 21–55% |
+//! | level 1, fp32, 1 repeat | Intel Xeon (AMX) | 15 of 16 | ZeRO-1 at width 128, batch 64 (+12.5%) |
+//! | level 1, fp32, 3 repeats | AMD EPYC Zen 5 | 15 of 16 | FULL_SHARD at width 128, batch 512 (+16%) |
+//! | levels 2 and 3, fp32, 1 repeat | AMD EPYC Zen 5 | 28 of 32 | FULL_SHARD at width 128, batch 64 (−14%, −20%), SHARD_GRAD_OP at 4096, 512 at level 2 (−11%), DDP at 128, 512 at level 3 (−12%) |
+//! | level 1, fp32, ± checkpointing, 3 strategies | AMD EPYC Zen 5 | 20 of 24 | DDP at width 128, batch 512 (−10% and −14% with checkpointing), FULL_SHARD at 128, 64 (−11%), SHARD_GRAD_OP at 4096, 512 (+11%) |
+//! | level 1, fp32, widths 128, 4096 and 8192, the book's fit sweep | AMD EPYC Zen 5 | 22 of 24 | FULL_SHARD at width 128: batch 64 −14%, batch 512 +16% |
+//! | level 1, bf16, ± checkpointing, 3 strategies | AMD EPYC Zen 5 | 9 of 24 | width 128: over by 21–55%; at width 4096 one rank strayed alone in two cells (−19%, −25%) |
 //!
-//! The constants before (1.8 and 26 MiB for every engine, fitted on the Intel Xeon) held 40 of
-//! the 64 fp32 cells of the first three rows, these 48. What is left, measured: at W = 2, DDP's
-//! and ZeRO-1's RSS run 110 to 260 MiB ahead of their live bytes at width 4096 and batch 512,
-//! against 75 at W = 1 with the same live peak (732 MiB) — memory the heap keeps while Open MPI
-//! runs beside the step, not counted; one run's rank can stray alone (DDP in bf16 at width
-//! 4096 with checkpointing: 808 and 1,072 MiB on two ranks of one cell); and the 16-bit factor
-//! is the Intel Xeon's, whose AMX kernels leave more of the heap than AVX512-BF16 ones: on the
-//! Zen 5, bf16 at width 128 keeps about 1.6 resident bytes per live byte, so the estimate there
-//! is high (on the safe side for "will it fit"). Level 3's end-of-training save comes after its
+//! The first four rows are the cells the constants were fitted to, measured before
+//! [`HUGE_PAGES_BYTES`] was a term (67 of their 88 within 10% without it, 78 with it; the
+//! constants before that, 1.8 and 26 MiB for every engine, held 40 of the first 64). What is
+//! left, measured: at width 128 FULL_SHARD's heap runs ahead of its live bytes by an amount
+//! that changes from run to run (the same cell at batch 512 grew by 369 MiB in one sweep and
+//! 308 in the next); one run's rank can stray alone (DDP in bf16 at width 4096 with
+//! checkpointing: 808 and 1,072 MiB on two ranks of one cell); and the 16-bit factor is the
+//! Intel Xeon's, whose AMX kernels leave more of the heap than AVX512-BF16 ones: on the Zen 5,
+//! bf16 at width 128 keeps about 1.4 resident bytes per live byte, so the estimate there is
+//! high (on the safe side for "will it fit"). Level 3's end-of-training save comes after its
 //! last step; it is a moment of its own when [`super::EstimateInput::save_checkpoint`] is set
 //! ([`crate::memory::checkpoint_save`]).
 
 use crate::device::DeviceKind;
 use crate::memory::layout::{compute_bytes, Engine, MASTER_BYTES};
+use crate::model::BasicNet;
 use crate::parallel::WrapConfig;
 
 /// Resident bytes per byte of live activations computed in f32: glibc keeps freed heap memory
@@ -43,7 +47,7 @@ use crate::parallel::WrapConfig;
 /// SHARD_GRAD_OP, FULL_SHARD × width 128 and 4096 × batch 64 and 512) measured on two CPUs:
 /// an Intel Xeon with AMX (one repeat, the book's fit sweep at `ef1e4b9`) and an AMD EPYC Zen 5
 /// (medians of three repeats, 2026-12-04); 26 of the 32 are within 10% (20 with the constants
-/// before: 1.8 and 26 MiB for every engine).
+/// before: 1.8 and 26 MiB for every engine), 30 with [`HUGE_PAGES_BYTES`] added since.
 pub const RESIDENT_PER_LIVE_FP32: f64 = 1.44;
 
 /// Resident bytes per byte of live activations computed in 16 bits (bf16, fp16): autocast's
@@ -82,6 +86,22 @@ pub fn resident_per_live(compute_bytes: u64) -> f64 {
 /// partitioning, not a closed form. The bench's cells run one thread per rank.
 pub const RUNTIME_BYTES: u64 = 30 << 20;
 
+/// What transparent huge pages add to a training phase on a CPU, once libtorch backs its
+/// tensors of 2 MiB and more with them (`THP_MEM_ALLOC_ENABLE`, which the levels turn on from
+/// 32 MiB of parameters: [`crate::device::huge_pages_by_default`]): each such block is aligned
+/// to 2 MiB and faulted in a huge page at a time, so the heap keeps whole pages where freed
+/// blocks lie between live ones — resident bytes that no live tensor holds (the mechanism is
+/// not isolated; the term is fitted, not derived). Fitted with the
+/// constants above to the cells at width 4096 (added on top of them: 67 of 88 fp32 cells
+/// within 10% without it, 78 with it, on the Intel Xeon and the AMD EPYC Zen 5), and it holds
+/// the width-8192 cells of the book's fit sweep (21 of 24 with widths 128 to 8192). The
+/// same runs with `THP_MEM_ALLOC_ENABLE=0` (level 1, W = 2, width 4096, FULL_SHARD, Zen 5):
+/// 120 MiB less at batch 512, but 130 MiB more at batch 64, where 4 KiB pages leave the
+/// heap's top and the mapped blocks resident in another pattern — a term for the default
+/// only. At width 1024, the narrowest with huge pages (DDP, W = 2, two runs): measured 238–243
+/// and 459–484 MiB at batch 64 and 512, estimated 269 and 473 (197 and 401 without the term).
+pub const HUGE_PAGES_BYTES: u64 = 72 << 20;
+
 /// [`RUNTIME_BYTES`] under FSDP: its segment-by-segment backward and flat buffers leave more
 /// of glibc's heap behind (RSS growth less live growth 8 to 10 MiB above DDP's in the
 /// measurements of [`RESIDENT_PER_LIVE_FP32`]); fitted with it.
@@ -104,14 +124,17 @@ pub const CUDA_RUNTIME_BYTES: u64 = 64 << 20;
 pub const CUDA_BYTES_PER_SAMPLE: u64 = 167_772;
 
 /// Resident bytes per live activation byte and the runtime term, for `wrap` at `batch` samples
-/// per rank on `device`: on a CPU [`resident_per_live`] and [`RUNTIME_BYTES`] (FSDP:
-/// [`FSDP_RUNTIME_BYTES`]); on CUDA live bytes as they are (the allocator counts tensors
-/// exactly), [`CUDA_RUNTIME_BYTES`] and [`CUDA_BYTES_PER_SAMPLE`] per sample.
-pub(super) fn heap_terms(device: DeviceKind, wrap: &WrapConfig, batch: u64) -> (f64, u64) {
+/// per rank and fc1 `width` on `device`: on a CPU [`resident_per_live`] and [`RUNTIME_BYTES`]
+/// (FSDP: [`FSDP_RUNTIME_BYTES`]), plus [`HUGE_PAGES_BYTES`] where the levels turn huge pages
+/// on; on CUDA live bytes as they are (the allocator counts tensors exactly),
+/// [`CUDA_RUNTIME_BYTES`] and [`CUDA_BYTES_PER_SAMPLE`] per sample.
+pub(super) fn heap_terms(device: DeviceKind, wrap: &WrapConfig, batch: u64, width: i64) -> (f64, u64) {
     match device {
         DeviceKind::Cpu => {
             let runtime = if matches!(Engine::of(wrap), Engine::Fsdp(_)) { FSDP_RUNTIME_BYTES } else { RUNTIME_BYTES };
-            (resident_per_live(compute_bytes(wrap)), runtime)
+            let param_bytes = MASTER_BYTES * BasicNet::num_parameters(width).max(0) as u64;
+            let huge_pages = if crate::device::huge_pages_by_default(param_bytes) { HUGE_PAGES_BYTES } else { 0 };
+            (resident_per_live(compute_bytes(wrap)), runtime + huge_pages)
         }
         DeviceKind::Cuda => (1.0, CUDA_RUNTIME_BYTES + CUDA_BYTES_PER_SAMPLE * batch),
     }

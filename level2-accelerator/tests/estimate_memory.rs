@@ -32,6 +32,8 @@ fn help_and_tables() {
             "512",
             "--mixed-precision",
             "bf16",
+            "--cpu-bf16",
+            "amx",
             "--activation-checkpointing",
             "--budget",
             "100MB"
@@ -73,11 +75,46 @@ fn device_cuda_json_carries_the_librarys_cuda_figures() {
             batch_size: 512,
             offload_optimizer: Default::default(),
             save_checkpoint: false,
+            cpu_bf16: None,
         };
         let expected = estimate::estimate_on(&input, ladder_core::device::DeviceKind::Cuda).unwrap();
         assert_eq!(s["ranks"], serde_json::to_value(&expected).unwrap(), "{}", s["strategy"]);
         assert_ne!(expected, estimate::estimate(&input).unwrap(), "the CPU's figures differ (heap factor, runtime)");
     }
+}
+
+/// In bf16 on a CPU the heap factor follows the CPU's bf16 unit (`--cpu-bf16`, by default this
+/// machine's, said in the title): AVX512-BF16's 1.4 against AMX's 2.3, the same live bytes
+/// beneath; in fp32 the unit is neither used nor printed.
+#[test]
+fn the_bf16_estimate_follows_the_cpus_bf16_unit() {
+    let json = |unit: &str| -> serde_json::Value {
+        let args = ["--mixed-precision", "bf16", "--batch-size", "512", "--strategy", "ddp", "--cpu-bf16", unit, "--json"];
+        serde_json::from_str(&stdout(&args)).unwrap()
+    };
+    let activations = |v: &serde_json::Value| v["strategies"][0]["ranks"][0]["activations"].as_f64().unwrap();
+    let (amx, avx512, none) = (json("amx"), json("avx512-bf16"), json("none"));
+    assert_eq!((amx["cpu_bf16"].as_str(), avx512["cpu_bf16"].as_str()), (Some("amx"), Some("avx512-bf16")));
+    let ratio = activations(&avx512) / activations(&amx);
+    let expected = estimate::RESIDENT_PER_LIVE_16BIT_AVX512 / estimate::RESIDENT_PER_LIVE_16BIT;
+    assert!((ratio - expected).abs() < 1e-6, "{ratio} against {expected}");
+    assert_eq!(activations(&none), activations(&amx), "emulated bf16 takes the larger factor");
+    let wrap = WrapConfig { strategy: Strategy::default(), mixed_precision: Precision::Bf16, activation_checkpointing: false };
+    let input = EstimateInput {
+        wrap,
+        world_size: 2,
+        width: 128,
+        batch_size: 512,
+        offload_optimizer: Default::default(),
+        save_checkpoint: false,
+        cpu_bf16: Some(ladder_core::device::CpuBf16Unit::Avx512Bf16),
+    };
+    assert_eq!(avx512["strategies"][0]["ranks"], serde_json::to_value(estimate::estimate(&input).unwrap()).unwrap());
+    let title = stdout(&["--mixed-precision", "bf16", "--cpu-bf16", "avx512-bf16"]);
+    assert!(title.lines().next().unwrap().ends_with(", bf16 (CPU bf16 unit: avx512-bf16)"), "{title}");
+    let fp32 = stdout(&["--cpu-bf16", "avx512-bf16", "--json"]);
+    assert!(!fp32.contains("cpu_bf16"), "{fp32}");
+    assert!(stdout(&["--cpu-bf16", "none"]).lines().next().unwrap().ends_with(", fp32"));
 }
 
 #[test]
@@ -96,6 +133,7 @@ fn json_carries_the_librarys_figures_and_the_budget_names_the_cheapest_fit() {
             batch_size: 256,
             offload_optimizer: Default::default(),
             save_checkpoint: false,
+            cpu_bf16: None,
         })
         .unwrap();
         assert_eq!(s["ranks"], serde_json::to_value(&expected).unwrap(), "{}", s["strategy"]);
@@ -144,6 +182,7 @@ fn save_checkpoint_is_zero1s_peak_and_adds_nothing_to_ddp() {
         batch_size: 64,
         offload_optimizer: Default::default(),
         save_checkpoint: true,
+        cpu_bf16: None,
     };
     assert_eq!(ladder_core::memory::checkpoint_save::save_bytes(&input, 1), 4 * 3 * shard as u64);
     assert_eq!(ranks[1], without["strategies"][1]["ranks"][1], "rank 1: the step's peak stays the larger");
@@ -197,6 +236,7 @@ fn fsdp_min_num_params_sets_the_wrap_policy() {
         batch_size: 64,
         offload_optimizer: Default::default(),
         save_checkpoint: false,
+        cpu_bf16: None,
     };
     let expected = estimate::estimate(&input(0)).unwrap();
     assert_eq!(per_layer["strategies"][0]["ranks"], serde_json::to_value(&expected).unwrap());

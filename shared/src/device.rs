@@ -198,6 +198,49 @@ pub fn cpu_bf16_units() -> Option<Vec<&'static str>> {
     bf16_units_in(&std::fs::read_to_string("/proc/cpuinfo").ok()?)
 }
 
+/// A CPU's bf16 unit: the fastest of [`BF16_CPU_FLAGS`] its flags list, which libtorch's bf16
+/// kernels run on. It also decides how much of glibc's heap a bf16 step leaves resident (the
+/// memory estimate's 16-bit factor, [`crate::memory::estimate::resident_per_live`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "kebab-case")]
+pub enum CpuBf16Unit {
+    /// AMX-BF16 tiles (`amx_bf16`: Intel Sapphire Rapids and later).
+    Amx,
+    /// AVX512-BF16 without AMX (`avx512_bf16`: Intel Cooper Lake, AMD Zen 4 and later).
+    #[value(name = "avx512-bf16")]
+    Avx512Bf16,
+    /// Neither: libtorch emulates bf16 with fp32 arithmetic and conversions.
+    None,
+}
+
+impl CpuBf16Unit {
+    /// The unit `units` ([`bf16_units_in`]) name: AMX before AVX512-BF16.
+    pub fn from_units(units: &[&str]) -> Self {
+        if units.contains(&"amx_bf16") {
+            CpuBf16Unit::Amx
+        } else if units.contains(&"avx512_bf16") {
+            CpuBf16Unit::Avx512Bf16
+        } else {
+            CpuBf16Unit::None
+        }
+    }
+
+    /// This machine's unit ([`cpu_bf16_units`]); `None` where `/proc/cpuinfo` cannot be read or
+    /// is not an x86 CPU's.
+    pub fn of_this_machine() -> Option<Self> {
+        cpu_bf16_units().map(|u| Self::from_units(&u))
+    }
+
+    /// The name `--cpu-bf16` takes: `amx`, `avx512-bf16` or `none`.
+    pub fn label(self) -> &'static str {
+        match self {
+            CpuBf16Unit::Amx => "amx",
+            CpuBf16Unit::Avx512Bf16 => "avx512-bf16",
+            CpuBf16Unit::None => "none",
+        }
+    }
+}
+
 /// What bf16 costs on a CPU without bf16 units, measured: a `--max-steps 2` run took 248 s in
 /// bf16 against 15–50 s in fp32 on a 2-core AMD EPYC without AVX-512 or AMX (issue 27).
 pub const BF16_EMULATED_SLOWDOWN: &str = "5-10x";
@@ -243,6 +286,15 @@ mod tests {
         assert!(w.starts_with("warning: bf16 mixed precision on a CPU without bf16 units") && w.contains("5-10x slower than fp32"), "{w}");
         assert_eq!(bf16_cpu_warning(Some(&["avx512_bf16"])), None);
         assert_eq!(bf16_cpu_warning(None), None);
+    }
+
+    #[test]
+    fn the_bf16_unit_is_the_fastest_the_flags_list() {
+        let unit = |flags: &str| CpuBf16Unit::from_units(&bf16_units_in(&format!("flags\t: fpu {flags} sse\n")).unwrap());
+        assert_eq!(unit("avx512f avx512_bf16 amx_bf16 amx_tile"), CpuBf16Unit::Amx);
+        assert_eq!(unit("avx512f avx512_bf16"), CpuBf16Unit::Avx512Bf16);
+        assert_eq!(unit("avx2 avx512f"), CpuBf16Unit::None);
+        assert_eq!([CpuBf16Unit::Amx, CpuBf16Unit::Avx512Bf16, CpuBf16Unit::None].map(|u| u.label()), ["amx", "avx512-bf16", "none"]);
     }
 
     #[test]

@@ -95,6 +95,7 @@ fn rank_model_state() {
             batch_size: B as usize,
             offload_optimizer: OffloadDevice::None,
             save_checkpoint: false,
+            cpu_bf16: None,
         };
         let e = estimate::estimate(&input).unwrap().remove(rank);
         assert_eq!(e.model_state, model.memory(), "{what}");

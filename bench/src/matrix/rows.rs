@@ -103,18 +103,20 @@ pub struct Row {
 
 impl Row {
     /// [`estimate_mib`](Self::estimate_mib), or computed from the cell when the row was read
-    /// from a report written before the estimator.
+    /// from a report written before the estimator (the CPU's bf16 unit not known).
     pub fn estimated_growth_mib(&self) -> Option<f64> {
-        self.estimate_mib.or_else(|| estimate_growth_mib(&self.case))
+        self.estimate_mib.or_else(|| estimate_growth_mib(&self.case, None))
     }
 }
 
 /// What `ladder_core::memory::estimate` expects a cell's training phase to add to a rank's
 /// RSS, MiB (the largest rank's): the cell's strategy (ZeRO-1 among DDP's), world size, width,
 /// precision, batch size, activation checkpointing and CPU offload, FSDP with one unit per layer
-/// (`--fsdp-min-num-params 0`, as the bench runs it). The single-process baseline is estimated
-/// as DDP at W = 1 (the same tensors, less one bucket's copy).
-pub fn estimate_growth_mib(case: &Case) -> Option<f64> {
+/// (`--fsdp-min-num-params 0`, as the bench runs it), on a CPU whose bf16 unit is `cpu_bf16`
+/// (a run's: this machine's; `None`, not known, takes the larger 16-bit factor). The
+/// single-process baseline is estimated as DDP at W = 1 (the same tensors, less one bucket's
+/// copy).
+pub fn estimate_growth_mib(case: &Case, cpu_bf16: Option<ladder_core::device::CpuBf16Unit>) -> Option<f64> {
     use ladder_core::parallel::Strategy;
     let strategy = match case.strategy {
         super::case::Replication::Single => Strategy::default(),
@@ -137,6 +139,7 @@ pub fn estimate_growth_mib(case: &Case) -> Option<f64> {
         // The measured peak is the steps' (ladder_core::timing): level 3's checkpoint-N, written
         // after the last step, is not in it.
         save_checkpoint: false,
+        cpu_bf16,
     };
     let ranks = ladder_core::memory::estimate::estimate(&input).ok()?;
     ranks.iter().map(|r| r.peak_growth).max().map(ladder_core::memory::mib)
@@ -259,7 +262,7 @@ pub fn aggregate(cases: &[Case], ours: &Ours, theirs: &Theirs) -> Vec<Row> {
                 tuned_ratio: Spread::of(&ratios_by_repeat(runs, tuned_runs)),
                 tuned_accuracy: med(tuned_ok.iter().map(|f| f.accuracy).collect()),
                 tuned_choice: tuned_ok.last().map(|f| f.tuned.clone()).filter(|t| !t.is_empty()),
-                estimate_mib: estimate_growth_mib(case),
+                estimate_mib: estimate_growth_mib(case, ladder_core::device::CpuBf16Unit::of_this_machine()),
             }
         })
         .collect();

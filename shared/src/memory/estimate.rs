@@ -58,8 +58,9 @@
 //! DDP and FULL_SHARD at W = 1, DDP and ZeRO-1 at W = 2; AMD EPYC Zen 5), once FSDP's
 //! segment-by-segment backward is counted (two buffers of a segment's output gradient). What glibc's heap keeps
 //! beyond them is not a closed form: fitted constants turn the live bytes into resident
-//! ones, [`RESIDENT_PER_LIVE_FP32`] and [`RESIDENT_PER_LIVE_16BIT`] (1.44 and 2.3 resident
-//! bytes per live activation byte), [`RUNTIME_BYTES`] / [`FSDP_RUNTIME_BYTES`] (30 and
+//! ones, [`RESIDENT_PER_LIVE_FP32`], [`RESIDENT_PER_LIVE_16BIT`] and
+//! [`RESIDENT_PER_LIVE_16BIT_AVX512`] (1.44 resident bytes per live activation byte in fp32;
+//! in 16 bits 2.3 with AMX and 1.4 with AVX512-BF16, [`EstimateInput::cpu_bf16`]), [`RUNTIME_BYTES`] / [`FSDP_RUNTIME_BYTES`] (30 and
 //! 36 MiB) and [`HUGE_PAGES_BYTES`] (72 MiB, where the levels back tensors with transparent
 //! huge pages: from 32 MiB of parameters), beside one measured one, Open MPI's all-reduce
 //! scratch ([`allreduce_scratch_bytes`]).
@@ -84,7 +85,7 @@
 
 use super::layout::{self, Engine, UnitSize, MASTER_BYTES};
 use super::ModelStateBytes;
-use crate::device::DeviceKind;
+use crate::device::{CpuBf16Unit, DeviceKind};
 use crate::parallel::{BackwardPrefetch, DdpOptions, ShardingStrategy, Strategy, WrapConfig};
 use crate::{Error, Result};
 use serde::{Deserialize, Serialize};
@@ -93,7 +94,7 @@ pub mod fitted;
 use fitted::scratch_on;
 pub use fitted::{
     allreduce_scratch_bytes, resident_per_live, CUDA_BYTES_PER_SAMPLE, CUDA_RUNTIME_BYTES, FSDP_RUNTIME_BYTES, HUGE_PAGES_BYTES,
-    RESIDENT_PER_LIVE_16BIT, RESIDENT_PER_LIVE_FP32, RUNTIME_BYTES,
+    RESIDENT_PER_LIVE_16BIT, RESIDENT_PER_LIVE_16BIT_AVX512, RESIDENT_PER_LIVE_FP32, RUNTIME_BYTES,
 };
 
 /// What to estimate: how the model is wrapped, the ranks, fc1's width and the batch per rank.
@@ -117,6 +118,12 @@ pub struct EstimateInput {
     /// Adds the save as a moment ([`super::checkpoint_save`]).
     #[serde(default)]
     pub save_checkpoint: bool,
+    /// On a CPU, its bf16 unit, which decides how far the heap runs ahead of activations
+    /// computed in 16 bits ([`resident_per_live`]); `None` (not known) takes the larger factor
+    /// measured. No effect in fp32 or on CUDA. `ladder-accelerate estimate-memory` and the
+    /// bench pass this machine's ([`CpuBf16Unit::of_this_machine`]).
+    #[serde(default)]
+    pub cpu_bf16: Option<CpuBf16Unit>,
 }
 
 /// One rank's estimate, bytes.
@@ -278,7 +285,7 @@ fn estimate_rank(input: &EstimateInput, rank: usize, device: DeviceKind) -> Rank
         let transient = super::checkpoint_save::save_bytes(input, rank);
         moments.push(Moment { what: "checkpoint save".into(), activations: 0, transient });
     }
-    let (per_live, runtime) = fitted::heap_terms(device, wrap, input.batch_size as u64, width);
+    let (per_live, runtime) = fitted::heap_terms(device, wrap, input.batch_size as u64, width, input.cpu_bf16);
     let resident = |m: &Moment| (m.activations as f64 * per_live) as u64;
     let peak = moments.into_iter().max_by_key(|m| resident(m) + m.transient).expect("a step has moments");
     let activations = resident(&peak);
@@ -590,7 +597,15 @@ mod tests {
 
     fn input(strategy: Strategy, batch_size: usize, activation_checkpointing: bool) -> EstimateInput {
         let wrap = WrapConfig { strategy, mixed_precision: Precision::No, activation_checkpointing };
-        EstimateInput { wrap, world_size: 2, width: 128, batch_size, offload_optimizer: OffloadDevice::None, save_checkpoint: false }
+        EstimateInput {
+            wrap,
+            world_size: 2,
+            width: 128,
+            batch_size,
+            offload_optimizer: OffloadDevice::None,
+            save_checkpoint: false,
+            cpu_bf16: None,
+        }
     }
 
     /// CPU offload: each gather holds the unit's shard copied to the device beside the gathered

@@ -16,7 +16,8 @@
 //! | levels 2 and 3, fp32, 1 repeat | AMD EPYC Zen 5 | 28 of 32 | FULL_SHARD at width 128, batch 64 (−14%, −20%), SHARD_GRAD_OP at 4096, 512 at level 2 (−11%), DDP at 128, 512 at level 3 (−12%) |
 //! | level 1, fp32, ± checkpointing, 3 strategies | AMD EPYC Zen 5 | 20 of 24 | DDP at width 128, batch 512 (−10% and −14% with checkpointing), FULL_SHARD at 128, 64 (−11%), SHARD_GRAD_OP at 4096, 512 (+11%) |
 //! | level 1, fp32, widths 128, 4096 and 8192, the book's fit sweep | AMD EPYC Zen 5 | 22 of 24 | FULL_SHARD at width 128: batch 64 −14%, batch 512 +16% |
-//! | level 1, bf16, ± checkpointing, 3 strategies | AMD EPYC Zen 5 | 9 of 24 | width 128: over by 21–55%; at width 4096 one rank strayed alone in two cells (−19%, −25%) |
+//! | level 1, bf16, ± checkpointing, 3 strategies | AMD EPYC Zen 5 (AVX512-BF16) | 17 of 24 (9 with the AMX factor) | DDP at width 4096, batch 512 with checkpointing (−27%) and FULL_SHARD there (−30%): one rank strayed alone; DDP at 128, 512 (−16%), SHARD_GRAD_OP at 4096, 512 with checkpointing (−14%); FULL_SHARD with checkpointing at 128, 64 (+19%) and 4096, 64 (+13%), SHARD_GRAD_OP at 128, 64 (+13%) |
+//! | levels 2 and 3, bf16, 3 strategies, 1 repeat (not fitted to) | AMD EPYC Zen 5 (AVX512-BF16) | 14 of 24 (8 with the AMX factor) | over: SHARD_GRAD_OP and FULL_SHARD at width 4096, batch 64 (+13–14%, three of four), at 128, 64 (+10–20%, three of four), DDP at 4096, 64 at level 3 (+11%); under: FULL_SHARD at 4096, 512 at level 2 and at 128, 512 at level 3 (−11%, −12%), DDP at 128, 512 at level 2 (−11%) |
 //!
 //! The first four rows are the cells the constants were fitted to, measured before
 //! [`HUGE_PAGES_BYTES`] was a term (67 of their 88 within 10% without it, 78 with it; the
@@ -24,14 +25,14 @@
 //! left, measured: at width 128 FULL_SHARD's heap runs ahead of its live bytes by an amount
 //! that changes from run to run (the same cell at batch 512 grew by 369 MiB in one sweep and
 //! 308 in the next); one run's rank can stray alone (DDP in bf16 at width 4096 with
-//! checkpointing: 808 and 1,072 MiB on two ranks of one cell); and the 16-bit factor is the
-//! Intel Xeon's, whose AMX kernels leave more of the heap than AVX512-BF16 ones: on the Zen 5,
-//! bf16 at width 128 keeps about 1.4 resident bytes per live byte, so the estimate there is
-//! high (on the safe side for "will it fit"). Level 3's end-of-training save comes after its
+//! checkpointing: 808 and 1,072 MiB on two ranks of one cell); and the 16-bit factor depends
+//! on the CPU's bf16 unit — AMX kernels leave more of the heap than AVX512-BF16 ones (2.3
+//! resident bytes per live byte on the Intel Xeon, 1.4 on the Zen 5) — and a CPU without one
+//! (emulated bf16) is not measured: it takes the larger. Level 3's end-of-training save comes after its
 //! last step; it is a moment of its own when [`super::EstimateInput::save_checkpoint`] is set
 //! ([`crate::memory::checkpoint_save`]).
 
-use crate::device::DeviceKind;
+use crate::device::{CpuBf16Unit, DeviceKind};
 use crate::memory::layout::{compute_bytes, Engine, MASTER_BYTES};
 use crate::model::BasicNet;
 use crate::parallel::WrapConfig;
@@ -50,19 +51,30 @@ use crate::parallel::WrapConfig;
 /// before: 1.8 and 26 MiB for every engine), 30 with [`HUGE_PAGES_BYTES`] added since.
 pub const RESIDENT_PER_LIVE_FP32: f64 = 1.44;
 
-/// Resident bytes per byte of live activations computed in 16 bits (bf16, fp16): autocast's
-/// casts add short-lived copies between the kept tensors, and the heap runs further ahead
-/// (DDP at batch 512: a live peak of 120 MiB, RSS growth 290). Fitted with the f32 constants
-/// of then (1.8, and 26 MiB for every engine) to the 77 cells of one `make book-data`-sized run
-/// (levels 1–3, every strategy, widths 128 to 8192, batch 16 to 512, commit `b3f165d`, Intel
-/// Xeon); not refitted since.
+/// Resident bytes per byte of live activations computed in 16 bits (bf16, fp16) on a CPU with
+/// AMX: autocast's casts add short-lived copies between the kept tensors, and the heap runs
+/// further ahead (DDP at batch 512: a live peak of 120 MiB, RSS growth 290). Fitted with the
+/// f32 constants of then (1.8, and 26 MiB for every engine) to the 77 cells of one
+/// `make book-data`-sized run (levels 1–3, every strategy, widths 128 to 8192, batch 16 to 512,
+/// commit `b3f165d`, Intel Xeon with AMX); not refitted since. Also taken where the CPU's unit
+/// is unknown or absent (emulated bf16: not measured), as the larger of the two measured.
 pub const RESIDENT_PER_LIVE_16BIT: f64 = 2.3;
 
-/// [`RESIDENT_PER_LIVE_FP32`] or [`RESIDENT_PER_LIVE_16BIT`] for a compute dtype of
-/// `compute_bytes` bytes per element.
-pub fn resident_per_live(compute_bytes: u64) -> f64 {
+/// [`RESIDENT_PER_LIVE_16BIT`] on a CPU whose bf16 unit is AVX512-BF16 without AMX, whose
+/// kernels leave less of the heap: fitted to the 24 bf16 cells of level 1 at W = 2 measured on
+/// an AMD EPYC Zen 5 (DDP, SHARD_GRAD_OP, FULL_SHARD × width 128 and 4096 × batch 64 and 512
+/// × activation checkpointing or not, one repeat, 2026-12-04), with the other constants as
+/// they are: 17 of the 24 within 10% (9 with the AMX factor).
+pub const RESIDENT_PER_LIVE_16BIT_AVX512: f64 = 1.4;
+
+/// [`RESIDENT_PER_LIVE_FP32`] for a compute dtype of `compute_bytes` ≥ 4 bytes per element;
+/// for 16 bits, [`RESIDENT_PER_LIVE_16BIT_AVX512`] on a CPU whose bf16 unit is AVX512-BF16 and
+/// [`RESIDENT_PER_LIVE_16BIT`] on any other (AMX, none, or `None`: not known).
+pub fn resident_per_live(compute_bytes: u64, cpu_bf16: Option<CpuBf16Unit>) -> f64 {
     if compute_bytes >= MASTER_BYTES {
         RESIDENT_PER_LIVE_FP32
+    } else if cpu_bf16 == Some(CpuBf16Unit::Avx512Bf16) {
+        RESIDENT_PER_LIVE_16BIT_AVX512
     } else {
         RESIDENT_PER_LIVE_16BIT
     }
@@ -124,17 +136,18 @@ pub const CUDA_RUNTIME_BYTES: u64 = 64 << 20;
 pub const CUDA_BYTES_PER_SAMPLE: u64 = 167_772;
 
 /// Resident bytes per live activation byte and the runtime term, for `wrap` at `batch` samples
-/// per rank and fc1 `width` on `device`: on a CPU [`resident_per_live`] and [`RUNTIME_BYTES`]
+/// per rank and fc1 `width` on `device` (a CPU with bf16 unit `cpu_bf16`): on a CPU
+/// [`resident_per_live`] and [`RUNTIME_BYTES`]
 /// (FSDP: [`FSDP_RUNTIME_BYTES`]), plus [`HUGE_PAGES_BYTES`] where the levels turn huge pages
 /// on; on CUDA live bytes as they are (the allocator counts tensors exactly),
 /// [`CUDA_RUNTIME_BYTES`] and [`CUDA_BYTES_PER_SAMPLE`] per sample.
-pub(super) fn heap_terms(device: DeviceKind, wrap: &WrapConfig, batch: u64, width: i64) -> (f64, u64) {
+pub(super) fn heap_terms(device: DeviceKind, wrap: &WrapConfig, batch: u64, width: i64, cpu_bf16: Option<CpuBf16Unit>) -> (f64, u64) {
     match device {
         DeviceKind::Cpu => {
             let runtime = if matches!(Engine::of(wrap), Engine::Fsdp(_)) { FSDP_RUNTIME_BYTES } else { RUNTIME_BYTES };
             let param_bytes = MASTER_BYTES * BasicNet::num_parameters(width).max(0) as u64;
             let huge_pages = if crate::device::huge_pages_by_default(param_bytes) { HUGE_PAGES_BYTES } else { 0 };
-            (resident_per_live(compute_bytes(wrap)), runtime + huge_pages)
+            (resident_per_live(compute_bytes(wrap), cpu_bf16), runtime + huge_pages)
         }
         DeviceKind::Cuda => (1.0, CUDA_RUNTIME_BYTES + CUDA_BYTES_PER_SAMPLE * batch),
     }

@@ -76,6 +76,7 @@ fn device_cuda_json_carries_the_librarys_cuda_figures() {
             offload_optimizer: Default::default(),
             save_checkpoint: false,
             cpu_bf16: None,
+            huge_pages: None,
         };
         let expected = estimate::estimate_on(&input, ladder_core::device::DeviceKind::Cuda).unwrap();
         assert_eq!(s["ranks"], serde_json::to_value(&expected).unwrap(), "{}", s["strategy"]);
@@ -108,6 +109,7 @@ fn the_bf16_estimate_follows_the_cpus_bf16_unit() {
         offload_optimizer: Default::default(),
         save_checkpoint: false,
         cpu_bf16: Some(ladder_core::device::CpuBf16Unit::Avx512Bf16),
+        huge_pages: None,
     };
     assert_eq!(avx512["strategies"][0]["ranks"], serde_json::to_value(estimate::estimate(&input).unwrap()).unwrap());
     let title = stdout(&["--mixed-precision", "bf16", "--cpu-bf16", "avx512-bf16"]);
@@ -115,6 +117,41 @@ fn the_bf16_estimate_follows_the_cpus_bf16_unit() {
     let fp32 = stdout(&["--cpu-bf16", "avx512-bf16", "--json"]);
     assert!(!fp32.contains("cpu_bf16"), "{fp32}");
     assert!(stdout(&["--cpu-bf16", "none"]).lines().next().unwrap().ends_with(", fp32"));
+    // Without the flag, this machine's unit, named (or said unknown); /proc/cpuinfo's spelling
+    // is taken too; a unit that does not exist is refused with the flag and the values named.
+    let here = ladder_core::device::CpuBf16Unit::of_this_machine().map_or("unknown, AMX's factor taken", |u| u.label());
+    assert_eq!(json_of(&["--mixed-precision", "bf16", "--json"])["cpu_bf16"], here);
+    assert_eq!(json("avx512_bf16")["cpu_bf16"], "avx512-bf16");
+    let bad = run(&["--mixed-precision", "bf16", "--cpu-bf16", "avx2"]);
+    let err = String::from_utf8_lossy(&bad.stderr);
+    assert!(!bad.status.success() && err.contains("--cpu-bf16") && err.contains("avx512-bf16"), "{err}");
+    // fp16 keeps the larger factor: the unit is bf16's.
+    let fp16 = |unit| json_of(&["--mixed-precision", "fp16", "--cpu-bf16", unit, "--json"]);
+    assert_eq!(fp16("avx512-bf16"), fp16("amx"));
+}
+
+fn json_of(args: &[&str]) -> serde_json::Value {
+    serde_json::from_str(&stdout(args)).unwrap()
+}
+
+/// Huge pages as a run would have them: the levels' default (on from 32 MiB of parameters) or
+/// the user's `THP_MEM_ALLOC_ENABLE`, read from the environment as the levels read it.
+#[test]
+fn the_huge_page_term_follows_thp_mem_alloc_enable() {
+    let runtime = |width: &str, thp: Option<&str>| {
+        let mut cmd = Command::new(BIN);
+        cmd.args(["estimate-memory", "--width", width, "--strategy", "ddp", "--json"]).env_remove("THP_MEM_ALLOC_ENABLE");
+        if let Some(v) = thp {
+            cmd.env("THP_MEM_ALLOC_ENABLE", v);
+        }
+        let out = cmd.output().unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        v["strategies"][0]["ranks"][0]["runtime"].as_u64().unwrap()
+    };
+    let (base, huge) = (estimate::RUNTIME_BYTES, estimate::RUNTIME_BYTES + estimate::HUGE_PAGES_BYTES);
+    assert_eq!((runtime("4096", None), runtime("4096", Some("0"))), (huge, base));
+    assert_eq!((runtime("128", None), runtime("128", Some("1"))), (base, huge));
 }
 
 #[test]
@@ -134,6 +171,7 @@ fn json_carries_the_librarys_figures_and_the_budget_names_the_cheapest_fit() {
             offload_optimizer: Default::default(),
             save_checkpoint: false,
             cpu_bf16: None,
+            huge_pages: None,
         })
         .unwrap();
         assert_eq!(s["ranks"], serde_json::to_value(&expected).unwrap(), "{}", s["strategy"]);
@@ -183,6 +221,7 @@ fn save_checkpoint_is_zero1s_peak_and_adds_nothing_to_ddp() {
         offload_optimizer: Default::default(),
         save_checkpoint: true,
         cpu_bf16: None,
+        huge_pages: None,
     };
     assert_eq!(ladder_core::memory::checkpoint_save::save_bytes(&input, 1), 4 * 3 * shard as u64);
     assert_eq!(ranks[1], without["strategies"][1]["ranks"][1], "rank 1: the step's peak stays the larger");
@@ -237,6 +276,7 @@ fn fsdp_min_num_params_sets_the_wrap_policy() {
         offload_optimizer: Default::default(),
         save_checkpoint: false,
         cpu_bf16: None,
+        huge_pages: None,
     };
     let expected = estimate::estimate(&input(0)).unwrap();
     assert_eq!(per_layer["strategies"][0]["ranks"], serde_json::to_value(&expected).unwrap());

@@ -131,10 +131,21 @@ pub const HUGE_PAGES_FROM_PARAM_BYTES: u64 = 32 << 20;
 
 /// Whether [`use_huge_pages_for`] turns transparent huge pages on for `param_bytes` of
 /// parameters when the environment leaves `THP_MEM_ALLOC_ENABLE` unset: at least
-/// [`HUGE_PAGES_FROM_PARAM_BYTES`] (BasicNet from fc1 width 1024 on). No side effect: what the
-/// memory estimate assumes ([`crate::memory::estimate::fitted::HUGE_PAGES_BYTES`]).
+/// [`HUGE_PAGES_FROM_PARAM_BYTES`] (BasicNet from fc1 width 908 on). No side effect: what the
+/// memory estimate assumes unless told otherwise
+/// ([`crate::memory::estimate::EstimateInput::huge_pages`]).
 pub fn huge_pages_by_default(param_bytes: u64) -> bool {
     param_bytes >= HUGE_PAGES_FROM_PARAM_BYTES
+}
+
+/// Whether the levels back tensors with transparent huge pages for `param_bytes` of
+/// parameters: as the user's `THP_MEM_ALLOC_ENABLE` says (`1`: on, any other value: off) where
+/// it is set, else [`huge_pages_by_default`]. Reads the environment only.
+pub fn huge_pages_for(param_bytes: u64) -> bool {
+    match std::env::var_os("THP_MEM_ALLOC_ENABLE") {
+        Some(v) => v == "1",
+        None => huge_pages_by_default(param_bytes),
+    }
 }
 
 /// Turns on PyTorch's `THP_MEM_ALLOC_ENABLE` (libtorch backs CPU tensors of 2 MiB and more with
@@ -202,15 +213,19 @@ pub fn cpu_bf16_units() -> Option<Vec<&'static str>> {
 /// kernels run on. It also decides how much of glibc's heap a bf16 step leaves resident (the
 /// memory estimate's 16-bit factor, [`crate::memory::estimate::resident_per_live`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize, clap::ValueEnum)]
-#[serde(rename_all = "kebab-case")]
 pub enum CpuBf16Unit {
     /// AMX-BF16 tiles (`amx_bf16`: Intel Sapphire Rapids and later).
+    #[serde(rename = "amx")]
+    #[value(name = "amx", alias = "amx_bf16", alias = "amx-bf16")]
     Amx,
     /// AVX512-BF16 without AMX (`avx512_bf16`: Intel Cooper Lake, AMD Zen 4 and later).
-    #[value(name = "avx512-bf16")]
+    #[serde(rename = "avx512-bf16")]
+    #[value(name = "avx512-bf16", alias = "avx512_bf16")]
     Avx512Bf16,
-    /// Neither: libtorch emulates bf16 with fp32 arithmetic and conversions.
-    None,
+    /// Neither: libtorch emulates bf16 with fp32 arithmetic and conversions (`none`).
+    #[serde(rename = "none")]
+    #[value(name = "none", alias = "emulated")]
+    Emulated,
 }
 
 impl CpuBf16Unit {
@@ -221,7 +236,7 @@ impl CpuBf16Unit {
         } else if units.contains(&"avx512_bf16") {
             CpuBf16Unit::Avx512Bf16
         } else {
-            CpuBf16Unit::None
+            CpuBf16Unit::Emulated
         }
     }
 
@@ -236,7 +251,7 @@ impl CpuBf16Unit {
         match self {
             CpuBf16Unit::Amx => "amx",
             CpuBf16Unit::Avx512Bf16 => "avx512-bf16",
-            CpuBf16Unit::None => "none",
+            CpuBf16Unit::Emulated => "none",
         }
     }
 }
@@ -293,8 +308,8 @@ mod tests {
         let unit = |flags: &str| CpuBf16Unit::from_units(&bf16_units_in(&format!("flags\t: fpu {flags} sse\n")).unwrap());
         assert_eq!(unit("avx512f avx512_bf16 amx_bf16 amx_tile"), CpuBf16Unit::Amx);
         assert_eq!(unit("avx512f avx512_bf16"), CpuBf16Unit::Avx512Bf16);
-        assert_eq!(unit("avx2 avx512f"), CpuBf16Unit::None);
-        assert_eq!([CpuBf16Unit::Amx, CpuBf16Unit::Avx512Bf16, CpuBf16Unit::None].map(|u| u.label()), ["amx", "avx512-bf16", "none"]);
+        assert_eq!(unit("avx2 avx512f"), CpuBf16Unit::Emulated);
+        assert_eq!([CpuBf16Unit::Amx, CpuBf16Unit::Avx512Bf16, CpuBf16Unit::Emulated].map(|u| u.label()), ["amx", "avx512-bf16", "none"]);
     }
 
     #[test]

@@ -96,6 +96,7 @@ fn rank_model_state() {
             offload_optimizer: OffloadDevice::None,
             save_checkpoint: false,
             cpu_bf16: None,
+            huge_pages: None,
         };
         let e = estimate::estimate(&input).unwrap().remove(rank);
         assert_eq!(e.model_state, model.memory(), "{what}");

@@ -105,18 +105,19 @@ impl Row {
     /// [`estimate_mib`](Self::estimate_mib), or computed from the cell when the row was read
     /// from a report written before the estimator (the CPU's bf16 unit not known).
     pub fn estimated_growth_mib(&self) -> Option<f64> {
-        self.estimate_mib.or_else(|| estimate_growth_mib(&self.case, None))
+        self.estimate_mib.or_else(|| estimate_growth_mib(&self.case, false))
     }
 }
 
 /// What `ladder_core::memory::estimate` expects a cell's training phase to add to a rank's
 /// RSS, MiB (the largest rank's): the cell's strategy (ZeRO-1 among DDP's), world size, width,
 /// precision, batch size, activation checkpointing and CPU offload, FSDP with one unit per layer
-/// (`--fsdp-min-num-params 0`, as the bench runs it), on a CPU whose bf16 unit is `cpu_bf16`
-/// (a run's: this machine's; `None`, not known, takes the larger 16-bit factor). The
+/// (`--fsdp-min-num-params 0`, as the bench runs it); `this_machine`: with this machine's bf16
+/// unit and the environment's `THP_MEM_ALLOC_ENABLE` (a run's cells), else with the levels'
+/// default huge pages and the larger bf16 factor (a report read back). The
 /// single-process baseline is estimated as DDP at W = 1 (the same tensors, less one bucket's
 /// copy).
-pub fn estimate_growth_mib(case: &Case, cpu_bf16: Option<ladder_core::device::CpuBf16Unit>) -> Option<f64> {
+pub fn estimate_growth_mib(case: &Case, this_machine: bool) -> Option<f64> {
     use ladder_core::parallel::Strategy;
     let strategy = match case.strategy {
         super::case::Replication::Single => Strategy::default(),
@@ -139,7 +140,11 @@ pub fn estimate_growth_mib(case: &Case, cpu_bf16: Option<ladder_core::device::Cp
         // The measured peak is the steps' (ladder_core::timing): level 3's checkpoint-N, written
         // after the last step, is not in it.
         save_checkpoint: false,
-        cpu_bf16,
+        // The cells run on this machine with the bench's environment (its THP_MEM_ALLOC_ENABLE,
+        // if any); a report read back assumes the levels' defaults and the larger bf16 factor.
+        cpu_bf16: if this_machine { ladder_core::device::CpuBf16Unit::of_this_machine() } else { None },
+        huge_pages: this_machine
+            .then(|| ladder_core::device::huge_pages_for(4 * ladder_core::model::BasicNet::num_parameters(case.width) as u64)),
     };
     let ranks = ladder_core::memory::estimate::estimate(&input).ok()?;
     ranks.iter().map(|r| r.peak_growth).max().map(ladder_core::memory::mib)
@@ -262,7 +267,7 @@ pub fn aggregate(cases: &[Case], ours: &Ours, theirs: &Theirs) -> Vec<Row> {
                 tuned_ratio: Spread::of(&ratios_by_repeat(runs, tuned_runs)),
                 tuned_accuracy: med(tuned_ok.iter().map(|f| f.accuracy).collect()),
                 tuned_choice: tuned_ok.last().map(|f| f.tuned.clone()).filter(|t| !t.is_empty()),
-                estimate_mib: estimate_growth_mib(case, ladder_core::device::CpuBf16Unit::of_this_machine()),
+                estimate_mib: estimate_growth_mib(case, true),
             }
         })
         .collect();

@@ -227,7 +227,7 @@ mod tests {
         let (cases, _) = plan(&args(&flags)).unwrap();
         let mut ours = Ours::new();
         for c in &cases {
-            let estimate = crate::matrix::rows::estimate_growth_mib(c, None).unwrap();
+            let estimate = crate::matrix::rows::estimate_growth_mib(c, false).unwrap();
             // Width 128: the larger rank grew 5% more than estimated (met); 4096: 20% (not met).
             let grew = estimate * if c.width == 128 { 1.05 } else { 1.2 };
             let f = memory_figures([500.0, 500.0], [500.0 + grew / 2.0, 500.0 + grew], [900.0, 900.0]);

@@ -49,8 +49,9 @@ pub struct EstimateArgs {
           value_parser = ladder_core::cli::choice::<Precision>(), hide_possible_values = true)]
     pub mixed_precision: Precision,
     /// On a CPU, its bf16 unit — amx, avx512-bf16 or none (emulated) — which decides how much
-    /// heap a 16-bit step leaves resident (2.3 resident bytes per live byte with AMX or none,
-    /// 1.4 with AVX512-BF16) [default: this machine's, from /proc/cpuinfo]. 16 bits only.
+    /// heap a bf16 step leaves resident (2.3 resident bytes per live byte with AMX, fitted on an
+    /// Intel Xeon, and taken for none; 1.4 with AVX512-BF16, fitted on an AMD EPYC Zen 5)
+    /// [default: this machine's, from /proc/cpuinfo]. bf16 on a CPU only.
     #[arg(long = "cpu-bf16", value_name = "UNIT", value_parser = ladder_core::cli::choice::<CpuBf16Unit>(),
           hide_possible_values = true)]
     pub cpu_bf16: Option<CpuBf16Unit>,
@@ -116,10 +117,10 @@ struct Report {
     batch_size: u64,
     num_processes: u64,
     mixed_precision: &'static str,
-    /// The CPU's bf16 unit the 16-bit estimate assumed (`--cpu-bf16`, or this machine's); only
-    /// in 16 bits on a CPU, absent where not known.
+    /// The CPU's bf16 unit the bf16 estimate assumed (`--cpu-bf16`, or this machine's):
+    /// `amx`, `avx512-bf16`, `none`, or `unknown` (AMX's factor taken); only in bf16 on a CPU.
     #[serde(skip_serializing_if = "Option::is_none")]
-    cpu_bf16: Option<CpuBf16Unit>,
+    cpu_bf16: Option<&'static str>,
     activation_checkpointing: bool,
     /// `cpu` (peak RSS growth) or `cuda` (the CUDA allocator's peak).
     device: DeviceKind,
@@ -153,8 +154,9 @@ fn cli_error(problem: String) -> Error {
 
 fn build(args: &EstimateArgs) -> Result<Report> {
     let explicit = !args.strategy.is_empty();
-    let sixteen_bit_cpu = args.mixed_precision != Precision::No && args.device == DeviceKind::Cpu;
-    let cpu_bf16 = if sixteen_bit_cpu { args.cpu_bf16.or_else(CpuBf16Unit::of_this_machine) } else { None };
+    // The CPU's bf16 unit where it matters (bf16 on a CPU): Some(None) when it is not known.
+    let bf16_cpu = args.mixed_precision == Precision::Bf16 && args.device == DeviceKind::Cpu;
+    let cpu_bf16 = bf16_cpu.then(|| args.cpu_bf16.or_else(CpuBf16Unit::of_this_machine));
     let strategies = if explicit { args.strategy.clone() } else { estimate::default_strategies() };
     let (mut out, mut skipped) = (Vec::new(), Vec::new());
     for strategy in strategies {
@@ -204,7 +206,8 @@ fn build(args: &EstimateArgs) -> Result<Report> {
             batch_size: args.batch_size as usize,
             offload_optimizer: args.offload_optimizer,
             save_checkpoint: args.save_checkpoint,
-            cpu_bf16,
+            cpu_bf16: cpu_bf16.flatten(),
+            huge_pages: Some(ladder_core::device::huge_pages_for(4 * ladder_core::model::BasicNet::num_parameters(args.width) as u64)),
         };
         let ranks = estimate::estimate_on(&input, args.device)?;
         let fits = args.budget.map(|b| ranks.iter().all(|r| held(r, args.device) <= b));
@@ -216,7 +219,7 @@ fn build(args: &EstimateArgs) -> Result<Report> {
         batch_size: args.batch_size,
         num_processes: args.num_processes,
         mixed_precision: args.mixed_precision.label(),
-        cpu_bf16,
+        cpu_bf16: cpu_bf16.map(|u| u.map_or("unknown, AMX's factor taken", CpuBf16Unit::label)),
         activation_checkpointing: args.activation_checkpointing,
         device: args.device,
         offload_params: args.offload_params,
@@ -287,7 +290,7 @@ fn render(report: &Report) -> String {
         report.batch_size,
         report.num_processes,
         report.mixed_precision,
-        report.cpu_bf16.map_or(String::new(), |u| format!(" (CPU bf16 unit: {})", u.label())),
+        report.cpu_bf16.map_or(String::new(), |u| format!(" (CPU bf16 unit: {u})")),
         if report.activation_checkpointing { ", activation checkpointing" } else { "" },
     );
     // The lines after the table, as a paragraph of their own: a blank line first, so that the

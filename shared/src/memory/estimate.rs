@@ -124,6 +124,13 @@ pub struct EstimateInput {
     /// bench pass this machine's ([`CpuBf16Unit::of_this_machine`]).
     #[serde(default)]
     pub cpu_bf16: Option<CpuBf16Unit>,
+    /// On a CPU, whether the levels back tensors with transparent huge pages (adds
+    /// [`HUGE_PAGES_BYTES`]); `None` assumes their default, on from 32 MiB of parameters
+    /// ([`crate::device::huge_pages_by_default`]). `estimate-memory` and the bench pass what a
+    /// run would do with their environment's `THP_MEM_ALLOC_ENABLE`
+    /// ([`crate::device::huge_pages_for`]).
+    #[serde(default)]
+    pub huge_pages: Option<bool>,
 }
 
 /// One rank's estimate, bytes.
@@ -285,7 +292,7 @@ fn estimate_rank(input: &EstimateInput, rank: usize, device: DeviceKind) -> Rank
         let transient = super::checkpoint_save::save_bytes(input, rank);
         moments.push(Moment { what: "checkpoint save".into(), activations: 0, transient });
     }
-    let (per_live, runtime) = fitted::heap_terms(device, wrap, input.batch_size as u64, width, input.cpu_bf16);
+    let (per_live, runtime) = fitted::heap_terms(device, wrap, input.batch_size as u64, input.huge_pages_on(), input.cpu_bf16);
     let resident = |m: &Moment| (m.activations as f64 * per_live) as u64;
     let peak = moments.into_iter().max_by_key(|m| resident(m) + m.transient).expect("a step has moments");
     let activations = resident(&peak);
@@ -605,6 +612,7 @@ mod tests {
             offload_optimizer: OffloadDevice::None,
             save_checkpoint: false,
             cpu_bf16: None,
+            huge_pages: None,
         }
     }
 

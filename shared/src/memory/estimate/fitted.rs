@@ -14,7 +14,7 @@
 //! | level 1, fp32, 1 repeat | Intel Xeon (AMX) | 15 of 16 | ZeRO-1 at width 128, batch 64 (+12.5%) |
 //! | level 1, fp32, 3 repeats | AMD EPYC Zen 5 | 15 of 16 | FULL_SHARD at width 128, batch 512 (+16%) |
 //! | levels 2 and 3, fp32, 1 repeat | AMD EPYC Zen 5 | 28 of 32 | FULL_SHARD at width 128, batch 64 (−14%, −20%), SHARD_GRAD_OP at 4096, 512 at level 2 (−11%), DDP at 128, 512 at level 3 (−12%) |
-//! | level 1, fp32, ± checkpointing, 3 strategies | AMD EPYC Zen 5 | 20 of 24 | DDP at width 128, batch 512 (−10% and −14% with checkpointing), FULL_SHARD at 128, 64 (−11%), SHARD_GRAD_OP at 4096, 512 (+11%) |
+//! | level 1, fp32, ± checkpointing, 3 strategies | AMD EPYC Zen 5 | 20 of 24 | DDP at width 128, batch 512 (−10.4%, and −14% with checkpointing), FULL_SHARD at 128, 64 (−11%), SHARD_GRAD_OP at 4096, 512 (+11%) |
 //! | level 1, fp32, widths 128, 4096 and 8192, the book's fit sweep | AMD EPYC Zen 5 | 22 of 24 | FULL_SHARD at width 128: batch 64 −14%, batch 512 +16% |
 //! | level 1, bf16, ± checkpointing, 3 strategies | AMD EPYC Zen 5 (AVX512-BF16) | 17 of 24 (9 with the AMX factor) | DDP at width 4096, batch 512 with checkpointing (−27%) and FULL_SHARD there (−30%): one rank strayed alone; DDP at 128, 512 (−16%), SHARD_GRAD_OP at 4096, 512 with checkpointing (−14%); FULL_SHARD with checkpointing at 128, 64 (+19%) and 4096, 64 (+13%), SHARD_GRAD_OP at 128, 64 (+13%) |
 //! | levels 2 and 3, bf16, 3 strategies, 1 repeat (not fitted to) | AMD EPYC Zen 5 (AVX512-BF16) | 14 of 24 (8 with the AMX factor) | over: SHARD_GRAD_OP and FULL_SHARD at width 4096, batch 64 (+13–14%, three of four), at 128, 64 (+10–20%, three of four), DDP at 4096, 64 at level 3 (+11%); under: FULL_SHARD at 4096, 512 at level 2 and at 128, 512 at level 3 (−11%, −12%), DDP at 128, 512 at level 2 (−11%) |
@@ -34,8 +34,7 @@
 
 use crate::device::{CpuBf16Unit, DeviceKind};
 use crate::memory::layout::{compute_bytes, Engine, MASTER_BYTES};
-use crate::model::BasicNet;
-use crate::parallel::WrapConfig;
+use crate::parallel::{Precision, WrapConfig};
 
 /// Resident bytes per byte of live activations computed in f32: glibc keeps freed heap memory
 /// (tensors under its mmap threshold, up to 32 MiB) for reuse, and a step frees and allocates
@@ -56,15 +55,18 @@ pub const RESIDENT_PER_LIVE_FP32: f64 = 1.44;
 /// further ahead (DDP at batch 512: a live peak of 120 MiB, RSS growth 290). Fitted with the
 /// f32 constants of then (1.8, and 26 MiB for every engine) to the 77 cells of one
 /// `make book-data`-sized run (levels 1–3, every strategy, widths 128 to 8192, batch 16 to 512,
-/// commit `b3f165d`, Intel Xeon with AMX); not refitted since. Also taken where the CPU's unit
-/// is unknown or absent (emulated bf16: not measured), as the larger of the two measured.
+/// commit `b3f165d`, Intel Xeon with AMX); not refitted since. Its wide cells already ran with
+/// huge pages, so with [`HUGE_PAGES_BYTES`] now added on top, AMX's wide bf16 estimate may count
+/// them twice (not re-measured: no AMX machine since). Also taken where the CPU's unit is
+/// unknown or absent (emulated bf16: not measured), as the larger of the two measured.
 pub const RESIDENT_PER_LIVE_16BIT: f64 = 2.3;
 
 /// [`RESIDENT_PER_LIVE_16BIT`] on a CPU whose bf16 unit is AVX512-BF16 without AMX, whose
 /// kernels leave less of the heap: fitted to the 24 bf16 cells of level 1 at W = 2 measured on
 /// an AMD EPYC Zen 5 (DDP, SHARD_GRAD_OP, FULL_SHARD × width 128 and 4096 × batch 64 and 512
 /// × activation checkpointing or not, one repeat, 2026-12-04), with the other constants as
-/// they are: 17 of the 24 within 10% (9 with the AMX factor).
+/// they are: 17 of the 24 within 10% (9 with the AMX factor). Taken for every AVX512-BF16 CPU
+/// (Intel Cooper Lake, AMD Zen 4) though measured on the Zen 5 alone.
 pub const RESIDENT_PER_LIVE_16BIT_AVX512: f64 = 1.4;
 
 /// [`RESIDENT_PER_LIVE_FP32`] for a compute dtype of `compute_bytes` ≥ 4 bytes per element;
@@ -106,13 +108,22 @@ pub const RUNTIME_BYTES: u64 = 30 << 20;
 /// not isolated; the term is fitted, not derived). Fitted with the
 /// constants above to the cells at width 4096 (added on top of them: 67 of 88 fp32 cells
 /// within 10% without it, 78 with it, on the Intel Xeon and the AMD EPYC Zen 5), and it holds
-/// the width-8192 cells of the book's fit sweep (21 of 24 with widths 128 to 8192). The
+/// the width-8192 cells of the book's fit sweep (22 of 24 with widths 128 to 8192). The
 /// same runs with `THP_MEM_ALLOC_ENABLE=0` (level 1, W = 2, width 4096, FULL_SHARD, Zen 5):
 /// 120 MiB less at batch 512, but 130 MiB more at batch 64, where 4 KiB pages leave the
 /// heap's top and the mapped blocks resident in another pattern — a term for the default
-/// only. At width 1024, the narrowest with huge pages (DDP, W = 2, two runs): measured 238–243
+/// only. At width 1024, the narrowest measured (the term starts at 908; DDP, W = 2, two runs): measured 238–243
 /// and 459–484 MiB at batch 64 and 512, estimated 269 and 473 (197 and 401 without the term).
 pub const HUGE_PAGES_BYTES: u64 = 72 << 20;
+
+impl super::EstimateInput {
+    /// [`huge_pages`](Self::huge_pages), or the levels' default for this width's parameters
+    /// ([`crate::device::huge_pages_by_default`]).
+    pub fn huge_pages_on(&self) -> bool {
+        let param_bytes = MASTER_BYTES * crate::model::BasicNet::num_parameters(self.width).max(0) as u64;
+        self.huge_pages.unwrap_or_else(|| crate::device::huge_pages_by_default(param_bytes))
+    }
+}
 
 /// [`RUNTIME_BYTES`] under FSDP: its segment-by-segment backward and flat buffers leave more
 /// of glibc's heap behind (RSS growth less live growth 8 to 10 MiB above DDP's in the
@@ -136,18 +147,20 @@ pub const CUDA_RUNTIME_BYTES: u64 = 64 << 20;
 pub const CUDA_BYTES_PER_SAMPLE: u64 = 167_772;
 
 /// Resident bytes per live activation byte and the runtime term, for `wrap` at `batch` samples
-/// per rank and fc1 `width` on `device` (a CPU with bf16 unit `cpu_bf16`): on a CPU
-/// [`resident_per_live`] and [`RUNTIME_BYTES`]
-/// (FSDP: [`FSDP_RUNTIME_BYTES`]), plus [`HUGE_PAGES_BYTES`] where the levels turn huge pages
-/// on; on CUDA live bytes as they are (the allocator counts tensors exactly),
-/// [`CUDA_RUNTIME_BYTES`] and [`CUDA_BYTES_PER_SAMPLE`] per sample.
-pub(super) fn heap_terms(device: DeviceKind, wrap: &WrapConfig, batch: u64, width: i64, cpu_bf16: Option<CpuBf16Unit>) -> (f64, u64) {
+/// per rank on `device`: on a CPU (whose bf16 unit is `cpu_bf16`, used in bf16 only)
+/// [`resident_per_live`] and [`RUNTIME_BYTES`] (FSDP: [`FSDP_RUNTIME_BYTES`]), plus
+/// [`HUGE_PAGES_BYTES`] where tensors are backed with `huge_pages`; on CUDA live bytes as they
+/// are (the allocator counts tensors exactly), [`CUDA_RUNTIME_BYTES`] and
+/// [`CUDA_BYTES_PER_SAMPLE`] per sample.
+pub(super) fn heap_terms(device: DeviceKind, wrap: &WrapConfig, batch: u64, huge_pages: bool, cpu_bf16: Option<CpuBf16Unit>) -> (f64, u64) {
     match device {
         DeviceKind::Cpu => {
             let runtime = if matches!(Engine::of(wrap), Engine::Fsdp(_)) { FSDP_RUNTIME_BYTES } else { RUNTIME_BYTES };
-            let param_bytes = MASTER_BYTES * BasicNet::num_parameters(width).max(0) as u64;
-            let huge_pages = if crate::device::huge_pages_by_default(param_bytes) { HUGE_PAGES_BYTES } else { 0 };
-            (resident_per_live(compute_bytes(wrap), cpu_bf16), runtime + huge_pages)
+            let huge_pages = if huge_pages { HUGE_PAGES_BYTES } else { 0 };
+            // The unit's factor was measured in bf16; fp16 (refused on a CPU by the levels)
+            // keeps the larger one.
+            let unit = cpu_bf16.filter(|_| wrap.mixed_precision == Precision::Bf16);
+            (resident_per_live(compute_bytes(wrap), unit), runtime + huge_pages)
         }
         DeviceKind::Cuda => (1.0, CUDA_RUNTIME_BYTES + CUDA_BYTES_PER_SAMPLE * batch),
     }

@@ -15,16 +15,18 @@
 //! | level 1, fp32, 3 repeats | AMD EPYC Zen 5 | 15 of 16 | FULL_SHARD at width 128, batch 512 (+16%) |
 //! | levels 2 and 3, fp32, 1 repeat | AMD EPYC Zen 5 | 28 of 32 | FULL_SHARD at width 128, batch 64 (−14%, −20%), SHARD_GRAD_OP at 4096, 512 at level 2 (−11%), DDP at 128, 512 at level 3 (−12%) |
 //! | level 1, fp32, ± checkpointing, 3 strategies | AMD EPYC Zen 5 | 20 of 24 | DDP at width 128, batch 512 (−10.4%, and −14% with checkpointing), FULL_SHARD at 128, 64 (−11%), SHARD_GRAD_OP at 4096, 512 (+11%) |
-//! | level 1, fp32, widths 128, 4096 and 8192, the book's fit sweep | AMD EPYC Zen 5 | 22 of 24 | FULL_SHARD at width 128: batch 64 −14%, batch 512 +16% |
+//! | level 1, fp32, widths 128, 4096 and 8192, the book's fit sweep, medians of 3 repeats | AMD EPYC Zen 5 | 19 of 24 | ZeRO-1 at widths 4096 and 8192, batch 512 (−16%, −17%), DDP at 128 and 8192, batch 512 (−12%, −10.0%), FULL_SHARD at 128, 64 (−11%); the same sweep with one repeat, earlier the same day: 22 of 24 |
 //! | level 1, bf16, ± checkpointing, 3 strategies | AMD EPYC Zen 5 (AVX512-BF16) | 17 of 24 (9 with the AMX factor) | DDP at width 4096, batch 512 with checkpointing (−27%) and FULL_SHARD there (−30%): one rank strayed alone; DDP at 128, 512 (−16%), SHARD_GRAD_OP at 4096, 512 with checkpointing (−14%); FULL_SHARD with checkpointing at 128, 64 (+19%) and 4096, 64 (+13%), SHARD_GRAD_OP at 128, 64 (+13%) |
 //! | levels 2 and 3, bf16, 3 strategies, 1 repeat (not fitted to) | AMD EPYC Zen 5 (AVX512-BF16) | 14 of 24 (8 with the AMX factor) | over: SHARD_GRAD_OP and FULL_SHARD at width 4096, batch 64 (+13–14%, three of four), at 128, 64 (+10–20%, three of four), DDP at 4096, 64 at level 3 (+11%); under: FULL_SHARD at 4096, 512 at level 2 and at 128, 512 at level 3 (−11%, −12%), DDP at 128, 512 at level 2 (−11%) |
 //!
 //! The first four rows are the cells the constants were fitted to, measured before
 //! [`HUGE_PAGES_BYTES`] was a term (67 of their 88 within 10% without it, 78 with it; the
 //! constants before that, 1.8 and 26 MiB for every engine, held 40 of the first 64). What is
-//! left, measured: at width 128 FULL_SHARD's heap runs ahead of its live bytes by an amount
-//! that changes from run to run (the same cell at batch 512 grew by 369 MiB in one sweep and
-//! 308 in the next); one run's rank can stray alone (DDP in bf16 at width 4096 with
+//! left, measured: at batch 512 DDP's and ZeRO-1's heap runs ahead of the estimate by an amount
+//! that changes from run to run (ZeRO-1 at width 4096 grew by 782 MiB in one sweep, 883 in the
+//! next, against 733 estimated, so its measured saving on DDP was 124 and 54 MiB, not the 144 of
+//! the halved moments it makes at batch 64); at width 128 FULL_SHARD's heap varies alike (the
+//! same cell at batch 512 grew by 369 MiB in one sweep and 308 in the next); one run's rank can stray alone (DDP in bf16 at width 4096 with
 //! checkpointing: 808 and 1,072 MiB on two ranks of one cell); and the 16-bit factor depends
 //! on the CPU's bf16 unit — AMX kernels leave more of the heap than AVX512-BF16 ones (2.3
 //! resident bytes per live byte on the Intel Xeon, 1.4 on the Zen 5) — and a CPU without one
@@ -108,7 +110,8 @@ pub const RUNTIME_BYTES: u64 = 30 << 20;
 /// not isolated; the term is fitted, not derived). Fitted with the
 /// constants above to the cells at width 4096 (added on top of them: 67 of 88 fp32 cells
 /// within 10% without it, 78 with it, on the Intel Xeon and the AMD EPYC Zen 5), and it holds
-/// the width-8192 cells of the book's fit sweep (22 of 24 with widths 128 to 8192). The
+/// the width-8192 cells of the book's fit sweep (19 to 22 of 24 with widths 128 to 8192 in two
+/// sweeps). The
 /// same runs with `THP_MEM_ALLOC_ENABLE=0` (level 1, W = 2, width 4096, FULL_SHARD, Zen 5):
 /// 120 MiB less at batch 512, but 130 MiB more at batch 64, where 4 KiB pages leave the
 /// heap's top and the mapped blocks resident in another pattern — a term for the default

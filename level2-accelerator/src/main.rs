@@ -16,7 +16,7 @@ use std::process::ExitCode;
 fn main() -> ExitCode {
     let cfg = level2_accelerator::Config::parse_command_line();
     // Before any tensor exists: huge pages for wide models (see the function).
-    ladder_core::device::use_huge_pages_for(4 * ladder_core::model::BasicNet::num_parameters(cfg.width.max(1)) as u64);
+    ladder_core::device::use_huge_pages_for(ladder_core::model::BasicNet::param_bytes(cfg.width));
     let result = level2_accelerator::run(&cfg);
     ladder_core::metrics::finish(result, |r| r.figures_line())
 }

@@ -24,7 +24,7 @@ use std::process::ExitCode;
 fn main() -> ExitCode {
     let cfg = level3_trainer::Config::parse_command_line();
     // Before any tensor exists: huge pages for wide models (see the function).
-    ladder_core::device::use_huge_pages_for(4 * ladder_core::model::BasicNet::num_parameters(cfg.width.max(1)) as u64);
+    ladder_core::device::use_huge_pages_for(ladder_core::model::BasicNet::param_bytes(cfg.width));
     let result = level3_trainer::run(&cfg);
     // Two throughputs, as Transformers defines each: the log's train_samples_per_second is over
     // the whole train() call (evaluation and checkpoints included); the last line's samples/s

@@ -316,7 +316,7 @@ mod tests {
     fn huge_pages_follow_the_model_size_and_the_users_setting_wins() {
         // The one test that touches THP_MEM_ALLOC_ENABLE.
         std::env::remove_var("THP_MEM_ALLOC_ENABLE");
-        let (tutorial, wide) = (4 * BasicNet::num_parameters(128) as u64, 4 * BasicNet::num_parameters(4096) as u64);
+        let (tutorial, wide) = (BasicNet::param_bytes(128), BasicNet::param_bytes(4096));
         assert!(!use_huge_pages_for(tutorial), "4.8 MB of parameters: off");
         assert!(std::env::var_os("THP_MEM_ALLOC_ENABLE").is_none(), "and the variable left unset");
         assert!(use_huge_pages_for(wide), "151 MB of parameters: on");

@@ -77,6 +77,13 @@ impl BasicNet {
     pub fn num_parameters(width: i64) -> i64 {
         (32 * 9 + 32) + (64 * 32 * 9 + 64) + (9216 * width + width) + (width * 10 + 10)
     }
+
+    /// Bytes of the fp32 parameters for a given fc1 width (4 × [`Self::num_parameters`], a
+    /// width below 1 taken as 1): what decides whether the levels turn huge pages on
+    /// ([`crate::device::use_huge_pages_for`]).
+    pub fn param_bytes(width: i64) -> u64 {
+        4 * Self::num_parameters(width.max(1)) as u64
+    }
 }
 
 impl ModuleT for BasicNet {

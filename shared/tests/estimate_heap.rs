@@ -60,7 +60,7 @@ fn the_bf16_unit_moves_bf16_on_a_cpu_and_nothing_else() {
 #[test]
 fn huge_pages_add_their_term_where_the_levels_turn_them_on() {
     // The first width whose fp32 parameters reach 32 MiB, as the levels' start-up computes it.
-    let first = (1..8192).find(|&w| huge_pages_by_default(4 * BasicNet::num_parameters(w) as u64)).unwrap();
+    let first = (1..8192).find(|&w| huge_pages_by_default(BasicNet::param_bytes(w))).unwrap();
     assert_eq!(first, 908);
     for strategy in [Strategy::default(), full_shard()] {
         for precision in [Precision::No, Precision::Bf16] {

@@ -143,8 +143,7 @@ pub fn estimate_growth_mib(case: &Case, this_machine: bool) -> Option<f64> {
         // The cells run on this machine with the bench's environment (its THP_MEM_ALLOC_ENABLE,
         // if any); a report read back assumes the levels' defaults and the larger bf16 factor.
         cpu_bf16: if this_machine { ladder_core::device::CpuBf16Unit::of_this_machine() } else { None },
-        huge_pages: this_machine
-            .then(|| ladder_core::device::huge_pages_for(4 * ladder_core::model::BasicNet::num_parameters(case.width) as u64)),
+        huge_pages: this_machine.then(|| ladder_core::device::huge_pages_for(ladder_core::model::BasicNet::param_bytes(case.width))),
     };
     let ranks = ladder_core::memory::estimate::estimate(&input).ok()?;
     ranks.iter().map(|r| r.peak_growth).max().map(ladder_core::memory::mib)

@@ -207,7 +207,7 @@ fn build(args: &EstimateArgs) -> Result<Report> {
             offload_optimizer: args.offload_optimizer,
             save_checkpoint: args.save_checkpoint,
             cpu_bf16: cpu_bf16.flatten(),
-            huge_pages: Some(ladder_core::device::huge_pages_for(4 * ladder_core::model::BasicNet::num_parameters(args.width) as u64)),
+            huge_pages: Some(ladder_core::device::huge_pages_for(ladder_core::model::BasicNet::param_bytes(args.width))),
         };
         let ranks = estimate::estimate_on(&input, args.device)?;
         let fits = args.budget.map(|b| ranks.iter().all(|r| held(r, args.device) <= b));

@@ -123,8 +123,7 @@ impl super::EstimateInput {
     /// [`huge_pages`](Self::huge_pages), or the levels' default for this width's parameters
     /// ([`crate::device::huge_pages_by_default`]).
     pub fn huge_pages_on(&self) -> bool {
-        let param_bytes = MASTER_BYTES * crate::model::BasicNet::num_parameters(self.width).max(0) as u64;
-        self.huge_pages.unwrap_or_else(|| crate::device::huge_pages_by_default(param_bytes))
+        self.huge_pages.unwrap_or_else(|| crate::device::huge_pages_by_default(crate::model::BasicNet::param_bytes(self.width)))
     }
 }
 

@@ -40,8 +40,7 @@ impl Machine {
             .lines()
             .find_map(|l| l.strip_prefix("model name").and_then(|r| r.split_once(':')).map(|(_, v)| v.trim().to_string()))
             .unwrap_or_else(|| "unknown".into());
-        let cpu_bf16 =
-            cpuinfo.lines().filter(|l| l.starts_with("flags")).any(|l| l.split_whitespace().any(|f| f == "avx512_bf16" || f == "amx_bf16"));
+        let cpu_bf16 = ladder_core::device::bf16_units_in(&cpuinfo).is_some_and(|units| !units.is_empty());
         let gpu = Command::new("nvidia-smi")
             .arg("-L")
             .output()

@@ -162,15 +162,12 @@ pub fn huge_pages_for(param_bytes: u64) -> bool {
 /// 2 MiB of rounding per large tensor (~40 MiB per rank at width 128), hence the threshold.
 pub fn use_huge_pages_for(param_bytes: u64) -> bool {
     const VAR: &str = "THP_MEM_ALLOC_ENABLE";
-    if let Some(v) = std::env::var_os(VAR) {
-        return v == "1";
+    let on = huge_pages_for(param_bytes);
+    if on && std::env::var_os(VAR).is_none() {
+        // Start-up, before libtorch, MPI or any other thread reads the environment.
+        std::env::set_var(VAR, "1");
     }
-    if !huge_pages_by_default(param_bytes) {
-        return false;
-    }
-    // Start-up, before libtorch, MPI or any other thread reads the environment.
-    std::env::set_var(VAR, "1");
-    true
+    on
 }
 
 /// Logical cores of this machine (`std::thread::available_parallelism`, 1 if unknown).
@@ -206,7 +203,9 @@ pub fn bf16_units_in(cpuinfo: &str) -> Option<Vec<&'static str>> {
 /// [`bf16_units_in`] this machine's `/proc/cpuinfo`; `None` where it cannot be read or is not
 /// an x86 CPU's.
 pub fn cpu_bf16_units() -> Option<Vec<&'static str>> {
-    bf16_units_in(&std::fs::read_to_string("/proc/cpuinfo").ok()?)
+    // The CPU does not change under a process: read once (the bench estimates every cell).
+    static UNITS: std::sync::OnceLock<Option<Vec<&'static str>>> = std::sync::OnceLock::new();
+    UNITS.get_or_init(|| bf16_units_in(&std::fs::read_to_string("/proc/cpuinfo").ok()?)).clone()
 }
 
 /// A CPU's bf16 unit: the fastest of [`BF16_CPU_FLAGS`] its flags list, which libtorch's bf16

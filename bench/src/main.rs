@@ -24,7 +24,7 @@ enum Cmd {
     Demo(bench::demo::DemoArgs),
     /// Run the matrix level × strategy × world size × width × precision, repeated and interleaved
     /// with the PyTorch peers, and the all-reduce bandwidth; writes bench/results/.
-    Run(bench::matrix::RunArgs),
+    Run(Box<bench::matrix::RunArgs>),
 }
 
 fn main() -> ExitCode {

@@ -4,7 +4,7 @@
 use clap::builder::PossibleValue;
 use clap::ValueEnum;
 use ladder_core::memory::estimate::{strategy_label, zero1};
-use ladder_core::parallel::{Choice, Precision, ShardingStrategy, Strategy};
+use ladder_core::parallel::{Choice, OffloadDevice, Precision, ShardingStrategy, Strategy};
 use serde::{Deserialize, Serialize};
 use std::sync::OnceLock;
 
@@ -213,6 +213,12 @@ pub struct Case {
     /// `--fsdp-offload-params`, level 3 `--fsdp "<STRATEGY> offload"`).
     #[serde(default)]
     pub cpu_offload: bool,
+    /// Where AdamW's moments live: `none` (in memory) or `nvme`, a file per rank on disk —
+    /// DeepSpeed's `offload_optimizer.device` (level 1 `--offload-optimizer-nvme-path`, level 2
+    /// `--offload-optimizer-device nvme`, level 3 `--deepspeed` with
+    /// `zero_optimization.offload_optimizer`).
+    #[serde(default)]
+    pub offload_optimizer: OffloadDevice,
     /// The PyTorch twin, if any.
     pub peer: Option<Peer>,
     /// The tuned PyTorch peer (`bench/reference/tuned.py`) at the same world size, if any.
@@ -221,8 +227,8 @@ pub struct Case {
 }
 
 /// Whether two cells run the same world size, width, precision, batch size, activation
-/// checkpointing and CPU offload (their level and strategy may differ): the twins a ratio
-/// compares.
+/// checkpointing, CPU offload and optimizer offload (their level and strategy may differ): the
+/// twins a ratio compares.
 pub fn same_setting(a: &Case, b: &Case) -> bool {
     a.world_size == b.world_size
         && a.width == b.width
@@ -230,6 +236,7 @@ pub fn same_setting(a: &Case, b: &Case) -> bool {
         && a.batch_size == b.batch_size
         && a.activation_checkpointing == b.activation_checkpointing
         && a.cpu_offload == b.cpu_offload
+        && a.offload_optimizer == b.offload_optimizer
 }
 
 /// Samples per rank per step unless a cell says otherwise: the levels' default `--batch-size`.
@@ -240,15 +247,16 @@ fn default_batch_size() -> usize {
 }
 
 /// `L2 fsdp-full-shard ×4 fc1 4096 bf16` / `baseline single ×1 fc1 128 fp32`; a batch size
-/// other than [`BATCH_SIZE`], activation checkpointing and CPU offload are appended: `L1 ddp ×2
-/// fc1 128 fp32 batch 512 ckpt`, `L1 fsdp-full-shard ×2 fc1 4096 fp32 offload`.
+/// other than [`BATCH_SIZE`], activation checkpointing, CPU offload and optimizer offload are
+/// appended: `L1 ddp ×2 fc1 128 fp32 batch 512 ckpt`, `L1 fsdp-full-shard ×2 fc1 4096 fp32
+/// offload`, `L1 zero1 ×2 fc1 4096 fp32 nvme`.
 pub fn label(case: &Case) -> String {
     let who = case.level.map_or("baseline".to_string(), |l| format!("L{l}"));
     format!("{who} {} ×{} fc1 {} {}", case.strategy.name(), case.world_size, case.width, precision_and_options(case))
 }
 
 /// The precision, then the options a cell sets apart from its strategy: `fp32`,
-/// `fp32 batch 512 ckpt`, `fp32 offload` (tables put it in their precision column).
+/// `fp32 batch 512 ckpt`, `fp32 offload`, `fp32 nvme` (tables put it in their precision column).
 pub fn precision_and_options(case: &Case) -> String {
     let mut out = case.precision.label().to_string();
     if case.batch_size != BATCH_SIZE {
@@ -259,6 +267,9 @@ pub fn precision_and_options(case: &Case) -> String {
     }
     if case.cpu_offload {
         out.push_str(" offload");
+    }
+    if case.offload_optimizer == OffloadDevice::Nvme {
+        out.push_str(" nvme");
     }
     out
 }
@@ -280,6 +291,7 @@ mod tests {
             batch_size: BATCH_SIZE,
             activation_checkpointing: false,
             cpu_offload: false,
+            offload_optimizer: OffloadDevice::None,
             peer: None,
             tuned_peer: None,
         };
@@ -312,7 +324,13 @@ mod tests {
         let wide = Case { batch_size: 512, activation_checkpointing: true, strategy: zero, ..case.clone() };
         assert_eq!(label(&wide), "L1 zero1 ×2 fc1 128 bf16 batch 512 ckpt");
         let offloaded = Case { cpu_offload: true, ..case.clone() };
+        let on_disk = Case { offload_optimizer: OffloadDevice::Nvme, ..case.clone() };
         assert_eq!(label(&offloaded), "L1 fsdp-full-shard ×2 fc1 128 bf16 offload");
+        assert_eq!(label(&on_disk), "L1 fsdp-full-shard ×2 fc1 128 bf16 nvme");
+        assert!(!same_setting(&case, &on_disk), "the moments on disk are another setting");
+        let json = serde_json::to_value(&on_disk).unwrap();
+        assert_eq!(json["offload_optimizer"], "nvme");
+        assert_eq!(serde_json::from_value::<Case>(json).unwrap(), on_disk);
         let err = "zero3".parse::<Replication>().unwrap_err().to_string();
         assert!(err.starts_with("invalid strategy \"zero3\": expected single, ddp, zero1, fsdp-full-shard"), "{err}");
     }

@@ -1,5 +1,5 @@
 //! `bench run` (`make bench`): level {1,2,3} × strategy × world size × fc1 width × precision
-//! (× batch size × activation checkpointing, when asked),
+//! (× batch size × activation checkpointing × CPU offload × optimizer offload, when asked),
 //! each run `--repeats` times, interleaved with its PyTorch peer from `bench/reference/` (same
 //! model, recipe, per-rank batch and threads per rank) so that every ratio compares runs taken
 //! minutes apart on the same machine; plus the all-reduce bus bandwidth of
@@ -15,8 +15,10 @@
 //!   level 3 `--deepspeed` with `zero_optimization.stage` 1), fp32 only;
 //! * FSDP strategies get `--fsdp-min-num-params 0` (every layer its own FlatParameter);
 //! * width ≠ 128 or a batch size ≠ 64 runs `--wide-steps` steps (a memory measurement); bf16 is
-//!   every level's `--mixed-precision bf16`; `--activation-checkpointing true` every level's own
-//!   flag; only DDP at width 128, fp32, batch 64, without checkpointing has PyTorch peers.
+//!   every level's `--mixed-precision bf16`; `--activation-checkpointing true`,
+//!   `--cpu-offload true` (FSDP strategies) and `--offload-optimizer nvme` (the moments in a
+//!   directory under `--out-dir`, `nvme/`, removed after each run) every level's own flags; only
+//!   DDP at width 128, fp32, batch 64, without checkpointing or offload has PyTorch peers.
 //!
 //! Outputs in `--out-dir` (default `bench/results/`): `bench.md`, `bench.json`, `bench.csv`,
 //! `throughput.svg`, `memory.svg`, every run's own
@@ -24,7 +26,7 @@
 //!
 //! The rooms: [`case`] (a cell: how it replicates the model, its PyTorch peer), [`plan`]
 //! (`bench run`'s flags and the cells they select), `run` (running them), [`rows`] (a cell's
-//! repeats as its row), [`targets`] (issues #10 and #11), [`summary`] (`bench.json`),
+//! repeats as its row), [`targets`] (issues #10, #11, #23 and #25), [`summary`] (`bench.json`),
 //! `render` and `plots` (tables and SVGs).
 
 pub mod case;

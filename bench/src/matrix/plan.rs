@@ -2,7 +2,7 @@
 
 use super::case::{Case, Peer, Replication, BATCH_SIZE};
 use crate::error::{Error, Result};
-use ladder_core::parallel::{Precision, ShardingStrategy, Strategy};
+use ladder_core::parallel::{OffloadDevice, Precision, ShardingStrategy, Strategy};
 use std::path::PathBuf;
 
 /// `bench run`'s options. Every list flag takes comma-separated values.
@@ -42,6 +42,13 @@ pub struct RunArgs {
     /// saving.
     #[arg(long, value_delimiter = ',', default_values_t = [false], action = clap::ArgAction::Set)]
     pub cpu_offload: Vec<bool>,
+    /// Where AdamW's moments live, one or both (`none,nvme`): `nvme` is DeepSpeed's optimizer
+    /// offload to disk (level 1 `--offload-optimizer-nvme-path`, level 2
+    /// `--offload-optimizer-device nvme`, level 3 `--deepspeed` with
+    /// `zero_optimization.offload_optimizer`), the moments' files in a directory under
+    /// --out-dir, removed after each run. Any strategy; offloaded cells run no PyTorch peer.
+    #[arg(long, value_delimiter = ',', default_values_t = [OffloadDevice::None])]
+    pub offload_optimizer: Vec<OffloadDevice>,
     /// Optimizer steps per rank for width-128 runs at batch size 64 (938 is one epoch at one
     /// process).
     #[arg(long, default_value_t = 300)]
@@ -116,9 +123,13 @@ pub fn plan(args: &RunArgs) -> Result<(Vec<Case>, Vec<String>)> {
         if strategy == Replication::Single {
             // One process whatever --world-sizes says (they are the process groups' sizes):
             // the figure every other is read against.
-            if args.batch_sizes != [BATCH_SIZE] || args.activation_checkpointing != [false] || args.cpu_offload != [false] {
+            if args.batch_sizes != [BATCH_SIZE]
+                || args.activation_checkpointing != [false]
+                || args.cpu_offload != [false]
+                || args.offload_optimizer != [OffloadDevice::None]
+            {
                 skipped.push(format!(
-                    "single at other batch sizes, with activation checkpointing or with CPU offload: ladder-baseline is the tutorial's loop (batch {BATCH_SIZE}, no checkpointing, no offload) only"
+                    "single at other batch sizes, with activation checkpointing or with CPU or optimizer offload: ladder-baseline is the tutorial's loop (batch {BATCH_SIZE}, no checkpointing, no offload) only"
                 ));
             }
             for &width in &args.widths {
@@ -133,6 +144,7 @@ pub fn plan(args: &RunArgs) -> Result<(Vec<Case>, Vec<String>)> {
                     if !args.batch_sizes.contains(&BATCH_SIZE)
                         || !args.activation_checkpointing.contains(&false)
                         || !args.cpu_offload.contains(&false)
+                        || !args.offload_optimizer.contains(&OffloadDevice::None)
                     {
                         continue;
                     }
@@ -147,6 +159,7 @@ pub fn plan(args: &RunArgs) -> Result<(Vec<Case>, Vec<String>)> {
                         batch_size: BATCH_SIZE,
                         activation_checkpointing: false,
                         cpu_offload: false,
+                        offload_optimizer: OffloadDevice::None,
                         peer: (!args.no_peers).then_some(Peer::Tutorial),
                         tuned_peer: (!args.no_peers).then_some(Peer::Tuned { world_size: 1, bf16: false }),
                     });
@@ -175,17 +188,20 @@ pub fn plan(args: &RunArgs) -> Result<(Vec<Case>, Vec<String>)> {
                         for &batch_size in &args.batch_sizes {
                             for &activation_checkpointing in &args.activation_checkpointing {
                                 for &cpu_offload in &offloads {
-                                    let cell = Cell {
-                                        level: level.number,
-                                        strategy,
-                                        world_size,
-                                        width,
-                                        precision,
-                                        batch_size,
-                                        activation_checkpointing,
-                                        cpu_offload,
-                                    };
-                                    cases.push(cell.case(args, steps_for(width, batch_size)));
+                                    for &offload_optimizer in &args.offload_optimizer {
+                                        let cell = Cell {
+                                            level: level.number,
+                                            strategy,
+                                            world_size,
+                                            width,
+                                            precision,
+                                            batch_size,
+                                            activation_checkpointing,
+                                            cpu_offload,
+                                            offload_optimizer,
+                                        };
+                                        cases.push(cell.case(args, steps_for(width, batch_size)));
+                                    }
                                 }
                             }
                         }
@@ -207,15 +223,17 @@ struct Cell {
     batch_size: usize,
     activation_checkpointing: bool,
     cpu_offload: bool,
+    offload_optimizer: OffloadDevice,
 }
 
 impl Cell {
     /// The case: id `l1-ddp-w2-128-fp32` (`-b512` for another batch size, `-ckpt` with
-    /// checkpointing, `-offload` with CPU offload); each level's twin (PyTorch DDP, 🤗
-    /// Accelerate, 🤗 Trainer) and the tuned peer for DDP at width 128, fp32, batch 64, without
-    /// checkpointing.
+    /// checkpointing, `-offload` with CPU offload, `-nvme` with the moments on disk); each
+    /// level's twin (PyTorch DDP, 🤗 Accelerate, 🤗 Trainer) and the tuned peer for DDP at width
+    /// 128, fp32, batch 64, without checkpointing or optimizer offload.
     fn case(self, args: &RunArgs, steps: usize) -> Case {
-        let Cell { level, strategy, world_size, width, precision, batch_size, activation_checkpointing, cpu_offload } = self;
+        let Cell { level, strategy, world_size, width, precision, batch_size, activation_checkpointing, cpu_offload, offload_optimizer } =
+            self;
         let twin = match level {
             1 => Peer::DdpGloo { world_size },
             2 => Peer::Accelerate { world_size },
@@ -223,7 +241,12 @@ impl Cell {
         };
         // The PyTorch peers run DDP at the tutorial's width, batch and no checkpointing; the
         // tutorial's programs in fp32 only, the tuned one in the row's precision.
-        let with_peers = !args.no_peers && strategy.is_ddp() && width == 128 && batch_size == BATCH_SIZE && !activation_checkpointing;
+        let with_peers = !args.no_peers
+            && strategy.is_ddp()
+            && width == 128
+            && batch_size == BATCH_SIZE
+            && !activation_checkpointing
+            && offload_optimizer == OffloadDevice::None;
         let peer = (with_peers && precision == Precision::No).then_some(twin);
         let mut id = format!("l{level}-{}-w{world_size}-{width}-{}", strategy.name(), precision.label());
         if batch_size != BATCH_SIZE {
@@ -234,6 +257,9 @@ impl Cell {
         }
         if cpu_offload {
             id.push_str("-offload");
+        }
+        if offload_optimizer == OffloadDevice::Nvme {
+            id.push_str("-nvme");
         }
         Case {
             id,
@@ -246,6 +272,7 @@ impl Cell {
             batch_size,
             activation_checkpointing,
             cpu_offload,
+            offload_optimizer,
             peer,
             // The strongest PyTorch loop at the same world size and precision, for every level.
             tuned_peer: with_peers.then_some(Peer::Tuned { world_size, bf16: precision == Precision::Bf16 }),
@@ -276,6 +303,9 @@ fn check(args: &RunArgs) -> Result<()> {
     }
     if args.cpu_offload.is_empty() {
         return invalid("--cpu-offload", String::new(), "false, true or both");
+    }
+    if args.offload_optimizer.is_empty() {
+        return invalid("--offload-optimizer", String::new(), "none, nvme or both");
     }
     if args.widths.is_empty() || args.widths.iter().any(|&w| w < 1) {
         return invalid("--widths", format!("{:?}", args.widths), "one or more fc1 widths of at least 1");
@@ -419,5 +449,32 @@ mod tests {
             super::super::case::same_setting(&on, &on)
                 && !super::super::case::same_setting(&on, &Case { cpu_offload: false, ..on.clone() })
         );
+    }
+
+    #[test]
+    fn optimizer_offload_is_a_dimension_of_every_strategy() {
+        let flags = "--levels 1,3 --strategies single,ddp,zero1,fsdp-full-shard --world-sizes 2 --widths 4096 --precisions fp32 --offload-optimizer none,nvme";
+        let (cases, skipped) = plan(&args(&flags.split(' ').collect::<Vec<_>>())).unwrap();
+        // single: its one cell at width 128 is not asked for (width 4096 only); 2 levels × 3
+        // strategies × (none, nvme).
+        assert_eq!(cases.len(), 2 * 3 * 2);
+        let on_disk: Vec<&str> = cases.iter().filter(|c| c.offload_optimizer == OffloadDevice::Nvme).map(|c| c.id.as_str()).collect();
+        assert_eq!(
+            on_disk,
+            [
+                "l1-ddp-w2-4096-fp32-nvme",
+                "l3-ddp-w2-4096-fp32-nvme",
+                "l1-zero1-w2-4096-fp32-nvme",
+                "l3-zero1-w2-4096-fp32-nvme",
+                "l1-fsdp-full-shard-w2-4096-fp32-nvme",
+                "l3-fsdp-full-shard-w2-4096-fp32-nvme"
+            ]
+        );
+        assert!(skipped[0].contains("with CPU or optimizer offload"), "{skipped:?}");
+        // DDP at the tutorial's width keeps its peers without the option, none with it.
+        let flags = "--levels 1 --strategies ddp --world-sizes 2 --widths 128 --precisions fp32 --offload-optimizer none,nvme";
+        let (cases, _) = plan(&args(&flags.split(' ').collect::<Vec<_>>())).unwrap();
+        let peers: Vec<(&str, bool, bool)> = cases.iter().map(|c| (c.id.as_str(), c.peer.is_some(), c.tuned_peer.is_some())).collect();
+        assert_eq!(peers, [("l1-ddp-w2-128-fp32", true, true), ("l1-ddp-w2-128-fp32-nvme", false, false)]);
     }
 }

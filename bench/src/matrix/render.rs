@@ -318,6 +318,7 @@ pub(super) fn buckets_table(summary: &MatrixSummary, markdown: bool) -> Option<T
 pub(super) fn render_notes(summary: &MatrixSummary) -> String {
     let mut s = checkpointing_costs(&summary.rows);
     s.push_str(&offload_costs(&summary.rows));
+    s.push_str(&optimizer_offload_costs(&summary.rows));
     for r in summary.rows.iter().filter(|r| !r.errors.is_empty()) {
         s.push_str(&format!("\n{} FAILED ({} of {} repeats):\n{}\n", label(&r.case), r.errors.len(), summary.repeats, r.errors[0]));
     }
@@ -345,6 +346,12 @@ pub(super) fn checkpointing_costs(rows: &[Row]) -> String {
 /// The same for FSDP's CPU offload, each offloaded cell beside the same cell without.
 pub(super) fn offload_costs(rows: &[Row]) -> String {
     option_costs(rows, targets::without_offload, "CPU offload (parameter shards, gradients and optimizer state on the host)")
+}
+
+/// The same for the optimizer's moments on disk (DeepSpeed's `offload_optimizer` nvme), each
+/// such cell beside the same cell with the moments in memory.
+pub(super) fn optimizer_offload_costs(rows: &[Row]) -> String {
+    option_costs(rows, targets::without_optimizer_offload, "Optimizer offload to disk (AdamW's moments streamed from a file per rank)")
 }
 
 /// Per cell that `twin` pairs with the same cell without the option: samples/s and

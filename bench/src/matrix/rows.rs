@@ -111,10 +111,10 @@ impl Row {
 
 /// What `ladder_core::memory::estimate` expects a cell's training phase to add to a rank's
 /// RSS, MiB (the largest rank's): the cell's strategy (ZeRO-1 among DDP's), world size, width,
-/// precision, batch size, activation checkpointing and CPU offload, FSDP with one unit per layer
-/// (`--fsdp-min-num-params 0`, as the bench runs it); `this_machine`: with this machine's bf16
-/// unit and the environment's `THP_MEM_ALLOC_ENABLE` (a run's cells), else with the levels'
-/// default huge pages and the larger bf16 factor (a report read back). The
+/// precision, batch size, activation checkpointing, CPU offload and optimizer offload, FSDP with
+/// one unit per layer (`--fsdp-min-num-params 0`, as the bench runs it); `this_machine`: with
+/// this machine's bf16 unit and the environment's `THP_MEM_ALLOC_ENABLE` (a run's cells), else
+/// with the levels' default huge pages and the larger bf16 factor (a report read back). The
 /// single-process baseline is estimated as DDP at W = 1 (the same tensors, less one bucket's
 /// copy).
 pub fn estimate_growth_mib(case: &Case, this_machine: bool) -> Option<f64> {
@@ -136,7 +136,7 @@ pub fn estimate_growth_mib(case: &Case, this_machine: bool) -> Option<f64> {
         world_size: case.world_size,
         width: case.width,
         batch_size: case.batch_size,
-        offload_optimizer: Default::default(),
+        offload_optimizer: case.offload_optimizer,
         // The measured peak is the steps' (ladder_core::timing): level 3's checkpoint-N, written
         // after the last step, is not in it.
         save_checkpoint: false,

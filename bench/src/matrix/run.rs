@@ -8,7 +8,7 @@ use crate::error::{Error, Result};
 use crate::figures::RunFigures;
 use crate::machine::Machine;
 use crate::{process, require_binary, write_file, LEVELS};
-use ladder_core::parallel::Precision;
+use ladder_core::parallel::{OffloadDevice, Precision};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
@@ -242,16 +242,19 @@ fn torch_version(python: &Path) -> Option<String> {
 
 /// The flags a level binary must take for `case`, beyond the common training ones.
 fn needed_flags(case: &Case) -> Vec<String> {
-    level_args(case).into_iter().filter(|a| a.starts_with("--")).collect()
+    level_args(case, Path::new("nvme")).into_iter().filter(|a| a.starts_with("--")).collect()
 }
 
 /// The level's own flags for `case`'s strategy and options (level 1's names, Accelerate's at
 /// level 2, Transformers' at level 3): `--strategy ddp`, ZeRO-1 (`--zero-redundancy-optimizer`,
 /// `--zero-stage 1`, `--deepspeed` with `zero_optimization.stage` 1), `--fsdp-min-num-params 0`,
-/// `--width`, `--mixed-precision`, the batch size, activation checkpointing and CPU offload
+/// `--width`, `--mixed-precision`, the batch size, activation checkpointing, CPU offload
 /// (level 3 names the strategy and the offload in one `--fsdp "FULL_SHARD offload"`, as
-/// Transformers' `fsdp` argument).
-fn level_args(case: &Case) -> Vec<String> {
+/// Transformers' `fsdp` argument) and the optimizer's moments on disk under `nvme_path`
+/// (level 1 `--offload-optimizer-nvme-path`, Accelerate's `--offload-optimizer-device nvme`,
+/// Transformers' `--deepspeed` with `zero_optimization.offload_optimizer`, in the same JSON
+/// as ZeRO-1's stage).
+fn level_args(case: &Case, nvme_path: &Path) -> Vec<String> {
     let level = case.level.unwrap_or(1);
     let Some(strategy) = case.strategy.strategy() else { return Vec::new() };
     let mut a: Vec<String> = match (case.cpu_offload, case.strategy.sharding()) {
@@ -263,12 +266,28 @@ fn level_args(case: &Case) -> Vec<String> {
     if case.cpu_offload && level < 3 {
         a.push(if level == 1 { "--cpu-offload" } else { "--fsdp-offload-params" }.into());
     }
-    if case.strategy.is_zero1() {
+    let on_disk = case.offload_optimizer == OffloadDevice::Nvme;
+    if case.strategy.is_zero1() && level < 3 {
         a.extend(match level {
             1 => vec!["--zero-redundancy-optimizer".to_string()],
-            2 => vec!["--zero-stage".into(), "1".into()],
-            _ => vec!["--deepspeed".into(), r#"{"zero_optimization": {"stage": 1}}"#.into()],
+            _ => vec!["--zero-stage".into(), "1".into()],
         });
+    }
+    if on_disk && level < 3 {
+        let path = nvme_path.display().to_string();
+        a.extend(match level {
+            1 => vec!["--offload-optimizer-nvme-path".to_string(), path],
+            _ => vec!["--offload-optimizer-device".into(), "nvme".into(), "--offload-optimizer-nvme-path".into(), path],
+        });
+    }
+    if level == 3 && (case.strategy.is_zero1() || on_disk) {
+        // One DeepSpeed config: ZeRO-1's stage (0 otherwise: the strategy stays --strategy's
+        // or --fsdp's) and the moments' device.
+        let mut zero = serde_json::json!({ "stage": u8::from(case.strategy.is_zero1()) });
+        if on_disk {
+            zero["offload_optimizer"] = serde_json::json!({ "device": "nvme", "nvme_path": nvme_path });
+        }
+        a.extend(["--deepspeed".into(), serde_json::json!({ "zero_optimization": zero }).to_string()]);
     }
     if case.strategy.sharding().is_some() {
         a.extend(["--fsdp-min-num-params".into(), "0".into()]);
@@ -312,12 +331,18 @@ fn help_flags(binary: &Path) -> Vec<String> {
 fn run_ours(case: &Case, repeat: usize, paths: &Paths, timeout: Duration) -> std::result::Result<(RunFigures, f64), String> {
     let report = paths.out_dir.join("runs").join(format!("{}-r{repeat}.json", case.id));
     let log = paths.out_dir.join("logs").join(format!("{}-r{repeat}.log", case.id));
+    // The moments' files of an optimizer offloaded to disk: a directory of the run's own, made
+    // before and removed after (the levels remove their files at exit; a killed run's stay).
+    let nvme_dir = paths.out_dir.join("nvme").join(format!("{}-r{repeat}", case.id));
+    if case.offload_optimizer == OffloadDevice::Nvme {
+        std::fs::create_dir_all(&nvme_dir).map_err(|e| format!("creating {}: {e}", nvme_dir.display()))?;
+    }
     let mut cmd = match case.level {
         None => Command::new(paths.bin_dir.join("ladder-baseline")),
         Some(n) => {
             let mut c = Command::new(paths.bin_dir.join("ladder-run"));
             c.arg("--nproc-per-node").arg(case.world_size.to_string()).arg(paths.bin_dir.join(LEVELS[usize::from(n) - 1].binary));
-            c.args(level_args(case));
+            c.args(level_args(case, &nvme_dir));
             if n == 3 {
                 // The Trainer refuses to replace a previous run unless told: the bench owns this one.
                 c.arg("--output-dir").arg(paths.out_dir.join("trainer-output").join(format!("{}-r{repeat}", case.id)));
@@ -329,7 +354,14 @@ fn run_ours(case: &Case, repeat: usize, paths: &Paths, timeout: Duration) -> std
     cmd.args(["--device", "cpu", "--log-interval", "0", "--max-steps", &case.steps.to_string(), "--metrics-json"]).arg(&report);
     cmd.current_dir(&paths.root);
     let what = label(case);
-    let done = process::run_logged(&what, &mut cmd, &log, timeout).map_err(|e| e.to_string())?;
+    let done = process::run_logged(&what, &mut cmd, &log, timeout).map_err(|e| e.to_string());
+    if case.offload_optimizer == OffloadDevice::Nvme {
+        // Best effort: what is left there is the run's own, and the run's result stands either way.
+        let _ = std::fs::remove_dir_all(&nvme_dir);
+        // `nvme/` itself too, once no run's directory is left in it (remove_dir fails otherwise).
+        let _ = nvme_dir.parent().map(std::fs::remove_dir);
+    }
+    let done = done?;
     if !report.exists() {
         return Err(Error::NoReport { what, path: report }.to_string());
     }
@@ -454,14 +486,55 @@ mod tests {
             batch_size: BATCH_SIZE,
             activation_checkpointing: false,
             cpu_offload: true,
+            offload_optimizer: OffloadDevice::None,
             peer: None,
             tuned_peer: None,
         };
-        let args = |level| level_args(&case(level)).join(" ");
+        let args = |level| level_args(&case(level), Path::new("/x")).join(" ");
         assert_eq!(args(1), "--strategy fsdp-shard-grad-op --cpu-offload --fsdp-min-num-params 0");
         assert_eq!(args(2), "--strategy fsdp-shard-grad-op --fsdp-offload-params --fsdp-min-num-params 0");
         assert_eq!(args(3), "--fsdp SHARD_GRAD_OP offload --fsdp-min-num-params 0");
         let plain = Case { cpu_offload: false, ..case(3) };
-        assert_eq!(level_args(&plain).join(" "), "--strategy fsdp-shard-grad-op --fsdp-min-num-params 0");
+        assert_eq!(level_args(&plain, Path::new("/x")).join(" "), "--strategy fsdp-shard-grad-op --fsdp-min-num-params 0");
+    }
+
+    /// Each level's spelling of the moments on disk: level 1's `--offload-optimizer-nvme-path`,
+    /// Accelerate's `--offload-optimizer-device nvme` with its path, Transformers' `--deepspeed`
+    /// JSON (stage 1 for ZeRO-1 in the same object, 0 beside another strategy).
+    #[test]
+    fn each_level_spells_the_optimizer_on_disk_its_own_way() {
+        let case = |level: u8, strategy: Replication| Case {
+            id: String::new(),
+            level: Some(level),
+            strategy,
+            world_size: 2,
+            width: 128,
+            precision: Precision::No,
+            steps: 1,
+            batch_size: BATCH_SIZE,
+            activation_checkpointing: false,
+            cpu_offload: false,
+            offload_optimizer: OffloadDevice::Nvme,
+            peer: None,
+            tuned_peer: None,
+        };
+        let zero1: Replication = "zero1".parse().unwrap();
+        let ddp = Replication::from(Strategy::Ddp(ladder_core::parallel::DdpOptions::DEFAULT));
+        let args = |level, s| level_args(&case(level, s), Path::new("/tmp/off")).join(" ");
+        assert_eq!(args(1, zero1), "--strategy ddp --zero-redundancy-optimizer --offload-optimizer-nvme-path /tmp/off");
+        assert_eq!(args(2, ddp), "--strategy ddp --offload-optimizer-device nvme --offload-optimizer-nvme-path /tmp/off");
+        assert_eq!(
+            args(3, zero1),
+            r#"--strategy ddp --deepspeed {"zero_optimization":{"offload_optimizer":{"device":"nvme","nvme_path":"/tmp/off"},"stage":1}}"#
+        );
+        assert_eq!(
+            args(3, ddp),
+            r#"--strategy ddp --deepspeed {"zero_optimization":{"offload_optimizer":{"device":"nvme","nvme_path":"/tmp/off"},"stage":0}}"#
+        );
+        let in_memory = Case { offload_optimizer: OffloadDevice::None, ..case(3, zero1) };
+        assert_eq!(
+            level_args(&in_memory, Path::new("/tmp/off")).join(" "),
+            r#"--strategy ddp --deepspeed {"zero_optimization":{"stage":1}}"#
+        );
     }
 }

@@ -3,7 +3,7 @@
 use super::case::{label, same_setting, Case, Peer};
 use super::rows::Row;
 use crate::compute::{achieved_flops, Peak};
-use ladder_core::parallel::{Precision, ShardingStrategy};
+use ladder_core::parallel::{OffloadDevice, Precision, ShardingStrategy};
 use serde::{Deserialize, Serialize};
 
 /// A target of issues #10, #11 and #25, for one cell, with its measured value.
@@ -124,19 +124,44 @@ pub fn without_offload<'a>(r: &Row, rows: &'a [Row]) -> Option<&'a Row> {
     r.case.cpu_offload.then(|| twin(r, rows, Case { cpu_offload: false, ..r.case.clone() })).flatten()
 }
 
+/// The same cell with the optimizer's moments in memory, for one whose moments are on disk.
+pub fn without_optimizer_offload<'a>(r: &Row, rows: &'a [Row]) -> Option<&'a Row> {
+    (r.case.offload_optimizer == OffloadDevice::Nvme)
+        .then(|| twin(r, rows, Case { offload_optimizer: OffloadDevice::None, ..r.case.clone() }))
+        .flatten()
+}
+
 /// #23's targets for the options: activation checkpointing at batch ≥ 512, training-phase RSS
 /// growth ≤ 0.6× the same cell's without; ZeRO-1 at width ≥ 4096, growth at least 0.8 of
 /// AdamW's moments it shards away below DDP's (8Ψ·(W−1)/W bytes, Ψ parameters) and samples/s
-/// ≥ 0.9× DDP's.
+/// ≥ 0.9× DDP's (the moments in memory); the optimizer's moments on disk at width ≥ 4096, growth at least 0.9 of the
+/// moments' bytes (the same cell's without, rank 0's) below the same cell's without.
 fn option_targets(r: &Row, rows: &[Row]) -> Vec<Target> {
     let (c, mut out) = (&r.case, Vec::new());
+    if c.offload_optimizer == OffloadDevice::Nvme && c.width >= 4096 {
+        let plain = without_optimizer_offload(r, rows);
+        let moments = plain.and_then(|p| p.model_state).map(|m| ladder_core::memory::mib(m.optimizer)).filter(|&m| m > 0.0);
+        if let (Some(in_memory), Some(on_disk), Some(moments)) =
+            (plain.and_then(|p| p.train_rss_growth_median), r.train_rss_growth_median, moments)
+        {
+            out.push(Target::new(
+                23,
+                "moments on disk: (in memory − on disk) RSS growth / the moments' bytes".into(),
+                c,
+                (in_memory - on_disk) / moments,
+                0.9,
+                true,
+            ));
+        }
+    }
     if c.batch_size >= 512 {
         let plain = without_checkpointing(r, rows).and_then(|p| p.train_rss_growth_median);
         if let (Some(ckpt), Some(plain)) = (r.train_rss_growth_median, plain.filter(|&p| p > 0.0)) {
             out.push(Target::new(23, "checkpointing / without: training-phase RSS growth".into(), c, ckpt / plain, 0.6, false));
         }
     }
-    if c.strategy.is_zero1() && c.width >= 4096 && c.world_size > 1 {
+    // ZeRO-1's targets compare moments in memory: with them on disk there is nothing to shard.
+    if c.strategy.is_zero1() && c.width >= 4096 && c.world_size > 1 && c.offload_optimizer == OffloadDevice::None {
         let ddp = rows.iter().find(|o| o.case.level == c.level && o.case.strategy.is_ddp() && same_setting(&o.case, c));
         let w = c.world_size as f64;
         let sharded_mib = ladder_core::memory::mib(8 * ladder_core::memory::layout::num_parameters(c.width) as u64) * (w - 1.0) / w;
@@ -284,6 +309,47 @@ mod tests {
             "\nActivation checkpointing (recompute in backward):\n\
              - L1 ddp ×2 fc1 4096 fp32 batch 512 ckpt: samples/s 1.00×, training-phase RSS growth 0.50× the run without\n\
              - L1 zero1 ×2 fc1 4096 fp32 batch 512 ckpt: samples/s 1.00×, training-phase RSS growth 0.50× the run without\n"
+        );
+    }
+
+    #[test]
+    fn the_moments_on_disk_are_held_to_the_bytes_they_take_out_of_memory() {
+        let flags = ["--levels", "1", "--strategies", "ddp,zero1", "--world-sizes", "2", "--widths", "4096", "--precisions", "fp32"];
+        let flags: Vec<&str> = flags.into_iter().chain(["--offload-optimizer", "none,nvme", "--no-peers"]).collect();
+        let (cases, _) = plan(&args(&flags)).unwrap();
+        let mut ours = Ours::new();
+        for c in &cases {
+            // In memory: DDP grows by 900 MiB with AdamW's 302,500,944 bytes of moments (288.49
+            // MiB) on rank 0, ZeRO-1 by 800 with half of them; on disk 640 and 700 MiB.
+            let on_disk = c.offload_optimizer == OffloadDevice::Nvme;
+            let (grew, moments) = match (c.strategy.is_zero1(), on_disk) {
+                (false, false) => (900.0, 302_500_944),
+                (false, true) => (640.0, 0),
+                (true, false) => (800.0, 302_500_944 / 2),
+                (true, true) => (700.0, 0),
+            };
+            let mut f = memory_figures([500.0, 500.0], [500.0, 500.0 + grew], [900.0, 900.0]);
+            f.ranks[0].model_state.optimizer = moments;
+            ours.insert(c.id.clone(), vec![Ok((f, 1.0))]);
+        }
+        let rows = aggregate(&cases, &ours, &Theirs::new());
+        let got: Vec<(String, f64, bool)> = targets(&rows, None)
+            .into_iter()
+            .filter(|t| t.what.starts_with("moments on disk"))
+            .map(|t| (t.cell, (t.measured * 1e4).round() / 1e4, t.met))
+            .collect();
+        // DDP: 260 of 288.49 MiB (0.9013, met); ZeRO-1: 100 of its 144.24 (0.6933, not met).
+        // ZeRO-1's own targets hold the cell with its moments in memory only.
+        let zero1: Vec<String> = targets(&rows, None).into_iter().filter(|t| t.what.starts_with("ZeRO-1")).map(|t| t.cell).collect();
+        assert_eq!(zero1, ["L1 zero1 ×2 fc1 4096 fp32"; 2]);
+        let expected = [("L1 ddp ×2 fc1 4096 fp32 nvme", 0.9013, true), ("L1 zero1 ×2 fc1 4096 fp32 nvme", 0.6933, false)];
+        assert_eq!(got, expected.map(|(c, m, met)| (c.to_string(), m, met)));
+        let notes = crate::matrix::render::optimizer_offload_costs(&rows);
+        assert_eq!(
+            notes,
+            "\nOptimizer offload to disk (AdamW's moments streamed from a file per rank):\n\
+             - L1 ddp ×2 fc1 4096 fp32 nvme: samples/s 1.00×, training-phase RSS growth 0.71× the run without\n\
+             - L1 zero1 ×2 fc1 4096 fp32 nvme: samples/s 1.00×, training-phase RSS growth 0.88× the run without\n"
         );
     }
 }

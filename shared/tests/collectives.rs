@@ -1,5 +1,5 @@
 //! Every collective of the `mpi` backend against its closed form, for every dtype, at world
-//! sizes 2 and 3 (real processes under mpirun), plus each typed error.
+//! sizes 1, 2 and 3 (real processes under mpirun), plus each typed error.
 
 mod common;
 
@@ -20,6 +20,13 @@ fn values(t: &Tensor) -> Vec<f64> {
 #[test]
 fn collectives_at_world_size_2() {
     common::mpirun(2, "rank_collectives", &[]);
+}
+
+/// One rank under mpirun is an MPI group (not the identity group): its collectives are
+/// still their closed forms, the reduce-scatter's one-rank shortcut (a copy) included.
+#[test]
+fn collectives_at_world_size_1_under_mpirun() {
+    common::mpirun(1, "rank_collectives", &[]);
 }
 
 #[test]
@@ -49,7 +56,7 @@ fn one_rank_without_launcher_is_the_identity_group() {
 }
 
 #[test]
-#[ignore = "rank body: run under mpirun by collectives_at_world_size_{2,3}"]
+#[ignore = "rank body: run under mpirun by collectives_at_world_size_{1_under_mpirun,2,3}"]
 fn rank_collectives() {
     let pg = init_process_group(Backend::Mpi).unwrap();
     let (r, w) = (pg.rank() as f64, pg.world_size() as f64);

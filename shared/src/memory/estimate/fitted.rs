@@ -28,7 +28,10 @@
 //! next, against 733 estimated, so its measured saving on DDP was 124 and 54 MiB, not the 144 of
 //! the halved moments it makes at batch 64); at width 128 FULL_SHARD's heap varies alike (the
 //! same cell at batch 512 grew by 369 MiB in one sweep and 308 in the next); one run's rank can stray alone (DDP in bf16 at width 4096 with
-//! checkpointing: 808 and 1,072 MiB on two ranks of one cell); and the 16-bit factor depends
+//! checkpointing: 808 and 1,072 MiB on two ranks of one cell) — other allocators, preloaded on
+//! the Zen 5, repeat within 0–7% but cost speed (jemalloc, mimalloc: 21–40% at width 128) or
+//! change what the strategies save (tcmalloc: ZeRO-1 at width 4096, batch 64, 30 MiB below DDP,
+//! not 144), see the book's "Will it fit?"; and the 16-bit factor depends
 //! on the CPU's bf16 unit — AMX kernels leave more of the heap than AVX512-BF16 ones (2.3
 //! resident bytes per live byte on the Intel Xeon, 1.4 on the Zen 5) — and a CPU without one
 //! (emulated bf16) is not measured: it takes the larger. Level 3's end-of-training save comes after its

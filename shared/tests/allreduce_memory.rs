@@ -6,11 +6,12 @@
 //!
 //! Measured (Open MPI 4.1.4, 2-core Intel Xeon): 0.494 to 0.498 of a 64 MiB message on every
 //! rank at W = 2 and at W = 3 — the large-message algorithms reduce-scatter first, receiving
-//! the part a rank reduces into a scratch buffer; the all-gather writes into the result.
+//! the part a rank reduces into a scratch buffer; the all-gather writes into the result. And
+//! what a one-rank reduce-scatter adds: nothing.
 
 mod common;
 
-use ladder_core::dist::{init_process_group, Backend, ReduceOp};
+use ladder_core::dist::{init_process_group, Backend, Collective, ReduceOp};
 use ladder_core::memory::{self, estimate};
 use tch::{Device, Kind, Tensor};
 
@@ -52,4 +53,32 @@ fn rank_allreduce_scratch() {
     );
     assert_eq!(f64::try_from(t.get(0)).unwrap(), (w as f64 + 1.0) / 2.0);
     assert!((fraction - expected).abs() <= 0.1, "rank {rank} of {w}: {fraction:.3} of the message, estimated {expected:.3}");
+}
+
+/// A one-rank reduce-scatter under mpirun is a copy into the output: it adds nothing (Open MPI
+/// 4.1's `MPI_Reduce_scatter_block` reduced into a temporary as large as the message first).
+/// From 3 ranks it still does, on rank 0 (and at 3 ranks on rank 1): with this test's 64 MiB
+/// message, 1.0 of it on ranks 0 and 1 at W = 3 and 2.0 on rank 0 at W = 4 (AMD EPYC Zen 5) —
+/// Open MPI's choice of reduce algorithm, not modelled by the estimate.
+#[test]
+fn a_one_rank_reduce_scatter_adds_nothing() {
+    common::mpirun(1, "rank_reduce_scatter_at_one_rank", &[]);
+}
+
+#[test]
+#[ignore = "rank body: run under mpirun by a_one_rank_reduce_scatter_adds_nothing"]
+fn rank_reduce_scatter_at_one_rank() {
+    let pg = init_process_group(Backend::Mpi).unwrap();
+    assert_eq!(pg.world_size(), 1, "under mpirun -n 1: the MPI group, not the identity group");
+    let input = Tensor::full([NUMEL], 3.0, (Kind::Float, Device::Cpu));
+    // The output is written before the figure starts, so only the collective's own bytes count.
+    let mut out = Tensor::zeros([NUMEL], (Kind::Float, Device::Cpu));
+    assert!(memory::reset_peak_rss(), "clear_refs must reset VmHWM");
+    let before = memory::current_rss_bytes().unwrap();
+    pg.run(Collective::reduce_scatter(&mut out, input, ReduceOp::Avg)).unwrap();
+    let grew = memory::peak_rss_since_reset_bytes().unwrap().saturating_sub(before);
+    let message = 4 * NUMEL as u64;
+    println!("one rank: reduce_scatter of {} MiB grew the RSS by {:.1} MiB", message >> 20, memory::mib(grew));
+    assert_eq!((f64::try_from(out.get(0)).unwrap(), f64::try_from(out.get(NUMEL - 1)).unwrap()), (3.0, 3.0));
+    assert!(grew < message / 10, "one rank: the reduce-scatter of {} MiB grew the RSS by {:.1} MiB", message >> 20, memory::mib(grew));
 }

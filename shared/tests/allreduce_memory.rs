@@ -81,4 +81,12 @@ fn rank_reduce_scatter_at_one_rank() {
     println!("one rank: reduce_scatter of {} MiB grew the RSS by {:.1} MiB", message >> 20, memory::mib(grew));
     assert_eq!((f64::try_from(out.get(0)).unwrap(), f64::try_from(out.get(NUMEL - 1)).unwrap()), (3.0, 3.0));
     assert!(grew < message / 10, "one rank: the reduce-scatter of {} MiB grew the RSS by {:.1} MiB", message >> 20, memory::mib(grew));
+    // Started (non-blocking) likewise: not libnbc's temporaries of twice the message.
+    let input = Tensor::full([NUMEL], 5.0, (Kind::Float, Device::Cpu));
+    assert!(memory::reset_peak_rss());
+    let before = memory::current_rss_bytes().unwrap();
+    pg.start(Collective::reduce_scatter(&mut out, input, ReduceOp::Avg)).unwrap().wait().unwrap();
+    let grew = memory::peak_rss_since_reset_bytes().unwrap().saturating_sub(before);
+    assert_eq!(f64::try_from(out.get(NUMEL - 1)).unwrap(), 5.0);
+    assert!(grew < message / 10, "one rank: the started reduce-scatter grew the RSS by {:.1} MiB", memory::mib(grew));
 }

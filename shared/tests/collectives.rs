@@ -108,6 +108,18 @@ fn rank_collectives() {
                 "{ctx} reduce_scatter of a handed-over input {op:?}"
             );
         }
+        // Shapes do not matter, element counts do: a [W, 2] input into a [2, 1] output, blocking
+        // (handed over and borrowed) and not.
+        let square = input.view([pg.world_size() as i64, 2]);
+        let mut column = Tensor::zeros([2, 1], (kind, Device::Cpu));
+        pg.run(Collective::reduce_scatter(&mut column, square.copy(), ReduceOp::Sum)).unwrap();
+        assert_eq!(values(&column.reshape([-1])), [base + w * j0, base + w * (j0 + 1.0)], "{ctx} reduce_scatter [W, 2] -> [2, 1]");
+        let mut column = Tensor::zeros([2, 1], (kind, Device::Cpu));
+        pg.reduce_scatter(&mut column, &square, ReduceOp::Sum).unwrap();
+        assert_eq!(values(&column.reshape([-1])), [base + w * j0, base + w * (j0 + 1.0)], "{ctx} reduce_scatter of a borrowed [W, 2]");
+        let mut column = Tensor::zeros([2, 1], (kind, Device::Cpu));
+        pg.start(Collective::reduce_scatter(&mut column, square.copy(), ReduceOp::Sum)).unwrap().wait().unwrap();
+        assert_eq!(values(&column.reshape([-1])), [base + w * j0, base + w * (j0 + 1.0)], "{ctx} reduce_scatter started, [W, 2]");
         // Its checks are the reduce-scatter's: a wrong block size is an error before any message.
         let mut wrong = Tensor::zeros([3], (kind, Device::Cpu));
         assert!(pg.run(Collective::reduce_scatter(&mut wrong, input.copy(), ReduceOp::Sum)).is_err(), "{ctx}: block size");

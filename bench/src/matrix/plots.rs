@@ -46,7 +46,11 @@ pub fn write_plots(summary: &MatrixSummary, dir: &Path) -> Result<Vec<std::path:
 /// samples/s (median) against world size: one line per level × strategy at fc1 128 in fp32, and
 /// one for PyTorch DDP over gloo.
 fn throughput(summary: &MatrixSummary, path: &Path) -> Result<bool> {
-    let base = |r: &&Row| r.case.width == 128 && r.case.precision == Precision::No && r.case.level.is_some();
+    // The cells without options: another batch size, checkpointing or offload is another line.
+    let base = |r: &&Row| {
+        let c = &r.case;
+        c.width == 128 && c.precision == Precision::No && c.level.is_some() && super::case::precision_and_options(c) == c.precision.label()
+    };
     let mut series: Vec<(String, Vec<(f64, f64)>)> = Vec::new();
     let mut push = |name: String, x: f64, y: f64| match series.iter_mut().find(|(n, _)| *n == name) {
         Some((_, pts)) => pts.push((x, y)),
@@ -118,7 +122,9 @@ fn memory(summary: &MatrixSummary, path: &Path) -> Result<bool> {
             let rss = r.peak_rss_per_rank.first().copied().unwrap_or(0.0);
             let rest = (rss - parts.iter().sum::<f64>()).max(0.0);
             let c = &r.case;
-            let name = format!("L{} {} ×{} fc1 {} {}", c.level.unwrap_or(0), c.strategy.name(), c.world_size, c.width, c.precision.label());
+            // The options too (batch size, checkpointing, offload): twins apart, not one bar.
+            let options = super::case::precision_and_options(c);
+            let name = format!("L{} {} ×{} fc1 {} {options}", c.level.unwrap_or(0), c.strategy.name(), c.world_size, c.width);
             Some((name, [parts[0], parts[1], parts[2], parts[3], rest]))
         })
         .collect();

@@ -485,6 +485,7 @@ pub fn render_csv(summary: &MatrixSummary) -> String {
         "train_rss_growth_mib_median",
         "estimated_growth_mib",
         "cpu_offload",
+        "offload_optimizer",
     ];
     let f = |v: Option<f64>| v.map_or(String::new(), |x| format!("{x}"));
     let mut out = header.join(",") + "\n";
@@ -546,6 +547,7 @@ pub fn render_csv(summary: &MatrixSummary) -> String {
             f(r.train_rss_growth_median),
             f(r.estimated_growth_mib()),
             c.cpu_offload.to_string(),
+            c.offload_optimizer.to_string(),
         ];
         out.push_str(&cells.join(","));
         out.push('\n');

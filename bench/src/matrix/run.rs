@@ -30,7 +30,10 @@ pub fn run_matrix(args: &RunArgs) -> Result<MatrixSummary> {
     let (cases, mut skipped) = plan(args)?;
     let root = args.launch.root();
     let paths = Paths {
-        out_dir: args.out_dir.clone().unwrap_or_else(|| root.join("bench").join("results")),
+        // Absolute: the runs start in --root, and their reports, logs and moment files are
+        // named from here.
+        out_dir: std::path::absolute(args.out_dir.clone().unwrap_or_else(|| root.join("bench").join("results")))
+            .map_err(Error::io(args.out_dir.clone().unwrap_or_default()))?,
         python: args.python.clone().unwrap_or_else(|| root.join(".venv").join("bin").join("python")),
         bin_dir: args.launch.bin_dir(),
         root,

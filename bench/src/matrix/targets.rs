@@ -6,10 +6,10 @@ use crate::compute::{achieved_flops, Peak};
 use ladder_core::parallel::{OffloadDevice, Precision, ShardingStrategy};
 use serde::{Deserialize, Serialize};
 
-/// A target of issues #10, #11 and #25, for one cell, with its measured value.
+/// A target of issues #10, #11, #23 and #25, for one cell, with its measured value.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Target {
-    /// The issue that sets it (10, 11 or 25).
+    /// The issue that sets it (10, 11, 23 or 25).
     pub issue: u32,
     /// What is compared: `ours / PyTorch DDP (gloo) samples/s`.
     pub what: String,
@@ -56,7 +56,11 @@ pub fn targets(rows: &[Row], peak: Option<&Peak>) -> Vec<Target> {
         }
         // #25: one process (the baseline, or a level at one rank) at the tutorial's width and
         // batch, in fp32, without options: achieved FLOP/s ≥ 40% of the machine's fp32 peak.
-        let plain = c.width == 128 && c.batch_size == 64 && !c.activation_checkpointing && !c.cpu_offload;
+        let plain = c.width == 128
+            && c.batch_size == 64
+            && !c.activation_checkpointing
+            && !c.cpu_offload
+            && c.offload_optimizer == OffloadDevice::None;
         if let (true, 1, Precision::No, Some(p), Some(s)) = (plain, c.world_size, c.precision, peak, r.samples_per_s) {
             out.push(Target::new(
                 25,
@@ -77,8 +81,9 @@ pub fn targets(rows: &[Row], peak: Option<&Peak>) -> Vec<Target> {
         if let Some(v) = r.vs_fp32 {
             out.push(Target::new(11, "bf16 / fp32 samples/s".into(), c, v, 1.5, true));
         }
-        // The memory targets are set for the wide model, where sharding has bytes to save.
-        if c.width >= 4096 {
+        // The memory targets are set for the wide model, where sharding has bytes to save, and
+        // the moments in memory (on disk, FSDP's sharding of them saves nothing there).
+        if c.width >= 4096 && c.offload_optimizer == OffloadDevice::None {
             if let (Some(ShardingStrategy::FullShard), Some(v)) = (c.strategy.sharding(), r.vs_ddp_rss_growth) {
                 out.push(Target::new(11, "FULL_SHARD / DDP RSS growth in training per rank".into(), c, v, 0.8, false));
             }

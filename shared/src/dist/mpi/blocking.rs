@@ -49,8 +49,9 @@ impl MpiGroup {
                 }
                 self.all_gather_unchecked(&mut output, &input)
             }),
-            Call::ReduceScatter { mut output, input, .. } if self.world_size == 1 => {
-                self.blocking("reduce_scatter", || Ok(output.f_copy_(&input)?))
+            Call::ReduceScatter { output, input, .. } if self.world_size == 1 => {
+                // Flat, as the checks compare element counts and Open MPI reads raw buffers.
+                self.blocking("reduce_scatter", || Ok(output.f_view([-1])?.f_copy_(&input.f_view([-1])?)?))
             }
             Call::ReduceScatter { mut output, input: Input::Owned(input), op } if self.world_size == 2 => {
                 self.reduce_scatter_in_place(&mut output, input, op, agreement)
@@ -151,7 +152,7 @@ impl MpiGroup {
         let sum = if op == ReduceOp::Avg { ReduceOp::Sum } else { op };
         self.run_blocking(Collective::all_reduce(&mut input, sum).with_agreement(agreement))?;
         let n = output.numel() as i64;
-        output.f_copy_(&input.narrow(0, self.rank as i64 * n, n))?;
+        output.f_view([-1])?.f_copy_(&input.f_view([-1])?.f_narrow(0, self.rank as i64 * n, n)?)?;
         if op == ReduceOp::Avg {
             let _ = output.f_div_scalar_(self.world_size as f64)?;
         }

@@ -473,26 +473,32 @@ mod tests {
     use crate::matrix::case::{Replication, BATCH_SIZE};
     use ladder_core::parallel::{ShardingStrategy, Strategy};
 
-    /// Each level's spelling of CPU offload: level 1's `--cpu-offload`, Accelerate's
-    /// `--fsdp-offload-params`, Transformers' `--fsdp "FULL_SHARD offload"` (which names the
-    /// strategy too, so no `--strategy`).
-    #[test]
-    fn each_level_spells_cpu_offload_its_own_way() {
-        let case = |level: u8| Case {
+    /// A level's cell at W = 2, width 128, fp32, batch 64, without options.
+    fn plain_case(level: u8, strategy: Replication) -> Case {
+        Case {
             id: String::new(),
             level: Some(level),
-            strategy: Replication::from(Strategy::fsdp(ShardingStrategy::ShardGradOp)),
+            strategy,
             world_size: 2,
             width: 128,
             precision: Precision::No,
             steps: 1,
             batch_size: BATCH_SIZE,
             activation_checkpointing: false,
-            cpu_offload: true,
+            cpu_offload: false,
             offload_optimizer: OffloadDevice::None,
             peer: None,
             tuned_peer: None,
-        };
+        }
+    }
+
+    /// Each level's spelling of CPU offload: level 1's `--cpu-offload`, Accelerate's
+    /// `--fsdp-offload-params`, Transformers' `--fsdp "FULL_SHARD offload"` (which names the
+    /// strategy too, so no `--strategy`).
+    #[test]
+    fn each_level_spells_cpu_offload_its_own_way() {
+        let sgo = Replication::from(Strategy::fsdp(ShardingStrategy::ShardGradOp));
+        let case = |level: u8| Case { cpu_offload: true, ..plain_case(level, sgo) };
         let args = |level| level_args(&case(level), Path::new("/x")).join(" ");
         assert_eq!(args(1), "--strategy fsdp-shard-grad-op --cpu-offload --fsdp-min-num-params 0");
         assert_eq!(args(2), "--strategy fsdp-shard-grad-op --fsdp-offload-params --fsdp-min-num-params 0");
@@ -506,21 +512,7 @@ mod tests {
     /// JSON (stage 1 for ZeRO-1 in the same object, 0 beside another strategy).
     #[test]
     fn each_level_spells_the_optimizer_on_disk_its_own_way() {
-        let case = |level: u8, strategy: Replication| Case {
-            id: String::new(),
-            level: Some(level),
-            strategy,
-            world_size: 2,
-            width: 128,
-            precision: Precision::No,
-            steps: 1,
-            batch_size: BATCH_SIZE,
-            activation_checkpointing: false,
-            cpu_offload: false,
-            offload_optimizer: OffloadDevice::Nvme,
-            peer: None,
-            tuned_peer: None,
-        };
+        let case = |level: u8, strategy: Replication| Case { offload_optimizer: OffloadDevice::Nvme, ..plain_case(level, strategy) };
         let zero1: Replication = "zero1".parse().unwrap();
         let ddp = Replication::from(Strategy::Ddp(ladder_core::parallel::DdpOptions::DEFAULT));
         let args = |level, s| level_args(&case(level, s), Path::new("/tmp/off")).join(" ");

@@ -50,6 +50,17 @@ pub struct RunFigures {
     /// The tuned PyTorch peer's start-up choice (`fused AdamW, channels_last, …`; empty for
     /// every other run).
     pub tuned: String,
+    /// The optimizer's moments on disk: what rank 0 streamed per step (absent otherwise).
+    pub offload_optimizer: Option<OptimizerOffloadFigures>,
+}
+
+/// A level's `offload_optimizer` entry (DeepSpeed's optimizer offload to nvme), as the bench
+/// reads it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct OptimizerOffloadFigures {
+    /// Rank 0's mean per step over the run: bytes read and written, seconds streaming.
+    pub per_step: ladder_core::optim::OffloadStats,
 }
 
 /// What one rank measured (`ladder_core::metrics::RankFigures`, leniently).

@@ -46,8 +46,8 @@ pub struct RunArgs {
     /// offload to disk (level 1 `--offload-optimizer-nvme-path`, level 2
     /// `--offload-optimizer-device nvme`, level 3 `--deepspeed` with
     /// `zero_optimization.offload_optimizer`), the moments' files in a directory under
-    /// --out-dir, removed after each run. Every strategy but `single`; offloaded cells run no
-    /// PyTorch peer.
+    /// --out-dir, removed after each run; the notes give each such cell's streaming per step.
+    /// Every strategy but `single`; offloaded cells run no PyTorch peer.
     #[arg(long, value_delimiter = ',', default_values_t = [OffloadDevice::None])]
     pub offload_optimizer: Vec<OffloadDevice>,
     /// Optimizer steps per rank for width-128 runs at batch size 64 (938 is one epoch at one

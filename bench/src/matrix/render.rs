@@ -340,23 +340,41 @@ pub(super) fn render_notes(summary: &MatrixSummary) -> String {
 /// What activation checkpointing costs and saves, per checkpointed cell run beside the same
 /// cell without: samples/s and training-phase RSS growth (medians), as ratios.
 pub(super) fn checkpointing_costs(rows: &[Row]) -> String {
-    option_costs(rows, targets::without_checkpointing, "Activation checkpointing (recompute in backward)")
+    option_costs(rows, targets::without_checkpointing, "Activation checkpointing (recompute in backward)", |_| String::new())
 }
 
 /// The same for FSDP's CPU offload, each offloaded cell beside the same cell without.
 pub(super) fn offload_costs(rows: &[Row]) -> String {
-    option_costs(rows, targets::without_offload, "CPU offload (parameter shards, gradients and optimizer state on the host)")
+    option_costs(rows, targets::without_offload, "CPU offload (parameter shards, gradients and optimizer state on the host)", |_| {
+        String::new()
+    })
 }
 
 /// The same for the optimizer's moments on disk (DeepSpeed's `offload_optimizer` nvme), each
 /// such cell beside the same cell with the moments in memory.
 pub(super) fn optimizer_offload_costs(rows: &[Row]) -> String {
-    option_costs(rows, targets::without_optimizer_offload, "Optimizer offload to disk (AdamW's moments streamed from a file per rank)")
+    option_costs(
+        rows,
+        targets::without_optimizer_offload,
+        "Optimizer offload to disk (AdamW's moments streamed from a file per rank)",
+        |r| {
+            r.offload_per_step.map_or(String::new(), |o| {
+                let mib = ladder_core::memory::mib;
+                format!(
+                    "; per step {:.1} MiB read, {:.1} MiB written, {:.3} s streaming (rank 0)",
+                    mib(o.bytes_read),
+                    mib(o.bytes_written),
+                    o.seconds
+                )
+            })
+        },
+    )
 }
 
 /// Per cell that `twin` pairs with the same cell without the option: samples/s and
-/// training-phase RSS growth (medians), as ratios, under `title`.
-fn option_costs(rows: &[Row], twin: for<'a> fn(&Row, &'a [Row]) -> Option<&'a Row>, title: &str) -> String {
+/// training-phase RSS growth (medians), as ratios, then what `more` says of the cell, under
+/// `title`.
+fn option_costs(rows: &[Row], twin: for<'a> fn(&Row, &'a [Row]) -> Option<&'a Row>, title: &str, more: fn(&Row) -> String) -> String {
     let mut s = String::new();
     for r in rows {
         let Some(plain) = twin(r, rows) else { continue };
@@ -364,7 +382,7 @@ fn option_costs(rows: &[Row], twin: for<'a> fn(&Row, &'a [Row]) -> Option<&'a Ro
             |a: Option<f64>, b: Option<f64>| a.zip(b.filter(|&b| b > 0.0)).map_or("—".to_string(), |(a, b)| format!("{:.2}×", a / b));
         let speed = over(r.samples_per_s.map(|x| x.median), plain.samples_per_s.map(|x| x.median));
         let growth = over(r.train_rss_growth_median, plain.train_rss_growth_median);
-        s.push_str(&format!("- {}: samples/s {speed}, training-phase RSS growth {growth} the run without\n", label(&r.case)));
+        s.push_str(&format!("- {}: samples/s {speed}, training-phase RSS growth {growth} the run without{}\n", label(&r.case), more(r)));
     }
     if s.is_empty() {
         s

@@ -40,6 +40,10 @@ pub struct Row {
     pub comm_share: Option<f64>,
     /// Rank 0's model-state bytes (the last successful repeat's).
     pub model_state: Option<ModelState>,
+    /// With the optimizer's moments on disk, rank 0's mean traffic per step (the last
+    /// successful repeat's).
+    #[serde(default)]
+    pub offload_per_step: Option<ladder_core::optim::OffloadStats>,
     /// Peak RSS per rank, MiB: per rank, the max over repeats (whole-process high-water mark).
     pub peak_rss_per_rank: Vec<f64>,
     /// Wall seconds per run (launch to exit), per repeat.
@@ -248,6 +252,7 @@ pub fn aggregate(cases: &[Case], ours: &Ours, theirs: &Theirs) -> Vec<Row> {
                 test_loss: med(ok.iter().map(|(f, _)| f.test_loss).collect()),
                 comm_share: med(ok.iter().filter_map(|(f, _)| f.comm_share()).collect()),
                 model_state: last.and_then(|f| f.ranks.first()).map(|r| r.model_state),
+                offload_per_step: last.and_then(|f| f.offload_optimizer).map(|o| o.per_step),
                 peak_rss_per_rank: peak,
                 wall_s: Spread::of(&ok.iter().map(|(_, w)| *w).collect::<Vec<_>>()),
                 train_peak_rss_per_rank: train_peak,

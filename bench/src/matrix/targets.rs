@@ -335,6 +335,10 @@ mod tests {
             };
             let mut f = memory_figures([500.0, 500.0], [500.0, 500.0 + grew], [900.0, 900.0]);
             f.ranks[0].model_state.optimizer = moments;
+            if on_disk {
+                let per_step = ladder_core::optim::OffloadStats { bytes_read: 3 << 20, bytes_written: 4 << 20, seconds: 0.25, steps: 1 };
+                f.offload_optimizer = Some(crate::figures::OptimizerOffloadFigures { per_step });
+            }
             ours.insert(c.id.clone(), vec![Ok((f, 1.0))]);
         }
         let rows = aggregate(&cases, &ours, &Theirs::new());
@@ -353,8 +357,8 @@ mod tests {
         assert_eq!(
             notes,
             "\nOptimizer offload to disk (AdamW's moments streamed from a file per rank):\n\
-             - L1 ddp ×2 fc1 4096 fp32 nvme: samples/s 1.00×, training-phase RSS growth 0.71× the run without\n\
-             - L1 zero1 ×2 fc1 4096 fp32 nvme: samples/s 1.00×, training-phase RSS growth 0.88× the run without\n"
+             - L1 ddp ×2 fc1 4096 fp32 nvme: samples/s 1.00×, training-phase RSS growth 0.71× the run without; per step 3.0 MiB read, 4.0 MiB written, 0.250 s streaming (rank 0)\n\
+             - L1 zero1 ×2 fc1 4096 fp32 nvme: samples/s 1.00×, training-phase RSS growth 0.88× the run without; per step 3.0 MiB read, 4.0 MiB written, 0.250 s streaming (rank 0)\n"
         );
     }
 }

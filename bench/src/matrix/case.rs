@@ -226,6 +226,18 @@ pub struct Case {
     pub tuned_peer: Option<Peer>,
 }
 
+impl Case {
+    /// Whether the cell sets no option apart from its strategy: the levels' batch size
+    /// ([`BATCH_SIZE`]), no activation checkpointing, no CPU offload, the optimizer's moments in
+    /// memory ([`precision_and_options`] then names the precision alone).
+    pub fn without_options(&self) -> bool {
+        self.batch_size == BATCH_SIZE
+            && !self.activation_checkpointing
+            && !self.cpu_offload
+            && self.offload_optimizer == OffloadDevice::None
+    }
+}
+
 /// Whether two cells run the same world size, width, precision, batch size, activation
 /// checkpointing, CPU offload and optimizer offload (their level and strategy may differ): the
 /// twins a ratio compares.

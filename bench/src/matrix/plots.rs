@@ -47,10 +47,7 @@ pub fn write_plots(summary: &MatrixSummary, dir: &Path) -> Result<Vec<std::path:
 /// one for PyTorch DDP over gloo.
 fn throughput(summary: &MatrixSummary, path: &Path) -> Result<bool> {
     // The cells without options: another batch size, checkpointing or offload is another line.
-    let base = |r: &&Row| {
-        let c = &r.case;
-        c.width == 128 && c.precision == Precision::No && c.level.is_some() && super::case::precision_and_options(c) == c.precision.label()
-    };
+    let base = |r: &&Row| r.case.width == 128 && r.case.precision == Precision::No && r.case.level.is_some() && r.case.without_options();
     let mut series: Vec<(String, Vec<(f64, f64)>)> = Vec::new();
     let mut push = |name: String, x: f64, y: f64| match series.iter_mut().find(|(n, _)| *n == name) {
         Some((_, pts)) => pts.push((x, y)),

@@ -56,11 +56,7 @@ pub fn targets(rows: &[Row], peak: Option<&Peak>) -> Vec<Target> {
         }
         // #25: one process (the baseline, or a level at one rank) at the tutorial's width and
         // batch, in fp32, without options: achieved FLOP/s ≥ 40% of the machine's fp32 peak.
-        let plain = c.width == 128
-            && c.batch_size == 64
-            && !c.activation_checkpointing
-            && !c.cpu_offload
-            && c.offload_optimizer == OffloadDevice::None;
+        let plain = c.width == 128 && c.without_options();
         if let (true, 1, Precision::No, Some(p), Some(s)) = (plain, c.world_size, c.precision, peak, r.samples_per_s) {
             out.push(Target::new(
                 25,

@@ -11,6 +11,9 @@
 #  1b. The rustfmt and clippy components, which `make test` runs first.
 #  3. bench/reference needs torchvision (the PyTorch peer scripts); installed beside torch. The
 #     tests also need safetensors and tensorboard (its event reader) there.
+#  4. Disk: a clean release build with every test binary writes about 5 GB to target/ (the
+#     binaries of `make test` alone ~3 GB); with less room than that the linker dies of SIGBUS
+#     part-way through, so say so before building.
 #
 # When nothing is left to do it returns in well under 5 s.
 set -euo pipefail
@@ -76,4 +79,15 @@ fi
 # .venv in the repository points at the shared venv (a real directory there is left alone).
 if [ ! -e "$repo/.venv" ] || [ -L "$repo/.venv" ]; then
   [ "$(readlink "$repo/.venv" 2>/dev/null)" = "$venv" ] || ln -sfn "$venv" "$repo/.venv"
+fi
+
+# --- 4. Disk room for target/ --------------------------------------------------------------------
+need_kib=$((6 * 1024 * 1024))
+free_kib=$(df -Pk "$repo" | awk 'NR == 2 { print $4 }')
+held_kib=0
+[ -d "$repo/target" ] && held_kib=$(du -sk "$repo/target" 2>/dev/null | awk '{ print $1 }')
+if [ $((free_kib + held_kib)) -lt "$need_kib" ]; then
+  log "only $((free_kib / 1024)) MiB free on the disk of $repo (target/ holds $((held_kib / 1024)) MiB):"
+  log "a build of every binary and test needs about 6 GiB there; free some (e.g. cargo clean in an old clone) and rerun"
+  exit 1
 fi

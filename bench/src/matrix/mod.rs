@@ -22,7 +22,8 @@
 //!
 //! Outputs in `--out-dir` (default `bench/results/`): `bench.md`, `bench.json`, `bench.csv`,
 //! `throughput.svg`, `memory.svg`, every run's own
-//! report in `runs/`, its log in `logs/`, and `allreduce-2.json`.
+//! report in `runs/`, its log in `logs/`, each level-3 run's Trainer output (state and loss plot;
+//! its checkpoints and weights removed after the run) in `trainer-output/`, and `allreduce-2.json`.
 //!
 //! The rooms: [`case`] (a cell: how it replicates the model, its PyTorch peer), [`plan`]
 //! (`bench run`'s flags and the cells they select), `run` (running them), [`rows`] (a cell's

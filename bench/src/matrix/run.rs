@@ -337,6 +337,7 @@ fn run_ours(case: &Case, repeat: usize, paths: &Paths, timeout: Duration) -> std
     // The moments' files of an optimizer offloaded to disk: a directory of the run's own, made
     // before and removed after (the levels remove their files at exit; a killed run's stay).
     let nvme_dir = paths.out_dir.join("nvme").join(format!("{}-r{repeat}", case.id));
+    let trainer_dir = paths.out_dir.join("trainer-output").join(format!("{}-r{repeat}", case.id));
     if case.offload_optimizer == OffloadDevice::Nvme {
         std::fs::create_dir_all(&nvme_dir).map_err(|e| format!("creating {}: {e}", nvme_dir.display()))?;
     }
@@ -348,7 +349,7 @@ fn run_ours(case: &Case, repeat: usize, paths: &Paths, timeout: Duration) -> std
             c.args(level_args(case, &nvme_dir));
             if n == 3 {
                 // The Trainer refuses to replace a previous run unless told: the bench owns this one.
-                c.arg("--output-dir").arg(paths.out_dir.join("trainer-output").join(format!("{}-r{repeat}", case.id)));
+                c.arg("--output-dir").arg(&trainer_dir);
                 c.arg("--overwrite-output-dir");
             }
             c
@@ -364,12 +365,33 @@ fn run_ours(case: &Case, repeat: usize, paths: &Paths, timeout: Duration) -> std
         // `nvme/` itself too, once no run's directory is left in it (remove_dir fails otherwise).
         let _ = nvme_dir.parent().map(std::fs::remove_dir);
     }
+    if case.level == Some(3) {
+        remove_weights(&trainer_dir);
+    }
     let done = done?;
     if !report.exists() {
         return Err(Error::NoReport { what, path: report }.to_string());
     }
     let figures = RunFigures::read(&report).map_err(|e| e.to_string())?;
     Ok((figures, done.wall_s))
+}
+
+/// Removes what a Trainer run of the bench leaves that weighs: its `checkpoint-*` directories and
+/// `*.safetensors` files (the weights and AdamW moments: ~450 MB at width 4096, per cell and
+/// repeat), keeping its small `trainer_state.json`, `training_args.json` and `loss.svg`. Best
+/// effort: the run's figures are in its report either way.
+fn remove_weights(trainer_dir: &Path) {
+    let Ok(entries) = std::fs::read_dir(trainer_dir) else { return };
+    for entry in entries.flatten() {
+        let path = entry.path();
+        let name = entry.file_name();
+        let name = name.to_string_lossy();
+        if path.is_dir() && name.starts_with("checkpoint-") {
+            let _ = std::fs::remove_dir_all(&path);
+        } else if name.ends_with(".safetensors") {
+            let _ = std::fs::remove_file(&path);
+        }
+    }
 }
 
 /// Runs a PyTorch peer for `steps` steps per rank and parses its JSON line; keeps the line in
@@ -490,6 +512,31 @@ mod tests {
             peer: None,
             tuned_peer: None,
         }
+    }
+
+    /// A Trainer cell's output keeps its small files and loses its checkpoints and weights (what
+    /// a level-3 run of the bench writes: `checkpoint-N/` with the moments, `model.safetensors`).
+    #[test]
+    fn a_trainer_cells_weights_and_checkpoints_are_removed_and_its_state_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let run = dir.path();
+        std::fs::create_dir_all(run.join("checkpoint-4")).unwrap();
+        for file in [
+            "checkpoint-4/optimizer.safetensors",
+            "checkpoint-4/trainer_state.json",
+            "model.safetensors",
+            "trainer_state.json",
+            "training_args.json",
+            "loss.svg",
+        ] {
+            std::fs::write(run.join(file), b"x").unwrap();
+        }
+        remove_weights(run);
+        let mut left: Vec<String> =
+            std::fs::read_dir(run).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+        left.sort();
+        assert_eq!(left, ["loss.svg", "trainer_state.json", "training_args.json"]);
+        remove_weights(&run.join("absent")); // nothing there: nothing happens
     }
 
     /// Each level's spelling of CPU offload: level 1's `--cpu-offload`, Accelerate's

@@ -6,8 +6,8 @@
 
 use ladder_core::device::{huge_pages_by_default, CpuBf16Unit, DeviceKind};
 use ladder_core::memory::estimate::{
-    estimate_on, resident_per_live, EstimateInput, RankEstimate, FSDP_RUNTIME_BYTES, HUGE_PAGES_BYTES, RESIDENT_PER_LIVE_16BIT,
-    RESIDENT_PER_LIVE_16BIT_AVX512, RESIDENT_PER_LIVE_FP32, RUNTIME_BYTES,
+    estimate_on, resident_per_live, EstimateInput, RankEstimate, FSDP_RUNTIME_BYTES, FSDP_SHARDED_HUGE_PAGES_BYTES, HUGE_PAGES_BYTES,
+    RESIDENT_PER_LIVE_16BIT, RESIDENT_PER_LIVE_16BIT_AVX512, RESIDENT_PER_LIVE_FP32, RUNTIME_BYTES,
 };
 use ladder_core::model::BasicNet;
 use ladder_core::parallel::{FsdpOptions, Precision, ShardingStrategy, Strategy, WrapConfig};
@@ -62,16 +62,21 @@ fn huge_pages_add_their_term_where_the_levels_turn_them_on() {
     // The first width whose fp32 parameters reach 32 MiB, as the levels' start-up computes it.
     let first = (1..8192).find(|&w| huge_pages_by_default(BasicNet::param_bytes(w))).unwrap();
     assert_eq!(first, 908);
-    for strategy in [Strategy::default(), full_shard()] {
+    let no_shard = Strategy::Fsdp(FsdpOptions { sharding_strategy: ShardingStrategy::NoShard, ..Default::default() });
+    for strategy in [Strategy::default(), full_shard(), no_shard] {
         for precision in [Precision::No, Precision::Bf16] {
             // DDP in bf16 runs on FSDP's NO_SHARD path, whose runtime term is FSDP's.
             let ddp_engine = matches!(strategy, Strategy::Ddp(_)) && precision == Precision::No;
             let runtime = if ddp_engine { RUNTIME_BYTES } else { FSDP_RUNTIME_BYTES };
+            // FULL_SHARD in fp32 has its own, smaller term; DDP, NO_SHARD and bf16 keep the
+            // common one.
+            let sharded_fp32 = strategy == full_shard() && precision == Precision::No;
+            let huge = if sharded_fp32 { FSDP_SHARDED_HUGE_PAGES_BYTES } else { HUGE_PAGES_BYTES };
             let at = |width, huge_pages| on(&EstimateInput { huge_pages, ..input(strategy, precision, width) }, DeviceKind::Cpu)[0].runtime;
             let what = format!("{strategy:?} {precision:?}");
-            assert_eq!((at(first - 1, None), at(first, None)), (runtime, runtime + HUGE_PAGES_BYTES), "{what}");
+            assert_eq!((at(first - 1, None), at(first, None)), (runtime, runtime + huge), "{what}");
             // THP_MEM_ALLOC_ENABLE set by the user: 0 at width 4096, 1 at the tutorial's.
-            assert_eq!((at(4096, Some(false)), at(128, Some(true))), (runtime, runtime + HUGE_PAGES_BYTES), "{what}");
+            assert_eq!((at(4096, Some(false)), at(128, Some(true))), (runtime, runtime + huge), "{what}");
             let cuda = |huge_pages| on(&EstimateInput { huge_pages, ..input(strategy, precision, 4096) }, DeviceKind::Cuda);
             assert_eq!(cuda(Some(true)), cuda(Some(false)), "{what}: none on CUDA");
         }

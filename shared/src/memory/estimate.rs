@@ -62,7 +62,8 @@
 //! [`RESIDENT_PER_LIVE_16BIT_AVX512`] (1.44 resident bytes per live activation byte in fp32;
 //! in 16 bits 2.3 with AMX and 1.4 with AVX512-BF16, [`EstimateInput::cpu_bf16`]), [`RUNTIME_BYTES`] / [`FSDP_RUNTIME_BYTES`] (30 and
 //! 36 MiB) and [`HUGE_PAGES_BYTES`] (72 MiB, where the levels back tensors with transparent
-//! huge pages: from 32 MiB of parameters), beside one measured one, Open MPI's all-reduce
+//! huge pages: from 32 MiB of parameters; 36 for FSDP's sharded strategies in fp32,
+//! [`FSDP_SHARDED_HUGE_PAGES_BYTES`]), beside one measured one, Open MPI's all-reduce
 //! scratch ([`allreduce_scratch_bytes`]).
 //! The measured figure is the growth of the largest rank over the training steps alone
 //! (evaluation and saves left out, [`crate::timing`]), the median over repeats.
@@ -93,8 +94,9 @@ use serde::{Deserialize, Serialize};
 pub mod fitted;
 use fitted::scratch_on;
 pub use fitted::{
-    allreduce_scratch_bytes, resident_per_live, CUDA_BYTES_PER_SAMPLE, CUDA_RUNTIME_BYTES, FSDP_RUNTIME_BYTES, HUGE_PAGES_BYTES,
-    RESIDENT_PER_LIVE_16BIT, RESIDENT_PER_LIVE_16BIT_AVX512, RESIDENT_PER_LIVE_FP32, RUNTIME_BYTES,
+    allreduce_scratch_bytes, resident_per_live, CUDA_BYTES_PER_SAMPLE, CUDA_RUNTIME_BYTES, FSDP_RUNTIME_BYTES,
+    FSDP_SHARDED_HUGE_PAGES_BYTES, HUGE_PAGES_BYTES, RESIDENT_PER_LIVE_16BIT, RESIDENT_PER_LIVE_16BIT_AVX512, RESIDENT_PER_LIVE_FP32,
+    RUNTIME_BYTES,
 };
 
 /// What to estimate: how the model is wrapped, the ranks, fc1's width and the batch per rank.
@@ -125,7 +127,7 @@ pub struct EstimateInput {
     #[serde(default)]
     pub cpu_bf16: Option<CpuBf16Unit>,
     /// On a CPU, whether the levels back tensors with transparent huge pages (adds
-    /// [`HUGE_PAGES_BYTES`]); `None` assumes their default, on from 32 MiB of parameters
+    /// [`HUGE_PAGES_BYTES`] or [`FSDP_SHARDED_HUGE_PAGES_BYTES`]); `None` assumes their default, on from 32 MiB of parameters
     /// ([`crate::device::huge_pages_by_default`]). `estimate-memory` and the bench pass what a
     /// run would do with their environment's `THP_MEM_ALLOC_ENABLE`
     /// ([`crate::device::huge_pages_for`]).
@@ -148,7 +150,8 @@ pub struct RankEstimate {
     /// parameters, flat gradients, bucket copies.
     pub transient: u64,
     /// What the training phase adds whatever the model's activations ([`RUNTIME_BYTES`] or
-    /// [`FSDP_RUNTIME_BYTES`], plus [`HUGE_PAGES_BYTES`] from 32 MiB of parameters; on CUDA
+    /// [`FSDP_RUNTIME_BYTES`], plus [`HUGE_PAGES_BYTES`] (or [`FSDP_SHARDED_HUGE_PAGES_BYTES`])
+    /// from 32 MiB of parameters; on CUDA
     /// [`CUDA_RUNTIME_BYTES`] and [`CUDA_BYTES_PER_SAMPLE`] per sample).
     pub runtime: u64,
     /// Where in the step the peak falls (`backward of conv2`, `gradient reduction`, …).

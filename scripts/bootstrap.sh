@@ -11,9 +11,10 @@
 #  1b. The rustfmt and clippy components, which `make test` runs first.
 #  3. bench/reference needs torchvision (the PyTorch peer scripts); installed beside torch. The
 #     tests also need safetensors and tensorboard (its event reader) there.
-#  4. Disk: a clean release build with every test binary writes about 5 GB to target/ (the
-#     binaries of `make test` alone ~3 GB); with less room than that the linker dies of SIGBUS
-#     part-way through, so say so before building.
+#  0. Disk, checked first: a clean `make test` leaves about 3 GB in target/ (measured: 3.0 GB;
+#     `make build` alone less), and the torch venv takes about 5 GB once; with too little room
+#     the linker dies of SIGBUS part-way through a build, so say so before anything is written.
+#     Needed: 6 GiB for target/ (what it holds counts), plus 5 GiB while the venv is missing.
 #
 # When nothing is left to do it returns in well under 5 s.
 set -euo pipefail
@@ -23,6 +24,25 @@ repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 venv=${LADDER_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/ddp-ladder/venv-torch-$TORCH_VERSION}
 
 log() { printf '[bootstrap] %s\n' "$*" >&2; }
+
+# --- 0. Disk room for target/ (and the venv, while it is missing) ------------------------------
+target=${CARGO_TARGET_DIR:-$repo/target}
+need_kib=$((6 * 1024 * 1024)) why="for target/"
+if [ ! -f "$venv/.ladder-complete" ]; then
+  need_kib=$((need_kib + 5 * 1024 * 1024)) why="6 for target/, 5 for the torch venv, not yet installed"
+fi
+free_kib=$(df -Pk "$repo" | awk 'NR == 2 { print $4 }' || true)
+held_kib=0
+if [ -d "$target" ]; then
+  held_kib=$(du -sk "$target" 2>/dev/null | awk '{ print $1 }' || true)
+fi
+free_kib=${free_kib:-0} held_kib=${held_kib:-0}
+if [ "$free_kib" -gt 0 ] && [ $((free_kib + held_kib)) -lt "$need_kib" ]; then
+  log "only $((free_kib / 1024)) MiB free on the disk of $repo ($target holds $((held_kib / 1024)) MiB):"
+  log "the build needs about $((need_kib / 1024 / 1024)) GiB there ($why);"
+  log "free some (e.g. cargo clean in an old clone) and rerun"
+  exit 1
+fi
 
 # --- 1. Debian packages -------------------------------------------------------------------------
 pkgs=(openmpi-bin libopenmpi-dev libclang-dev pkg-config slurm-wlm munge)
@@ -79,15 +99,4 @@ fi
 # .venv in the repository points at the shared venv (a real directory there is left alone).
 if [ ! -e "$repo/.venv" ] || [ -L "$repo/.venv" ]; then
   [ "$(readlink "$repo/.venv" 2>/dev/null)" = "$venv" ] || ln -sfn "$venv" "$repo/.venv"
-fi
-
-# --- 4. Disk room for target/ --------------------------------------------------------------------
-need_kib=$((6 * 1024 * 1024))
-free_kib=$(df -Pk "$repo" | awk 'NR == 2 { print $4 }')
-held_kib=0
-[ -d "$repo/target" ] && held_kib=$(du -sk "$repo/target" 2>/dev/null | awk '{ print $1 }')
-if [ $((free_kib + held_kib)) -lt "$need_kib" ]; then
-  log "only $((free_kib / 1024)) MiB free on the disk of $repo (target/ holds $((held_kib / 1024)) MiB):"
-  log "a build of every binary and test needs about 6 GiB there; free some (e.g. cargo clean in an old clone) and rerun"
-  exit 1
 fi

@@ -2,7 +2,8 @@
 //!
 //!   mpirun -n 3 --oversubscribe --bind-to none target/release/examples/reduce_scatter_bench
 //!
-//! For each message size (256 KiB … 144 MiB, ×4, and fc1's flat gradient at width 4096, 151 MB):
+//! For each message size (256 KiB … 256 MiB, ×4, and fc1's flat gradient at width 4096, 151 MB;
+//! each rounded up to a whole block per rank, so that 1 MiB is at least 1 MiB at any W):
 //! warm-up, then alternating timed rounds of `ProcessGroup::run(Collective::reduce_scatter(..,
 //! Sum))` from a borrowed f32 input (from 3 ranks and 1 MiB: one `MPI_Reduce` per block's owner)
 //! and rsmpi's `reduce_scatter_block_into` on `Vec<f32>`s; the median of each, their ratio
@@ -34,8 +35,9 @@ fn main() -> ladder_core::Result<()> {
     let mut sizes: Vec<usize> = (0..6).map(|k| (256usize << 10) << (2 * k)).collect();
     sizes.push(4 * (9216 * 4096 + 4096));
     for bytes in sizes {
-        let block = bytes / 4 / w;
+        let block = (bytes / 4).div_ceil(w);
         let elems = block * w;
+        let bytes = 4 * elems;
         let iters = ((512usize << 20) / bytes).clamp(5, 50);
         let input = Tensor::ones([elems as i64], (Kind::Float, Device::Cpu));
         let mut out = Tensor::zeros([block as i64], (Kind::Float, Device::Cpu));

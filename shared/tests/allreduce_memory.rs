@@ -112,7 +112,8 @@ fn rank_reduce_scatter_per_owner() {
     // Element i of rank r's input is r + i / block (its block's index): the sum over ranks of
     // block b is W(W − 1)/2 + W·b, the average (W − 1)/2 + b.
     let input = |r: usize| (Tensor::arange(block * w, (Kind::Float, Device::Cpu)) / block as f64).floor() + r as f64;
-    // A first, small reduce-scatter: Open MPI's first-use buffers out of the figure.
+    // A first, small reduce-scatter (one `MPI_Reduce_scatter_block`: below the per-owner
+    // threshold) and a barrier: Open MPI's first-use buffers out of the figure.
     let mut warm = Tensor::zeros([1 << 10], (Kind::Float, Device::Cpu));
     pg.run(Collective::reduce_scatter(&mut warm, Tensor::ones([w << 10], (Kind::Float, Device::Cpu)), ReduceOp::Sum)).unwrap();
     let input = input(rank);

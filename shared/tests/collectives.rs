@@ -133,6 +133,25 @@ fn rank_collectives() {
         pg.broadcast_coalesced(&mut ts, 0).unwrap();
         assert_eq!((values(&ts[0]), values(&ts[1])), (vec![0.0; 2], vec![5.0; 3]), "{ctx} broadcast_coalesced");
     }
+    // A large reduce-scatter (≥ 1 MiB in every dtype: from 3 ranks one `MPI_Reduce` per block's
+    // owner) for every op: rank q's element in block b is q + b, so rank r's block of the sum
+    // is W(W−1)/2 + W·r, of the max W−1 + r, of the min r, of the mean (W−1)/2 + r.
+    let block = 300_000i64;
+    for kind in KINDS {
+        let input = ((Tensor::arange(block * w as i64, (Kind::Double, Device::Cpu)) / block as f64).floor() + r).to_kind(kind);
+        let ops = [
+            (ReduceOp::Sum, w * (w - 1.0) / 2.0 + w * r),
+            (ReduceOp::Max, w - 1.0 + r),
+            (ReduceOp::Min, r),
+            (ReduceOp::Avg, (w - 1.0) / 2.0 + r),
+        ];
+        for (op, want) in ops.into_iter().filter(|&(op, _)| kind != Kind::Int64 || op != ReduceOp::Avg) {
+            let mut out = Tensor::full([block], -1.0, (kind, Device::Cpu));
+            pg.reduce_scatter(&mut out, &input, op).unwrap();
+            let (lo, hi) = (out.min().to_kind(Kind::Double).double_value(&[]), out.max().to_kind(Kind::Double).double_value(&[]));
+            assert_eq!((lo, hi), (want, want), "rank {r} {kind:?} {op:?}: a large reduce-scatter's block");
+        }
+    }
     // A large buffer (over the 1 MiB first bucket of DDP): 2^20 f32.
     let mut t = Tensor::full([1 << 20], r + 1.0, (Kind::Float, Device::Cpu));
     pg.all_reduce(&mut t, ReduceOp::Sum).unwrap();
@@ -274,6 +293,18 @@ fn rank_subgroups() {
         shard.run(Collective::reduce_scatter(&mut out, input.copy(), ReduceOp::Avg)).unwrap();
         let avg = [1.5, 3.5][r / 2];
         assert_eq!(values(&out), [[avg, 10.0 * avg][r % 2]], "rank {r} {kind:?}");
+    }
+    // A large reduce-scatter over three members (from 3 ranks and 1 MiB one `MPI_Reduce` per
+    // block, rooted at the sub-group's ranks): member s's element in block b is s + b, so
+    // member s's block of the sum is 3 + 3s.
+    if let Some(g) = pg.new_group(&[3, 1, 2]).unwrap() {
+        let (s, block) = (g.rank() as f64, 200_000i64);
+        assert_eq!((g.rank(), g.world_size()), (r - 1, 3));
+        let input = (Tensor::arange(3 * block, (Kind::Double, Device::Cpu)) / block as f64).floor() + s;
+        let mut out = Tensor::zeros([block], (Kind::Float, Device::Cpu));
+        g.reduce_scatter(&mut out, &input.to_kind(Kind::Float), ReduceOp::Sum).unwrap();
+        let (lo, hi) = (out.min().double_value(&[]), out.max().double_value(&[]));
+        assert_eq!((lo, hi), (3.0 + 3.0 * s, 3.0 + 3.0 * s), "rank {r}: a large reduce-scatter over three members");
     }
     // The non-blocking form, and a broadcast from the sub-group's rank 1 (world rank 3).
     if let Some(g) = &only_0_and_3 {

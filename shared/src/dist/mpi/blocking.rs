@@ -10,9 +10,10 @@ use mpi::ffi;
 use std::ffi::{c_int, c_void};
 use tch::{Kind, Tensor};
 
-/// From this many bytes of input and 3 ranks, a blocking reduce-scatter is one `MPI_Reduce` per
-/// block ([`MpiGroup::reduce_per_owner`]) instead of `MPI_Reduce_scatter_block`: 1 MiB, where
-/// Open MPI 4.1 chooses its basic linear algorithm from 4 ranks (from 128 KiB at 3).
+/// From this many bytes of input (the whole message, every rank's blocks) and 3 ranks, a
+/// blocking reduce-scatter is one `MPI_Reduce` per block ([`MpiGroup::reduce_per_owner`])
+/// instead of `MPI_Reduce_scatter_block`. Measured at 3 and 4 ranks: as fast or faster from
+/// here (`examples/reduce_scatter_bench.rs`); from 8 ranks not measured.
 pub(crate) const PER_OWNER_MIN_BYTES: usize = 1 << 20;
 
 impl MpiGroup {
@@ -124,9 +125,11 @@ impl MpiGroup {
     }
 
     /// The reduce-scatter as `world_size` calls of `MPI_Reduce`, block `r` (`n` elements) of
-    /// every rank's input reduced into rank `r`'s output — what Open MPI 4.1 itself does for
-    /// a message of more than `INT_MAX` elements. Its `MPI_Reduce_scatter_block` picks, below
-    /// 8 ranks and from 128 KiB (1 MiB from 4 ranks), the basic linear algorithm: the whole
+    /// every rank's input reduced into rank `r`'s output (Open MPI 4.1's basic linear
+    /// algorithm reduces block by block too above `INT_MAX` elements, each block to rank 0,
+    /// then sent on). Its `MPI_Reduce_scatter_block` (commutative ops, `tuned` component's
+    /// fixed rules) picks the basic linear algorithm for a block per rank of at least 128 KiB
+    /// at 3 ranks, 1 MiB at 4 to 7, and some sizes from 8: the whole
     /// message reduced into a temporary on rank 0, then scattered; the reduce under it adds a
     /// second one at 4 ranks (linear: rank 0 receives each peer's message whole) and one on
     /// rank 1 at 3 (a pipelined chain's accumulator). Measured, 64 MiB of f32 (AMD EPYC Zen 5):

@@ -20,8 +20,11 @@
 //! | levels 2 and 3, bf16, 3 strategies, 1 repeat (not fitted to) | AMD EPYC Zen 5 (AVX512-BF16) | 14 of 24 (8 with the AMX factor) | over: SHARD_GRAD_OP and FULL_SHARD at width 4096, batch 64 (+13–14%, three of four), at 128, 64 (+10–20%, three of four), DDP at 4096, 64 at level 3 (+11%); under: FULL_SHARD at 4096, 512 at level 2 and at 128, 512 at level 3 (−11%, −12%), DDP at 128, 512 at level 2 (−11%) |
 //! | levels 1–3, fp32, width 4096, W = 1 and 2, DDP, ZeRO-1, FULL_SHARD, AdamW's moments in memory and on disk, 1 repeat (not fitted to) | AMD EPYC Zen 5 | 26 of 36; then, with a one-rank reduce-scatter a copy, the 12 one-rank FULL_SHARD and SHARD_GRAD_OP cells: 12 of 12 | before that fix FULL_SHARD at one rank (−10% to −16%, six cells: Open MPI's temporary); ZeRO-1 at one rank on disk at levels 1 and 2 (+11%), FULL_SHARD at two ranks on disk at levels 2 and 3 (+10%, +12%) |
 //! | level 1, fp32, widths 128 and 4096, batch 64, W = 3 and 4, DDP, ZeRO-1, SHARD_GRAD_OP, FULL_SHARD, 1 repeat (not fitted to) | AMD EPYC Zen 5 | 13 of 16 | SHARD_GRAD_OP and FULL_SHARD at width 4096 and 4 ranks (−16%, −15%): from 3 ranks Open MPI 4.1's `MPI_Reduce_scatter_block` reduced through buffers as large as the message on rank 0 (at 3 ranks on rank 1 too), so rank 0 grew by 624–633 MiB and the others by 480–502; FULL_SHARD at width 128 and 4 ranks (−15%, one rank 12 MiB above the others) |
-//! | the 8 FSDP cells of the row above, after a large reduce-scatter from 3 ranks became one `MPI_Reduce` per block (`shared/tests/allreduce_memory.rs`), 2 repeats (not fitted to) | AMD EPYC Zen 5 | 11 of 16 runs (12 with [`FSDP_SHARDED_HUGE_PAGES_BYTES`]) | width 4096 all +6.4% to +10.1% with 72 MiB, −0.3% to +2.6% with 36 (rank 0 grows 483–491 MiB at 4 ranks), FULL_SHARD at 4 ranks once +10.06% with 72; width 128: SHARD_GRAD_OP at 4 ranks −17%, −23%, FULL_SHARD at 4 ranks −12.5% and at 3 −11% (one run each) |
+//! | the 8 FSDP cells of the row above, after a large reduce-scatter from 3 ranks became one `MPI_Reduce` per block (`shared/tests/allreduce_memory.rs`), 2 repeats (among the cells [`FSDP_SHARDED_HUGE_PAGES_BYTES`] was fitted to) | AMD EPYC Zen 5 | 11 of 16 runs (12 with [`FSDP_SHARDED_HUGE_PAGES_BYTES`]) | width 4096 all +6.4% to +10.1% with 72 MiB, −0.3% to +2.6% with 36 (rank 0 grows 483–491 MiB at 4 ranks), FULL_SHARD at 4 ranks once +10.06% with 72; width 128: SHARD_GRAD_OP at 4 ranks −17%, −23%, FULL_SHARD at 4 ranks −12.5% and at 3 −11% (one run each) |
 //! | the book's sweep (level 1, fp32, W = 2, four strategies, widths 128, 4096 and 8192, batch 64 and 512, medians of 3 repeats), after [`FSDP_SHARDED_HUGE_PAGES_BYTES`] was fitted and not fitted to | AMD EPYC Zen 5 | 21 of 24 (20 with 72 MiB for FSDP; its 8 wide cells −2.0% to +5.4%, were +0.6% to +10.1%) | ZeRO-1 at width 128 and 8192, batch 512 (−14%, −15%), FULL_SHARD at 128, 64 (−12%) |
+//!
+//! Each row gives the estimate of its day: the rows above the last two counted 72 MiB of huge
+//! pages under FSDP's sharded strategies in fp32 too (36 since).
 //!
 //! The first four rows are the cells the constants were fitted to, measured before
 //! [`HUGE_PAGES_BYTES`] was a term (67 of their 88 within 10% without it, 78 with it; the
@@ -207,6 +210,19 @@ pub fn allreduce_scratch_bytes(message: u64, world_size: usize) -> u64 {
         0
     } else {
         message / 2
+    }
+}
+
+/// What a blocking reduce-scatter of a `message`-byte input adds on a rank, on a CPU (the MPI
+/// backend's, `shared/tests/allreduce_memory.rs`): nothing at one rank (a copy); at two, Open
+/// MPI's all-reduce scratch, [`allreduce_scratch_bytes`] (the input is all-reduced in place);
+/// from three, one block (`message / world_size`: the root's temporary in its `MPI_Reduce`,
+/// measured 0.33 and 0.25 of a 64 MiB message on every rank at W = 3 and 4). None on CUDA.
+pub(super) fn reduce_scatter_scratch_on(device: DeviceKind, message: u64, world_size: usize) -> u64 {
+    match (device, world_size) {
+        (DeviceKind::Cuda, _) | (_, 0 | 1) => 0,
+        (DeviceKind::Cpu, 2) => allreduce_scratch_bytes(message, 2),
+        (DeviceKind::Cpu, w) => message / w as u64,
     }
 }
 

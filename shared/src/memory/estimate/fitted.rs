@@ -213,19 +213,6 @@ pub fn allreduce_scratch_bytes(message: u64, world_size: usize) -> u64 {
     }
 }
 
-/// What a blocking reduce-scatter of a `message`-byte input adds on a rank, on a CPU (the MPI
-/// backend's, `shared/tests/allreduce_memory.rs`): nothing at one rank (a copy); at two, Open
-/// MPI's all-reduce scratch, [`allreduce_scratch_bytes`] (the input is all-reduced in place);
-/// from three, one block (`message / world_size`: the root's temporary in its `MPI_Reduce`,
-/// measured 0.33 and 0.25 of a 64 MiB message on every rank at W = 3 and 4). None on CUDA.
-pub(super) fn reduce_scatter_scratch_on(device: DeviceKind, message: u64, world_size: usize) -> u64 {
-    match (device, world_size) {
-        (DeviceKind::Cuda, _) | (_, 0 | 1) => 0,
-        (DeviceKind::Cpu, 2) => allreduce_scratch_bytes(message, 2),
-        (DeviceKind::Cpu, w) => message / w as u64,
-    }
-}
-
 /// [`allreduce_scratch_bytes`] where the collective's scratch is counted: Open MPI's, in host
 /// memory, on a CPU; none on CUDA, where NCCL's buffers are its own, outside the caching
 /// allocator's count.

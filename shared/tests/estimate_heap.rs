@@ -6,8 +6,8 @@
 
 use ladder_core::device::{huge_pages_by_default, CpuBf16Unit, DeviceKind};
 use ladder_core::memory::estimate::{
-    estimate_on, resident_per_live, EstimateInput, RankEstimate, FSDP_RUNTIME_BYTES, FSDP_SHARDED_HUGE_PAGES_BYTES, HUGE_PAGES_BYTES,
-    RESIDENT_PER_LIVE_16BIT, RESIDENT_PER_LIVE_16BIT_AVX512, RESIDENT_PER_LIVE_FP32, RUNTIME_BYTES,
+    estimate_on, fitted::FSDP_SHARDED_HUGE_PAGES_BYTES, resident_per_live, EstimateInput, RankEstimate, FSDP_RUNTIME_BYTES,
+    HUGE_PAGES_BYTES, RESIDENT_PER_LIVE_16BIT, RESIDENT_PER_LIVE_16BIT_AVX512, RESIDENT_PER_LIVE_FP32, RUNTIME_BYTES,
 };
 use ladder_core::model::BasicNet;
 use ladder_core::parallel::{FsdpOptions, Precision, ShardingStrategy, Strategy, WrapConfig};

@@ -1,7 +1,7 @@
 //! The `mpi` backend: OpenMPI through rsmpi's raw bindings (`mpi::ffi`), in place on CPU
 //! tensors. Each collective is one MPI call on the tensor's own memory — no staging copy
 //! (except a blocking reduce-scatter: at one rank a copy, at two an in-place all-reduce, from
-//! three ranks and 1 MiB one `MPI_Reduce` per block, [`blocking`]) —
+//! three ranks and 1 MiB one `MPI_Reduce` per block, `blocking.rs`) —
 //! preceded, unless the call is [`Agreement::Prechecked`], by one 4-integer Max all-reduce that
 //! checks every rank passed the same numel and dtype (a mismatch would otherwise be undefined
 //! behaviour in MPI).

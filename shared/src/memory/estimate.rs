@@ -22,11 +22,8 @@
 //! - **gradient reduction**: DDP's bucket copy (`cat` of one bucket's gradients) and Open MPI's
 //!   scratch while it is all-reduced ([`allreduce_scratch_bytes`]; ZeRO-1's pieces are views of
 //!   the flat gradient, no copy); FSDP's reduce-scatter input (the flat gradient, fp32) and
-//!   output, or NO_SHARD's all-reduce of `.grad` in place with its scratch. Not counted: the
-//!   reduce-scatter's own temporaries (at 2 ranks the all-reduce's scratch, half the message;
-//!   from 3 one block). With them this moment becomes the peak of FSDP in bf16 at width 4096
-//!   and 2 ranks, 72 MiB higher: 622 MiB at batch 64 against 484–511 measured (levels 1–3,
-//!   AMD EPYC Zen 5), where 550 without them is already above; not reconciled yet;
+//!   output (not the reduce-scatter's own temporaries: [`fitted`] says why), or NO_SHARD's
+//!   all-reduce of `.grad` in place with its scratch;
 //! - **non-finite check** (every level, unless `--allow-non-finite`): each gradient the
 //!   optimizer steps is summed in f64 piece by piece, through an f64 copy of one piece
 //!   ([`FINITE_CHECK_CHUNK`](crate::parallel::wrapped::FINITE_CHECK_CHUNK) elements).
@@ -66,9 +63,9 @@
 //! [`RESIDENT_PER_LIVE_16BIT_AVX512`] (1.44 resident bytes per live activation byte in fp32;
 //! in 16 bits 2.3 with AMX and 1.4 with AVX512-BF16, [`EstimateInput::cpu_bf16`]), [`RUNTIME_BYTES`] / [`FSDP_RUNTIME_BYTES`] (30 and
 //! 36 MiB) and [`HUGE_PAGES_BYTES`] (72 MiB, where the levels back tensors with transparent
-//! huge pages: from 32 MiB of parameters; 36 for FSDP's sharded strategies in fp32,
-//! [`FSDP_SHARDED_HUGE_PAGES_BYTES`]), beside one measured one, Open MPI's all-reduce
-//! scratch ([`allreduce_scratch_bytes`]).
+//! huge pages from 32 MiB of parameters; 36, [`fitted::FSDP_SHARDED_HUGE_PAGES_BYTES`], for
+//! FSDP's sharded strategies in fp32), beside one measured one, Open MPI's all-reduce scratch
+//! ([`allreduce_scratch_bytes`]).
 //! The measured figure is the growth of the largest rank over the training steps alone
 //! (evaluation and saves left out, [`crate::timing`]), the median over repeats.
 //!
@@ -98,9 +95,8 @@ use serde::{Deserialize, Serialize};
 pub mod fitted;
 use fitted::scratch_on;
 pub use fitted::{
-    allreduce_scratch_bytes, resident_per_live, CUDA_BYTES_PER_SAMPLE, CUDA_RUNTIME_BYTES, FSDP_RUNTIME_BYTES,
-    FSDP_SHARDED_HUGE_PAGES_BYTES, HUGE_PAGES_BYTES, RESIDENT_PER_LIVE_16BIT, RESIDENT_PER_LIVE_16BIT_AVX512, RESIDENT_PER_LIVE_FP32,
-    RUNTIME_BYTES,
+    allreduce_scratch_bytes, resident_per_live, CUDA_BYTES_PER_SAMPLE, CUDA_RUNTIME_BYTES, FSDP_RUNTIME_BYTES, HUGE_PAGES_BYTES,
+    RESIDENT_PER_LIVE_16BIT, RESIDENT_PER_LIVE_16BIT_AVX512, RESIDENT_PER_LIVE_FP32, RUNTIME_BYTES,
 };
 
 /// What to estimate: how the model is wrapped, the ranks, fc1's width and the batch per rank.
@@ -131,7 +127,7 @@ pub struct EstimateInput {
     #[serde(default)]
     pub cpu_bf16: Option<CpuBf16Unit>,
     /// On a CPU, whether the levels back tensors with transparent huge pages (adds
-    /// [`HUGE_PAGES_BYTES`] or [`FSDP_SHARDED_HUGE_PAGES_BYTES`]); `None` assumes their default, on from 32 MiB of parameters
+    /// [`HUGE_PAGES_BYTES`] or [`fitted::FSDP_SHARDED_HUGE_PAGES_BYTES`]); `None` assumes their default, on from 32 MiB of parameters
     /// ([`crate::device::huge_pages_by_default`]). `estimate-memory` and the bench pass what a
     /// run would do with their environment's `THP_MEM_ALLOC_ENABLE`
     /// ([`crate::device::huge_pages_for`]).
@@ -154,8 +150,7 @@ pub struct RankEstimate {
     /// parameters, flat gradients, bucket copies.
     pub transient: u64,
     /// What the training phase adds whatever the model's activations ([`RUNTIME_BYTES`] or
-    /// [`FSDP_RUNTIME_BYTES`], plus [`HUGE_PAGES_BYTES`] (or [`FSDP_SHARDED_HUGE_PAGES_BYTES`])
-    /// from 32 MiB of parameters; on CUDA
+    /// [`FSDP_RUNTIME_BYTES`], plus the huge pages' term from 32 MiB of parameters; on CUDA
     /// [`CUDA_RUNTIME_BYTES`] and [`CUDA_BYTES_PER_SAMPLE`] per sample).
     pub runtime: u64,
     /// Where in the step the peak falls (`backward of conv2`, `gradient reduction`, …).

@@ -23,6 +23,12 @@
 //! | the 8 FSDP cells of the row above, after a large reduce-scatter from 3 ranks became one `MPI_Reduce` per block (`shared/tests/allreduce_memory.rs`), 2 repeats (among the cells [`FSDP_SHARDED_HUGE_PAGES_BYTES`] was fitted to) | AMD EPYC Zen 5 | 11 of 16 runs (12 with [`FSDP_SHARDED_HUGE_PAGES_BYTES`]) | width 4096 all +6.4% to +10.1% with 72 MiB, −0.3% to +2.6% with 36 (rank 0 grows 483–491 MiB at 4 ranks), FULL_SHARD at 4 ranks once +10.06% with 72; width 128: SHARD_GRAD_OP at 4 ranks −17%, −23%, FULL_SHARD at 4 ranks −12.5% and at 3 −11% (one run each) |
 //! | the book's sweep (level 1, fp32, W = 2, four strategies, widths 128, 4096 and 8192, batch 64 and 512, medians of 3 repeats), after [`FSDP_SHARDED_HUGE_PAGES_BYTES`] was fitted and not fitted to | AMD EPYC Zen 5 | 21 of 24 (20 with 72 MiB for FSDP; its 8 wide cells −2.0% to +5.4%, were +0.6% to +10.1%) | ZeRO-1 at width 128 and 8192, batch 512 (−14%, −15%), FULL_SHARD at 128, 64 (−12%) |
 //!
+//! Not counted at FSDP's gradient reduction: the reduce-scatter's own temporaries (at 2 ranks
+//! the all-reduce's scratch, half the message; from 3 one block, `shared/tests/allreduce_memory.rs`).
+//! With them that moment becomes FSDP's peak in bf16 at width 4096 and 2 ranks, 72 MiB higher:
+//! 622 MiB at batch 64 against 484–511 measured (levels 1–3, AMD EPYC Zen 5), where 550 without
+//! them is already above — not reconciled yet.
+//!
 //! Each row gives the estimate of its day: the rows above the last two counted 72 MiB of huge
 //! pages under FSDP's sharded strategies in fp32 too (36 since).
 //!

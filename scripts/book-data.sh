@@ -21,7 +21,7 @@ BOOK_DEMO_ARGS="${BOOK_DEMO_ARGS:-}"
 # BOOK_REUSE_DEMO=1 keeps the demo of the previous run (target/book-data/demo) and reruns only the
 # bench matrix.
 BOOK_REUSE_DEMO="${BOOK_REUSE_DEMO:-0}"
-BOOK_FIT_ARGS="${BOOK_FIT_ARGS:---levels 1 --strategies ddp,zero1,fsdp-shard-grad-op,fsdp-full-shard --world-sizes 2 --widths 128,4096,8192 --precisions fp32 --batch-sizes 64,512 --steps 20 --wide-steps 4 --repeats 3 --wide-repeats 3 --no-peers --no-allreduce}"
+BOOK_FIT_ARGS="${BOOK_FIT_ARGS:---levels 1 --strategies ddp,zero1,fsdp-shard-grad-op,fsdp-full-shard --world-sizes 2 --widths 128,4096,8192 --precisions fp32 --batch-sizes 64,512 --steps 300 --wide-steps 20 --repeats 3 --wide-repeats 3 --no-peers --no-allreduce}"
 BOOK_DATA_ONLY="${BOOK_DATA_ONLY:-}"
 OUT=book/src/generated
 # The commit, read before this run rewrites its own outputs (which would look like local changes).

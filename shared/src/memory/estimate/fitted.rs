@@ -5,9 +5,9 @@
 //! # How close the estimate comes
 //!
 //! Within 10%, at W = 2, width 128 and 4096 × batch 64 and 512 (four strategies — DDP, ZeRO-1,
-//! SHARD_GRAD_OP, FULL_SHARD — or three without ZeRO-1; the fp32 constants were fitted to the
-//! first two rows, [`HUGE_PAGES_BYTES`] to the first four), and in the book's sweep also at
-//! width 8192:
+//! SHARD_GRAD_OP, FULL_SHARD — or three without ZeRO-1; the fp32 factor and the FSDP runtime
+//! term are fitted to the last rows' first, [`HUGE_PAGES_BYTES`] to the first four), and in
+//! the book's sweep also at width 8192:
 //!
 //! | cells | CPU | within 10% | the misses |
 //! |---|---|---|---|
@@ -22,6 +22,31 @@
 //! | level 1, fp32, widths 128 and 4096, batch 64, W = 3 and 4, DDP, ZeRO-1, SHARD_GRAD_OP, FULL_SHARD, 1 repeat (not fitted to) | AMD EPYC Zen 5 | 13 of 16 | SHARD_GRAD_OP and FULL_SHARD at width 4096 and 4 ranks (−16%, −15%): from 3 ranks Open MPI 4.1's `MPI_Reduce_scatter_block` reduced through buffers as large as the message on rank 0 (at 3 ranks on rank 1 too), so rank 0 grew by 624–633 MiB and the others by 480–502; FULL_SHARD at width 128 and 4 ranks (−15%, one rank 12 MiB above the others) |
 //! | the 8 FSDP cells of the row above, after a large reduce-scatter from 3 ranks became one `MPI_Reduce` per block (`shared/tests/allreduce_memory.rs`), 2 repeats (among the cells [`FSDP_SHARDED_HUGE_PAGES_BYTES`] was fitted to) | AMD EPYC Zen 5 | 11 of 16 runs (12 with [`FSDP_SHARDED_HUGE_PAGES_BYTES`]) | width 4096 all +6.4% to +10.1% with 72 MiB, −0.3% to +2.6% with 36 (rank 0 grows 483–491 MiB at 4 ranks), FULL_SHARD at 4 ranks once +10.06% with 72; width 128: SHARD_GRAD_OP at 4 ranks −17%, −23%, FULL_SHARD at 4 ranks −12.5% and at 3 −11% (one run each) |
 //! | the book's sweep (level 1, fp32, W = 2, four strategies, widths 128, 4096 and 8192, batch 64 and 512, medians of 3 repeats), after [`FSDP_SHARDED_HUGE_PAGES_BYTES`] was fitted and not fitted to | AMD EPYC Zen 5 | 21 of 24 (20 with 72 MiB for FSDP; its 8 wide cells −2.0% to +5.4%, were +0.6% to +10.1%) | ZeRO-1 at width 128 and 8192, batch 512 (−14%, −15%), FULL_SHARD at 128, 64 (−12%) |
+//! | level 1, fp32, W = 2, DDP, ZeRO-1, SHARD_GRAD_OP, FULL_SHARD × widths 128 and 4096 × batch 64 and 512, **300 steps at width 128 and batch 64, 20 elsewhere**, medians of 3 repeats (the fp32 factor and [`FSDP_RUNTIME_BYTES`] fitted to it) | AMD EPYC Zen 5 | 16 of 16 (10 with the constants before, fitted to shorter runs: every miss under, to −18%) | — |
+//! | held out: level 1, fp32, as long, 1 or 2 repeats: W = 1 and 4 × the four strategies × widths 128 and 4096 at batch 64; W = 1 to 4 at width 128, batch 64, DDP and FULL_SHARD (and SHARD_GRAD_OP, NO_SHARD, ZeRO-1 at 2 and 4 ranks) | AMD EPYC Zen 5 | 30 of 32 (18 before) | ZeRO-1 at width 128, batch 64, 4 ranks (−16%, −12%: no saving on DDP measured there) |
+//!
+//! ## Over how many steps
+//!
+//! The heap's lead over the live bytes grows over a run's first tens of steps, so the training
+//! phase's peak does too; the fp32 constants are fitted to runs long enough to have reached it
+//! (the rows above the last two were not: 3 to 20 steps).
+//! Level 1, W = 2, fp32, growth per rank (one run each, both ranks; FULL_SHARD with the
+//! levels' default wrap), AMD EPYC Zen 5:
+//!
+//! | cell | 3 steps | 30 steps | 100 steps | 300 steps |
+//! |---|---|---|---|---|
+//! | DDP, width 128, batch 64 | 65–68 MiB | 72–78 | 75–91 | 75–85 (81–84 over one epoch, 469) |
+//! | FULL_SHARD, width 128, batch 64 | 71–81 | 82–88 | 87–93 | 90–101 (94–96 over 469) |
+//! | DDP, width 128, batch 512 | 318 | 359–360 | 353–359 | — |
+//! | FULL_SHARD, width 128, batch 512 | 310–328 | 330–413 | 329–425 | — |
+//! | DDP, width 4096, batch 64 | 731–734 | 747–752 | 737–757 | — |
+//! | FULL_SHARD, width 4096, batch 64 | 739–741 | 740–754 | 748–777 | — |
+//! | DDP, width 4096, batch 512 | 835–882 | 940–966 | — | — |
+//! | FULL_SHARD, width 4096, batch 512 | 963 | 1,057–1,084 | — | — |
+//!
+//! The bench's memory cells run 300 steps at width 128 and batch 64 and `--wide-steps` (20)
+//! elsewhere; a cell of fewer steps measures a peak the run has not reached yet. The 16-bit
+//! factors and the huge-page terms were not refitted to such runs.
 //!
 //! Not counted at FSDP's gradient reduction: the reduce-scatter's own temporaries (at 2 ranks
 //! the all-reduce's scratch, half the message; from 3 one block, `shared/tests/allreduce_memory.rs`).
@@ -29,8 +54,10 @@
 //! 622 MiB at batch 64 against 484–511 measured (levels 1–3, AMD EPYC Zen 5), where 550 without
 //! them is already above — not reconciled yet.
 //!
-//! Each row gives the estimate of its day: the rows above the last two counted 72 MiB of huge
-//! pages under FSDP's sharded strategies in fp32 too (36 since).
+//! Each row gives the estimate of its day: the rows above the last four counted 72 MiB of huge
+//! pages under FSDP's sharded strategies in fp32 too (36 since), and the rows above the last
+//! two 1.44 resident bytes per live byte in fp32 and 36 MiB for FSDP's runtime (1.65 and 42
+//! since).
 //!
 //! The first four rows are the cells the constants were fitted to, measured before
 //! [`HUGE_PAGES_BYTES`] was a term (67 of their 88 within 10% without it, 78 with it; the
@@ -57,16 +84,18 @@ use crate::parallel::{Precision, WrapConfig};
 /// Resident bytes per byte of live activations computed in f32: glibc keeps freed heap memory
 /// (tensors under its mmap threshold, up to 32 MiB) for reuse, and a step frees and allocates
 /// its tensors in an order that leaves part of it unusable for the next ones, so the heap's
-/// touched extent runs ahead of what is alive. Measured with an `LD_PRELOAD` count of live
-/// `malloc`'d bytes against `VmHWM` (level 1, W = 1, 8 steps, AMD EPYC Zen 5): RSS growth
-/// less live growth 30 (DDP) and 40 MiB (FULL_SHARD) at width 128 and batch 64, 141 and 126 at
-/// batch 512, 75 to 85 at width 4096 whatever the batch. Fitted, with [`RUNTIME_BYTES`] and
-/// [`FSDP_RUNTIME_BYTES`], to the 32 cells of level 1 at W = 2 in fp32 (DDP, ZeRO-1,
-/// SHARD_GRAD_OP, FULL_SHARD × width 128 and 4096 × batch 64 and 512) measured on two CPUs:
-/// an Intel Xeon with AMX (one repeat, the book's fit sweep at `ef1e4b9`) and an AMD EPYC Zen 5
-/// (medians of three repeats, 2026-12-04); 26 of the 32 are within 10% (20 with the constants
-/// before: 1.8 and 26 MiB for every engine), 30 with [`HUGE_PAGES_BYTES`] added since.
-pub const RESIDENT_PER_LIVE_FP32: f64 = 1.44;
+/// touched extent runs ahead of what is alive — and further with every step for the first
+/// tens of them (the module docs' "Over how many steps"). Measured with an `LD_PRELOAD` count
+/// of live `malloc`'d bytes against `VmHWM` (level 1, W = 1, 8 steps, AMD EPYC Zen 5): RSS
+/// growth less live growth 30 (DDP) and 40 MiB (FULL_SHARD) at width 128 and batch 64, 141
+/// and 126 at batch 512, 75 to 85 at width 4096 whatever the batch — after 8 steps. Fitted,
+/// with [`FSDP_RUNTIME_BYTES`], to the steady state: the 16 cells of level 1 at W = 2 in fp32
+/// (DDP, ZeRO-1, SHARD_GRAD_OP, FULL_SHARD × width 128 and 4096 × batch 64 and 512; 300 steps
+/// at width 128 and batch 64, 20 elsewhere; medians of three repeats; AMD EPYC Zen 5,
+/// 2026-12-05): 16 of 16 within 10% (10 with 1.44 and 36 MiB, the constants fitted before to
+/// runs of 3 to 20 steps), and 30 of 32 held-out cells (W = 1 to 4, widths 128 and 4096,
+/// batch 64, as long; 18 before).
+pub const RESIDENT_PER_LIVE_FP32: f64 = 1.65;
 
 /// Resident bytes per byte of live activations computed in 16 bits (bf16, fp16) on a CPU with
 /// AMX: autocast's casts add short-lived copies between the kept tensors, and the heap runs
@@ -157,9 +186,11 @@ impl super::EstimateInput {
 }
 
 /// [`RUNTIME_BYTES`] under FSDP: its segment-by-segment backward and flat buffers leave more
-/// of glibc's heap behind (RSS growth less live growth 8 to 10 MiB above DDP's in the
-/// measurements of [`RESIDENT_PER_LIVE_FP32`]); fitted with it.
-pub const FSDP_RUNTIME_BYTES: u64 = 36 << 20;
+/// of glibc's heap behind (RSS growth less live growth 8 to 10 MiB above DDP's after 8 steps
+/// in the measurements of [`RESIDENT_PER_LIVE_FP32`]; at width 128 and batch 64, FULL_SHARD's
+/// growth over 300 steps is 15 to 20 MiB above DDP's); fitted with it (36 MiB before, on
+/// shorter runs).
+pub const FSDP_RUNTIME_BYTES: u64 = 42 << 20;
 
 /// On CUDA, what the caching allocator holds for any model once a step ran: cuBLAS's and
 /// cuBLASLt's workspaces, 32 MiB each with PyTorch's defaults on Hopper, allocated at the

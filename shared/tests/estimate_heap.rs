@@ -6,8 +6,10 @@
 
 use ladder_core::device::{huge_pages_by_default, CpuBf16Unit, DeviceKind};
 use ladder_core::memory::estimate::{
-    estimate_on, fitted::FSDP_SHARDED_HUGE_PAGES_BYTES, resident_per_live, EstimateInput, RankEstimate, FSDP_RUNTIME_BYTES,
-    HUGE_PAGES_BYTES, RESIDENT_PER_LIVE_16BIT, RESIDENT_PER_LIVE_16BIT_AVX512, RESIDENT_PER_LIVE_FP32, RUNTIME_BYTES,
+    estimate_on,
+    fitted::{FSDP_RUNTIME_BYTES_16BIT, FSDP_SHARDED_HUGE_PAGES_BYTES},
+    resident_per_live, EstimateInput, RankEstimate, FSDP_RUNTIME_BYTES, HUGE_PAGES_BYTES, RESIDENT_PER_LIVE_16BIT,
+    RESIDENT_PER_LIVE_16BIT_AVX512, RESIDENT_PER_LIVE_FP32, RUNTIME_BYTES,
 };
 use ladder_core::model::BasicNet;
 use ladder_core::parallel::{FsdpOptions, Precision, ShardingStrategy, Strategy, WrapConfig};
@@ -65,9 +67,14 @@ fn huge_pages_add_their_term_where_the_levels_turn_them_on() {
     let no_shard = Strategy::Fsdp(FsdpOptions { sharding_strategy: ShardingStrategy::NoShard, ..Default::default() });
     for strategy in [Strategy::default(), full_shard(), no_shard] {
         for precision in [Precision::No, Precision::Bf16] {
-            // DDP in bf16 runs on FSDP's NO_SHARD path, whose runtime term is FSDP's.
+            // DDP in bf16 runs on FSDP's NO_SHARD path, whose runtime term is FSDP's (in 16 bits
+            // the one the 16-bit factors were fitted with).
             let ddp_engine = matches!(strategy, Strategy::Ddp(_)) && precision == Precision::No;
-            let runtime = if ddp_engine { RUNTIME_BYTES } else { FSDP_RUNTIME_BYTES };
+            let runtime = match (ddp_engine, precision) {
+                (true, _) => RUNTIME_BYTES,
+                (false, Precision::No) => FSDP_RUNTIME_BYTES,
+                (false, _) => FSDP_RUNTIME_BYTES_16BIT,
+            };
             // FULL_SHARD in fp32 has its own, smaller term; DDP, NO_SHARD and bf16 keep the
             // common one.
             let sharded_fp32 = strategy == full_shard() && precision == Precision::No;

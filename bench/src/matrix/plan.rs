@@ -54,7 +54,9 @@ pub struct RunArgs {
     /// process).
     #[arg(long, default_value_t = 300)]
     pub steps: usize,
-    /// Optimizer steps per rank for runs at another width or batch size (memory measurements).
+    /// Optimizer steps per rank for runs at another width or batch size (memory measurements:
+    /// the heap grows over a run's first tens of steps, so a much shorter run measures less than
+    /// a longer one, and than the memory estimate, fitted to runs of 20 steps and more).
     #[arg(long, default_value_t = 20)]
     pub wide_steps: usize,
     /// Repeats of every run, interleaved with the PyTorch peers (median, min, max reported).

@@ -410,7 +410,7 @@ collectives per step (all-reduce buffer, all-gather output, reduce-scatter input
 const EXPLAIN_MEMORY: &str = "Model state: rank 0's persistent bytes (AdamW: 2 states per parameter). \
 Training-phase peak RSS: the most any training step held (VmHWM reset through /proc/self/clear_refs when training \
 starts and after each evaluation or save, read as each step ends; the peers read it when their loop ends, before \
-evaluating); whole-process: the high-water mark since start-up, data loading, evaluation and saves included.";
+evaluating); whole-process: the high-water mark since start-up, data loading, evaluation and saves included. The training-phase growth rises over a run's first tens of steps: the estimate is fitted to runs of 20 steps and more (the bench's --steps 300 at width 128 and 64 samples per rank, --wide-steps 20 elsewhere), so a shorter run measures less than it.";
 
 /// `bench.md`.
 pub fn render_markdown(summary: &MatrixSummary) -> String {

@@ -6,7 +6,7 @@
 //!
 //! Within 10%, at W = 2, width 128 and 4096 × batch 64 and 512 (four strategies — DDP, ZeRO-1,
 //! SHARD_GRAD_OP, FULL_SHARD — or three without ZeRO-1; the fp32 factor and the FSDP runtime
-//! term are fitted to the last rows' first, [`HUGE_PAGES_BYTES`] to the first four), and in
+//! term are fitted to the last three rows' first, [`HUGE_PAGES_BYTES`] to the first four), and in
 //! the book's sweep also at width 8192:
 //!
 //! | cells | CPU | within 10% | the misses |
@@ -23,15 +23,17 @@
 //! | the 8 FSDP cells of the row above, after a large reduce-scatter from 3 ranks became one `MPI_Reduce` per block (`shared/tests/allreduce_memory.rs`), 2 repeats (among the cells [`FSDP_SHARDED_HUGE_PAGES_BYTES`] was fitted to) | AMD EPYC Zen 5 | 11 of 16 runs (12 with [`FSDP_SHARDED_HUGE_PAGES_BYTES`]) | width 4096 all +6.4% to +10.1% with 72 MiB, −0.3% to +2.6% with 36 (rank 0 grows 483–491 MiB at 4 ranks), FULL_SHARD at 4 ranks once +10.06% with 72; width 128: SHARD_GRAD_OP at 4 ranks −17%, −23%, FULL_SHARD at 4 ranks −12.5% and at 3 −11% (one run each) |
 //! | the book's sweep (level 1, fp32, W = 2, four strategies, widths 128, 4096 and 8192, batch 64 and 512, medians of 3 repeats), after [`FSDP_SHARDED_HUGE_PAGES_BYTES`] was fitted and not fitted to | AMD EPYC Zen 5 | 21 of 24 (20 with 72 MiB for FSDP; its 8 wide cells −2.0% to +5.4%, were +0.6% to +10.1%) | ZeRO-1 at width 128 and 8192, batch 512 (−14%, −15%), FULL_SHARD at 128, 64 (−12%) |
 //! | level 1, fp32, W = 2, DDP, ZeRO-1, SHARD_GRAD_OP, FULL_SHARD × widths 128 and 4096 × batch 64 and 512, **300 steps at width 128 and batch 64, 20 elsewhere**, medians of 3 repeats (the fp32 factor and [`FSDP_RUNTIME_BYTES`] fitted to it) | AMD EPYC Zen 5 | 16 of 16 (10 with the constants before, fitted to shorter runs: every miss under, to −18%) | — |
-//! | held out: level 1, fp32, as long, 1 or 2 repeats: W = 1 and 4 × the four strategies × widths 128 and 4096 at batch 64; W = 1 to 4 at width 128, batch 64, DDP and FULL_SHARD (and SHARD_GRAD_OP, NO_SHARD, ZeRO-1 at 2 and 4 ranks) | AMD EPYC Zen 5 | 30 of 32 (18 before) | ZeRO-1 at width 128, batch 64, 4 ranks (−16%, −12%: no saving on DDP measured there) |
+//! | not fitted to (but used to choose among the equally good fits of the row above): level 1, fp32, as long, 1 to 3 repeats — W = 1 and 4 × the four strategies × widths 128 and 4096 at batch 64 (measured after the fit: 15 of 16, 11 before); W = 1 to 4 at width 128, batch 64, DDP and FULL_SHARD, and SHARD_GRAD_OP at 2 and 4 ranks, NO_SHARD and ZeRO-1 at 4 | AMD EPYC Zen 5 | 30 of 32 (18 before) | ZeRO-1 at width 128, batch 64, 4 ranks (−16%, −12%: no saving on DDP measured there) |
+//! | the book's sweep rerun as long (level 1, fp32, W = 2, four strategies, widths 128, 4096 and 8192, batch 64 and 512, 300 steps at 128 and 64, 20 elsewhere, medians of 3 repeats; widths 128 and 4096 the fit's cells again, 8192 not fitted to) | AMD EPYC Zen 5 | 21 of 24 (width 8192: 4 of 6) | ZeRO-1 at widths 4096 and 8192, batch 512 (−17%, −17%), DDP at 8192, 512 (−10.1%) |
 //!
 //! ## Over how many steps
 //!
-//! The heap's lead over the live bytes grows over a run's first tens of steps, so the training
-//! phase's peak does too; the fp32 constants are fitted to runs long enough to have reached it
-//! (the rows above the last two were not: 3 to 20 steps).
-//! Level 1, W = 2, fp32, growth per rank (one run each, both ranks; FULL_SHARD with the
-//! levels' default wrap), AMD EPYC Zen 5:
+//! How far the heap runs ahead of the live bytes grows over a run's first tens of steps, so the
+//! training phase's peak does too; the fp32 constants are fitted to runs of 20 steps and more
+//! (300 at width 128 and batch 64), which reach most of it — the rows above the last three ran
+//! 3 to 20. Level 1, W = 2, fp32, growth per rank (both ranks of one run, at width 128 and batch
+//! 64 of two; FULL_SHARD with the levels' default wrap, one unit, where the bench wraps each
+//! layer), AMD EPYC Zen 5:
 //!
 //! | cell | 3 steps | 30 steps | 100 steps | 300 steps |
 //! |---|---|---|---|---|
@@ -44,9 +46,11 @@
 //! | DDP, width 4096, batch 512 | 835–882 | 940–966 | — | — |
 //! | FULL_SHARD, width 4096, batch 512 | 963 | 1,057–1,084 | — | — |
 //!
-//! The bench's memory cells run 300 steps at width 128 and batch 64 and `--wide-steps` (20)
-//! elsewhere; a cell of fewer steps measures a peak the run has not reached yet. The 16-bit
-//! factors and the huge-page terms were not refitted to such runs.
+//! Not all of it by 20 steps: DDP at width 128 and batch 512 grew by 342 MiB over 20 (the fit's
+//! cell, median of three), 353–360 over 30 and 100. The bench's memory cells run 300 steps at
+//! width 128 and batch 64 and `--wide-steps` (20) elsewhere; a cell of fewer steps measures a
+//! peak the run has not reached yet. The 16-bit factors (and [`FSDP_RUNTIME_BYTES_16BIT`]) and
+//! the huge-page terms were not refitted to such runs.
 //!
 //! Not counted at FSDP's gradient reduction: the reduce-scatter's own temporaries (at 2 ranks
 //! the all-reduce's scratch, half the message; from 3 one block, `shared/tests/allreduce_memory.rs`).
@@ -54,17 +58,17 @@
 //! 622 MiB at batch 64 against 484–511 measured (levels 1–3, AMD EPYC Zen 5), where 550 without
 //! them is already above — not reconciled yet.
 //!
-//! Each row gives the estimate of its day: the rows above the last four counted 72 MiB of huge
+//! Each row gives the estimate of its day: the rows above the last five counted 72 MiB of huge
 //! pages under FSDP's sharded strategies in fp32 too (36 since), and the rows above the last
-//! two 1.44 resident bytes per live byte in fp32 and 36 MiB for FSDP's runtime (1.65 and 42
+//! three 1.44 resident bytes per live byte in fp32 and 36 MiB for FSDP's runtime (1.65 and 42
 //! since).
 //!
-//! The first four rows are the cells the constants were fitted to, measured before
+//! The first four rows are the cells the constants were first fitted to, measured before
 //! [`HUGE_PAGES_BYTES`] was a term (67 of their 88 within 10% without it, 78 with it; the
 //! constants before that, 1.8 and 26 MiB for every engine, held 40 of the first 64). What is
 //! left, measured: at batch 512 DDP's and ZeRO-1's heap runs ahead of the estimate by an amount
 //! that changes from run to run (ZeRO-1 at width 4096 grew by 782 MiB in one sweep, 883 in the
-//! next, against 733 estimated, so its measured saving on DDP was 124 and 54 MiB, not the 144 of
+//! next, against 733 estimated then, so its measured saving on DDP was 124 and 54 MiB, not the 144 of
 //! the halved moments it makes at batch 64); at width 128 FULL_SHARD's heap varies alike (the
 //! same cell at batch 512 grew by 369 MiB in one sweep and 308 in the next); one run's rank can stray alone (DDP in bf16 at width 4096 with
 //! checkpointing: 808 and 1,072 MiB on two ranks of one cell) — other allocators, preloaded on
@@ -89,12 +93,12 @@ use crate::parallel::{Precision, WrapConfig};
 /// of live `malloc`'d bytes against `VmHWM` (level 1, W = 1, 8 steps, AMD EPYC Zen 5): RSS
 /// growth less live growth 30 (DDP) and 40 MiB (FULL_SHARD) at width 128 and batch 64, 141
 /// and 126 at batch 512, 75 to 85 at width 4096 whatever the batch — after 8 steps. Fitted,
-/// with [`FSDP_RUNTIME_BYTES`], to the steady state: the 16 cells of level 1 at W = 2 in fp32
+/// with [`FSDP_RUNTIME_BYTES`], to runs long enough for most of that growth: the 16 cells of level 1 at W = 2 in fp32
 /// (DDP, ZeRO-1, SHARD_GRAD_OP, FULL_SHARD × width 128 and 4096 × batch 64 and 512; 300 steps
 /// at width 128 and batch 64, 20 elsewhere; medians of three repeats; AMD EPYC Zen 5,
 /// 2026-12-05): 16 of 16 within 10% (10 with 1.44 and 36 MiB, the constants fitted before to
-/// runs of 3 to 20 steps), and 30 of 32 held-out cells (W = 1 to 4, widths 128 and 4096,
-/// batch 64, as long; 18 before).
+/// runs of 3 to 20 steps), and 30 of 32 cells not fitted to (W = 1 to 4, widths 128 and
+/// 4096, batch 64, as long; 18 before), which chose among the equally good fits.
 pub const RESIDENT_PER_LIVE_FP32: f64 = 1.65;
 
 /// Resident bytes per byte of live activations computed in 16 bits (bf16, fp16) on a CPU with
@@ -130,7 +134,8 @@ pub fn resident_per_live(compute_bytes: u64, cpu_bf16: Option<CpuBf16Unit>) -> f
 }
 
 /// Bytes a training phase adds whatever the model: libtorch's, oneDNN's and Open MPI's
-/// first-use buffers and the data loader's (fitted as [`RESIDENT_PER_LIVE_FP32`]).
+/// first-use buffers and the data loader's (fitted with [`RESIDENT_PER_LIVE_FP32`] on shorter
+/// runs, and kept when that factor was refitted to longer ones).
 ///
 /// Not counted: MKL's f32 matrix-multiply buffers (`mkl_serv_allocate`, from
 /// `sgemm_get_bufs`), which it keeps per thread between steps when a process runs more than
@@ -185,12 +190,17 @@ impl super::EstimateInput {
     }
 }
 
-/// [`RUNTIME_BYTES`] under FSDP: its segment-by-segment backward and flat buffers leave more
-/// of glibc's heap behind (RSS growth less live growth 8 to 10 MiB above DDP's after 8 steps
-/// in the measurements of [`RESIDENT_PER_LIVE_FP32`]; at width 128 and batch 64, FULL_SHARD's
-/// growth over 300 steps is 15 to 20 MiB above DDP's); fitted with it (36 MiB before, on
-/// shorter runs).
+/// [`RUNTIME_BYTES`] under FSDP in fp32: its segment-by-segment backward and flat buffers
+/// leave more of glibc's heap behind (RSS growth less live growth 8 to 10 MiB above DDP's
+/// after 8 steps in the measurements of [`RESIDENT_PER_LIVE_FP32`]; at width 128, batch 64
+/// and 2 ranks, FULL_SHARD's growth over 300 steps is 12 to 23 MiB above DDP's, about 7 of it
+/// its larger live peak); fitted with it (36 MiB before, on shorter runs).
 pub const FSDP_RUNTIME_BYTES: u64 = 42 << 20;
+
+/// [`FSDP_RUNTIME_BYTES`] in 16 bits (and so DDP in bf16, which runs on FSDP's NO_SHARD
+/// path): the value the 16-bit factors were fitted with, kept until they are refitted to runs
+/// as long as the fp32 constants' (not measured yet).
+pub const FSDP_RUNTIME_BYTES_16BIT: u64 = 36 << 20;
 
 /// On CUDA, what the caching allocator holds for any model once a step ran: cuBLAS's and
 /// cuBLASLt's workspaces, 32 MiB each with PyTorch's defaults on Hopper, allocated at the
@@ -210,7 +220,8 @@ pub const CUDA_BYTES_PER_SAMPLE: u64 = 167_772;
 
 /// Resident bytes per live activation byte and the runtime term, for `wrap` at `batch` samples
 /// per rank on `device`: on a CPU (whose bf16 unit is `cpu_bf16`, used in bf16 only)
-/// [`resident_per_live`] and [`RUNTIME_BYTES`] (FSDP: [`FSDP_RUNTIME_BYTES`]), plus
+/// [`resident_per_live`] and [`RUNTIME_BYTES`] (FSDP: [`FSDP_RUNTIME_BYTES`], in 16 bits
+/// [`FSDP_RUNTIME_BYTES_16BIT`]), plus
 /// [`HUGE_PAGES_BYTES`] where tensors are backed with `huge_pages` (FSDP's sharded strategies
 /// in fp32: [`FSDP_SHARDED_HUGE_PAGES_BYTES`]); on CUDA live bytes as they
 /// are (the allocator counts tensors exactly), [`CUDA_RUNTIME_BYTES`] and
@@ -218,7 +229,11 @@ pub const CUDA_BYTES_PER_SAMPLE: u64 = 167_772;
 pub(super) fn heap_terms(device: DeviceKind, wrap: &WrapConfig, batch: u64, huge_pages: bool, cpu_bf16: Option<CpuBf16Unit>) -> (f64, u64) {
     match device {
         DeviceKind::Cpu => {
-            let runtime = if matches!(Engine::of(wrap), Engine::Fsdp(_)) { FSDP_RUNTIME_BYTES } else { RUNTIME_BYTES };
+            let runtime = match (Engine::of(wrap), compute_bytes(wrap) >= MASTER_BYTES) {
+                (Engine::Fsdp(_), true) => FSDP_RUNTIME_BYTES,
+                (Engine::Fsdp(_), false) => FSDP_RUNTIME_BYTES_16BIT,
+                (Engine::Ddp(_), _) => RUNTIME_BYTES,
+            };
             let sharded_fp32 =
                 matches!(Engine::of(wrap), Engine::Fsdp(o) if o.sharding_strategy.is_sharded()) && compute_bytes(wrap) >= MASTER_BYTES;
             let huge_pages = match (huge_pages, sharded_fp32) {

@@ -6,7 +6,7 @@
 //!
 //! Within 10%, at W = 2, width 128 and 4096 × batch 64 and 512 (four strategies — DDP, ZeRO-1,
 //! SHARD_GRAD_OP, FULL_SHARD — or three without ZeRO-1; the fp32 factor and the FSDP runtime
-//! term are fitted to the last three rows' first, [`HUGE_PAGES_BYTES`] to the first four), and in
+//! term are fitted to the last four rows' first, [`HUGE_PAGES_BYTES`] to the first four), and in
 //! the book's sweep also at width 8192:
 //!
 //! | cells | CPU | within 10% | the misses |
@@ -25,12 +25,13 @@
 //! | level 1, fp32, W = 2, DDP, ZeRO-1, SHARD_GRAD_OP, FULL_SHARD × widths 128 and 4096 × batch 64 and 512, **300 steps at width 128 and batch 64, 20 elsewhere**, medians of 3 repeats (the fp32 factor and [`FSDP_RUNTIME_BYTES`] fitted to it) | AMD EPYC Zen 5 | 16 of 16 (10 with the constants before, fitted to shorter runs: every miss under, to −18%) | — |
 //! | not fitted to (but used to choose among the equally good fits of the row above): level 1, fp32, as long, 1 to 3 repeats — W = 1 and 4 × the four strategies × widths 128 and 4096 at batch 64 (measured after the fit: 15 of 16, 11 before); W = 1 to 4 at width 128, batch 64, DDP and FULL_SHARD, and SHARD_GRAD_OP at 2 and 4 ranks, NO_SHARD and ZeRO-1 at 4 | AMD EPYC Zen 5 | 30 of 32 (18 before) | ZeRO-1 at width 128, batch 64, 4 ranks (−16%, −12%: no saving on DDP measured there) |
 //! | the book's sweep rerun as long (level 1, fp32, W = 2, four strategies, widths 128, 4096 and 8192, batch 64 and 512, 300 steps at 128 and 64, 20 elsewhere, medians of 3 repeats; widths 128 and 4096 the fit's cells again, 8192 not fitted to) | AMD EPYC Zen 5 | 21 of 24 (width 8192: 4 of 6) | ZeRO-1 at widths 4096 and 8192, batch 512 (−17%, −17%), DDP at 8192, 512 (−10.1%) |
+//! | levels 2 and 3, fp32, W = 2, DDP and FULL_SHARD, widths 128 (300 steps, 3 repeats) and 4096 (20 steps, 2 repeats), batch 64 (not fitted to) | AMD EPYC Zen 5 | 8 of 8 (−1.5% to +7.0%); in a one-repeat run from a fresh clone, level 3 at width 128 twice outside (+10.2%, +14.4%: one rank 95 MiB, the other 70) | — |
 //!
 //! ## Over how many steps
 //!
 //! How far the heap runs ahead of the live bytes grows over a run's first tens of steps, so the
 //! training phase's peak does too; the fp32 constants are fitted to runs of 20 steps and more
-//! (300 at width 128 and batch 64), which reach most of it — the rows above the last three ran
+//! (300 at width 128 and batch 64), which reach most of it — the rows above the last four ran
 //! 3 to 20. Level 1, W = 2, fp32, growth per rank (both ranks of one run, at width 128 and batch
 //! 64 of two; FULL_SHARD with the levels' default wrap, one unit, where the bench wraps each
 //! layer), AMD EPYC Zen 5:
@@ -58,9 +59,9 @@
 //! 622 MiB at batch 64 against 484–511 measured (levels 1–3, AMD EPYC Zen 5), where 550 without
 //! them is already above — not reconciled yet.
 //!
-//! Each row gives the estimate of its day: the rows above the last five counted 72 MiB of huge
+//! Each row gives the estimate of its day: the rows above the last six counted 72 MiB of huge
 //! pages under FSDP's sharded strategies in fp32 too (36 since), and the rows above the last
-//! three 1.44 resident bytes per live byte in fp32 and 36 MiB for FSDP's runtime (1.65 and 42
+//! four 1.44 resident bytes per live byte in fp32 and 36 MiB for FSDP's runtime (1.65 and 42
 //! since).
 //!
 //! The first four rows are the cells the constants were first fitted to, measured before

@@ -230,14 +230,13 @@ pub const CUDA_BYTES_PER_SAMPLE: u64 = 167_772;
 pub(super) fn heap_terms(device: DeviceKind, wrap: &WrapConfig, batch: u64, huge_pages: bool, cpu_bf16: Option<CpuBf16Unit>) -> (f64, u64) {
     match device {
         DeviceKind::Cpu => {
-            let runtime = match (Engine::of(wrap), compute_bytes(wrap) >= MASTER_BYTES) {
-                (Engine::Fsdp(_), true) => FSDP_RUNTIME_BYTES,
-                (Engine::Fsdp(_), false) => FSDP_RUNTIME_BYTES_16BIT,
-                (Engine::Ddp(_), _) => RUNTIME_BYTES,
+            let (engine, cb) = (Engine::of(wrap), compute_bytes(wrap));
+            let fp32 = cb >= MASTER_BYTES;
+            let (runtime, sharded) = match engine {
+                Engine::Fsdp(o) => (if fp32 { FSDP_RUNTIME_BYTES } else { FSDP_RUNTIME_BYTES_16BIT }, o.sharding_strategy.is_sharded()),
+                Engine::Ddp(_) => (RUNTIME_BYTES, false),
             };
-            let sharded_fp32 =
-                matches!(Engine::of(wrap), Engine::Fsdp(o) if o.sharding_strategy.is_sharded()) && compute_bytes(wrap) >= MASTER_BYTES;
-            let huge_pages = match (huge_pages, sharded_fp32) {
+            let huge_pages = match (huge_pages, sharded && fp32) {
                 (false, _) => 0,
                 (true, true) => FSDP_SHARDED_HUGE_PAGES_BYTES,
                 (true, false) => HUGE_PAGES_BYTES,
@@ -245,7 +244,7 @@ pub(super) fn heap_terms(device: DeviceKind, wrap: &WrapConfig, batch: u64, huge
             // The unit's factor was measured in bf16; fp16 (refused on a CPU by the levels)
             // keeps the larger one.
             let unit = cpu_bf16.filter(|_| wrap.mixed_precision == Precision::Bf16);
-            (resident_per_live(compute_bytes(wrap), unit), runtime + huge_pages)
+            (resident_per_live(cb, unit), runtime + huge_pages)
         }
         DeviceKind::Cuda => (1.0, CUDA_RUNTIME_BYTES + CUDA_BYTES_PER_SAMPLE * batch),
     }

@@ -6,10 +6,8 @@
 
 use ladder_core::device::{huge_pages_by_default, CpuBf16Unit, DeviceKind};
 use ladder_core::memory::estimate::{
-    estimate_on,
-    fitted::{FSDP_RUNTIME_BYTES_16BIT, FSDP_SHARDED_HUGE_PAGES_BYTES},
-    resident_per_live, EstimateInput, RankEstimate, FSDP_RUNTIME_BYTES, HUGE_PAGES_BYTES, RESIDENT_PER_LIVE_16BIT,
-    RESIDENT_PER_LIVE_16BIT_AVX512, RESIDENT_PER_LIVE_FP32, RUNTIME_BYTES,
+    estimate_on, fitted::FSDP_SHARDED_HUGE_PAGES_BYTES, resident_per_live, EstimateInput, RankEstimate, FSDP_RUNTIME_BYTES,
+    HUGE_PAGES_BYTES, RESIDENT_PER_LIVE_16BIT, RESIDENT_PER_LIVE_16BIT_AVX512, RESIDENT_PER_LIVE_FP32, RUNTIME_BYTES,
 };
 use ladder_core::model::BasicNet;
 use ladder_core::parallel::{FsdpOptions, Precision, ShardingStrategy, Strategy, WrapConfig};
@@ -67,14 +65,10 @@ fn huge_pages_add_their_term_where_the_levels_turn_them_on() {
     let no_shard = Strategy::Fsdp(FsdpOptions { sharding_strategy: ShardingStrategy::NoShard, ..Default::default() });
     for strategy in [Strategy::default(), full_shard(), no_shard] {
         for precision in [Precision::No, Precision::Bf16] {
-            // DDP in bf16 runs on FSDP's NO_SHARD path, whose runtime term is FSDP's (in 16 bits
-            // the one the 16-bit factors were fitted with).
-            let ddp_engine = matches!(strategy, Strategy::Ddp(_)) && precision == Precision::No;
-            let runtime = match (ddp_engine, precision) {
-                (true, _) => RUNTIME_BYTES,
-                (false, Precision::No) => FSDP_RUNTIME_BYTES,
-                (false, _) => FSDP_RUNTIME_BYTES_16BIT,
-            };
+            // FSDP's engine in fp32 has its own runtime term; DDP, and every engine in 16 bits
+            // (DDP in bf16 runs on FSDP's NO_SHARD path), the common one.
+            let fsdp_fp32 = !matches!(strategy, Strategy::Ddp(_)) && precision == Precision::No;
+            let runtime = if fsdp_fp32 { FSDP_RUNTIME_BYTES } else { RUNTIME_BYTES };
             // FULL_SHARD in fp32 has its own, smaller term; DDP, NO_SHARD and bf16 keep the
             // common one.
             let sharded_fp32 = strategy == full_shard() && precision == Precision::No;

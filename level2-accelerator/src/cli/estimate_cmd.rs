@@ -50,7 +50,7 @@ pub struct EstimateArgs {
     pub mixed_precision: Precision,
     /// On a CPU, its bf16 unit — amx, avx512-bf16 or none (emulated) — which decides how much
     /// heap a bf16 step leaves resident (2.3 resident bytes per live byte with AMX, fitted on an
-    /// Intel Xeon, and taken for none; 1.4 with AVX512-BF16, fitted on an AMD EPYC Zen 5)
+    /// Intel Xeon, and taken for none; 1.9 with AVX512-BF16, fitted on an AMD EPYC Zen 5)
     /// [default: this machine's, from /proc/cpuinfo]. bf16 on a CPU only.
     #[arg(long = "cpu-bf16", value_name = "UNIT", value_parser = ladder_core::cli::choice::<CpuBf16Unit>(),
           hide_possible_values = true)]

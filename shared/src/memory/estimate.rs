@@ -61,8 +61,8 @@
 //! beyond them is not a closed form: fitted constants turn the live bytes into resident
 //! ones, [`RESIDENT_PER_LIVE_FP32`], [`RESIDENT_PER_LIVE_16BIT`] and
 //! [`RESIDENT_PER_LIVE_16BIT_AVX512`] (1.65 resident bytes per live activation byte in fp32;
-//! in 16 bits 2.3 with AMX and 1.4 with AVX512-BF16, [`EstimateInput::cpu_bf16`]), [`RUNTIME_BYTES`] / [`FSDP_RUNTIME_BYTES`] (30 and
-//! 42 MiB, 36 in 16 bits) and [`HUGE_PAGES_BYTES`] (72 MiB, where the levels back tensors with transparent
+//! in 16 bits 2.3 with AMX and 1.9 with AVX512-BF16, [`EstimateInput::cpu_bf16`]), [`RUNTIME_BYTES`] / [`FSDP_RUNTIME_BYTES`] (30 and
+//! 42 MiB, FSDP's in fp32 only) and [`HUGE_PAGES_BYTES`] (72 MiB, where the levels back tensors with transparent
 //! huge pages from 32 MiB of parameters; 36, [`fitted::FSDP_SHARDED_HUGE_PAGES_BYTES`], for
 //! FSDP's sharded strategies in fp32), beside one measured one, Open MPI's all-reduce scratch
 //! ([`allreduce_scratch_bytes`]).

@@ -26,6 +26,9 @@
 //! | not fitted to (but used to choose among the equally good fits of the row above): level 1, fp32, as long, 1 to 3 repeats — W = 1 and 4 × the four strategies × widths 128 and 4096 at batch 64 (measured after the fit: 15 of 16, 11 before); W = 1 to 4 at width 128, batch 64, DDP and FULL_SHARD, and SHARD_GRAD_OP at 2 and 4 ranks, NO_SHARD and ZeRO-1 at 4 | AMD EPYC Zen 5 | 30 of 32 (18 before) | ZeRO-1 at width 128, batch 64, 4 ranks (−16%, −12%: no saving on DDP measured there) |
 //! | the book's sweep rerun as long (level 1, fp32, W = 2, four strategies, widths 128, 4096 and 8192, batch 64 and 512, 300 steps at 128 and 64, 20 elsewhere, medians of 3 repeats; widths 128 and 4096 the fit's cells again, 8192 not fitted to) | AMD EPYC Zen 5 | 21 of 24 (width 8192: 4 of 6) | ZeRO-1 at widths 4096 and 8192, batch 512 (−17%, −17%), DDP at 8192, 512 (−10.1%) |
 //! | levels 2 and 3, fp32, W = 2, DDP and FULL_SHARD, widths 128 (300 steps, 3 repeats) and 4096 (20 steps, 2 repeats), batch 64 (not fitted to) | AMD EPYC Zen 5 | 8 of 8 (−1.5% to +7.0%); in a one-repeat run from a fresh clone, level 3 at width 128 twice outside (+10.2%, +14.4%: one rank 95 MiB, the other 70) | — |
+//! | level 1, bf16, W = 2, DDP, SHARD_GRAD_OP, FULL_SHARD × widths 128 and 4096 × batch 64 and 512 × activation checkpointing or not, as long (300 steps at width 128 and batch 64, 20 elsewhere), medians of 3 repeats ([`RESIDENT_PER_LIVE_16BIT_AVX512`] fitted to it, and the 16-bit runtime term chosen with it) | AMD EPYC Zen 5 (AVX512-BF16) | 19 of 24 (11 with the constants before, 1.4 and 36 MiB, fitted to shorter runs: at batch 512 every cell under, to −32%) | SHARD_GRAD_OP at width 4096, batch 512 (−12.2%, −11.7% with checkpointing) and at 128, 64 (+13.5%); with checkpointing at width 4096 and batch 512, DDP (−24%) and FULL_SHARD (−30%): their ranks spread over 807–1,121 and 709–945 MiB across repeats, one rank of a run up to 275 MiB above the other |
+//! | levels 2 and 3, bf16, W = 2, DDP and FULL_SHARD × widths 128 and 4096 × batch 64 and 512, as long, medians of 2 repeats (not fitted to) | AMD EPYC Zen 5 (AVX512-BF16) | 15 of 16 (8 before) | FULL_SHARD at width 4096, batch 64 at level 3 (+10.9%) |
+//! | level 1, fp32, **W = 8** (four ranks to a core, oversubscribed), DDP, ZeRO-1, SHARD_GRAD_OP, FULL_SHARD × widths 128 and 4096, batch 64, as long, 1 repeat (not fitted to) | AMD EPYC Zen 5 | 5 of 8 | ZeRO-1 at width 128 (−19%: one rank 90 MiB, the others 72–84); SHARD_GRAD_OP and FULL_SHARD at width 4096 (−12%, −11%: every rank 487–511 MiB, as at W = 4, where the estimate is 54 MiB of model state higher; a reduce-scatter of fc1's flat gradient adds two blocks, 36 MiB, at W = 8 — `reduce_scatter_bench` — not counted) |
 //!
 //! ## Over how many steps
 //!
@@ -50,8 +53,10 @@
 //! Not all of it by 20 steps: DDP at width 128 and batch 512 grew by 342 MiB over 20 (the fit's
 //! cell, median of three), 353–360 over 30 and 100. The bench's memory cells run 300 steps at
 //! width 128 and batch 64 and `--wide-steps` (20) elsewhere; a cell of fewer steps measures a
-//! peak the run has not reached yet. The 16-bit factors (and [`FSDP_RUNTIME_BYTES_16BIT`]) and
-//! the huge-page terms were not refitted to such runs.
+//! peak the run has not reached yet. The AVX512-BF16 factor was refitted to such runs too (the
+//! table's bf16 rows at the end); AMX's factor was not. The huge-page terms were searched again
+//! with both refits (fp32: 48 to 120 MiB, and 24 to 96 for FSDP's sharded strategies; bf16: 0
+//! to 120) and kept: 72 and 36 MiB are among the best fits of each.
 //!
 //! Not counted at FSDP's gradient reduction: the reduce-scatter's own temporaries (at 2 ranks
 //! the all-reduce's scratch, half the message; from 3 one block, `shared/tests/allreduce_memory.rs`).
@@ -59,10 +64,11 @@
 //! 622 MiB at batch 64 against 484–511 measured (levels 1–3, AMD EPYC Zen 5), where 550 without
 //! them is already above — not reconciled yet.
 //!
-//! Each row gives the estimate of its day: the rows above the last six counted 72 MiB of huge
-//! pages under FSDP's sharded strategies in fp32 too (36 since), and the rows above the last
-//! four 1.44 resident bytes per live byte in fp32 and 36 MiB for FSDP's runtime (1.65 and 42
-//! since).
+//! Each row gives the estimate of its day: the rows above the last nine counted 72 MiB of huge
+//! pages under FSDP's sharded strategies in fp32 too (36 since), the rows above the last seven
+//! 1.44 resident bytes per live byte in fp32 and 36 MiB for FSDP's runtime (1.65 and 42
+//! since), and the bf16 rows above the last three 1.4 with AVX512-BF16 and 36 MiB for every
+//! engine's runtime in 16 bits (1.9 and 30 since).
 //!
 //! The first four rows are the cells the constants were first fitted to, measured before
 //! [`HUGE_PAGES_BYTES`] was a term (67 of their 88 within 10% without it, 78 with it; the
@@ -76,9 +82,10 @@
 //! the Zen 5, repeat within 0–7% but cost speed (jemalloc, mimalloc: 21–40% at width 128) or
 //! change what the strategies save (tcmalloc: ZeRO-1 at width 4096, batch 64, 30 MiB below DDP,
 //! not 144), see the book's "Will it fit?"; and the 16-bit factor depends
-//! on the CPU's bf16 unit — AMX kernels leave more of the heap than AVX512-BF16 ones (2.3
-//! resident bytes per live byte on the Intel Xeon, 1.4 on the Zen 5) — and a CPU without one
-//! (emulated bf16) is not measured: it takes the larger. Level 3's end-of-training save comes after its
+//! on the CPU's bf16 unit — over runs of 3 to 20 steps AMX kernels left more of the heap than
+//! AVX512-BF16 ones (2.3 resident bytes per live byte on the Intel Xeon, 1.4 on the Zen 5; over
+//! runs as long as the bench's the Zen 5 keeps 1.9, and AMX's is not remeasured) — and a CPU
+//! without one (emulated bf16) is not measured: it takes the larger. Level 3's end-of-training save comes after its
 //! last step; it is a moment of its own when [`super::EstimateInput::save_checkpoint`] is set
 //! ([`crate::memory::checkpoint_save`]).
 
@@ -109,17 +116,23 @@ pub const RESIDENT_PER_LIVE_FP32: f64 = 1.65;
 /// `make book-data`-sized run (levels 1–3, every strategy, widths 128 to 8192, batch 16 to 512,
 /// commit `b3f165d`, Intel Xeon with AMX); not refitted since. Its wide cells already ran with
 /// huge pages, so with [`HUGE_PAGES_BYTES`] now added on top, AMX's wide bf16 estimate may count
-/// them twice (not re-measured: no AMX machine since). Also taken where the CPU's unit is
-/// unknown or absent (emulated bf16: not measured), as the larger of the two measured.
+/// them twice (not re-measured: no AMX machine since); and the 16-bit runtime term under it
+/// has been 26, 36 and now 30 MiB ([`RUNTIME_BYTES`], chosen with the AVX512-BF16 factor on
+/// longer runs). Also taken where the CPU's unit is unknown or absent (emulated bf16: not
+/// measured), as the larger of the two measured.
 pub const RESIDENT_PER_LIVE_16BIT: f64 = 2.3;
 
-/// [`RESIDENT_PER_LIVE_16BIT`] on a CPU whose bf16 unit is AVX512-BF16 without AMX, whose
-/// kernels leave less of the heap: fitted to the 24 bf16 cells of level 1 at W = 2 measured on
-/// an AMD EPYC Zen 5 (DDP, SHARD_GRAD_OP, FULL_SHARD × width 128 and 4096 × batch 64 and 512
-/// × activation checkpointing or not, one repeat, 2026-12-04), with the other constants as
-/// they are: 17 of the 24 within 10% (9 with the AMX factor). Taken for every AVX512-BF16 CPU
-/// (Intel Cooper Lake, AMD Zen 4) though measured on the Zen 5 alone.
-pub const RESIDENT_PER_LIVE_16BIT_AVX512: f64 = 1.4;
+/// [`RESIDENT_PER_LIVE_16BIT`] on a CPU whose bf16 unit is AVX512-BF16 without AMX. Fitted,
+/// with the 16-bit runtime term ([`RUNTIME_BYTES`] for every engine), to the 24 bf16 cells of
+/// level 1 at W = 2 (DDP, SHARD_GRAD_OP, FULL_SHARD × width 128 and 4096 × batch 64 and 512 ×
+/// activation checkpointing or not; 300 steps at width 128 and batch 64, 20 elsewhere; medians
+/// of three repeats; AMD EPYC Zen 5, 2026-12-05): 19 of the 24 within 10%, and 15 of 16 cells
+/// not fitted to (levels 2 and 3, DDP and FULL_SHARD, as long, two repeats) — 11 and 8 with 1.4
+/// and 36 MiB, fitted before to runs of 3 to 20 steps, under at every batch-512 cell (to −32%).
+/// 2.0 or 2.05 with 26 or 24 MiB fit as well (20 of 24 and 14 or 15 of 16); the runtime term
+/// of fp32's DDP was taken instead of a third. Taken for every AVX512-BF16 CPU (Intel Cooper
+/// Lake, AMD Zen 4) though measured on the Zen 5 alone.
+pub const RESIDENT_PER_LIVE_16BIT_AVX512: f64 = 1.9;
 
 /// [`RESIDENT_PER_LIVE_FP32`] for a compute dtype of `compute_bytes` ≥ 4 bytes per element;
 /// for 16 bits, [`RESIDENT_PER_LIVE_16BIT_AVX512`] on a CPU whose bf16 unit is AVX512-BF16 and
@@ -136,7 +149,10 @@ pub fn resident_per_live(compute_bytes: u64, cpu_bf16: Option<CpuBf16Unit>) -> f
 
 /// Bytes a training phase adds whatever the model: libtorch's, oneDNN's and Open MPI's
 /// first-use buffers and the data loader's (fitted with [`RESIDENT_PER_LIVE_FP32`] on shorter
-/// runs, and kept when that factor was refitted to longer ones).
+/// runs, and kept when that factor was refitted to longer ones). Also every engine's in 16
+/// bits, DDP's there (on FSDP's NO_SHARD path) included: chosen with
+/// [`RESIDENT_PER_LIVE_16BIT_AVX512`] on runs as long (with 36 MiB, the 16-bit term before,
+/// no factor put more than 14 of its 24 cells within 10%).
 ///
 /// Not counted: MKL's f32 matrix-multiply buffers (`mkl_serv_allocate`, from
 /// `sgemm_get_bufs`), which it keeps per thread between steps when a process runs more than
@@ -195,13 +211,9 @@ impl super::EstimateInput {
 /// leave more of glibc's heap behind (RSS growth less live growth 8 to 10 MiB above DDP's
 /// after 8 steps in the measurements of [`RESIDENT_PER_LIVE_FP32`]; at width 128, batch 64
 /// and 2 ranks, FULL_SHARD's growth over 300 steps is 12 to 23 MiB above DDP's, about 7 of it
-/// its larger live peak); fitted with it (36 MiB before, on shorter runs).
+/// its larger live peak); fitted with it (36 MiB before, on shorter runs). In fp32 only: in 16
+/// bits every engine takes [`RUNTIME_BYTES`].
 pub const FSDP_RUNTIME_BYTES: u64 = 42 << 20;
-
-/// [`FSDP_RUNTIME_BYTES`] in 16 bits (and so DDP in bf16, which runs on FSDP's NO_SHARD
-/// path): the value the 16-bit factors were fitted with, kept until they are refitted to runs
-/// as long as the fp32 constants' (not measured yet).
-pub const FSDP_RUNTIME_BYTES_16BIT: u64 = 36 << 20;
 
 /// On CUDA, what the caching allocator holds for any model once a step ran: cuBLAS's and
 /// cuBLASLt's workspaces, 32 MiB each with PyTorch's defaults on Hopper, allocated at the
@@ -221,8 +233,7 @@ pub const CUDA_BYTES_PER_SAMPLE: u64 = 167_772;
 
 /// Resident bytes per live activation byte and the runtime term, for `wrap` at `batch` samples
 /// per rank on `device`: on a CPU (whose bf16 unit is `cpu_bf16`, used in bf16 only)
-/// [`resident_per_live`] and [`RUNTIME_BYTES`] (FSDP: [`FSDP_RUNTIME_BYTES`], in 16 bits
-/// [`FSDP_RUNTIME_BYTES_16BIT`]), plus
+/// [`resident_per_live`] and [`RUNTIME_BYTES`] (FSDP in fp32: [`FSDP_RUNTIME_BYTES`]), plus
 /// [`HUGE_PAGES_BYTES`] where tensors are backed with `huge_pages` (FSDP's sharded strategies
 /// in fp32: [`FSDP_SHARDED_HUGE_PAGES_BYTES`]); on CUDA live bytes as they
 /// are (the allocator counts tensors exactly), [`CUDA_RUNTIME_BYTES`] and
@@ -233,7 +244,7 @@ pub(super) fn heap_terms(device: DeviceKind, wrap: &WrapConfig, batch: u64, huge
             let (engine, cb) = (Engine::of(wrap), compute_bytes(wrap));
             let fp32 = cb >= MASTER_BYTES;
             let (runtime, sharded) = match engine {
-                Engine::Fsdp(o) => (if fp32 { FSDP_RUNTIME_BYTES } else { FSDP_RUNTIME_BYTES_16BIT }, o.sharding_strategy.is_sharded()),
+                Engine::Fsdp(o) => (if fp32 { FSDP_RUNTIME_BYTES } else { RUNTIME_BYTES }, o.sharding_strategy.is_sharded()),
                 Engine::Ddp(_) => (RUNTIME_BYTES, false),
             };
             let huge_pages = match (huge_pages, sharded && fp32) {

@@ -85,7 +85,7 @@ fn device_cuda_json_carries_the_librarys_cuda_figures() {
 }
 
 /// In bf16 on a CPU the heap factor follows the CPU's bf16 unit (`--cpu-bf16`, by default this
-/// machine's, said in the title): AVX512-BF16's 1.4 against AMX's 2.3, the same live bytes
+/// machine's, said in the title): AVX512-BF16's 1.9 against AMX's 2.3, the same live bytes
 /// beneath; in fp32 the unit is neither used nor printed.
 #[test]
 fn the_bf16_estimate_follows_the_cpus_bf16_unit() {

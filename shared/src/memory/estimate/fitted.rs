@@ -6,7 +6,8 @@
 //!
 //! Within 10%, at W = 2, width 128 and 4096 × batch 64 and 512 (four strategies — DDP, ZeRO-1,
 //! SHARD_GRAD_OP, FULL_SHARD — or three without ZeRO-1; the fp32 factor and the FSDP runtime
-//! term are fitted to the last four rows' first, [`HUGE_PAGES_BYTES`] to the first four), and in
+//! term are fitted to the last seven rows' first, the AVX512-BF16 factor to the last three's
+//! first, [`HUGE_PAGES_BYTES`] to the first four), and in
 //! the book's sweep also at width 8192:
 //!
 //! | cells | CPU | within 10% | the misses |
@@ -28,13 +29,13 @@
 //! | levels 2 and 3, fp32, W = 2, DDP and FULL_SHARD, widths 128 (300 steps, 3 repeats) and 4096 (20 steps, 2 repeats), batch 64 (not fitted to) | AMD EPYC Zen 5 | 8 of 8 (−1.5% to +7.0%); in a one-repeat run from a fresh clone, level 3 at width 128 twice outside (+10.2%, +14.4%: one rank 95 MiB, the other 70) | — |
 //! | level 1, bf16, W = 2, DDP, SHARD_GRAD_OP, FULL_SHARD × widths 128 and 4096 × batch 64 and 512 × activation checkpointing or not, as long (300 steps at width 128 and batch 64, 20 elsewhere), medians of 3 repeats ([`RESIDENT_PER_LIVE_16BIT_AVX512`] fitted to it, and the 16-bit runtime term chosen with it) | AMD EPYC Zen 5 (AVX512-BF16) | 19 of 24 (11 with the constants before, 1.4 and 36 MiB, fitted to shorter runs: at batch 512 every cell under, to −32%) | SHARD_GRAD_OP at width 4096, batch 512 (−12.2%, −11.7% with checkpointing) and at 128, 64 (+13.5%); with checkpointing at width 4096 and batch 512, DDP (−24%) and FULL_SHARD (−30%): their ranks spread over 807–1,121 and 709–945 MiB across repeats, one rank of a run up to 275 MiB above the other |
 //! | levels 2 and 3, bf16, W = 2, DDP and FULL_SHARD × widths 128 and 4096 × batch 64 and 512, as long, medians of 2 repeats (not fitted to) | AMD EPYC Zen 5 (AVX512-BF16) | 15 of 16 (8 before) | FULL_SHARD at width 4096, batch 64 at level 3 (+10.9%) |
-//! | level 1, fp32, **W = 8** (four ranks to a core, oversubscribed), DDP, ZeRO-1, SHARD_GRAD_OP, FULL_SHARD × widths 128 and 4096, batch 64, as long, 1 repeat (not fitted to) | AMD EPYC Zen 5 | 5 of 8 | ZeRO-1 at width 128 (−19%: one rank 90 MiB, the others 72–84); SHARD_GRAD_OP and FULL_SHARD at width 4096 (−12%, −11%: every rank 487–511 MiB, as at W = 4, where the estimate is 54 MiB of model state higher; a reduce-scatter of fc1's flat gradient adds two blocks, 36 MiB, at W = 8 — `reduce_scatter_bench` — not counted) |
+//! | level 1, fp32, **W = 8** (four ranks to a core, oversubscribed), DDP, ZeRO-1, SHARD_GRAD_OP, FULL_SHARD × widths 128 and 4096, batch 64, as long, 1 repeat (not fitted to) | AMD EPYC Zen 5 | 5 of 8 | ZeRO-1 at width 128 (−19%: one rank 90 MiB, the others 72–84); SHARD_GRAD_OP and FULL_SHARD at width 4096 (−12%, −11%: every rank 488–512 MiB, about as at W = 4, where the estimate is 54 MiB higher — 506 against 452 — for the model state the other four ranks now hold; not explained: a reduce-scatter of fc1's flat gradient, not counted, adds 36 MiB on some rank at W = 8 as at W = 4, `reduce_scatter_bench`) |
 //!
 //! ## Over how many steps
 //!
 //! How far the heap runs ahead of the live bytes grows over a run's first tens of steps, so the
 //! training phase's peak does too; the fp32 constants are fitted to runs of 20 steps and more
-//! (300 at width 128 and batch 64), which reach most of it — the rows above the last four ran
+//! (300 at width 128 and batch 64), which reach most of it — the rows above the last seven ran
 //! 3 to 20. Level 1, W = 2, fp32, growth per rank (both ranks of one run, at width 128 and batch
 //! 64 of two; FULL_SHARD with the levels' default wrap, one unit, where the bench wraps each
 //! layer), AMD EPYC Zen 5:
@@ -54,15 +55,16 @@
 //! cell, median of three), 353–360 over 30 and 100. The bench's memory cells run 300 steps at
 //! width 128 and batch 64 and `--wide-steps` (20) elsewhere; a cell of fewer steps measures a
 //! peak the run has not reached yet. The AVX512-BF16 factor was refitted to such runs too (the
-//! table's bf16 rows at the end); AMX's factor was not. The huge-page terms were searched again
-//! with both refits (fp32: 48 to 120 MiB, and 24 to 96 for FSDP's sharded strategies; bf16: 0
-//! to 120) and kept: 72 and 36 MiB are among the best fits of each.
+//! table's bf16 rows at the end); AMX's factor was not. The bf16 refit searched the huge-page
+//! term too (0 to 120 MiB): 72 is the best fit there, so it stays; the fp32 refit left both
+//! huge-page terms as they were, not refitted.
 //!
 //! Not counted at FSDP's gradient reduction: the reduce-scatter's own temporaries (at 2 ranks
 //! the all-reduce's scratch, half the message; from 3 one block, `shared/tests/allreduce_memory.rs`).
 //! With them that moment becomes FSDP's peak in bf16 at width 4096 and 2 ranks, 72 MiB higher:
-//! 622 MiB at batch 64 against 484–511 measured (levels 1–3, AMD EPYC Zen 5), where 550 without
-//! them is already above — not reconciled yet.
+//! with the constants of then (1.4 and 36 MiB), 622 MiB at batch 64 against 484–511 measured
+//! (levels 1–3, AMD EPYC Zen 5), where 550 without them was already above (548 now) — not
+//! reconciled yet.
 //!
 //! Each row gives the estimate of its day: the rows above the last nine counted 72 MiB of huge
 //! pages under FSDP's sharded strategies in fp32 too (36 since), the rows above the last seven
@@ -152,7 +154,7 @@ pub fn resident_per_live(compute_bytes: u64, cpu_bf16: Option<CpuBf16Unit>) -> f
 /// runs, and kept when that factor was refitted to longer ones). Also every engine's in 16
 /// bits, DDP's there (on FSDP's NO_SHARD path) included: chosen with
 /// [`RESIDENT_PER_LIVE_16BIT_AVX512`] on runs as long (with 36 MiB, the 16-bit term before,
-/// no factor put more than 14 of its 24 cells within 10%).
+/// no factor put more than 15 of its 24 cells within 10%).
 ///
 /// Not counted: MKL's f32 matrix-multiply buffers (`mkl_serv_allocate`, from
 /// `sgemm_get_bufs`), which it keeps per thread between steps when a process runs more than

@@ -100,11 +100,12 @@ fn the_bf16_estimate_follows_the_cpus_bf16_unit() {
     let expected = estimate::RESIDENT_PER_LIVE_16BIT_AVX512 / estimate::RESIDENT_PER_LIVE_16BIT;
     assert!((ratio - expected).abs() < 1e-6, "{ratio} against {expected}");
     assert_eq!(activations(&none), activations(&amx), "emulated bf16 takes the larger factor");
-    // `--help` quotes the factors the estimate takes (its text is written by hand).
+    // `--help` quotes the factors the estimate takes (its text is written by hand; `{:?}` keeps
+    // a round factor's ".0").
     let help = stdout(&["--help"]).split_whitespace().collect::<Vec<_>>().join(" ");
     for quoted in [
-        format!("{} resident bytes per live byte with AMX", estimate::RESIDENT_PER_LIVE_16BIT),
-        format!("{} with AVX512-BF16", estimate::RESIDENT_PER_LIVE_16BIT_AVX512),
+        format!("{:?} resident bytes per live byte with AMX", estimate::RESIDENT_PER_LIVE_16BIT),
+        format!("{:?} with AVX512-BF16", estimate::RESIDENT_PER_LIVE_16BIT_AVX512),
     ] {
         assert!(help.contains(&quoted), "--help should say {quoted:?}: {help}");
     }

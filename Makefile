@@ -65,7 +65,8 @@ book: setup
 
 ## make book-data: the book's measured tables and plots (book/src/generated/demo.md, bench.md,
 ## provenance.md, fit.md, then book-check generate) from `bench demo`, a small `bench run` matrix
-## and the "Will it fit?" sweep. Tens of minutes; run it on an idle machine. BOOK_BENCH_ARGS
+## and the "Will it fit?" sweep. Over an hour (the sweep alone 43 min on a 2-core AMD EPYC Zen 5);
+## run it on an idle machine. BOOK_BENCH_ARGS
 ## overrides the matrix, BOOK_FIT_ARGS the sweep; BOOK_DATA_ONLY=fit runs the sweep alone.
 book-data: build
 	bash scripts/book-data.sh

@@ -2,7 +2,8 @@
 # make book-data: the measured tables and plots of the book, from one reference run on this
 # machine. Runs `bench demo` (the three levels, one epoch each at 2 ranks) and a small `bench run`
 # matrix, then copies their markdown output into book/src/generated/ with a provenance
-# note (machine, commit, date, commands). Tens of minutes on a 2-core machine; run it when the
+# note (machine, commit, date, commands). Over an hour on a 2-core machine (the fit sweep alone
+# 43 minutes on an AMD EPYC Zen 5); run it when the
 # machine is otherwise idle, since the figures are throughput measurements.
 #
 # Then the "Will it fit?" sweep: a second `bench run` over strategy × fc1 width × batch size at

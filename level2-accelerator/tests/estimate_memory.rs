@@ -238,12 +238,14 @@ fn save_checkpoint_is_zero1s_peak_and_adds_nothing_to_ddp() {
 
 #[test]
 fn bad_input_is_refused_with_the_flag_named() {
-    let cases: [(&str, &[&str]); 11] = [
+    let cases: [(&str, &[&str]); 13] = [
         ("unknown strategy", &["--strategy", "zero3"]),
         ("unknown sharding strategy", &["--strategy", "ddp,fsdp-hybrid"]),
         ("zero1 with bf16", &["--strategy", "zero1", "--mixed-precision", "bf16"]),
         ("budget without a number", &["--budget", "GiB"]),
         ("budget with an unknown unit", &["--budget", "8 gigs"]),
+        ("budget of zero", &["--budget", "0"]),
+        ("negative budget", &["--budget", "-1"]),
         ("width 0", &["--width", "0"]),
         ("batch size 0", &["--batch-size", "0"]),
         ("no processes", &["--num-processes", "0"]),

@@ -92,12 +92,21 @@ pub struct EstimateArgs {
           hide_possible_values = true)]
     pub device: DeviceKind,
     /// Memory per process, e.g. 8GiB, 512MiB, 1.5GB: says which strategies fit (total ≤ SIZE;
-    /// with --device cuda, the device's part) and names the cheapest that does.
-    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    /// with --device cuda, the device's part) and names the cheapest that does. The total
+    /// leaves out the process's own start-up memory (see below): keep room for it.
+    #[arg(long, value_name = "SIZE", value_parser = parse_budget, allow_hyphen_values = true)]
     pub budget: Option<u64>,
     /// Print the estimate as JSON instead of the table.
     #[arg(long)]
     pub json: bool,
+}
+
+/// `--budget`: a size ([`parse_size`]) of at least one byte (a budget of 0 fits nothing).
+fn parse_budget(text: &str) -> std::result::Result<u64, String> {
+    match parse_size(text)? {
+        0 => Err(format!("invalid budget {text:?}: expected a size above 0, such as 8GiB or 512MiB")),
+        b => Ok(b),
+    }
 }
 
 /// One strategy's estimate, as `--json` writes it.
@@ -138,6 +147,9 @@ struct Report {
     /// The first strategy that fits, in the order compared (fastest first by default).
     #[serde(skip_serializing_if = "Option::is_none")]
     cheapest_fit: Option<&'static str>,
+    /// `--strategy` set the order compared (not the default, fastest first).
+    #[serde(skip)]
+    order_given: bool,
 }
 
 /// Runs `estimate-memory`: the table (or JSON) on stdout.
@@ -228,6 +240,7 @@ fn build(args: &EstimateArgs) -> Result<Report> {
         strategies: out,
         skipped,
         cheapest_fit,
+        order_given: explicit,
     })
 }
 
@@ -314,8 +327,13 @@ fn render(report: &Report) -> String {
         notes.push(format!("dataset: MNIST on the device, {} per process (in total)", format_size(d)));
     }
     if let Some(b) = report.budget {
+        let order = if report.order_given { "in the order given" } else { "fastest first" };
         notes.push(match report.cheapest_fit {
-            Some(name) => format!("Within {} per process: {name} is the cheapest strategy that fits (fastest first: ddp, zero1, fsdp-shard-grad-op, fsdp-full-shard).", format_size(b)),
+            Some(name) => format!(
+                "Within {} per process: {name} is the cheapest strategy that fits ({order}: {}); the process's start-up memory comes on top.",
+                format_size(b),
+                report.strategies.iter().map(|s| s.strategy).collect::<Vec<_>>().join(", ")
+            ),
             None => {
                 let most = |s: &StrategyEstimate| s.ranks.iter().map(|r| held(r, report.device)).max();
                 let least = report.strategies.iter().min_by_key(|s| most(s));
@@ -323,7 +341,10 @@ fn render(report: &Report) -> String {
                     format!(" (the smallest: {} at {})", s.strategy, format_size(most(s).unwrap_or(0)))
                 });
                 let ckpt = if report.activation_checkpointing { "" } else { " or --activation-checkpointing" };
-                format!("Within {} per process: no strategy fits{least}; try more processes, a smaller batch{ckpt}.", format_size(b))
+                format!(
+                    "Within {} per process, the process's start-up memory aside: no strategy fits{least}; try more processes, a smaller batch{ckpt}.",
+                    format_size(b)
+                )
             }
         });
     }

@@ -125,7 +125,12 @@ fn the_bf16_estimate_follows_the_cpus_bf16_unit() {
     assert!(title.lines().next().unwrap().ends_with(", bf16 (CPU bf16 unit: avx512-bf16)"), "{title}");
     let fp32 = stdout(&["--cpu-bf16", "avx512-bf16", "--json"]);
     assert!(!fp32.contains("cpu_bf16"), "{fp32}");
-    assert!(stdout(&["--cpu-bf16", "none"]).lines().next().unwrap().ends_with(", fp32"));
+    let fp32_table = stdout(&["--cpu-bf16", "none"]);
+    assert!(fp32_table.lines().next().unwrap().ends_with(", fp32"));
+    // Given where it changes nothing, the unit is said to be unused (not silently dropped).
+    let unused = "--cpu-bf16 changes nothing here";
+    assert!(fp32_table.lines().last().unwrap().starts_with(unused), "{fp32_table}");
+    assert!(!stdout(&["--mixed-precision", "bf16", "--cpu-bf16", "none"]).contains(unused));
     // Without the flag, this machine's unit, named (or said unknown); /proc/cpuinfo's spelling
     // is taken too; a unit that does not exist is refused with the flag and the values named.
     let here = ladder_core::device::CpuBf16Unit::of_this_machine().map_or("unknown, AMX's factor taken", |u| u.label());
@@ -298,6 +303,11 @@ fn fsdp_min_num_params_sets_the_wrap_policy() {
     assert_ne!(per_layer["strategies"][0]["ranks"], default["strategies"][0]["ranks"]);
     let gathered = |v: &serde_json::Value| v["strategies"][0]["ranks"][0]["model_state"]["gathered_peak"].as_u64().unwrap();
     assert!(gathered(&per_layer) < gathered(&default), "one layer at a time gathers less than the whole model");
+    // The policy is said where it was set: in the JSON and the table's title.
+    assert_eq!((per_layer["fsdp_min_num_params"].as_u64(), default.get("fsdp_min_num_params")), (Some(0), None));
+    let title = |extra: &[&str]| stdout(&[&["--strategy", "fsdp-full-shard"][..], extra].concat()).lines().next().unwrap().to_string();
+    assert!(title(&["--fsdp-min-num-params", "0"]).ends_with(", fp32, fsdp_min_num_params 0"));
+    assert!(title(&[]).ends_with(", fp32"));
 }
 
 /// `--offload-params` (FSDP's CPU offload): the FSDP strategies' figures are those without it

@@ -131,6 +131,9 @@ struct Report {
     #[serde(skip_serializing_if = "Option::is_none")]
     cpu_bf16: Option<&'static str>,
     activation_checkpointing: bool,
+    /// `--fsdp-min-num-params`: FSDP's auto-wrap policy, where set (else each strategy's default).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    fsdp_min_num_params: Option<usize>,
     /// `cpu` (peak RSS growth) or `cuda` (the CUDA allocator's peak).
     device: DeviceKind,
     /// FSDP's CPU offload (`--offload-params`): each rank's `host` bytes.
@@ -150,6 +153,9 @@ struct Report {
     /// `--strategy` set the order compared (not the default, fastest first).
     #[serde(skip)]
     order_given: bool,
+    /// `--cpu-bf16` was given where it changes nothing (not bf16 on a CPU).
+    #[serde(skip)]
+    cpu_bf16_unused: bool,
 }
 
 /// Runs `estimate-memory`: the table (or JSON) on stdout.
@@ -233,6 +239,7 @@ fn build(args: &EstimateArgs) -> Result<Report> {
         mixed_precision: args.mixed_precision.label(),
         cpu_bf16: cpu_bf16.map(|u| u.map_or("unknown, AMX's factor taken", CpuBf16Unit::label)),
         activation_checkpointing: args.activation_checkpointing,
+        fsdp_min_num_params: args.fsdp_min_num_params,
         device: args.device,
         offload_params: args.offload_params,
         save_checkpoint: args.save_checkpoint,
@@ -241,6 +248,7 @@ fn build(args: &EstimateArgs) -> Result<Report> {
         skipped,
         cheapest_fit,
         order_given: explicit,
+        cpu_bf16_unused: args.cpu_bf16.is_some() && !bf16_cpu,
     })
 }
 
@@ -293,7 +301,7 @@ fn render(report: &Report) -> String {
         }
     }
     let text = format!(
-        "Memory per rank, MiB{}: BasicNet fc1 {}, batch {} per process, {} processes, {}{}{}\n\n{table}",
+        "Memory per rank, MiB{}: BasicNet fc1 {}, batch {} per process, {} processes, {}{}{}{}\n\n{table}",
         if report.device == DeviceKind::Cuda {
             " (the CUDA allocator's peak; peak growth: less the parameters and the dataset)"
         } else {
@@ -305,6 +313,7 @@ fn render(report: &Report) -> String {
         report.mixed_precision,
         report.cpu_bf16.map_or(String::new(), |u| format!(" (CPU bf16 unit: {u})")),
         if report.activation_checkpointing { ", activation checkpointing" } else { "" },
+        report.fsdp_min_num_params.map_or(String::new(), |n| format!(", fsdp_min_num_params {n}")),
     );
     // The lines after the table, as a paragraph of their own: a blank line first, so that the
     // output is Markdown whose table ends where it should (a renderer reads a line right after a
@@ -312,6 +321,9 @@ fn render(report: &Report) -> String {
     let mut notes: Vec<String> = Vec::new();
     for s in &report.skipped {
         notes.push(format!("not estimated: {s}"));
+    }
+    if report.cpu_bf16_unused {
+        notes.push("--cpu-bf16 changes nothing here: it sets the heap factor of bf16 on a CPU only".into());
     }
     for s in report.strategies.iter().filter(|s| s.ranks.iter().any(|r| r.host > 0)) {
         let (host, device) =

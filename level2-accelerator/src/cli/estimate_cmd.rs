@@ -319,6 +319,13 @@ fn render(report: &Report) -> String {
     // output is Markdown whose table ends where it should (a renderer reads a line right after a
     // table as one more row).
     let mut notes: Vec<String> = Vec::new();
+    if report.device == DeviceKind::Cpu {
+        notes.push(
+            "peak growth: what a run's training phase adds to each process's peak RSS; most cells measured came within 10%, \
+             some 10–30% off (the book's \"Will it fit?\")"
+                .into(),
+        );
+    }
     for s in &report.skipped {
         notes.push(format!("not estimated: {s}"));
     }

@@ -139,8 +139,8 @@ fn the_bf16_estimate_follows_the_cpus_bf16_unit() {
     let bad = run(&["--mixed-precision", "bf16", "--cpu-bf16", "avx2"]);
     let err = String::from_utf8_lossy(&bad.stderr);
     assert!(!bad.status.success() && err.contains("--cpu-bf16") && err.contains("avx512-bf16"), "{err}");
-    // fp16 keeps the larger factor: the unit is bf16's.
-    let fp16 = |unit| json_of(&["--mixed-precision", "fp16", "--cpu-bf16", unit, "--json"]);
+    // fp16 is estimated on CUDA only (every level refuses it on a CPU), where the unit is unused.
+    let fp16 = |unit| json_of(&["--device", "cuda", "--mixed-precision", "fp16", "--cpu-bf16", unit, "--json"]);
     assert_eq!(fp16("avx512-bf16"), fp16("amx"));
 }
 
@@ -243,7 +243,7 @@ fn save_checkpoint_is_zero1s_peak_and_adds_nothing_to_ddp() {
 
 #[test]
 fn bad_input_is_refused_with_the_flag_named() {
-    let cases: [(&str, &[&str]); 13] = [
+    let cases: [(&str, &[&str]); 14] = [
         ("unknown strategy", &["--strategy", "zero3"]),
         ("unknown sharding strategy", &["--strategy", "ddp,fsdp-hybrid"]),
         ("zero1 with bf16", &["--strategy", "zero1", "--mixed-precision", "bf16"]),
@@ -255,6 +255,7 @@ fn bad_input_is_refused_with_the_flag_named() {
         ("batch size 0", &["--batch-size", "0"]),
         ("no processes", &["--num-processes", "0"]),
         ("fp8", &["--mixed-precision", "fp8"]),
+        ("fp16 on a CPU", &["--mixed-precision", "fp16"]),
         ("offload to cpu", &["--offload-optimizer", "cpu"]),
         ("a wrap policy for ddp", &["--strategy", "ddp", "--fsdp-min-num-params", "0"]),
     ];
@@ -344,4 +345,23 @@ fn offload_params_places_the_model_state_on_the_host() {
     let out = run(&["--strategy", "ddp", "--offload-params"]);
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success() && err.contains("--strategy ddp") && err.contains("--offload-params"), "{err}");
+}
+
+/// When nothing fits, the verdict suggests activation checkpointing only where it can lower the
+/// estimate: on CUDA, not on a CPU (whose heap keeps the peak of the run without, the library's
+/// `fitted::checkpointing_keeps_the_heap`) — and on a CPU the checkpointed estimate is indeed
+/// no lower.
+#[test]
+fn checkpointing_is_suggested_only_where_it_lowers_the_estimate() {
+    let verdict = |device: &str, extra: &[&str]| {
+        let args = [&["--device", device, "--width", "4096", "--batch-size", "512", "--budget", "100MiB"][..], extra].concat();
+        stdout(&args).lines().last().unwrap_or_default().to_string()
+    };
+    assert!(verdict("cuda", &[]).ends_with("a smaller batch or --activation-checkpointing."), "{}", verdict("cuda", &[]));
+    assert!(verdict("cpu", &[]).ends_with("a smaller batch."), "{}", verdict("cpu", &[]));
+    let peak = |extra: &[&str]| {
+        let j = json_of(&[&["--json", "--width", "4096", "--batch-size", "512", "--strategy", "ddp"][..], extra].concat());
+        j["strategies"][0]["ranks"][0]["peak_growth"].as_u64().unwrap()
+    };
+    assert_eq!(peak(&["--activation-checkpointing"]), peak(&[]));
 }

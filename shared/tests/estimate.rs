@@ -54,7 +54,7 @@ fn configs() -> Vec<WrapConfig> {
     for strategy in strategies {
         for mixed_precision in [Precision::No, Precision::Bf16] {
             let wrap = WrapConfig { strategy, mixed_precision, activation_checkpointing: false };
-            if estimate::combines(&wrap) {
+            if wrap.validate().is_ok() {
                 out.push(wrap);
             }
         }

@@ -44,7 +44,8 @@ pub struct EstimateArgs {
     /// fsdp-hybrid-shard(-zero2) on one node (shard groups of all the processes).
     #[arg(long, value_name = "STRATEGY", value_delimiter = ',', value_parser = estimate::parse_strategy)]
     pub strategy: Vec<Strategy>,
-    /// Mixed precision: no, bf16 or fp16 (compute in 16 bits; fp32 masters and AdamW state).
+    /// Mixed precision: no, bf16 or fp16 (compute in 16 bits; fp32 masters and AdamW state; fp16
+    /// with --device cuda only, as the levels).
     #[arg(long = "mixed-precision", alias = "mixed_precision", value_name = "PRECISION", default_value = "no",
           value_parser = ladder_core::cli::choice::<Precision>(), hide_possible_values = true)]
     pub mixed_precision: Precision,
@@ -171,6 +172,13 @@ fn cli_error(problem: String) -> Error {
 }
 
 fn build(args: &EstimateArgs) -> Result<Report> {
+    if args.mixed_precision == Precision::Fp16 && args.device == DeviceKind::Cpu {
+        return Err(Error::Conflict {
+            first: "--mixed-precision fp16".into(),
+            second: "--device cpu".into(),
+            why: "fp16 compute with loss scaling needs CUDA, and every level refuses it on a CPU; estimate bf16 there, or fp16 with --device cuda".into(),
+        });
+    }
     let explicit = !args.strategy.is_empty();
     // The CPU's bf16 unit where it matters (bf16 on a CPU): Some(None) when it is not known.
     let bf16_cpu = args.mixed_precision == Precision::Bf16 && args.device == DeviceKind::Cpu;
@@ -206,7 +214,7 @@ fn build(args: &EstimateArgs) -> Result<Report> {
             ddp => ddp,
         };
         let wrap = WrapConfig { strategy, mixed_precision: args.mixed_precision, activation_checkpointing: args.activation_checkpointing };
-        if !estimate::combines(&wrap) {
+        if wrap.validate().is_err() {
             if explicit {
                 return Err(Error::Conflict {
                     first: format!("--strategy {label}"),
@@ -359,7 +367,8 @@ fn render(report: &Report) -> String {
                 let least = least.map_or(String::new(), |s| {
                     format!(" (the smallest: {} at {})", s.strategy, format_size(most(s).unwrap_or(0)))
                 });
-                let ckpt = if report.activation_checkpointing { "" } else { " or --activation-checkpointing" };
+                // On a CPU checkpointing lowers no estimate (the heap keeps the run's peak).
+                let ckpt = if report.activation_checkpointing || report.device == DeviceKind::Cpu { "" } else { " or --activation-checkpointing" };
                 format!(
                     "Within {} per process, the process's start-up memory aside: no strategy fits{least}; try more processes, a smaller batch{ckpt}.",
                     format_size(b)

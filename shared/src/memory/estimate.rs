@@ -56,20 +56,21 @@
 //! The closed forms of the model state are exact (tests/estimate.rs checks them against the
 //! accounting for every strategy at W = 1, 2, 3). The live bytes of a step are within 3% of an
 //! `LD_PRELOAD` count of the bytes `malloc` hands out (level 1, width 4096, batch 64 and 512,
-//! DDP and FULL_SHARD at W = 1, DDP and ZeRO-1 at W = 2; AMD EPYC Zen 5), once FSDP's
-//! segment-by-segment backward is counted (two buffers of a segment's output gradient). What glibc's heap keeps
-//! beyond them is not a closed form: fitted constants turn the live bytes into resident
-//! ones, [`RESIDENT_PER_LIVE_FP32`], [`RESIDENT_PER_LIVE_16BIT`] and
-//! [`RESIDENT_PER_LIVE_16BIT_AVX512`] (1.65 resident bytes per live activation byte in fp32;
-//! in 16 bits 2.3 with AMX and 1.9 with AVX512-BF16, [`EstimateInput::cpu_bf16`]), [`RUNTIME_BYTES`] / [`FSDP_RUNTIME_BYTES`] (30 and
-//! 42 MiB, FSDP's in fp32 only) and [`HUGE_PAGES_BYTES`] (72 MiB, where the levels back tensors with transparent
-//! huge pages from 32 MiB of parameters; 36, [`fitted::FSDP_SHARDED_HUGE_PAGES_BYTES`], for
-//! FSDP's sharded strategies in fp32), beside one measured one, Open MPI's all-reduce scratch
-//! ([`allreduce_scratch_bytes`]).
-//! The measured figure is the largest rank's growth over the training steps alone (evaluation
-//! and saves left out, [`crate::timing`]), the median over repeats of runs long enough for most
-//! of the heap's growth (20 steps and more). How close it comes on two CPUs, cell by cell, over
-//! how many steps, and what is left: [`fitted`]'s docs.
+//! DDP and FULL_SHARD at W = 1, DDP and ZeRO-1 at W = 2; AMD EPYC Zen 5), once a
+//! segment-by-segment backward is counted (two buffers of a segment's output gradient). What
+//! glibc's heap keeps beyond them is not a closed form: fitted constants turn the live bytes into
+//! resident ones, [`RESIDENT_PER_LIVE_FP32`], [`RESIDENT_PER_LIVE_16BIT`] and
+//! [`RESIDENT_PER_LIVE_16BIT_AVX512`] (1.65 resident bytes per live activation byte in fp32; in
+//! 16 bits 2.3 with AMX and 1.9 with AVX512-BF16, [`EstimateInput::cpu_bf16`]), [`RUNTIME_BYTES`]
+//! / [`FSDP_RUNTIME_BYTES`] (30 and 42 MiB, FSDP's in fp32 only) and [`HUGE_PAGES_BYTES`] (72
+//! MiB, where the levels back tensors with transparent huge pages from 32 MiB of parameters; 36,
+//! [`fitted::FSDP_SHARDED_HUGE_PAGES_BYTES`], for FSDP's sharded strategies in fp32), beside a
+//! measured one, Open MPI's all-reduce scratch ([`allreduce_scratch_bytes`]); and with activation
+//! checkpointing on a CPU the estimate is never below the one without
+//! ([`fitted::checkpointing_keeps_the_heap`]). The measured figure is the largest rank's growth
+//! over the training steps alone (evaluation and saves left out, [`crate::timing`]), the median
+//! over repeats of runs long enough for most of the heap's growth (20 steps and more). How close
+//! it comes on two CPUs, cell by cell, over how many steps, and what is left: [`fitted`]'s docs.
 //!
 //! # On CUDA
 //!
@@ -127,10 +128,10 @@ pub struct EstimateInput {
     #[serde(default)]
     pub cpu_bf16: Option<CpuBf16Unit>,
     /// On a CPU, whether the levels back tensors with transparent huge pages (adds
-    /// [`HUGE_PAGES_BYTES`] or [`fitted::FSDP_SHARDED_HUGE_PAGES_BYTES`]); `None` assumes their default, on from 32 MiB of parameters
-    /// ([`crate::device::huge_pages_by_default`]). `estimate-memory` and the bench pass what a
-    /// run would do with their environment's `THP_MEM_ALLOC_ENABLE`
-    /// ([`crate::device::huge_pages_for`]).
+    /// [`HUGE_PAGES_BYTES`] or [`fitted::FSDP_SHARDED_HUGE_PAGES_BYTES`]); `None` assumes their
+    /// default, on from 32 MiB of parameters ([`crate::device::huge_pages_by_default`]).
+    /// `estimate-memory` and the bench pass what a run would do with their environment's
+    /// `THP_MEM_ALLOC_ENABLE` ([`crate::device::huge_pages_for`]).
     #[serde(default)]
     pub huge_pages: Option<bool>,
 }
@@ -232,13 +233,14 @@ fn activations(segs: &[SegmentActs], s: usize, backward: bool, checkpointing: bo
     batch * (input_bytes_per_sample(cb) + before + own)
 }
 
-/// What FSDP's segment-by-segment backward (`torch.autograd.grad` per segment,
-/// [`crate::parallel::fsdp`]) holds at segment `s` beyond one autograd graph's backward: two
-/// buffers of the segment's output gradient. Measured with an `LD_PRELOAD` count of live
-/// `malloc`'d bytes (level 1, W = 1, fp32, 8 steps, AMD EPYC Zen 5): FULL_SHARD's live peak
-/// exceeds DDP's by 2 × 9,216 f32 per sample, conv2's output (36.1 MiB at batch 512, 4.6 at
-/// 64) — the incoming gradient, which the loop holds through the segment as
-/// `torch.autograd.grad`'s caller holds `grad_outputs`, and one more of its size.
+/// What a segment-by-segment backward (FSDP's, [`crate::parallel::fsdp`]; DDP's when checkpointed
+/// or overlapped, [`crate::parallel::DistributedDataParallel::forward_segmented`]) holds at
+/// segment `s` beyond one graph's backward: two buffers of the segment's output gradient — the
+/// incoming gradient, held through the segment, and one more of its size. Measured with an
+/// `LD_PRELOAD` count of live `malloc`'d bytes (level 1, W = 1, fp32, 8 steps, AMD EPYC Zen 5):
+/// 2 × 9,216 f32 per sample, conv2's output, at width 128 (36 MiB at batch 512) — FULL_SHARD's
+/// live peak over DDP's, and DDP's with checkpointing over DDP's without (226.0 against 191.4
+/// MiB; at width 4096 fc1's, 16 MiB: 726.6 against 734.6 where checkpointing saves 24 more).
 fn segment_by_segment(segs: &[SegmentActs], s: usize, cb: u64, batch: u64) -> u64 {
     batch * 2 * segs[s].out as u64 * cb
 }
@@ -276,7 +278,9 @@ pub fn estimate_on(input: &EstimateInput, device: DeviceKind) -> Result<Vec<Rank
         return Err(Error::invalid("batch_size", batch_size, "at least 1 sample per rank"));
     }
     wrap.validate()?;
-    Ok((0..world_size).map(|rank| estimate_rank(input, rank, device)).collect())
+    let plain = EstimateInput { wrap: WrapConfig { activation_checkpointing: false, ..wrap }, ..*input };
+    let floor = |r| fitted::checkpointing_keeps_the_heap(device, &wrap).then(|| estimate_rank(&plain, r, device));
+    Ok((0..world_size).map(|r| fitted::floored(estimate_rank(input, r, device), floor(r))).collect())
 }
 
 fn estimate_rank(input: &EstimateInput, rank: usize, device: DeviceKind) -> RankEstimate {
@@ -319,10 +323,9 @@ fn estimate_rank(input: &EstimateInput, rank: usize, device: DeviceKind) -> Rank
     }
 }
 
-/// Bytes of MNIST each process holds on a CUDA device at `world_size` processes
-/// ([`crate::data::Dataset::to_device`]): both splits' pixels (784 u8 per image) and labels
-/// (i64), a normalisation table per split (256 f32), and this rank's share of the training
-/// epoch's order (⌈60,000 / W⌉ i64) — 53.3 MiB at one process.
+/// Bytes of MNIST each process holds on a CUDA device ([`crate::data::Dataset::to_device`]):
+/// both splits' pixels (784 u8) and labels (i64), a 256-f32 normalisation table per split, and
+/// this rank's share of the epoch's order (⌈60,000 / W⌉ i64) — 53.3 MiB at one process.
 pub fn cuda_dataset_bytes(world_size: usize) -> u64 {
     const TRAIN: u64 = 60_000;
     const TEST: u64 = 10_000;
@@ -358,9 +361,11 @@ fn ddp_moments(input: &EstimateInput, bucket_cap_mb: f64, overlap: bool, zero_ra
     }
     for s in (0..segs.len()).rev() {
         let fresh = MASTER_BYTES * layout::segment_numel(width, s) as u64;
+        // Checkpointed or overlapped, DDP runs FSDP's segment-by-segment backward.
+        let segmented = if ckpt || overlap { segment_by_segment(&segs, s, MASTER_BYTES, b) } else { 0 };
         out.push(Moment {
             what: format!("backward of {}", segs[s].name),
-            activations: activations(&segs, s, true, ckpt, MASTER_BYTES, b),
+            activations: activations(&segs, s, true, ckpt, MASTER_BYTES, b) + segmented,
             transient: fresh,
         });
     }
@@ -561,11 +566,6 @@ pub fn default_strategies() -> Vec<Strategy> {
     ]
 }
 
-/// Whether `wrap`'s options combine: ZeRO-1 needs fp32 (see [`WrapConfig::validate`]).
-pub fn combines(wrap: &WrapConfig) -> bool {
-    wrap.validate().is_ok()
-}
-
 /// DDP with ZeRO-1 (`ZeroRedundancyOptimizer`) and its other defaults.
 pub fn zero1() -> Strategy {
     Strategy::Ddp(DdpOptions { zero_redundancy_optimizer: true, ..Default::default() })
@@ -739,6 +739,36 @@ mod tests {
                 i.batch_size,
                 100.0 * error
             );
+        }
+    }
+
+    /// DDP checkpointed or overlapped runs the segment-by-segment backward: at conv2's backward
+    /// (width 128, batch 512) it holds conv2's output gradient twice more than one graph's
+    /// backward — exactly, on CUDA (live bytes, no heap floor). On a CPU, the estimate with
+    /// checkpointing is never below the one without (at width 4096 the floor decides, and says so).
+    #[test]
+    fn a_segmented_ddp_backward_holds_two_output_gradients_and_the_cpu_keeps_the_heap() {
+        let ddp = |overlap| Strategy::Ddp(DdpOptions { overlap, ..Default::default() });
+        let cuda = |i: &EstimateInput| estimate_on(i, DeviceKind::Cuda).unwrap().remove(0);
+        let plain = cuda(&input(ddp(false), 512, false));
+        for segmented in [input(ddp(false), 512, true), input(ddp(true), 512, false)] {
+            let e = cuda(&segmented);
+            assert_eq!((e.peak_at.as_str(), plain.peak_at.as_str()), ("backward of conv2", "backward of conv2"));
+            assert_eq!(e.peak_growth - plain.peak_growth, 2 * 9216 * 512 * 4, "{:?}", segmented.wrap);
+        }
+        let cpu = |width, ckpt| estimate(&EstimateInput { width, ..input(ddp(false), 512, ckpt) }).unwrap().remove(0);
+        assert!(cpu(128, true).peak_growth > cpu(128, false).peak_growth);
+        let (wide, wide_plain) = (cpu(4096, true), cpu(4096, false));
+        let live = |ckpt| cuda(&EstimateInput { width: 4096, ..input(ddp(false), 512, ckpt) }).peak_growth;
+        assert!(live(true) < live(false), "checkpointing lowers the live peak at width 4096");
+        assert_eq!(wide.peak_growth, wide_plain.peak_growth);
+        assert_eq!(wide.peak_at, format!("{} (as without checkpointing)", wide_plain.peak_at));
+        for strategy in default_strategies() {
+            for (width, batch) in [(128, 64), (4096, 64), (4096, 512)] {
+                let at = |ckpt| EstimateInput { width, ..input(strategy, batch, ckpt) };
+                let (with, without) = (estimate(&at(true)).unwrap(), estimate(&at(false)).unwrap());
+                assert!(with.iter().zip(&without).all(|(a, b)| a.peak_growth >= b.peak_growth), "{strategy:?} {width} {batch}");
+            }
         }
     }
 

@@ -41,11 +41,17 @@ fn assert_refused(out: &Output, took: Duration, wrote: bool, why: &str) {
 
 /// A fake `nvidia-smi` in `dir` that prints `text` and exits with `code`.
 fn fake_smi(dir: &Path, text: &str, code: i32) -> PathBuf {
-    use std::os::unix::fs::PermissionsExt;
     let path = dir.join("nvidia-smi");
-    std::fs::write(&path, format!("#!/bin/sh\ncat <<'MSG'\n{text}\nMSG\nexit {code}\n")).unwrap();
-    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    write_executable(&path, &format!("#!/bin/sh\ncat <<'MSG'\n{text}\nMSG\nexit {code}\n"));
     path
+}
+
+/// Writes an executable script through a child `sh`: a file this process held open for writing
+/// can be inherited by another test thread's fork, and running it then fails with ETXTBSY
+/// ("Text file busy") — a flaky refusal message, seen under load.
+fn write_executable(path: &Path, body: &str) {
+    let st = Command::new("sh").args(["-c", "printf '%s' \"$1\" > \"$2\" && chmod 755 \"$2\"", "sh", body]).arg(path).status().unwrap();
+    assert!(st.success(), "writing {}", path.display());
 }
 
 #[test]

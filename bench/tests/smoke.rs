@@ -51,8 +51,11 @@ fn demo_reports_level_1_and_a_failing_level_in_one_table() {
     }
     // Level 2 stands in as a binary that fails the way a broken level would.
     let fake = bin.join("level2-accelerator");
-    std::fs::write(&fake, "#!/bin/sh\necho 'boom: level 2 exploded' >&2\nexit 3\n").unwrap();
-    std::fs::set_permissions(&fake, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    // Written by a child `sh`, not this process: a file it held open for writing can be
+    // inherited by another test thread's fork, and running it then fails with ETXTBSY.
+    let body = "#!/bin/sh\necho 'boom: level 2 exploded' >&2\nexit 3\n";
+    let st = Command::new("sh").args(["-c", "printf '%s' \"$1\" > \"$2\" && chmod 755 \"$2\"", "sh", body]).arg(&fake).status().unwrap();
+    assert!(st.success());
     let out_dir = dir.path().join("demo");
     let out = Command::new(BENCH)
         .args(["demo", "--levels", "1,2", "--max-steps", "5", "--log-interval", "1", "--bin-dir"])

@@ -18,6 +18,14 @@ fn serial() -> std::sync::MutexGuard<'static, ()> {
     SERIAL.lock().unwrap_or_else(|p| p.into_inner())
 }
 
+/// Writes an executable script through a child `sh`: a file this process held open for writing
+/// can be inherited by another test thread's fork, and running it then fails with ETXTBSY
+/// ("Text file busy").
+fn write_executable(path: &std::path::Path, body: &str) {
+    let st = Command::new("sh").args(["-c", "printf '%s' \"$1\" > \"$2\" && chmod 755 \"$2\"", "sh", body]).arg(path).status().unwrap();
+    assert!(st.success(), "writing {}", path.display());
+}
+
 /// A sandbox: a temp dir as HOME and XDG_CONFIG_HOME, and a script that prints one rank's view.
 struct Sandbox {
     dir: tempfile::TempDir,
@@ -27,7 +35,7 @@ impl Sandbox {
     fn new() -> Sandbox {
         let dir = tempfile::tempdir().unwrap();
         let script = dir.path().join("show.sh");
-        std::fs::write(
+        write_executable(
             &script,
             "#!/bin/sh\necho \"view RANK=$RANK LOCAL_RANK=$LOCAL_RANK WORLD_SIZE=$WORLD_SIZE \
              ACCELERATE_MIXED_PRECISION=${ACCELERATE_MIXED_PRECISION-unset} \
@@ -36,10 +44,7 @@ impl Sandbox {
              FSDP_SHARDING_STRATEGY=${FSDP_SHARDING_STRATEGY-unset} FSDP_MIN_NUM_PARAMS=${FSDP_MIN_NUM_PARAMS-unset} \
              FSDP_BACKWARD_PREFETCH=${FSDP_BACKWARD_PREFETCH-unset} FSDP_FORWARD_PREFETCH=${FSDP_FORWARD_PREFETCH-unset} \
              ACCELERATE_SEED=${ACCELERATE_SEED-unset} ACCELERATE_CONFIG_FILE=${ACCELERATE_CONFIG_FILE-unset} ARGS=$*\"\n",
-        )
-        .unwrap();
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+        );
         Sandbox { dir }
     }
 
@@ -251,9 +256,7 @@ fn launch_reports_a_failing_rank_and_exits_non_zero() {
     let _g = serial();
     let sb = Sandbox::new();
     let fail = sb.path("fail.sh");
-    std::fs::write(&fail, "#!/bin/sh\nif [ \"$RANK\" = 1 ]; then echo boom >&2; exit 3; fi\nsleep 30\n").unwrap();
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(&fail, std::fs::Permissions::from_mode(0o755)).unwrap();
+    write_executable(&fail, "#!/bin/sh\nif [ \"$RANK\" = 1 ]; then echo boom >&2; exit 3; fi\nsleep 30\n");
     let start = std::time::Instant::now();
     let out = sb.run(&["launch", "--num-processes", "2", fail.to_str().unwrap()], &[]);
     let stderr = text(&out.stderr);

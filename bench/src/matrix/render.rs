@@ -218,6 +218,7 @@ pub(super) fn memory_table(summary: &MatrixSummary, markdown: bool) -> Table {
             "gathered peak MiB",
             "training-phase peak RSS per rank MiB",
             "training-phase growth per rank MiB",
+            "largest rank's growth MiB, median (min–max)",
             "estimated growth MiB",
             "whole-process peak RSS per rank MiB",
             "peer training-phase / whole-process MiB",
@@ -236,6 +237,7 @@ pub(super) fn memory_table(summary: &MatrixSummary, markdown: bool) -> Table {
                     ms(|m| m.gathered_peak),
                     per_rank(&r.train_peak_rss_per_rank),
                     per_rank(&r.train_rss_growth_per_rank),
+                    growth_spread(r.train_rss_growth),
                     opt(r.estimated_growth_mib(), |m| format!("{m:.0}")),
                     per_rank(&r.peak_rss_per_rank),
                     peer_rss(r),
@@ -245,6 +247,15 @@ pub(super) fn memory_table(summary: &MatrixSummary, markdown: bool) -> Table {
     }
     right_align(&mut t, 2);
     t
+}
+
+/// `median (min–max)` over repeats, the median alone for one repeat, `—` unmeasured.
+fn growth_spread(g: Option<Spread>) -> String {
+    match g {
+        Some(g) if g.n > 1 => format!("{:.0} ({:.0}–{:.0})", g.median, g.min, g.max),
+        Some(g) => format!("{:.0}", g.median),
+        None => "—".into(),
+    }
 }
 
 fn peer_rss(r: &Row) -> String {
@@ -410,7 +421,7 @@ collectives per step (all-reduce buffer, all-gather output, reduce-scatter input
 const EXPLAIN_MEMORY: &str = "Model state: rank 0's persistent bytes (AdamW: 2 states per parameter). \
 Training-phase peak RSS: the most any training step held (VmHWM reset through /proc/self/clear_refs when training \
 starts and after each evaluation or save, read as each step ends; the peers read it when their loop ends, before \
-evaluating); whole-process: the high-water mark since start-up, data loading, evaluation and saves included. The training-phase growth rises over a run's first tens of steps: the estimate is fitted to runs of 20 steps and more (the bench's --steps 300 at width 128 and 64 samples per rank, --wide-steps 20 elsewhere), so a shorter run measures less than it.";
+evaluating); whole-process: the high-water mark since start-up, data loading, evaluation and saves included. Training-phase growth: the peak less the RSS when training started, per rank the most over repeats; the largest rank's, over repeats, its median (what the Targets hold against the estimate) and range: how far one run lies from another. The training-phase growth rises over a run's first tens of steps: the estimate is fitted to runs of 20 steps and more (the bench's --steps 300 at width 128 and 64 samples per rank, --wide-steps 20 elsewhere), so a shorter run measures less than it.";
 
 /// `bench.md`.
 pub fn render_markdown(summary: &MatrixSummary) -> String {
@@ -504,6 +515,8 @@ pub fn render_csv(summary: &MatrixSummary) -> String {
         "estimated_growth_mib",
         "cpu_offload",
         "offload_optimizer",
+        "train_rss_growth_mib_min",
+        "train_rss_growth_mib_max",
     ];
     let f = |v: Option<f64>| v.map_or(String::new(), |x| format!("{x}"));
     let mut out = header.join(",") + "\n";
@@ -566,6 +579,8 @@ pub fn render_csv(summary: &MatrixSummary) -> String {
             f(r.estimated_growth_mib()),
             c.cpu_offload.to_string(),
             c.offload_optimizer.to_string(),
+            f(r.train_rss_growth.map(|g| g.min)),
+            f(r.train_rss_growth.map(|g| g.max)),
         ];
         out.push_str(&cells.join(","));
         out.push('\n');

@@ -75,6 +75,11 @@ pub struct Row {
     /// Median over repeats of the largest per-rank training RSS growth, MiB.
     #[serde(default)]
     pub train_rss_growth_median: Option<f64>,
+    /// The largest per-rank training RSS growth over repeats, MiB: median (as
+    /// [`train_rss_growth_median`](Self::train_rss_growth_median)), min and max — how far one
+    /// run's figure may lie from another's.
+    #[serde(default)]
+    pub train_rss_growth: Option<Spread>,
     /// The tuned PyTorch peer's samples/s, per repeat (`bench/reference/tuned.py`).
     #[serde(default)]
     pub tuned_samples_per_s: Option<Spread>,
@@ -264,6 +269,7 @@ pub fn aggregate(cases: &[Case], ours: &Ours, theirs: &Theirs) -> Vec<Row> {
                 train_rss_growth_per_rank: growth,
                 // A measured growth of 0 counts (FULL_SHARD at its best); an unmeasured one does not.
                 train_rss_growth_median: med(ok.iter().filter_map(|(f, _)| max_of(&f.train_rss_growth_per_rank())).collect()),
+                train_rss_growth: Spread::of(&ok.iter().filter_map(|(f, _)| max_of(&f.train_rss_growth_per_rank())).collect::<Vec<_>>()),
                 peak_rss_median: med(ok.iter().filter_map(|(f, _)| max_of(&f.peak_rss_per_rank()).filter(|&m| m > 0.0)).collect()),
                 vs_ddp_rss_growth: None,
                 vs_ddp_peak_rss: None,

@@ -82,9 +82,12 @@
 //! left, measured: at batch 512 DDP's and ZeRO-1's heap runs ahead of the estimate by an amount
 //! that changes from run to run (ZeRO-1 at width 4096 grew by 782 MiB in one sweep, 883 in the
 //! next, against 733 estimated then, so its measured saving on DDP was 124 and 54 MiB, not the 144 of
-//! the halved moments it makes at batch 64); at width 128 FULL_SHARD's heap varies alike (the
+//! the halved moments it makes at batch 64; its two ranks' live bytes are the same — an
+//! `LD_PRELOAD` count at width 4096, batch 512, 20 steps: 587.7 MiB of growth on each, 570.3 in
+//! the estimate — while their RSS grew by 779 and 830 MiB, the difference the heap's); at width 128 FULL_SHARD's heap varies alike (the
 //! same cell at batch 512 grew by 369 MiB in one sweep and 308 in the next); one run's rank can stray alone (DDP in bf16 at width 4096 with
-//! checkpointing: 808 and 1,072 MiB on two ranks of one cell) — other allocators, preloaded on
+//! checkpointing: 808 and 1,072 MiB on two ranks of one cell; at one rank, 8 steps, it grew by
+//! 876 MiB against 832 estimated, live bytes 644 counted and 658 estimated) — other allocators, preloaded on
 //! the Zen 5, repeat within 0–7% but cost speed (jemalloc, mimalloc: 21–40% at width 128) or
 //! change what the strategies save (tcmalloc: ZeRO-1 at width 4096, batch 64, 30 MiB below DDP,
 //! not 144), see the book's "Will it fit?"; and the 16-bit factor depends

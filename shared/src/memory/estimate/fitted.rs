@@ -282,7 +282,7 @@ pub(super) fn heap_terms(device: DeviceKind, wrap: &WrapConfig, batch: u64, huge
 /// within 10% (9 before) and 9 of the 12 bf16 ones (as before); measured afterwards, levels 2
 /// and 3 (DDP and FULL_SHARD, fp32, the same widths and batches): 14 of 16 (11 without). On
 /// CUDA the allocator counts what is alive: no floor.
-pub(super) fn checkpointing_keeps_the_heap(device: DeviceKind, wrap: &WrapConfig) -> bool {
+pub fn checkpointing_keeps_the_heap(device: DeviceKind, wrap: &WrapConfig) -> bool {
     device == DeviceKind::Cpu && wrap.activation_checkpointing
 }
 

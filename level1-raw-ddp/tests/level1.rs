@@ -393,6 +393,10 @@ fn offloaded_optimizer_trains_the_same_weights() {
         let (offloaded, report, text) = run("offloaded", true);
         common::assert_bit_identical(&format!("offloaded vs in memory {extra:?}"), &offloaded, &in_memory);
         assert!(text.contains("offload_optimizer (nvme): per step"), "{text}");
+        // The report names ZeRO-1 (the summary line and the JSON), not plain DDP.
+        let label = if extra.is_empty() { "ddp" } else { "zero1" };
+        assert_eq!(report["strategy"], label);
+        assert!(text.contains(&format!("| world size 2 | {label}")), "{text}");
         let per_step = &report["offload_optimizer"]["per_step"];
         if extra.is_empty() {
             let moments = 2 * 4 * 1_199_882u64;

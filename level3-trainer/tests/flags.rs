@@ -277,3 +277,23 @@ fn the_binary_runs_the_launchers_settings_and_says_so() {
     assert!(text.contains("--strategy") && text.contains("ACCELERATE_USE_FSDP"), "{text}");
     assert!(!Path::new(&dir.path().join("other")).exists());
 }
+
+/// A DeepSpeed config's ZeRO stage 1 is what the banner, the summary line and the metrics JSON
+/// name (`zero1`, from TrainingArguments' `deepspeed`), not plain DDP by default.
+#[test]
+fn deepspeed_stage_1_is_named_zero1_in_the_banner_and_the_report() {
+    let dir = tempfile::tempdir().unwrap();
+    let (out, json) = (dir.path().join("out"), dir.path().join("m.json"));
+    let flags = ["--device", "cpu", "--max-steps", "2", "--save-strategy", "no", "--eval-strategy", "no"];
+    let (ok, text) = run(Command::new(BIN)
+        .args(flags)
+        .args(["--deepspeed", r#"{"zero_optimization": {"stage": 1}}"#, "--output-dir"])
+        .arg(&out)
+        .arg("--metrics-json")
+        .arg(&json));
+    assert!(ok, "{text}");
+    assert!(text.contains("  Distributed strategy = zero1 (TrainingArguments)"), "{text}");
+    assert!(text.contains("| world size 1 | zero1"), "{text}");
+    let report: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert_eq!(report["strategy"], "zero1");
+}

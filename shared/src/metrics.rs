@@ -47,7 +47,8 @@ pub struct Report {
     pub steps: u64,
     /// Number of ranks.
     pub world_size: usize,
-    /// `single`, `ddp`, `fsdp-full-shard`, … — how the model was replicated.
+    /// `single`, `ddp`, `zero1`, `fsdp-full-shard`, … — how the model was replicated
+    /// ([`crate::parallel::Strategy::label`]).
     pub strategy: String,
     /// Per-rank figures (empty for a single process).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]

@@ -458,7 +458,7 @@ impl Accelerator {
             local.model_state = opt.placed(local.model_state);
             opt.offload_stats()
         });
-        let mut report = gather_report(self.shared.pg, &local, eval, self.global_step(), self.wrap.strategy.name(), wall_s)?;
+        let mut report = gather_report(self.shared.pg, &local, eval, self.global_step(), self.wrap.strategy.label(), wall_s)?;
         report.extra.insert("mixed_precision".into(), self.config.mixed_precision.to_string().into());
         report.extra.insert("gradient_accumulation_steps".into(), self.gradient_accumulation_steps().into());
         report.extra.insert("num_processes".into(), self.num_processes().into());

@@ -79,7 +79,7 @@ impl Trainer {
                 continue;
             }
             let (ours, theirs) = match *field {
-                "fsdp" => (strategy_label(&args.strategy()), strategy_label(&launcher.strategy())),
+                "fsdp" => (args.strategy().to_string(), launcher.strategy().to_string()),
                 "bf16" => (precision(args.bf16).to_string(), launcher.mixed_precision.to_string()),
                 "gradient_accumulation_steps" => {
                     (args.gradient_accumulation_steps.to_string(), launcher.gradient_accumulation_steps.to_string())
@@ -140,18 +140,13 @@ impl Trainer {
         };
         format!(
             "  Distributed strategy = {} ({})\n  Mixed precision = {} ({})\n  Gradient Accumulation steps from = {}",
-            strategy_label(&resolved.strategy()),
-            source("use_fsdp"),
+            resolved.strategy().label(),
+            source(if resolved.zero_stage.is_some() { "zero_stage" } else { "use_fsdp" }),
             resolved.mixed_precision,
             source("mixed_precision"),
             source("gradient_accumulation_steps"),
         )
     }
-}
-
-/// `ddp`, `fsdp-full-shard`, … (the core's names).
-fn strategy_label(s: &Strategy) -> String {
-    s.to_string()
 }
 
 /// report_to as written in an args file (`tensorboard`).

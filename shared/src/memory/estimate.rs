@@ -571,13 +571,9 @@ pub fn zero1() -> Strategy {
     Strategy::Ddp(DdpOptions { zero_redundancy_optimizer: true, ..Default::default() })
 }
 
-/// A strategy's name in the estimate's tables: [`Strategy::name`], or `zero1` for DDP with
-/// ZeRO-1.
+/// A strategy's name in the estimate's tables: [`Strategy::label`] (`zero1` for DDP with ZeRO-1).
 pub fn strategy_label(strategy: Strategy) -> &'static str {
-    match strategy {
-        Strategy::Ddp(o) if o.zero_redundancy_optimizer => "zero1",
-        s => s.name(),
-    }
+    strategy.label()
 }
 
 /// Reads a strategy for the estimate: `zero1` (also `zero-1`, `zero_1`, `ddp-zero1`: DDP with

@@ -445,6 +445,16 @@ impl Strategy {
         Choice::name(self)
     }
 
+    /// The name in reports, banners and tables: [`name`](Self::name), or `zero1` for DDP with
+    /// ZeRO-1 (`ZeroRedundancyOptimizer`, DeepSpeed's stage 1), which is DDP's engine with its
+    /// optimizer state sharded — not a flag value (`--strategy ddp --zero-redundancy-optimizer`).
+    pub fn label(self) -> &'static str {
+        match self {
+            Strategy::Ddp(o) if o.zero_redundancy_optimizer => "zero1",
+            s => s.name(),
+        }
+    }
+
     /// FSDP's sharding strategy, or `None` for DDP.
     pub fn sharding(self) -> Option<ShardingStrategy> {
         match self {

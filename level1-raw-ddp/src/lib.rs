@@ -102,8 +102,9 @@ pub struct Config {
     pub mixed_precision: Precision,
     /// Activation checkpointing (torch.utils.checkpoint, non-reentrant, around each of
     /// BasicNet's segments): forward keeps each segment's input only, backward recomputes the
-    /// segment, dropout replaying its mask — less activation memory for one more forward per
-    /// step, the same weights. Any strategy.
+    /// segment, dropout replaying its mask — fewer activations kept for one more forward per
+    /// step, the same weights. Any strategy. On BasicNet no lower peak: it is conv2's backward,
+    /// which the recompute brings back (the book's "Will it fit?").
     #[arg(long)]
     #[serde(default)]
     pub activation_checkpointing: bool,

@@ -11,7 +11,9 @@ pub struct RunArgs {
     /// Levels (1, 2, 3).
     #[arg(long, value_delimiter = ',', default_values_t = [1u8, 2, 3])]
     pub levels: Vec<u8>,
-    /// Strategies (`single` is ladder-baseline: one process, whatever --world-sizes says).
+    /// Strategies (`single` is ladder-baseline: one process, whatever --world-sizes says). FSDP
+    /// cells wrap every layer in its own unit (`--fsdp-min-num-params 0`), where the levels'
+    /// default wraps BasicNet as one; `estimate-memory --fsdp-min-num-params 0` estimates them.
     #[arg(long, value_parser = ladder_core::cli::spelling::<Replication>(), value_delimiter = ',', default_values_t = DEFAULT_STRATEGIES)]
     pub strategies: Vec<Replication>,
     /// World sizes of the distributed strategies (ranks; more ranks than cores are

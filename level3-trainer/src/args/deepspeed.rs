@@ -83,6 +83,7 @@ impl DeepSpeedConfig {
         flatten("", value, &mut leaves)?;
         let mut cfg = DeepSpeedConfig::default();
         let (mut device, mut nvme_path) = (OffloadDevice::None, None);
+        let (mut unknown, mut known) = (Vec::new(), Vec::new());
         for (key, v) in leaves {
             match key.as_str() {
                 "zero_optimization.stage" => {
@@ -114,8 +115,15 @@ impl DeepSpeedConfig {
                         return Err(format!("{k} is {v}: this Trainer takes it from its TrainingArguments; give \"auto\" or leave it out"));
                     }
                 }
-                k => return Err(format!("unknown DeepSpeed key {k}: this Trainer honours only {HONOURED_KEYS}")),
+                k => {
+                    unknown.push(k.to_string());
+                    continue;
+                }
             }
+            known.push(key);
+        }
+        if !unknown.is_empty() {
+            return Err(unknown_keys(&unknown, &known));
         }
         cfg.offload_optimizer = OptimizerOffload::new(device, nvme_path).map_err(|_| {
             "zero_optimization.offload_optimizer.device \"nvme\" needs offload_optimizer.nvme_path, the directory of the moments' files"
@@ -123,6 +131,23 @@ impl DeepSpeedConfig {
         })?;
         Ok(cfg)
     }
+}
+
+/// Every key not honoured, in one message: a top-level block none of whose keys is honoured
+/// (a Hugging Face config's `optimizer`, `scheduler`) by its name alone, other keys by their
+/// dotted path.
+fn unknown_keys(unknown: &[String], known: &[String]) -> String {
+    let top = |k: &str| k.split('.').next().unwrap_or(k).to_string();
+    let mut names: Vec<String> = Vec::new();
+    for k in unknown {
+        let block = top(k);
+        let name = if known.iter().any(|h| top(h) == block) { k.clone() } else { block };
+        if !names.contains(&name) {
+            names.push(name);
+        }
+    }
+    let (s, list) = (if names.len() == 1 { "" } else { "s" }, names.join(", "));
+    format!("unknown DeepSpeed key{s} {list}: this Trainer honours only {HONOURED_KEYS}")
 }
 
 /// The leaves of a JSON object as `(dotted.key, value)`, in document order.
@@ -156,6 +181,16 @@ mod tests {
         assert_eq!(ok.zero_stage, 1);
         let e = DeepSpeedConfig::from_arg(r#"{"zero_optimization": {"stage": 2, "overlap_comm": true}}"#).unwrap_err();
         assert!(e.contains("unknown DeepSpeed key zero_optimization.overlap_comm"), "{e}");
+        // A Hugging Face-style config: every key not honoured in one message, whole blocks by name.
+        let hf = r#"{"optimizer": {"type": "AdamW", "params": {"lr": "auto", "betas": "auto"}}, "scheduler": {"type": "WarmupLR"},
+            "zero_optimization": {"stage": 1, "overlap_comm": true, "contiguous_gradients": true}, "train_batch_size": "auto"}"#;
+        let e = DeepSpeedConfig::from_arg(hf).unwrap_err();
+        assert!(
+            e.contains(
+                "unknown DeepSpeed keys optimizer, scheduler, zero_optimization.contiguous_gradients, zero_optimization.overlap_comm: "
+            ),
+            "{e}"
+        );
         let e = DeepSpeedConfig::from_arg(r#"{"zero_optimization": {"stage": 4}}"#).unwrap_err();
         assert!(e.contains("zero_optimization.stage is 4"), "{e}");
         let e = DeepSpeedConfig::from_arg(r#"{"train_batch_size": 64}"#).unwrap_err();

@@ -213,6 +213,9 @@ fn save_checkpoint_is_zero1s_peak_and_adds_nothing_to_ddp() {
     let with: serde_json::Value = serde_json::from_str(&stdout(&[&args[..], &["--save-checkpoint"]].concat())).unwrap();
     assert_eq!(with["save_checkpoint"], true);
     assert!(without.get("save_checkpoint").is_none());
+    // The table's title says the save is counted (it may change nothing, as for DDP here).
+    let title = |extra: &[&str]| stdout(&[&args[..args.len() - 1], extra].concat()).lines().next().unwrap_or_default().to_string();
+    assert!(title(&["--save-checkpoint"]).ends_with(", a checkpoint save counted") && !title(&[]).contains("save"));
     assert_eq!(with["strategies"][0]["ranks"], without["strategies"][0]["ranks"], "DDP: nothing added");
     assert_eq!(with["strategies"][2]["ranks"], without["strategies"][2]["ranks"], "FULL_SHARD, one unit");
     let (_, padded, shard) = ladder_core::memory::layout::zero_partition(4096, 2);

@@ -309,7 +309,7 @@ fn render(report: &Report) -> String {
         }
     }
     let text = format!(
-        "Memory per rank, MiB{}: BasicNet fc1 {}, batch {} per process, {} processes, {}{}{}{}\n\n{table}",
+        "Memory per rank, MiB{}: BasicNet fc1 {}, batch {} per process, {} processes, {}{}{}{}{}\n\n{table}",
         if report.device == DeviceKind::Cuda {
             " (the CUDA allocator's peak; peak growth: less the parameters and the dataset)"
         } else {
@@ -322,6 +322,7 @@ fn render(report: &Report) -> String {
         report.cpu_bf16.map_or(String::new(), |u| format!(" (CPU bf16 unit: {u})")),
         if report.activation_checkpointing { ", activation checkpointing" } else { "" },
         report.fsdp_min_num_params.map_or(String::new(), |n| format!(", fsdp_min_num_params {n}")),
+        if report.save_checkpoint { ", a checkpoint save counted" } else { "" },
     );
     // The lines after the table, as a paragraph of their own: a blank line first, so that the
     // output is Markdown whose table ends where it should (a renderer reads a line right after a

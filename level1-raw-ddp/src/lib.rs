@@ -103,8 +103,9 @@ pub struct Config {
     /// Activation checkpointing (torch.utils.checkpoint, non-reentrant, around each of
     /// BasicNet's segments): forward keeps each segment's input only, backward recomputes the
     /// segment, dropout replaying its mask — fewer activations kept for one more forward per
-    /// step, the same weights. Any strategy. On BasicNet no lower peak: it is conv2's backward,
-    /// which the recompute brings back (the book's "Will it fit?").
+    /// step, the same weights. Any strategy. On BasicNet it saves little or nothing: at the
+    /// tutorial's width the peak is conv2's backward, which the recompute brings back, and on a
+    /// CPU the heap keeps the peak of the run without (the book's "Will it fit?").
     #[arg(long)]
     #[serde(default)]
     pub activation_checkpointing: bool,

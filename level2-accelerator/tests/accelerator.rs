@@ -483,6 +483,9 @@ fn fsdp_only_flags_are_refused_under_ddp() {
         assert!(text.contains(&format!("{flag} does not apply to the resolved strategy ddp (use_fsdp false")), "{args:?}:\n{text}");
         assert!(text.contains("the FSDP strategies"), "{text}");
     }
+    // DeepSpeed's stage 1 (DDP with ZeRO-1): named zero1, the stage given as the source.
+    let (ok, text) = run_plain(&["--device", "cpu", "--data-dir", &mnist, "--zero-stage", "1", "--fsdp-min-num-params", "0"], &[]);
+    assert!(!ok && text.contains("--fsdp-min-num-params does not apply to the resolved strategy zero1 (zero_stage 1, "), "{text}");
     // FSDP from the launcher: the flags pass the check (the run then stops at the empty data dir).
     let args = ["--device", "cpu", "--data-dir", &mnist, "--fsdp-backward-prefetch", "backward-post", "--fsdp-forward-prefetch"];
     let (ok, text) = run_plain(&args, &[("ACCELERATE_USE_FSDP", "true")]);

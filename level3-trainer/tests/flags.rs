@@ -269,6 +269,11 @@ fn the_binary_runs_the_launchers_settings_and_says_so() {
     ] {
         assert!(text.contains(line), "missing {line:?}:\n{text}");
     }
+    // A DeepSpeed config of stage 0 (ZeRO off) leaves the strategy, and its source, to the launcher.
+    let stage0 = dir.path().join("stage0");
+    let (ok, text0) =
+        run(Command::new(BIN).envs(env).args(flags).arg(&stage0).args(["--deepspeed", r#"{"zero_optimization": {"stage": 0}}"#]));
+    assert!(ok && text0.contains("  Distributed strategy = fsdp-full-shard (the launcher: ACCELERATE_USE_FSDP)"), "{text0}");
     let written: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(out.join("training_args.json")).unwrap()).unwrap();
     assert_eq!(written["gradient_accumulation_steps"], 2);
     assert!(!written["fsdp"].is_null());

@@ -16,7 +16,7 @@ use level2_accelerator::{Error, Result};
 use serde::Serialize;
 
 /// `ladder-accelerate estimate-memory` flags.
-#[derive(Debug, clap::Args)]
+#[derive(Debug, Clone, clap::Args)]
 #[command(after_help = "Figures are per rank (process): parameters (fp32 masters), gradients, AdamW's two moments, the \
 most parameters gathered at once (FSDP), the activations and their gradients at the step's peak, the expected \
 training-phase peak RSS growth (gradients + optimizer + activations + transients: what `bench run` measures) and \
@@ -157,6 +157,9 @@ struct Report {
     /// `--cpu-bf16` was given where it changes nothing (not bf16 on a CPU).
     #[serde(skip)]
     cpu_bf16_unused: bool,
+    /// Nothing fits, and activation checkpointing would lower the smallest strategy's figure.
+    #[serde(skip)]
+    checkpointing_lowers: bool,
 }
 
 /// Runs `estimate-memory`: the table (or JSON) on stdout.
@@ -240,6 +243,13 @@ fn build(args: &EstimateArgs) -> Result<Report> {
         out.push(StrategyEstimate { strategy: label, ranks, fits });
     }
     let cheapest_fit = out.iter().find(|s| s.fits == Some(true)).map(|s| s.strategy);
+    // When nothing fits: would checkpointing lower the smallest figure? (On a CPU never: the
+    // heap keeps the peak of the run without; on CUDA only where fewer activations are alive.)
+    let smallest = |s: &[StrategyEstimate]| s.iter().filter_map(|s| s.ranks.iter().map(|r| held(r, args.device)).max()).min();
+    let checkpointing_lowers = cheapest_fit.is_none() && args.budget.is_some() && !args.activation_checkpointing && {
+        let with = build(&EstimateArgs { activation_checkpointing: true, budget: None, ..args.clone() })?;
+        smallest(&with.strategies) < smallest(&out)
+    };
     Ok(Report {
         width: args.width,
         batch_size: args.batch_size,
@@ -257,6 +267,7 @@ fn build(args: &EstimateArgs) -> Result<Report> {
         cheapest_fit,
         order_given: explicit,
         cpu_bf16_unused: args.cpu_bf16.is_some() && !bf16_cpu,
+        checkpointing_lowers,
     })
 }
 
@@ -367,7 +378,7 @@ fn render(report: &Report) -> String {
             Some(name) => {
                 // How much of the budget the cheapest fit leaves: a run may exceed its estimate.
                 let most = report.strategies.iter().find(|s| s.strategy == name).and_then(|s| s.ranks.iter().map(|r| held(r, report.device)).max());
-                let spare = most.map_or(String::new(), |m| format!(", {:.0}% of it to spare", 100.0 * (b - m.min(b)) as f64 / b as f64));
+                let spare = most.map_or(String::new(), |m| format!(", {}% of it to spare", 100 * (b - m.min(b)) / b));
                 format!(
                     "Within {} per process: {name} is the cheapest strategy that fits{spare} ({order}: {}); the process's start-up memory comes on top.",
                     format_size(b),
@@ -380,8 +391,7 @@ fn render(report: &Report) -> String {
                 let least = least.map_or(String::new(), |s| {
                     format!(" (the smallest: {} at {})", s.strategy, format_size(most(s).unwrap_or(0)))
                 });
-                // On a CPU checkpointing lowers no estimate (the heap keeps the run's peak).
-                let ckpt = if report.activation_checkpointing || report.device == DeviceKind::Cpu { "" } else { " or --activation-checkpointing" };
+                let ckpt = if report.checkpointing_lowers { " or --activation-checkpointing" } else { "" };
                 format!(
                     "Within {} per process, the process's start-up memory aside: no strategy fits{least}; try more processes, a smaller batch{ckpt}.",
                     format_size(b)

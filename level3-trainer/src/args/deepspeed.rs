@@ -61,8 +61,9 @@ impl DeepSpeedConfig {
     /// object given inline.
     ///
     /// # Errors
-    /// An unreadable file; malformed JSON; a key this Trainer does not honour, named with its
-    /// dotted path; a value out of range.
+    /// An unreadable file; malformed JSON; the keys this Trainer does not honour, all in one
+    /// message (by dotted path, a block none of whose keys is honoured by its name); a value out
+    /// of range (reported first).
     pub fn from_arg(text: &str) -> std::result::Result<Self, String> {
         let json = if text.trim_start().starts_with('{') {
             text.to_string()
@@ -150,7 +151,8 @@ fn unknown_keys(unknown: &[String], known: &[String]) -> String {
     format!("unknown DeepSpeed key{s} {list}: this Trainer honours only {HONOURED_KEYS}")
 }
 
-/// The leaves of a JSON object as `(dotted.key, value)`, in document order.
+/// The leaves of a JSON object as `(dotted.key, value)`, in key order (serde_json's maps are
+/// sorted).
 fn flatten<'a>(prefix: &str, value: &'a Value, out: &mut Vec<(String, &'a Value)>) -> std::result::Result<(), String> {
     match value {
         Value::Object(map) => {

@@ -189,8 +189,9 @@ pub struct TrainingArguments {
     pub bf16: bool,
     /// Gradient checkpointing: keep each layer's input and recompute the rest in backward (the
     /// Accelerator's activation checkpointing; DDP and FSDP alike). Fewer activations kept for
-    /// one more forward per step; the same weights. On BasicNet no lower peak: it is conv2's
-    /// backward, which the recompute brings back (the book's "Will it fit?").
+    /// one more forward per step; the same weights. On BasicNet it saves little or nothing: at
+    /// the tutorial's width the peak is conv2's backward, which the recompute brings back, and
+    /// on a CPU the heap keeps the peak of the run without (the book's "Will it fit?").
     #[arg(long)]
     pub gradient_checkpointing: bool,
     /// Drop each epoch's last incomplete batch.

@@ -447,7 +447,8 @@ impl Strategy {
 
     /// The name in reports, banners and tables: [`name`](Self::name), or `zero1` for DDP with
     /// ZeRO-1 (`ZeroRedundancyOptimizer`, DeepSpeed's stage 1), which is DDP's engine with its
-    /// optimizer state sharded — not a flag value (`--strategy ddp --zero-redundancy-optimizer`).
+    /// optimizer state sharded: a value of `estimate-memory`'s and the bench's `--strategy`, not
+    /// of the levels' (`--strategy ddp --zero-redundancy-optimizer` at level 1).
     pub fn label(self) -> &'static str {
         match self {
             Strategy::Ddp(o) if o.zero_redundancy_optimizer => "zero1",
@@ -570,8 +571,9 @@ pub struct WrapConfig {
     /// segment of the model; Accelerate's `fsdp_activation_checkpointing`, Transformers'
     /// `gradient_checkpointing`), for DDP and every FSDP strategy: forward keeps each segment's
     /// input only, backward recomputes the segment (dropout replays its mask) before its
-    /// gradient — less activation memory for one more forward per step; the same weights, bit
-    /// for bit on CPU. Default off. See [`checkpointing`].
+    /// gradient — fewer activations kept for one more forward per step (on BasicNet little or
+    /// no lower peak: [`crate::memory::estimate::fitted::checkpointing_keeps_the_heap`]); the
+    /// same weights, bit for bit on CPU. Default off. See [`checkpointing`].
     #[serde(default)]
     pub activation_checkpointing: bool,
 }

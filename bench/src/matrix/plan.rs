@@ -12,8 +12,9 @@ pub struct RunArgs {
     #[arg(long, value_delimiter = ',', default_values_t = [1u8, 2, 3])]
     pub levels: Vec<u8>,
     /// Strategies (`single` is ladder-baseline: one process, whatever --world-sizes says). FSDP
-    /// cells wrap every layer in its own unit (`--fsdp-min-num-params 0`), where the levels'
-    /// default wraps BasicNet as one; `estimate-memory --fsdp-min-num-params 0` estimates them.
+    /// cells wrap every layer in its own unit (`--fsdp-min-num-params 0`); the levels' default
+    /// threshold (10⁸ parameters) leaves BasicNet one unit below fc1 width 10,850. Estimate
+    /// the bench's cells with `estimate-memory --fsdp-min-num-params 0`.
     #[arg(long, value_parser = ladder_core::cli::spelling::<Replication>(), value_delimiter = ',', default_values_t = DEFAULT_STRATEGIES)]
     pub strategies: Vec<Replication>,
     /// World sizes of the distributed strategies (ranks; more ranks than cores are

@@ -421,8 +421,9 @@ collectives per step (all-reduce buffer, all-gather output, reduce-scatter input
 const EXPLAIN_MEMORY: &str = "Model state: rank 0's persistent bytes (AdamW: 2 states per parameter). \
 Training-phase peak RSS: the most any training step held (VmHWM reset through /proc/self/clear_refs when training \
 starts and after each evaluation or save, read as each step ends; the peers read it when their loop ends, before \
-evaluating); whole-process: the high-water mark since start-up, data loading, evaluation and saves included. Training-phase growth: the peak less the RSS when training started, per rank the most over repeats; the largest rank's, over repeats, its median (what the Targets hold against the estimate) and range: how far one run lies from another. FSDP cells wrap every layer in its own unit (`--fsdp-min-num-params 0`; the levels' default is one unit, \
-estimated with `estimate-memory --fsdp-min-num-params 0` and without). The training-phase growth rises over a run's first tens of steps: the estimate is fitted to runs of 20 steps and more (the bench's --steps 300 at width 128 and 64 samples per rank, --wide-steps 20 elsewhere), so a shorter run measures less than it.";
+evaluating); whole-process: the high-water mark since start-up, data loading, evaluation and saves included. Training-phase growth: the peak less the RSS when training started, per rank the most over repeats; the largest rank's, over repeats, its median (what the Targets hold against the estimate) and range: how far one run lies from another. FSDP cells wrap every layer in its own unit (`--fsdp-min-num-params 0`, as `estimate-memory \
+--fsdp-min-num-params 0` estimates them; the levels' default leaves BasicNet one unit below fc1 width 10,850). \
+The training-phase growth rises over a run's first tens of steps: the estimate is fitted to runs of 20 steps and more (the bench's --steps 300 at width 128 and 64 samples per rank, --wide-steps 20 elsewhere), so a shorter run measures less than it.";
 
 /// `bench.md`.
 pub fn render_markdown(summary: &MatrixSummary) -> String {

@@ -408,7 +408,7 @@ fn finish(
         timing,
     };
     let wall_s = start.elapsed().as_secs_f64();
-    let mut report = gather_report(pg, &local, &trained.eval, trained.steps as u64, cfg.wrap_config()?.strategy.label(), wall_s)?;
+    let mut report = gather_report(pg, &local, &trained.eval, trained.steps as u64, model.strategy().label(), wall_s)?;
     report.history = trained.history;
     if let Some((entry, line)) = model.cpu_offload_report() {
         report.extra.insert("cpu_offload".into(), entry);

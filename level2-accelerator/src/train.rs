@@ -270,18 +270,14 @@ impl Config {
         let strategy = resolved.strategy().with_options(&flags).map_err(|e| match e.named_by(FLAG_NAMES) {
             ladder_core::Error::OptionNotForStrategy { option, belongs_to, .. } => ladder_core::Error::OptionNotForStrategy {
                 option,
-                strategy: match resolved.zero_stage.filter(|&z| z > 0) {
-                    Some(z) => format!(
-                        "the resolved strategy {} (zero_stage {z}, {})",
+                strategy: {
+                    let setting = resolved.strategy_setting();
+                    format!(
+                        "the resolved strategy {} ({setting} {}, {})",
                         resolved.strategy().label(),
-                        resolved.describe_source("zero_stage")
-                    ),
-                    None => format!(
-                        "the resolved strategy {} (use_fsdp {}, {})",
-                        resolved.strategy().label(),
-                        resolved.use_fsdp,
-                        resolved.describe_source("use_fsdp")
-                    ),
+                        resolved.value_of(setting),
+                        resolved.describe_source(setting)
+                    )
                 },
                 belongs_to,
             },

@@ -85,7 +85,7 @@ fn rank_model_state() {
             model.backward(&loss).unwrap();
             opt.step();
         }
-        let what = format!("rank {rank} of {w}: {} {wrap:?}", estimate::strategy_label(wrap.strategy));
+        let what = format!("rank {rank} of {w}: {} {wrap:?}", wrap.strategy.label());
         assert_eq!(layout::model_state(&wrap, WIDTH, w, rank), model.memory(), "{what}");
         // The estimate carries the same figures, and its peak adds gradients and optimizer.
         let input = EstimateInput {

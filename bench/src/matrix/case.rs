@@ -3,7 +3,7 @@
 
 use clap::builder::PossibleValue;
 use clap::ValueEnum;
-use ladder_core::memory::estimate::{strategy_label, zero1};
+use ladder_core::memory::estimate::zero1;
 use ladder_core::parallel::{Choice, OffloadDevice, Precision, ShardingStrategy, Strategy};
 use serde::{Deserialize, Serialize};
 use std::sync::OnceLock;
@@ -92,7 +92,7 @@ impl Choice for Replication {
     fn name(self) -> &'static str {
         match self {
             Replication::Single => "single",
-            Replication::Parallel(s) => strategy_label(s),
+            Replication::Parallel(s) => s.label(),
         }
     }
     fn unsupported(text: &str) -> Option<&'static str> {

@@ -237,7 +237,7 @@ pub(super) fn memory_table(summary: &MatrixSummary, markdown: bool) -> Table {
                     ms(|m| m.gathered_peak),
                     per_rank(&r.train_peak_rss_per_rank),
                     per_rank(&r.train_rss_growth_per_rank),
-                    growth_spread(r.train_rss_growth),
+                    spread_cell(r.train_rss_growth, 0, ""),
                     opt(r.estimated_growth_mib(), |m| format!("{m:.0}")),
                     per_rank(&r.peak_rss_per_rank),
                     peer_rss(r),
@@ -247,15 +247,6 @@ pub(super) fn memory_table(summary: &MatrixSummary, markdown: bool) -> Table {
     }
     right_align(&mut t, 2);
     t
-}
-
-/// `median (min–max)` over repeats, the median alone for one repeat, `—` unmeasured.
-fn growth_spread(g: Option<Spread>) -> String {
-    match g {
-        Some(g) if g.n > 1 => format!("{:.0} ({:.0}–{:.0})", g.median, g.min, g.max),
-        Some(g) => format!("{:.0}", g.median),
-        None => "—".into(),
-    }
 }
 
 fn peer_rss(r: &Row) -> String {

@@ -242,6 +242,9 @@ pub fn aggregate(cases: &[Case], ours: &Ours, theirs: &Theirs) -> Vec<Row> {
             let peak = per_rank_max(&RunFigures::peak_rss_per_rank);
             let train_peak = per_rank_max(&RunFigures::train_peak_rss_per_rank);
             let growth = per_rank_max(&RunFigures::train_rss_growth_per_rank);
+            // The largest rank's growth per repeat: a measured 0 counts (FULL_SHARD at its best),
+            // an unmeasured one does not.
+            let largest = Spread::of(&ok.iter().filter_map(|(f, _)| max_of(&f.train_rss_growth_per_rank())).collect::<Vec<_>>());
             let peer_max = |get: &dyn Fn(&RunFigures) -> f64| peer_ok.iter().map(|f| get(f)).filter(|&m| m > 0.0).reduce(f64::max);
             Row {
                 case: case.clone(),
@@ -267,9 +270,8 @@ pub fn aggregate(cases: &[Case], ours: &Ours, theirs: &Theirs) -> Vec<Row> {
                 peer_step: StepFigures::median_of(&peer_ok),
                 vs_fp32: None,
                 train_rss_growth_per_rank: growth,
-                // A measured growth of 0 counts (FULL_SHARD at its best); an unmeasured one does not.
-                train_rss_growth_median: med(ok.iter().filter_map(|(f, _)| max_of(&f.train_rss_growth_per_rank())).collect()),
-                train_rss_growth: Spread::of(&ok.iter().filter_map(|(f, _)| max_of(&f.train_rss_growth_per_rank())).collect::<Vec<_>>()),
+                train_rss_growth_median: largest.map(|g| g.median),
+                train_rss_growth: largest,
                 peak_rss_median: med(ok.iter().filter_map(|(f, _)| max_of(&f.peak_rss_per_rank()).filter(|&m| m > 0.0)).collect()),
                 vs_ddp_rss_growth: None,
                 vs_ddp_peak_rss: None,

@@ -189,7 +189,7 @@ fn build(args: &EstimateArgs) -> Result<Report> {
     let strategies = if explicit { args.strategy.clone() } else { estimate::default_strategies() };
     let (mut out, mut skipped) = (Vec::new(), Vec::new());
     for strategy in strategies {
-        let label = estimate::strategy_label(strategy);
+        let label = strategy.label();
         let strategy = match strategy {
             Strategy::Fsdp(o) => Strategy::Fsdp(FsdpOptions {
                 offload_params: args.offload_params,
@@ -245,7 +245,7 @@ fn build(args: &EstimateArgs) -> Result<Report> {
     let cheapest_fit = out.iter().find(|s| s.fits == Some(true)).map(|s| s.strategy);
     // When nothing fits: would checkpointing lower the smallest figure? (On a CPU never: the
     // heap keeps the peak of the run without; on CUDA only where fewer activations are alive.)
-    let smallest = |s: &[StrategyEstimate]| s.iter().filter_map(|s| s.ranks.iter().map(|r| held(r, args.device)).max()).min();
+    let smallest = |s: &[StrategyEstimate]| s.iter().filter_map(|s| most_held(s, args.device)).min();
     let checkpointing_lowers = cheapest_fit.is_none() && args.budget.is_some() && !args.activation_checkpointing && {
         let with = build(&EstimateArgs { activation_checkpointing: true, budget: None, ..args.clone() })?;
         smallest(&with.strategies) < smallest(&out)
@@ -278,6 +278,11 @@ fn held(r: &RankEstimate, device: DeviceKind) -> u64 {
         DeviceKind::Cpu => r.total,
         DeviceKind::Cuda => r.total - r.host,
     }
+}
+
+/// The most any rank of `s` holds against a budget ([`held`]).
+fn most_held(s: &StrategyEstimate, device: DeviceKind) -> Option<u64> {
+    s.ranks.iter().map(|r| held(r, device)).max()
 }
 
 /// One table row: strategy, rank, the figures in MiB (and whether it fits).
@@ -377,7 +382,7 @@ fn render(report: &Report) -> String {
         notes.push(match report.cheapest_fit {
             Some(name) => {
                 // How much of the budget the cheapest fit leaves: a run may exceed its estimate.
-                let most = report.strategies.iter().find(|s| s.strategy == name).and_then(|s| s.ranks.iter().map(|r| held(r, report.device)).max());
+                let most = report.strategies.iter().find(|s| s.strategy == name).and_then(|s| most_held(s, report.device));
                 let spare = most.map_or(String::new(), |m| format!(", {}% of it to spare", 100 * (b - m.min(b)) / b));
                 format!(
                     "Within {} per process: {name} is the cheapest strategy that fits{spare} ({order}: {}); the process's start-up memory comes on top.",
@@ -386,7 +391,7 @@ fn render(report: &Report) -> String {
                 )
             }
             None => {
-                let most = |s: &StrategyEstimate| s.ranks.iter().map(|r| held(r, report.device)).max();
+                let most = |s: &StrategyEstimate| most_held(s, report.device);
                 let least = report.strategies.iter().min_by_key(|s| most(s));
                 let least = least.map_or(String::new(), |s| {
                     format!(" (the smallest: {} at {})", s.strategy, format_size(most(s).unwrap_or(0)))

@@ -134,6 +134,16 @@ impl ResolvedConfig {
         Ok(resolved)
     }
 
+    /// The setting that decides [`strategy`](Self::strategy): `zero_stage` when above 0, else
+    /// `use_fsdp` (for banners and errors naming it with its source).
+    pub fn strategy_setting(&self) -> &'static str {
+        if self.zero_stage.is_some_and(|z| z > 0) {
+            "zero_stage"
+        } else {
+            "use_fsdp"
+        }
+    }
+
     /// How the model is wrapped: DDP (PyTorch's options), or FSDP with
     /// `fsdp_sharding_strategy`, `fsdp_min_num_params`, `fsdp_backward_prefetch`,
     /// `fsdp_forward_prefetch` and `fsdp_offload_params` when `use_fsdp`; DeepSpeed's `zero_stage` 1 is DDP with ZeRO-1,

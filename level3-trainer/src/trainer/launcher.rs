@@ -141,7 +141,7 @@ impl Trainer {
         format!(
             "  Distributed strategy = {} ({})\n  Mixed precision = {} ({})\n  Gradient Accumulation steps from = {}",
             resolved.strategy().label(),
-            source(if resolved.zero_stage.is_some_and(|z| z > 0) { "zero_stage" } else { "use_fsdp" }),
+            source(resolved.strategy_setting()),
             resolved.mixed_precision,
             source("mixed_precision"),
             source("gradient_accumulation_steps"),

@@ -571,11 +571,6 @@ pub fn zero1() -> Strategy {
     Strategy::Ddp(DdpOptions { zero_redundancy_optimizer: true, ..Default::default() })
 }
 
-/// A strategy's name in the estimate's tables: [`Strategy::label`] (`zero1` for DDP with ZeRO-1).
-pub fn strategy_label(strategy: Strategy) -> &'static str {
-    strategy.label()
-}
-
 /// Reads a strategy for the estimate: `zero1` (also `zero-1`, `zero_1`, `ddp-zero1`: DDP with
 /// ZeRO-1), else any spelling [`Strategy`] reads (`ddp`, `fsdp-full-shard`, `FULL_SHARD`, …).
 ///
@@ -587,7 +582,7 @@ pub fn parse_strategy(text: &str) -> std::result::Result<Strategy, String> {
         return Ok(zero1());
     }
     text.parse::<Strategy>().map_err(|_| {
-        let names: Vec<&str> = default_strategies().into_iter().map(strategy_label).collect();
+        let names: Vec<&str> = default_strategies().into_iter().map(Strategy::label).collect();
         let why = <Strategy as crate::parallel::Choice>::unsupported(text).map_or(String::new(), |w| format!("{w}; "));
         format!("invalid strategy {text:?}: {why}expected one of {}", names.join(", "))
     })

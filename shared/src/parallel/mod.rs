@@ -446,9 +446,8 @@ impl Strategy {
     }
 
     /// The name in reports, banners and tables: [`name`](Self::name), or `zero1` for DDP with
-    /// ZeRO-1 (`ZeroRedundancyOptimizer`, DeepSpeed's stage 1), which is DDP's engine with its
-    /// optimizer state sharded: a value of `estimate-memory`'s and the bench's `--strategy`, not
-    /// of the levels' (`--strategy ddp --zero-redundancy-optimizer` at level 1).
+    /// ZeRO-1 (DeepSpeed's stage 1): a `--strategy` value of `estimate-memory` and the bench,
+    /// not of the levels (level 1: `--strategy ddp --zero-redundancy-optimizer`).
     pub fn label(self) -> &'static str {
         match self {
             Strategy::Ddp(o) if o.zero_redundancy_optimizer => "zero1",
@@ -571,9 +570,8 @@ pub struct WrapConfig {
     /// segment of the model; Accelerate's `fsdp_activation_checkpointing`, Transformers'
     /// `gradient_checkpointing`), for DDP and every FSDP strategy: forward keeps each segment's
     /// input only, backward recomputes the segment (dropout replays its mask) before its
-    /// gradient — fewer activations kept for one more forward per step (on BasicNet little or
-    /// no lower peak: [`crate::memory::estimate::fitted::checkpointing_keeps_the_heap`]); the
-    /// same weights, bit for bit on CPU. Default off. See [`checkpointing`].
+    /// gradient — fewer activations kept (on BasicNet little lower peak, if any), one more
+    /// forward per step; the same weights, bit for bit on CPU. Default off. See [`checkpointing`].
     #[serde(default)]
     pub activation_checkpointing: bool,
 }
